@@ -1,0 +1,134 @@
+"""The daskcfa exception hierarchy.
+
+Every error says *where* things went wrong: the file (aggregation file or
+fragment URI, with any embedded credentials removed), the aggregated variable
+and the fragment index, so that a user facing a 10,000-fragment archive knows
+which file to look at.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+__all__ = [
+    "CFAError",
+    "CFAFormatError",
+    "VariableNotFoundError",
+    "FragmentError",
+    "MissingFragmentError",
+    "FragmentReadError",
+    "FragmentShapeError",
+    "UnitsError",
+    "StorageError",
+    "UnsafeURIError",
+    "CFAWarning",
+    "redact",
+]
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+_SECRET_QUERY = re.compile(
+    r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|token|"
+    r"access_?key|secret_?key|password|key)=)[^&\s]*"
+)
+
+
+def redact(text: str) -> str:
+    """Remove credentials that may be embedded in a URI (``user:pw@`` or signed queries)."""
+    text = _USERINFO.sub(r"\g<scheme>***@", text)
+    return _SECRET_QUERY.sub(r"\1***", text)
+
+
+class CFAError(Exception):
+    """Base class of every daskcfa error.
+
+    ``file``, ``variable`` and ``fragment`` are kept as attributes and appended
+    to the message, so that both programs and people can tell what failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        variable: str | None = None,
+        fragment: Sequence[int] | None = None,
+    ) -> None:
+        self.reason = message
+        self.file = redact(str(file)) if file is not None else None
+        self.variable = variable
+        self.fragment = tuple(int(i) for i in fragment) if fragment is not None else None
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        where = []
+        if self.file is not None:
+            where.append(f"file {self.file!r}")
+        if self.variable is not None:
+            where.append(f"variable {self.variable!r}")
+        if self.fragment is not None:
+            where.append(f"fragment {self.fragment}")
+        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+    def located(self, **where: Any) -> "CFAError":
+        """Fill in location fields not already known (used while an error propagates up)."""
+        for name in ("file", "variable", "fragment"):
+            if getattr(self, name) is None and where.get(name) is not None:
+                value = where[name]
+                if name == "file":
+                    value = redact(str(value))
+                elif name == "fragment":
+                    value = tuple(int(i) for i in value)
+                setattr(self, name, value)
+        self.args = (self._compose(),)
+        return self
+
+    def __reduce__(self):  # keep the location fields across process boundaries
+        return (_rebuild, (type(self), self.reason, self.file, self.variable, self.fragment))
+
+
+def _rebuild(cls, reason, file, variable, fragment):
+    return cls(reason, file=file, variable=variable, fragment=fragment)
+
+
+class CFAFormatError(CFAError, ValueError):
+    """The aggregation file breaks its dialect's rules (bad map, unknown dimension...)."""
+
+
+class VariableNotFoundError(CFAError, LookupError):
+    """A requested variable does not exist (or is ambiguous) in an aggregation file."""
+
+    def __str__(self) -> str:  # LookupError would otherwise quote the message
+        return self.args[0]
+
+
+class FragmentError(CFAError):
+    """A fragment could not be used."""
+
+
+class MissingFragmentError(FragmentError, FileNotFoundError):
+    """None of a fragment's URIs exists."""
+
+
+class FragmentReadError(FragmentError, OSError):
+    """A fragment exists but cannot be read (not netCDF, truncated, variable absent...)."""
+
+
+class FragmentShapeError(FragmentError, ValueError):
+    """A fragment's shape or dimensions do not match its place in the aggregation."""
+
+
+class UnitsError(FragmentError, ValueError):
+    """A fragment's units cannot be converted to the aggregated variable's units."""
+
+
+class StorageError(CFAError, OSError):
+    """A storage backend failed (access denied, unreachable endpoint...)."""
+
+
+class UnsafeURIError(CFAError, PermissionError):
+    """A URI is outside the locations the reader is allowed to open."""
+
+
+class CFAWarning(UserWarning):
+    """Something in an aggregation file was ignored or repaired while reading."""

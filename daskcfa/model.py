@@ -1,0 +1,227 @@
+"""The one in-memory model of an aggregation that every dialect reads into.
+
+Dialect parsers (:mod:`daskcfa.formats`) build these objects; the read graph
+(:mod:`daskcfa.graph`) and the writers consume them. Per-fragment facts are
+kept as numpy columns over the fragment grid rather than as one Python object
+per fragment, so that aggregations with a million fragments stay cheap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+__all__ = ["FragmentGrid", "Fragments", "FragmentRef", "AggregatedVariable"]
+
+
+@dataclass(frozen=True)
+class FragmentGrid:
+    """Where the fragments sit: the fragment sizes along every dimension.
+
+    Every fragment boundary runs across the whole array, so the grid is fully
+    described by one list of sizes per dimension (the rows of a CF ``map``).
+    """
+
+    sizes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_sizes(cls, sizes: Any) -> "FragmentGrid":
+        return cls(tuple(tuple(int(s) for s in row) for row in sizes))
+
+    @cached_property
+    def offsets(self) -> tuple[tuple[int, ...], ...]:
+        """Start of every fragment along each dimension, plus the dimension size last."""
+        return tuple(tuple(itertools.accumulate(row, initial=0)) for row in self.sizes)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the aggregated array."""
+        return tuple(off[-1] for off in self.offsets)
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        """Number of fragments along each dimension."""
+        return tuple(len(row) for row in self.sizes)
+
+    @property
+    def nfragments(self) -> int:
+        return int(np.prod(self.grid_shape, dtype=np.int64))
+
+    def fragment_at(self, dim: int, position: int) -> int:
+        """Index of the fragment holding ``position`` along ``dim`` (O(log n))."""
+        return bisect.bisect_right(self.offsets[dim], position) - 1
+
+    def fragments_between(self, dim: int, start: int, stop: int) -> range:
+        """Fragment indices along ``dim`` that overlap ``[start, stop)`` (O(log n))."""
+        if stop <= start:
+            return range(0)
+        return range(self.fragment_at(dim, start), self.fragment_at(dim, stop - 1) + 1)
+
+    def fragment_slices(self, index: tuple[int, ...]) -> tuple[slice, ...]:
+        """Where fragment ``index`` sits in the aggregated array."""
+        return tuple(slice(off[i], off[i + 1]) for off, i in zip(self.offsets, index))
+
+    def fragment_shape(self, index: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(row[i] for row, i in zip(self.sizes, index))
+
+    def indices(self) -> Iterator[tuple[int, ...]]:
+        return itertools.product(*(range(n) for n in self.grid_shape))
+
+
+@dataclass(frozen=True)
+class FragmentRef:
+    """Everything needed to produce one fragment's data, in canonical form.
+
+    Exactly one of three cases holds: ``uris`` is non-empty (data in a file),
+    ``value`` is set (one value fills the fragment), or neither (the fragment
+    is wholly missing and reads as missing data).
+    """
+
+    index: tuple[int, ...]
+    shape: tuple[int, ...]
+    uris: tuple[str, ...] = ()
+    identifier: str | None = None
+    value: Any = None
+    units: str | None = None
+    #: Fragment-file dimension order, as positions of aggregated dimensions
+    #: (only NCA partitions may be transposed); ``None`` = same order.
+    axes: tuple[int, ...] | None = None
+    #: Per aggregated dimension, True where the fragment stores it reversed.
+    reversed: tuple[bool, ...] | None = None
+
+    @property
+    def is_missing(self) -> bool:
+        return not self.uris and self.value is None
+
+
+@dataclass(frozen=True)
+class Fragments:
+    """Per-fragment instructions, as columns over the fragment grid.
+
+    ``uris`` has the grid's shape plus one trailing axis of alternative
+    locations (tried in order); empty strings or ``None`` pad it. The optional
+    columns broadcast against the grid shape: a 0-d ``identifiers`` means
+    "the same variable name in every fragment".
+    """
+
+    grid: FragmentGrid
+    uris: np.ndarray | None = None
+    identifiers: np.ndarray | None = None
+    unique_values: np.ma.MaskedArray | None = None
+    units: np.ndarray | None = None
+    axes: np.ndarray | None = None
+    reversed: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.uris is not None and self.uris.ndim == self.grid.ndim:
+            object.__setattr__(self, "uris", self.uris[..., np.newaxis])
+
+    def _cell(self, column: np.ndarray | None, index: tuple[int, ...]) -> Any:
+        if column is None:
+            return None
+        if column.ndim == 0:
+            return column[()]
+        return column[index]
+
+    def __getitem__(self, index: tuple[int, ...]) -> FragmentRef:
+        index = tuple(int(i) for i in index)
+        uris: tuple[str, ...] = ()
+        if self.uris is not None:
+            uris = tuple(str(u) for u in self.uris[index] if u is not None and str(u) != "")
+        value = None
+        if self.unique_values is not None:
+            cell = self.unique_values[index]
+            if cell is not np.ma.masked:
+                value = cell
+        return FragmentRef(
+            index=index,
+            shape=self.grid.fragment_shape(index),
+            uris=uris,
+            identifier=_str_or_none(self._cell(self.identifiers, index)),
+            value=value,
+            units=_str_or_none(self._cell(self.units, index)),
+            axes=_tuple_or_none(self._cell(self.axes, index)),
+            reversed=_tuple_or_none(self._cell(self.reversed, index)),
+        )
+
+    def __iter__(self) -> Iterator[FragmentRef]:
+        return (self[index] for index in self.grid.indices())
+
+    def __len__(self) -> int:
+        return self.grid.nfragments
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the fragment grid (fragments along each dimension)."""
+        return self.grid.grid_shape
+
+    def locations(self) -> set[str]:
+        """Every distinct URI named by these fragments."""
+        if self.uris is None:
+            return set()
+        return {str(u) for u in self.uris.ravel() if u is not None and str(u) != ""}
+
+    @classmethod
+    def from_refs(cls, grid: FragmentGrid, refs: Mapping[tuple[int, ...], FragmentRef]) -> "Fragments":
+        """Build columns from sparse per-fragment records (legacy JSON/group dialects)."""
+        gshape = grid.grid_shape
+        width = max((len(r.uris) for r in refs.values()), default=1) or 1
+        uris = np.full(gshape + (width,), "", dtype=object)
+        identifiers = np.full(gshape, None, dtype=object)
+        units = axes = rev = None
+        for index, ref in refs.items():
+            uris[index][: len(ref.uris)] = ref.uris
+            identifiers[index] = ref.identifier
+            if ref.units is not None:
+                units = units if units is not None else np.full(gshape, None, dtype=object)
+                units[index] = ref.units
+            if ref.axes is not None:
+                axes = axes if axes is not None else np.full(gshape, None, dtype=object)
+                axes[index] = ref.axes
+            if ref.reversed is not None:
+                rev = rev if rev is not None else np.full(gshape, None, dtype=object)
+                rev[index] = ref.reversed
+        return cls(grid, uris=uris, identifiers=identifiers, units=units, axes=axes, reversed=rev)
+
+
+def _str_or_none(value: Any) -> str | None:
+    if value is None or value is np.ma.masked:
+        return None
+    value = str(value)
+    return value or None
+
+
+def _tuple_or_none(value: Any) -> tuple | None:
+    return None if value is None else tuple(value)
+
+
+@dataclass
+class AggregatedVariable:
+    """An aggregated variable: what the data are (dims, dtype, attributes) and where."""
+
+    name: str  #: full path, e.g. ``"/tas"`` or ``"/grp/tas"``
+    dims: tuple[str, ...]
+    dtype: np.dtype
+    attrs: dict[str, Any]
+    fragments: Fragments
+    dialect: str
+    #: URL of the aggregation file (relative fragment URIs are resolved against it)
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.fragments.grid.shape
+
+    @property
+    def basename(self) -> str:
+        return self.name.rsplit("/", 1)[-1]
