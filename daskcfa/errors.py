@@ -21,6 +21,7 @@ __all__ = [
     "FragmentShapeError",
     "UnitsError",
     "StorageError",
+    "NotFoundError",
     "UnsafeURIError",
     "CFAWarning",
     "redact",
@@ -124,6 +125,10 @@ class UnitsError(FragmentError, ValueError):
 
 class StorageError(CFAError, OSError):
     """A storage backend failed (access denied, unreachable endpoint...)."""
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """An aggregation file (or other requested object) does not exist."""
 
 
 class UnsafeURIError(CFAError, PermissionError):

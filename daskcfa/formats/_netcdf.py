@@ -42,7 +42,7 @@ def variable_path(var: netCDF4.Variable) -> str:
 def source_of(group: netCDF4.Group) -> str:
     while group.parent is not None:
         group = group.parent
-    return getattr(group, "_daskcfa_source", None) or group.filepath()
+    return group.filepath()
 
 
 def root_of(group: netCDF4.Group) -> netCDF4.Group:

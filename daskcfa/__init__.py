@@ -1,0 +1,42 @@
+"""daskcfa: CFA-netCDF aggregated datasets as first-class dask arrays."""
+
+from .api import from_cfa, open_cfa, read_aggregation
+from .dataset import Dataset, Dimension, Group, Variable
+from .errors import (
+    CFAError,
+    CFAFormatError,
+    CFAWarning,
+    FragmentError,
+    FragmentReadError,
+    FragmentShapeError,
+    MissingFragmentError,
+    NotFoundError,
+    StorageError,
+    UnitsError,
+    UnsafeURIError,
+    VariableNotFoundError,
+)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "from_cfa",
+    "open_cfa",
+    "read_aggregation",
+    "Dataset",
+    "Dimension",
+    "Group",
+    "Variable",
+    "CFAError",
+    "CFAFormatError",
+    "CFAWarning",
+    "FragmentError",
+    "FragmentReadError",
+    "FragmentShapeError",
+    "MissingFragmentError",
+    "NotFoundError",
+    "StorageError",
+    "UnitsError",
+    "UnsafeURIError",
+    "VariableNotFoundError",
+]

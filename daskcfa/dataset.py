@@ -1,0 +1,305 @@
+"""A whole aggregation file, shaped like netCDF4-python's ``Dataset``.
+
+Aggregated variables read through the fragment graph; ordinary variables
+(coordinates, bounds, small data) read lazily from the aggregation file
+itself. Instruction variables and the dimensions only they use are hidden:
+users see the dataset the aggregation describes, not how it is stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import dask.array as da
+import netCDF4
+import numpy as np
+
+from . import storage
+from .errors import CFAError, CFAFormatError
+from .formats import aggregated_variables, walk
+from .formats._netcdf import group_path
+from .graph.read import to_dask
+from .locks import HDF5_LOCK
+from .model import AggregatedVariable, Fragments
+
+__all__ = ["Dataset", "Group", "Variable", "Dimension"]
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    size: int
+    unlimited: bool = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def isunlimited(self) -> bool:
+        return self.unlimited
+
+
+class FileVariableArray:
+    """Lazily indexed ordinary variable of the aggregation file (reopened per read,
+    so that dask arrays over it can be pickled to other processes)."""
+
+    def __init__(self, url: str, path: str, shape: tuple[int, ...], dtype: np.dtype, *, mask: bool = True) -> None:
+        self.url, self.path, self.shape, self.dtype, self.mask = url, path, shape, dtype, mask
+        self.ndim = len(shape)
+
+    def __dask_tokenize__(self) -> tuple:
+        return (type(self).__name__, self.url, self.path, self.mask)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        ds = storage.open_netcdf(self.url)
+        try:
+            with HDF5_LOCK:
+                var = ds[self.path]
+                var.set_auto_mask(self.mask)
+                data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
+                return np.ma.asarray(data) if self.mask and np.ndim(data) else data
+        finally:
+            with HDF5_LOCK:
+                ds.close()
+
+
+class Variable:
+    """One variable, aggregated or not, like ``netCDF4.Variable``.
+
+    ``dtype`` is the stored dtype (as netCDF4-python reports it); ``data``
+    is a dask array of decoded values (masked, unpacked).
+    """
+
+    def __init__(self, name: str, path: str, dims: tuple[str, ...], shape: tuple[int, ...], dtype: np.dtype,
+                 attrs: dict[str, Any], *, aggregation: AggregatedVariable | None = None, url: str = "") -> None:
+        self.name, self.path, self.dims, self.shape, self.dtype = name, path, dims, shape, dtype
+        self.attrs = attrs
+        self.aggregation = aggregation
+        self._url = url
+        self._data: da.Array | None = None
+
+    @property
+    def dimensions(self) -> tuple[str, ...]:
+        return self.dims
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def fragments(self) -> Fragments | None:
+        """The fragment grid of an aggregated variable (``None`` for ordinary ones)."""
+        return None if self.aggregation is None else self.aggregation.fragments
+
+    @property
+    def is_aggregated(self) -> bool:
+        return self.aggregation is not None
+
+    @property
+    def data(self) -> da.Array:
+        if self._data is None:
+            if self.aggregation is not None:
+                self._data = to_dask(self.aggregation)
+            else:
+                array = FileVariableArray(self._url, self.path, self.shape, self.dtype)
+                meta = np.ma.MaskedArray(np.empty((0,) * self.ndim, dtype=_decoded_dtype(self)))
+                self._data = da.from_array(array, chunks=self.shape or (), asarray=False, meta=meta,
+                                           name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
+        return self._data
+
+    def ncattrs(self) -> list[str]:
+        return list(self.attrs)
+
+    def getncattr(self, name: str) -> Any:
+        try:
+            return self.attrs[name]
+        except KeyError:
+            raise AttributeError(f"variable {self.path!r} has no attribute {name!r}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        attrs = self.__dict__.get("attrs", {})
+        if name in attrs:
+            return attrs[name]
+        raise AttributeError(name)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return self.data[key].compute()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        kind = f"aggregated, {len(self.fragments)} fragments in a {self.fragments.shape} grid" if self.fragments else "ordinary"
+        dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
+        return f"<daskcfa.Variable {self.path} ({dims}) {self.dtype} [{kind}]>"
+
+
+def _decoded_dtype(var: Variable) -> np.dtype:
+    from .decode import Encoding
+
+    if var.dtype.kind not in "biuf":
+        return var.dtype
+    return Encoding.from_attrs(var.attrs, var.dtype).decoded_dtype
+
+
+@dataclass
+class Group:
+    """A group: dimensions, variables, sub-groups and attributes."""
+
+    name: str
+    path: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    dimensions: dict[str, Dimension] = field(default_factory=dict)
+    variables: dict[str, Variable] = field(default_factory=dict)
+    groups: dict[str, "Group"] = field(default_factory=dict)
+    parent: "Group | None" = field(default=None, repr=False)
+
+    def ncattrs(self) -> list[str]:
+        return list(self.attrs)
+
+    def getncattr(self, name: str) -> Any:
+        try:
+            return self.attrs[name]
+        except KeyError:
+            raise AttributeError(f"{self.path!r} has no attribute {name!r}") from None
+
+    def __getitem__(self, path: str) -> "Variable | Group":
+        node: Any = self
+        parts = [p for p in path.split("/") if p]
+        if path.startswith("/"):
+            while node.parent is not None:
+                node = node.parent
+        for i, part in enumerate(parts):
+            if i == len(parts) - 1 and part in node.variables:
+                return node.variables[part]
+            if part not in node.groups:
+                raise KeyError(path)
+            node = node.groups[part]
+        return node
+
+    def __contains__(self, path: str) -> bool:
+        try:
+            self[path]
+        except KeyError:
+            return False
+        return True
+
+    @property
+    def aggregated_variables(self) -> dict[str, Variable]:
+        """Aggregated variables of this group and all sub-groups, by path."""
+        found = {v.path: v for v in self.variables.values() if v.is_aggregated}
+        for group in self.groups.values():
+            found.update(group.aggregated_variables)
+        return found
+
+    def walk(self) -> Iterator["Group"]:
+        yield self
+        for group in self.groups.values():
+            yield from group.walk()
+
+
+class Dataset(Group):
+    """An opened aggregation file (see :func:`daskcfa.open_cfa`)."""
+
+    url: str = ""
+
+    @classmethod
+    def open(cls, url: str, *, storage_options: Mapping[str, Any] | None = None) -> "Dataset":
+        ds = storage.open_netcdf(url, storage_options)
+        try:
+            with HDF5_LOCK:
+                return _build(cls, ds, url)
+        except CFAError:
+            raise
+        except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
+            raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
+        finally:
+            with HDF5_LOCK:
+                ds.close()
+
+    def close(self) -> None:
+        """Nothing stays open between reads; kept for netCDF4-python familiarity."""
+
+    def __enter__(self) -> "Dataset":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        lines = [f"<daskcfa.Dataset {self.url}>"]
+        for group in self.walk():
+            for var in group.variables.values():
+                lines.append(f"  {var!r}")
+        return "\n".join(lines)
+
+
+def _attrs(obj: Any) -> dict[str, Any]:
+    return {k: obj.getncattr(k) for k in obj.ncattrs()}
+
+
+def _build(cls: type, ds: netCDF4.Dataset, url: str) -> Dataset:
+    aggregated = aggregated_variables(ds, url)
+    hidden: set[str] = set()
+    for agg in aggregated.values():
+        hidden |= set(agg.extra.get("instructions", ()))
+    hidden_groups = {h.rstrip("/") for h in hidden}
+    used_dims: set[int] = set()
+    groups: dict[str, Group] = {}
+    root: Dataset | None = None
+    for nc_group in walk(ds):
+        path = group_path(nc_group)
+        if any(path.rstrip("/") == h or path.startswith(h + "/") for h in hidden_groups if h):
+            continue
+        parent = groups.get(group_path(nc_group.parent)) if nc_group.parent is not None else None
+        if parent is None and nc_group.parent is not None:
+            continue
+        group = cls(name="/", path="/", attrs=_attrs(nc_group)) if parent is None else Group(
+            name=nc_group.name, path=path.rstrip("/"), attrs=_attrs(nc_group), parent=parent)
+        if parent is None:
+            root = group
+            group.url = url
+        else:
+            parent.groups[nc_group.name] = group
+        groups[path] = group
+        for var in nc_group.variables.values():
+            var_path = path + var.name
+            if var_path in hidden:
+                continue
+            agg = aggregated.get(var_path)
+            if agg is not None:
+                dims, shape, attrs = agg.dims, agg.shape, dict(agg.attrs)
+                for name in dims:
+                    used_dims.add(id(_find_dim(nc_group, name)))
+            else:
+                dims, shape, attrs = tuple(var.dimensions), tuple(var.shape), _attrs(var)
+                used_dims.update(id(d) for d in var.get_dims())
+            dtype = np.dtype(object) if var.dtype is str else np.dtype(var.dtype)
+            group.variables[var.name] = Variable(var.name, var_path, dims, shape, dtype, attrs, aggregation=agg, url=url)
+    for path, group in groups.items():
+        nc_group = ds if path == "/" else ds[path.rstrip("/")]
+        for name, dim in nc_group.dimensions.items():
+            if id(dim) in used_dims or not _only_instructions(nc_group, dim, hidden):
+                group.dimensions[name] = Dimension(name, len(dim), dim.isunlimited())
+    assert root is not None
+    return root
+
+
+def _find_dim(group: netCDF4.Group, name: str) -> Any:
+    while group is not None:
+        if name in group.dimensions:
+            return group.dimensions[name]
+        group = group.parent
+    return None
+
+
+def _only_instructions(group: netCDF4.Group, dim: Any, hidden: set[str]) -> bool:
+    """Whether ``dim`` is used by instruction variables and by nothing else."""
+    users = [group_path(v.group()) + v.name for g in walk(group) for v in g.variables.values() if dim in v.get_dims()]
+    return bool(users) and all(u in hidden for u in users)

@@ -1,0 +1,181 @@
+"""Masking and unpacking with netCDF4-python's rules, applied to raw values.
+
+Used twice on every read: on each fragment with the fragment's own attributes
+(before the values enter the aggregation), and on the assembled data with the
+aggregation variable's attributes. Keeping this in one place is what makes
+``from_cfa(...)`` return exactly what netCDF4-python would.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import netCDF4
+import numpy as np
+
+__all__ = ["Encoding", "default_fill_value"]
+
+
+def default_fill_value(dtype: np.dtype) -> Any:
+    """netCDF's default fill value for a numeric dtype (``None`` for others)."""
+    dtype = np.dtype(dtype)
+    key = dtype.str[1:]
+    if key not in netCDF4.default_fillvals:
+        return None
+    return np.array(netCDF4.default_fillvals[key]).astype(dtype)[()]
+
+
+def _scalar(value: Any) -> Any:
+    """A single-element attribute as a numpy scalar of its own dtype."""
+    arr = np.asarray(value)
+    if arr.size != 1 or arr.dtype.kind not in "biuf":
+        return None
+    return arr.reshape(-1)[0]
+
+
+def _safe_cast(value: Any, dtype: np.dtype) -> np.ndarray | None:
+    """``value`` as ``dtype`` if that loses nothing (netCDF4's ``_check_safecast``)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        return None
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        cast = arr.astype(dtype)
+        same = np.array_equal(cast, arr) or (
+            arr.dtype.kind == "f" and np.array_equal(np.isnan(cast), np.isnan(arr)) and np.isnan(arr).any()
+        )
+    return cast if same else None
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How stored values become data: missing values and packing."""
+
+    dtype: np.dtype
+    fill_value: Any = None
+    explicit_fill: bool = False
+    missing_values: tuple = ()
+    valid_min: Any = None
+    valid_max: Any = None
+    scale_factor: Any = None
+    add_offset: Any = None
+    unsigned: bool = False
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype) -> "Encoding":
+        dtype = np.dtype(dtype)
+        unsigned = dtype.kind == "i" and str(attrs.get("_Unsigned", "false")).lower() == "true"
+        view = np.dtype(f"u{dtype.itemsize}") if unsigned else dtype
+
+        def as_stored(value: Any) -> Any:
+            cast = _safe_cast(value, dtype)
+            return None if cast is None else (cast.view(view) if unsigned else cast)
+
+        fill = as_stored(attrs["_FillValue"]) if "_FillValue" in attrs else None
+        explicit = fill is not None
+        if fill is None:
+            fill = default_fill_value(dtype)
+            fill = None if fill is None else (np.asarray(fill).view(view) if unsigned else np.asarray(fill))
+        missing = ()
+        if "missing_value" in attrs:
+            cast = as_stored(attrs["missing_value"])
+            missing = tuple(np.atleast_1d(cast)) if cast is not None else ()
+        vmin = vmax = None
+        if "valid_range" in attrs and np.size(attrs["valid_range"]) == 2 and as_stored(attrs["valid_range"]) is not None:
+            vmin, vmax = as_stored(attrs["valid_range"])
+        else:
+            if "valid_min" in attrs and as_stored(attrs["valid_min"]) is not None:
+                vmin = as_stored(attrs["valid_min"]).reshape(-1)[0]
+            if "valid_max" in attrs and as_stored(attrs["valid_max"]) is not None:
+                vmax = as_stored(attrs["valid_max"]).reshape(-1)[0]
+        return cls(
+            dtype=dtype,
+            fill_value=None if fill is None else np.asarray(fill).reshape(-1)[0],
+            explicit_fill=explicit,
+            missing_values=missing,
+            valid_min=vmin,
+            valid_max=vmax,
+            scale_factor=_scalar(attrs.get("scale_factor")),
+            add_offset=_scalar(attrs.get("add_offset")),
+            unsigned=unsigned,
+        )
+
+    @property
+    def is_packed(self) -> bool:
+        return self.scale_factor is not None or self.add_offset is not None
+
+    @property
+    def decoded_dtype(self) -> np.dtype:
+        """The dtype :meth:`decode` returns (numpy promotion of the packing attributes)."""
+        return self.unpack(np.zeros(0, self.stored_dtype)).dtype
+
+    @property
+    def stored_dtype(self) -> np.dtype:
+        return np.dtype(f"u{self.dtype.itemsize}") if self.unsigned else self.dtype
+
+    def missing_mask(self, raw: np.ndarray) -> np.ndarray | None:
+        """Where ``raw`` (already in :attr:`stored_dtype`) holds missing values, or None."""
+        if raw.dtype.kind not in "biuf":
+            return None
+        mask = None
+
+        def add(m: np.ndarray) -> None:
+            nonlocal mask
+            mask = m if mask is None else (mask | m)
+
+        is_float = raw.dtype.kind == "f"
+        for mv in self.missing_values:
+            add(np.isnan(raw) if is_float and np.isnan(mv) else raw == mv)
+        if self.fill_value is not None:
+            fv = self.fill_value
+            add(np.isnan(raw) if is_float and np.isnan(fv) else raw == fv)
+        if self.valid_min is not None:
+            add(raw < self.valid_min)
+        if self.valid_max is not None:
+            add(raw > self.valid_max)
+        return mask
+
+    def unpack(self, data: np.ndarray) -> np.ndarray:
+        scale, offset = self.scale_factor, self.add_offset
+        if scale is not None and offset is not None:
+            if offset != 0 or scale != 1:
+                return data * scale + offset
+            return data.astype(np.asarray(scale).dtype)
+        if scale is not None and scale != 1:
+            return data * scale
+        if offset is not None and offset != 0:
+            return data + offset
+        return data
+
+    def decode(self, raw: np.ndarray, *, mask: bool = True, extra_mask: np.ndarray | None = None) -> np.ndarray:
+        """Stored values to data, like netCDF4-python's automatic mask and scale.
+
+        ``extra_mask`` marks points already known to be missing (for example a
+        missing fragment); with ``mask=False`` they hold the fill value.
+        """
+        raw = np.asarray(raw)
+        if self.unsigned:
+            raw = raw.view(self.stored_dtype)
+        if not mask:
+            if extra_mask is not None and np.any(extra_mask):
+                raw = np.where(extra_mask, self._fill_for_output(), raw)
+            return self.unpack(raw)
+        missing = self.missing_mask(raw)
+        if extra_mask is not None:
+            missing = extra_mask if missing is None else (missing | extra_mask)
+        if missing is not None and not missing.any():
+            missing = None
+        out = self.unpack(raw)
+        result = np.ma.MaskedArray(out, mask=np.ma.nomask if missing is None else missing, copy=False)
+        if self.fill_value is not None and out.dtype.kind in "biuf":
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                result.set_fill_value(np.asarray(self.fill_value).astype(out.dtype))
+        return result
+
+    def _fill_for_output(self) -> Any:
+        if self.fill_value is not None:
+            return self.fill_value
+        return np.zeros((), self.stored_dtype)[()]

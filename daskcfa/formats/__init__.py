@@ -1,0 +1,75 @@
+"""The format layer: find aggregated variables and parse their instructions.
+
+Pure parsing: no I/O policy, no fragment access. Each dialect is detected from
+the attributes of the variable itself, never from the global ``Conventions``
+attribute (real files carry wrong or stale ones).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import netCDF4
+
+from ..errors import CFAError, CFAFormatError
+from ..model import AggregatedVariable
+from . import _netcdf as nc
+from . import cf
+
+__all__ = ["dialect_of", "parse_variable", "aggregated_variables"]
+
+
+def dialect_of(var: netCDF4.Variable) -> str | None:
+    """The family of aggregation instructions a variable carries, if any."""
+    attrs = set(var.ncattrs())
+    if "aggregated_dimensions" in attrs:
+        return "aggregated_dimensions"
+    role = var.getncattr("cf_role") if "cf_role" in attrs else None
+    if role == "cfa_variable":
+        return "cfa_group" if "cfa_group" in attrs else "cfa_array"
+    if role == "nca_variable":
+        return "nca_array"
+    return None
+
+
+def _parser(family: str) -> Callable[[netCDF4.Variable, str], AggregatedVariable]:
+    if family == "aggregated_dimensions":
+        return cf.parse
+    from . import nca, s3netcdf  # legacy dialects, imported on first use
+
+    return {"cfa_group": s3netcdf.parse_cfa05, "cfa_array": s3netcdf.parse_cfa04, "nca_array": nca.parse_nca}[family]
+
+
+def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
+    """Parse one aggregation variable into the model, whatever its dialect."""
+    family = dialect_of(var)
+    if family is None:
+        raise CFAFormatError("not an aggregation variable", file=source, variable=nc.variable_path(var))
+    try:
+        return _parser(family)(var, source)
+    except CFAError:
+        raise
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        # A malformed file must never surface as a bare Python error.
+        raise CFAFormatError(
+            f"malformed aggregation instructions ({type(exc).__name__}: {exc})",
+            file=source,
+            variable=nc.variable_path(var),
+        ) from exc
+
+
+def walk(group: netCDF4.Group) -> Iterator[netCDF4.Group]:
+    yield group
+    for child in group.groups.values():
+        yield from walk(child)
+
+
+def aggregated_variables(dataset: netCDF4.Dataset, source: str) -> dict[str, AggregatedVariable]:
+    """Every aggregation variable of a file, keyed by full path (``/tas``, ``/grp/tas``)."""
+    found: dict[str, AggregatedVariable] = {}
+    for group in walk(dataset):
+        for var in group.variables.values():
+            if dialect_of(var) is not None:
+                parsed = parse_variable(var, source)
+                found[parsed.name] = parsed
+    return found

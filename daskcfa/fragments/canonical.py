@@ -1,0 +1,221 @@
+"""Read part of one fragment and bring it into canonical form.
+
+Canonical form is what the aggregation promises for every fragment: the
+aggregated dimension order, missing size-1 dimensions restored, the
+fragment's own missing values and packing applied, units converted to the
+aggregation's units and values cast to the aggregated dtype. The result is a
+masked array of the aggregated (stored) dtype; the aggregation variable's own
+masking and packing are applied later, once, by the caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import cf_units
+import numpy as np
+
+from ..decode import Encoding
+from ..errors import CFAError, FragmentReadError, FragmentShapeError, MissingFragmentError, UnitsError
+from ..model import FragmentRef
+from .. import storage
+from .files import open_fragment
+
+__all__ = ["Target", "read_fragment"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the aggregation expects of every fragment of one variable."""
+
+    variable: str
+    source: str
+    dims: tuple[str, ...]
+    dtype: np.dtype
+    units: str | None = None
+    calendar: str | None = None
+
+    @property
+    def default_identifier(self) -> str:
+        return self.variable.rsplit("/", 1)[-1]
+
+
+def _selection_shape(key: tuple) -> tuple[int, ...]:
+    return tuple(len(range(k.start, k.stop, k.step)) for k in key if isinstance(k, slice))
+
+
+def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
+    """Values of fragment ``ref`` at ``key`` (normalised: non-negative ints and
+    slices with explicit start/stop/positive step, one per aggregated dim)."""
+    where = {"file": target.source, "variable": target.variable, "fragment": ref.index}
+    shape = _selection_shape(key)
+    if ref.is_missing:
+        return np.ma.masked_all(shape, dtype=target.dtype)
+    if not ref.uris:
+        return _filled(ref.value, shape, target, where)
+    uri = _first_existing(ref, target, where)
+    try:
+        return _read_file(uri, ref, key, target)
+    except CFAError as exc:
+        raise exc.located(file=uri, variable=target.variable, fragment=ref.index)
+
+
+def _filled(value: Any, shape: tuple[int, ...], target: Target, where: dict) -> np.ma.MaskedArray:
+    try:
+        data = np.full(shape, value, dtype=target.dtype) if np.ndim(value) == 0 else None
+    except (TypeError, ValueError, OverflowError):
+        data = None
+    if data is None:
+        raise CFAError(f"unique value {value!r} cannot be stored as {target.dtype}", **where)
+    return np.ma.MaskedArray(data)
+
+
+def _first_existing(ref: FragmentRef, target: Target, where: dict) -> str:
+    candidates = [storage.resolve(u, target.source) for u in ref.uris]
+    for uri in candidates:
+        if storage.exists(uri):
+            return uri
+    shown = candidates[0] if len(candidates) == 1 else ", ".join(candidates)
+    raise MissingFragmentError(f"fragment file not found: {shown}", **where)
+
+
+def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
+    name = ref.identifier or target.default_identifier
+    with open_fragment(uri, name) as var:
+        file_key, post = _file_selection(var, ref, key, target)
+        raw = var.read(file_key)
+    encoding = Encoding.from_attrs(var.attrs, var.dtype)
+    data = encoding.decode(raw)
+    data = post(data)
+    data = _convert_units(data, var.attrs, ref, target)
+    return _cast(data, target)
+
+
+def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
+    """Translate an aggregated-order key into the fragment file's own key.
+
+    Returns the file key and a function that turns what was read into the
+    aggregated order (restoring dropped size-1 dims, transposing and flipping
+    NCA partitions).
+    """
+    expected = ref.shape
+    axes = ref.axes if ref.axes is not None else tuple(range(len(expected)))
+    present = _present_axes(var, expected, axes, target)
+    reversed_ = ref.reversed or (False,) * len(expected)
+    file_key: list = []
+    steps: dict[int, int] = {}
+    for axis in present:
+        k = key[axis]
+        n = expected[axis]
+        if reversed_[axis]:
+            if isinstance(k, slice):
+                count = len(range(k.start, k.stop, k.step))
+                last = k.start + (count - 1) * k.step if count else k.start
+                file_key.append(slice(n - 1 - last, n - k.start) if count else slice(0, 0))
+                steps[axis] = k.step
+            else:
+                file_key.append(n - 1 - k)
+        else:
+            file_key.append(k)
+
+    def post(data: np.ndarray) -> np.ndarray:
+        # ``data`` has the kept dims of ``present`` (ints dropped) in file order.
+        kept = [axis for axis in present if isinstance(key[axis], slice)]
+        order = sorted(range(len(kept)), key=lambda i: kept[i])
+        if order != list(range(len(kept))):
+            data = np.ma.transpose(data, order) if np.ma.isMaskedArray(data) else np.transpose(data, order)
+            kept = [kept[i] for i in order]
+        for i, axis in enumerate(kept):
+            if reversed_[axis]:
+                index = [slice(None)] * data.ndim
+                index[i] = slice(None, None, -steps[axis])
+                data = data[tuple(index)]
+        # Restore dimensions absent from the file (all of size 1, sliced by a slice).
+        for axis, k in enumerate(key):
+            if axis not in present and isinstance(k, slice):
+                position = sum(1 for a in range(axis) if isinstance(key[a], slice))
+                data = np.ma.expand_dims(data, position) if np.ma.isMaskedArray(data) else np.expand_dims(data, position)
+                if len(range(k.start, k.stop, k.step)) == 0:
+                    data = data[(slice(None),) * position + (slice(0, 0),)]
+        return data
+
+    return tuple(file_key), post
+
+
+def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], target: Target) -> tuple[int, ...]:
+    """Which aggregated axes the file variable has, in file order."""
+    found = tuple(var.shape)
+    if len(found) == len(expected):
+        if tuple(expected[a] for a in axes) != found:
+            raise FragmentShapeError(
+                f"fragment variable {var.name!r} has shape {found}, expected "
+                f"{tuple(expected[a] for a in axes)} (dimensions {tuple(target.dims[a] for a in axes)})"
+            )
+        return axes
+    if len(found) < len(expected) and ref_is_plain(axes):
+        dims = tuple(var.dims)
+        if dims and all(d in target.dims for d in dims):
+            by_name = tuple(target.dims.index(d) for d in dims)
+            if _valid_subset(by_name, expected, found):
+                return by_name
+        for subset in itertools.combinations(range(len(expected)), len(found)):
+            if _valid_subset(subset, expected, found):
+                return subset
+    raise FragmentShapeError(
+        f"fragment variable {var.name!r} has shape {found} (dimensions {tuple(var.dims)}), "
+        f"which does not fit the expected fragment shape {expected} (dimensions {target.dims})"
+    )
+
+
+def ref_is_plain(axes: tuple[int, ...]) -> bool:
+    return axes == tuple(range(len(axes)))
+
+
+def _valid_subset(subset: tuple[int, ...], expected: tuple[int, ...], found: tuple[int, ...]) -> bool:
+    if list(subset) != sorted(set(subset)):
+        return False
+    if tuple(expected[a] for a in subset) != found:
+        return False
+    return all(expected[a] == 1 for a in range(len(expected)) if a not in subset)
+
+
+def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Target) -> np.ndarray:
+    units = ref.units or attrs.get("units")
+    if target.units is None or units is None or str(units) == str(target.units):
+        return data
+    calendar = attrs.get("calendar", target.calendar)
+    try:
+        source = cf_units.Unit(str(units), calendar=calendar)
+        dest = cf_units.Unit(str(target.units), calendar=target.calendar or calendar)
+    except ValueError as exc:
+        raise UnitsError(f"cannot interpret units: {exc}") from None
+    if source == dest:
+        return data
+    if not source.is_convertible(dest):
+        raise UnitsError(f"fragment units {str(units)!r} cannot be converted to {str(target.units)!r}")
+    mask = np.ma.getmask(data)
+    values = np.ma.getdata(data)
+    if values.dtype.kind != "f":
+        values = values.astype(np.float64)
+    try:
+        converted = source.convert(values, dest)
+    except ValueError as exc:
+        raise UnitsError(f"cannot convert {str(units)!r} to {str(target.units)!r}: {exc}") from None
+    return np.ma.MaskedArray(converted, mask=mask)
+
+
+def _cast(data: np.ndarray, target: Target) -> np.ma.MaskedArray:
+    mask = np.ma.getmask(data)
+    values = np.ma.getdata(data)
+    if values.dtype != target.dtype:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            if mask is not np.ma.nomask:
+                values = np.where(mask, 0, values)
+            if target.dtype.kind in "iub" and values.dtype.kind == "f":
+                values = np.rint(values)
+            values = values.astype(target.dtype)
+    return np.ma.MaskedArray(values, mask=mask, copy=False)

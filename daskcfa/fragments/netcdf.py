@@ -1,0 +1,63 @@
+"""Fragments read through netCDF4-python: every netCDF format, under the lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import netCDF4
+import numpy as np
+
+from ..locks import HDF5_LOCK
+
+
+class NetCDF4Variable:
+    """One variable of an open fragment; :meth:`read` returns raw stored values."""
+
+    def __init__(self, var: netCDF4.Variable) -> None:
+        self._var = var
+        self.name = var.name
+        self.dims = tuple(var.dimensions)
+        self.shape = tuple(var.shape)
+        self.dtype = np.dtype(var.dtype) if var.dtype is not str else np.dtype(object)
+        self.attrs: dict[str, Any] = {k: var.getncattr(k) for k in var.ncattrs()}
+
+    def read(self, key: tuple) -> np.ndarray:
+        with HDF5_LOCK:
+            self._var.set_auto_maskandscale(False)
+            self._var.set_always_mask(False)
+            if self.shape == ():
+                return np.asarray(self._var.getValue())
+            data = self._var[key]
+        return np.asarray(data)
+
+
+class NetCDF4File:
+    """An open fragment file (any format netCDF-C reads)."""
+
+    def __init__(self, path: str, *, memory: bytes | None = None) -> None:
+        with HDF5_LOCK:
+            if memory is None:
+                self._ds = netCDF4.Dataset(path, "r")
+            else:
+                self._ds = netCDF4.Dataset(path, "r", memory=memory)
+
+    def variable(self, name: str) -> NetCDF4Variable:
+        with HDF5_LOCK:
+            group: Any = self._ds
+            parts = [p for p in name.split("/") if p]
+            for part in parts[:-1]:
+                group = group.groups[part]
+            if not parts:
+                raise KeyError(name)
+            return NetCDF4Variable(group.variables[parts[-1]])
+
+    def close(self) -> None:
+        with HDF5_LOCK:
+            if self._ds.isopen():
+                self._ds.close()
+
+    def __enter__(self) -> "NetCDF4File":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

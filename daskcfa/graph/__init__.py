@@ -1,0 +1,1 @@
+"""Graph builders: turn the aggregation model into dask task graphs."""

@@ -1,0 +1,115 @@
+"""Numpy basic/advanced indexing split across a fragment grid.
+
+An index into the aggregated array becomes, per dimension, a list of
+*pieces*: which fragment, what to read from it, and where the values go in
+the output. The cartesian product of the pieces is the list of fragment
+reads. Lookups are O(log n) per dimension (bisection on fragment offsets).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..model import FragmentGrid
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one dimension's index that falls in one fragment."""
+
+    fragment: int
+    #: what to read in the fragment: an int, or a slice with positive step
+    local: int | slice
+    #: where it goes in the output (a slice), None for an int index
+    out: slice | None
+    #: for array indices: positions to take from what ``local`` read
+    take: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class DimIndex:
+    pieces: tuple[Piece, ...]
+    length: int | None  #: output length (None: the dimension is dropped)
+    reverse: bool = False  #: the output must be reversed (negative step)
+
+
+def expand_key(key: Any, ndim: int) -> tuple:
+    """Expand Ellipsis and pad with full slices; reject what numpy would reject."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(k is None for k in key):
+        raise IndexError("np.newaxis is not supported when reading fragments; index the dask array instead")
+    n_ellipsis = sum(1 for k in key if k is Ellipsis)
+    if n_ellipsis > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if n_ellipsis:
+        i = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:i] + (slice(None),) * (ndim - len(key) + 1) + key[i + 1 :]
+    if len(key) > ndim:
+        raise IndexError(f"too many indices for array: array is {ndim}-dimensional, but {len(key)} were indexed")
+    return key + (slice(None),) * (ndim - len(key))
+
+
+def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
+    """Split one dimension's index over the fragments along ``dim``."""
+    size = grid.shape[dim]
+    offsets = grid.offsets[dim]
+    if isinstance(index, slice):
+        start, stop, step = index.indices(size)
+        count = len(range(start, stop, step))
+        reverse = step < 0
+        if reverse:  # read forwards, reverse afterwards
+            start, step = start + step * (count - 1) if count else 0, -step
+            stop = start + step * (count - 1) + 1 if count else 0
+        pieces = []
+        for frag in grid.fragments_between(dim, start, stop):
+            lo, hi = offsets[frag], offsets[frag + 1]
+            first = start if lo <= start else start + -(-(lo - start) // step) * step
+            end = min(stop, hi)
+            if first >= end:
+                continue
+            n = len(range(first, end, step))
+            out_start = (first - start) // step
+            pieces.append(Piece(frag, slice(first - lo, end - lo, step), slice(out_start, out_start + n)))
+        return DimIndex(tuple(pieces), count, reverse)
+    if isinstance(index, (np.ndarray, list)) or (hasattr(index, "__array__") and np.ndim(index) > 0):
+        arr = np.asarray(index)
+        if arr.dtype == bool:
+            if arr.shape != (size,):
+                raise IndexError(f"boolean index of shape {arr.shape} does not match dimension of size {size}")
+            arr = np.flatnonzero(arr)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise IndexError("only 1-D integer or boolean arrays are supported as indices")
+        arr = arr.astype(np.int64)
+        if arr.size and (arr.max() >= size or arr.min() < -size):
+            raise IndexError(f"index out of bounds for dimension of size {size}")
+        arr = np.where(arr < 0, arr + size, arr)
+        frags = np.searchsorted(np.asarray(offsets), arr, side="right") - 1
+        pieces = []
+        for frag in np.unique(frags):
+            positions = np.flatnonzero(frags == frag)
+            local = arr[positions] - offsets[frag]
+            lo = int(local.min())
+            pieces.append(Piece(int(frag), slice(lo, int(local.max()) + 1, 1), positions, local - lo))
+        return DimIndex(tuple(pieces), int(arr.size))
+    try:
+        i = operator.index(index)
+    except TypeError:
+        raise IndexError(f"unsupported index {index!r}") from None
+    if not -size <= i < size:
+        raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+    i %= size if size else 1
+    frag = grid.fragment_at(dim, i)
+    return DimIndex((Piece(frag, i - offsets[frag], None),), None)
+
+
+def split_key(grid: FragmentGrid, key: Any) -> list[DimIndex]:
+    return [split_dimension(grid, d, k) for d, k in enumerate(expand_key(key, grid.ndim))]
+
+
+def output_shape(dims: Sequence[DimIndex]) -> tuple[int, ...]:
+    return tuple(d.length for d in dims if d.length is not None)

@@ -1,0 +1,164 @@
+"""The read graph: an aggregated variable as a dask array whose chunks are fragments.
+
+:class:`AggregatedArray` is a lazily indexed array (in the manner of
+xarray's backend arrays): indexing it reads just the needed part of just the
+needed fragments. ``dask.array.from_array`` turns it into one task per chunk,
+and dask fuses later slicing into those tasks, so ``x[:, 5, 7]`` reads one
+point per fragment rather than whole fragments.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.utils import parse_bytes
+
+from ..decode import Encoding
+from ..fragments.canonical import Target, read_fragment
+from ..model import AggregatedVariable, FragmentGrid
+from .indexing import output_shape, split_key
+
+__all__ = ["AggregatedArray", "to_dask", "merged_chunks"]
+
+
+class AggregatedArray:
+    """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
+
+    def __init__(self, variable: AggregatedVariable, *, mask: bool = True) -> None:
+        self.variable = variable
+        self.mask = mask
+        self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
+        self.shape = variable.shape
+        self.ndim = len(self.shape)
+        self.dtype = self.encoding.decoded_dtype
+        attrs = variable.attrs
+        self.target = Target(
+            variable=variable.name,
+            source=variable.source,
+            dims=variable.dims,
+            dtype=np.dtype(variable.dtype),
+            units=None if attrs.get("units") is None else str(attrs["units"]),
+            calendar=None if attrs.get("calendar") is None else str(attrs["calendar"]),
+        )
+
+    def __repr__(self) -> str:
+        return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def __dask_tokenize__(self) -> tuple:
+        source = self.variable.source
+        try:
+            stamp = os.stat(source).st_mtime_ns if os.path.exists(source) else None
+        except OSError:
+            stamp = None
+        return (type(self).__name__, source, stamp, self.variable.name, self.mask)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        grid = self.variable.fragments.grid
+        dims = split_key(grid, key)
+        stored = self._assemble(dims)
+        raw = np.ma.getdata(stored)
+        missing = np.ma.getmask(stored)
+        result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
+        flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
+        if any(d.reverse for d in dims):
+            result = result[flips]
+        return result
+
+    def _assemble(self, dims: list) -> np.ma.MaskedArray:
+        """Read every fragment piece the index touches, in canonical (stored) form."""
+        fragments = self.variable.fragments
+        shape = output_shape(dims)
+        combos = list(itertools.product(*(d.pieces for d in dims)))
+        if not combos:
+            return np.ma.MaskedArray(np.empty(shape, self.target.dtype))
+        out = None
+        for pieces in combos:
+            ref = fragments[tuple(p.fragment for p in pieces)]
+            block = read_fragment(ref, tuple(p.local for p in pieces), self.target)
+            block = _take(block, pieces)
+            if len(combos) == 1:
+                return block
+            if out is None:
+                out = np.ma.MaskedArray(np.empty(shape, self.target.dtype), mask=False)
+            out[_placement(pieces)] = block
+        return out
+
+
+def _take(block: np.ma.MaskedArray, pieces: tuple) -> np.ma.MaskedArray:
+    axis = 0
+    for p in pieces:
+        if p.out is None:
+            continue
+        if p.take is not None:
+            block = block.take(p.take, axis=axis)
+        axis += 1
+    return block
+
+
+def _placement(pieces: tuple) -> tuple:
+    """Where a block goes in the output; array positions become an open mesh."""
+    kept = [p.out for p in pieces if p.out is not None]
+    if not any(isinstance(o, np.ndarray) for o in kept):
+        return tuple(kept)
+    arrays = [np.arange(o.start, o.stop) if isinstance(o, slice) else o for o in kept]
+    return np.ix_(*arrays)
+
+
+def merged_chunks(grid: FragmentGrid, itemsize: int, limit: int) -> tuple[tuple[int, ...], ...]:
+    """Chunks made of whole neighbouring fragments, each at most ``limit`` bytes
+    (a single fragment larger than the limit stays one chunk)."""
+    factors = [1] * grid.ndim
+
+    def grouped(sizes: tuple[int, ...], k: int) -> tuple[int, ...]:
+        return tuple(sum(sizes[i : i + k]) for i in range(0, len(sizes), k))
+
+    def largest(fs: list[int]) -> int:
+        return itemsize * int(np.prod([max(grouped(s, k)) if s else 0 for s, k in zip(grid.sizes, fs)]))
+
+    grew = True
+    while grew:
+        grew = False
+        for d, sizes in enumerate(grid.sizes):
+            if factors[d] >= len(sizes):
+                continue
+            trial = factors.copy()
+            trial[d] = min(len(sizes), factors[d] * 2)
+            if largest(trial) <= limit:
+                factors, grew = trial, True
+    return tuple(grouped(s, k) for s, k in zip(grid.sizes, factors))
+
+
+def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
+    grid = array.variable.fragments.grid
+    if isinstance(chunks, str) and chunks == "fragments":
+        return grid.sizes
+    if isinstance(chunks, str) and chunks == "auto":
+        chunks = dask.config.get("array.chunk-size")
+    if isinstance(chunks, (str, int)) and not isinstance(chunks, bool):
+        limit = parse_bytes(chunks) if isinstance(chunks, str) else int(chunks)
+        return merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit)
+    return chunks
+
+
+def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True) -> da.Array:
+    """A dask array over ``variable``; by default exactly one chunk per fragment."""
+    array = AggregatedArray(variable, mask=mask)
+    meta = np.empty((0,) * array.ndim, dtype=array.dtype)
+    if mask:
+        meta = np.ma.MaskedArray(meta)
+    name = f"cfa-{variable.basename}-{dask.base.tokenize(array, chunks)}"
+    return da.from_array(
+        array,
+        chunks=_chunks_for(array, chunks),
+        name=name,
+        asarray=False,
+        fancy=True,
+        lock=False,
+        inline_array=False,
+        meta=meta,
+    )

@@ -1,0 +1,65 @@
+"""One URI convention for every storage: parsing, joining and normalising.
+
+Fragment references in aggregation files are absolute URIs (``file:///``,
+``s3://``, ``https://``), plain absolute paths (what older tools wrote), or
+relative references resolved against the location of the aggregation file —
+never against the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise"]
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def scheme_of(uri: str) -> str:
+    """``"file"`` for local paths and ``file://`` URIs, else the URI scheme (lower case)."""
+    match = _SCHEME.match(uri)
+    return match.group(1).lower() if match else "file"
+
+
+def is_local(uri: str) -> bool:
+    return scheme_of(uri) == "file"
+
+
+def to_local_path(uri: str) -> str:
+    """The filesystem path of a local URI (``file:///a%20b.nc`` -> ``/a b.nc``)."""
+    if uri.startswith("file://"):
+        parts = urlsplit(uri)
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI with a remote host is not supported: {uri!r}")
+        return unquote(parts.path)
+    return uri
+
+
+def normalise(uri: str) -> str:
+    """A canonical absolute form: local paths made absolute, ``.``/``..`` folded."""
+    if is_local(uri):
+        return os.path.normpath(os.path.abspath(to_local_path(uri)))
+    match = _SCHEME.match(uri)
+    assert match is not None
+    rest = uri[match.end():]
+    authority, slash, path = rest.partition("/")
+    path = posixpath.normpath("/" + path) if slash else "/"
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    trailing = "/" if uri.endswith("/") and path != "/" else ""
+    return f"{match.group(1).lower()}://{authority}{path}{trailing}"
+
+
+def resolve(reference: str, base: str) -> str:
+    """Resolve a fragment reference found in the aggregation file at ``base``."""
+    reference = reference.strip()
+    if _SCHEME.match(reference) or (is_local(reference) and os.path.isabs(reference)):
+        return normalise(reference)
+    if is_local(base):
+        directory = os.path.dirname(normalise(base))
+        return normalise(os.path.join(directory, unquote(reference)))
+    head, _, _ = base.rpartition("/")
+    return normalise(f"{head}/{reference}")
