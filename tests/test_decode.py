@@ -1,0 +1,81 @@
+"""Our masking/unpacking equals netCDF4-python's on real files."""
+
+import warnings
+
+import netCDF4
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daskcfa.decode import Encoding
+
+DTYPES = ["i1", "u1", "i2", "u2", "i4", "i8", "f4", "f8"]
+
+
+@st.composite
+def variables(draw):
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    info = np.iinfo(dtype) if dtype.kind in "iu" else None
+    values = st.integers(int(info.min), int(info.max)) if info else st.floats(-1e6, 1e6, width=32)
+    data = np.array(draw(st.lists(values, min_size=1, max_size=12)), dtype=dtype)
+    attrs = {}
+    pool = list(data) + [draw(values)]
+    if draw(st.booleans()):
+        attrs["_FillValue"] = dtype.type(draw(st.sampled_from(pool)))
+    if draw(st.booleans()):
+        attrs["missing_value"] = dtype.type(draw(st.sampled_from(pool)))
+    if draw(st.booleans()):
+        lo, hi = sorted([draw(st.sampled_from(pool)), draw(st.sampled_from(pool))])
+        attrs["valid_range"] = np.array([lo, hi], dtype)
+    elif draw(st.booleans()):
+        attrs["valid_min"] = dtype.type(draw(st.sampled_from(pool)))
+    if draw(st.booleans()):
+        attrs["scale_factor"] = np.dtype(draw(st.sampled_from(["f4", "f8"]))).type(draw(st.sampled_from([0.5, 2.0, 0.01, 1.0])))
+    if draw(st.booleans()):
+        attrs["add_offset"] = np.dtype(draw(st.sampled_from(["f4", "f8"]))).type(draw(st.sampled_from([0.0, 10.0, -3.5])))
+    if dtype.kind == "i" and draw(st.booleans()):
+        attrs["_Unsigned"] = "true"
+    return dtype, data, attrs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=variables(), mask=st.booleans())
+def test_decode_matches_netcdf4(tmp_path, case, mask):
+    dtype, data, attrs = case
+    path = tmp_path / "v.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", data.size)
+        var = ds.createVariable("v", dtype, ("x",), fill_value=attrs.get("_FillValue", None))
+        var.set_auto_maskandscale(False)
+        for k, v in attrs.items():
+            if k != "_FillValue":
+                var.setncattr(k, v)
+        var[:] = data
+    with netCDF4.Dataset(path) as ds, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        var = ds["v"]
+        var.set_auto_mask(mask)
+        expected = var[:]
+        stored_attrs = {k: var.getncattr(k) for k in var.ncattrs()}
+        enc = Encoding.from_attrs(stored_attrs, var.dtype)
+        got = enc.decode(data, mask=mask)
+    assert np.asarray(got).dtype == np.asarray(expected).dtype
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+    np.testing.assert_array_equal(np.ma.filled(got, 0), np.ma.filled(expected, 0))
+
+
+def test_extra_mask_filled_with_fill_value():
+    enc = Encoding.from_attrs({"_FillValue": np.int16(-99), "scale_factor": np.float32(0.5)}, np.dtype("i2"))
+    raw = np.array([2, 4, 6], "i2")
+    extra = np.array([False, True, False])
+    np.testing.assert_array_equal(enc.decode(raw, mask=False, extra_mask=extra), [1.0, -49.5, 3.0])
+    got = enc.decode(raw, extra_mask=extra)
+    assert got.mask.tolist() == [False, True, False] and got.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_fill_is_masked(dtype):
+    fill = netCDF4.default_fillvals[np.dtype(dtype).str[1:]]
+    got = Encoding.from_attrs({}, np.dtype(dtype)).decode(np.array([fill, 1], dtype))
+    assert got.mask.tolist() == [True, False]
