@@ -5,7 +5,7 @@ import warnings
 import netCDF4
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from daskcfa.decode import Encoding
@@ -56,7 +56,10 @@ def test_decode_matches_netcdf4(tmp_path, case, mask):
         warnings.simplefilter("ignore")
         var = ds["v"]
         var.set_auto_mask(mask)
-        expected = var[:]
+        try:
+            expected = var[:]
+        except TypeError:  # netCDF4-python itself fails on some _Unsigned cases: no ground truth
+            reject()
         stored_attrs = {k: var.getncattr(k) for k in var.ncattrs()}
         enc = Encoding.from_attrs(stored_attrs, var.dtype)
         got = enc.decode(data, mask=mask)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daskcfa.graph.indexing import output_shape, split_key
+from daskcfa.graph.indexing import array_axis_move, output_shape, split_key
 from daskcfa.model import FragmentGrid
 
 
@@ -30,7 +30,8 @@ def assemble(truth: np.ndarray, grid: FragmentGrid, key) -> np.ndarray:
             kept = np.ix_(*[np.arange(o.start, o.stop) if isinstance(o, slice) else o for o in kept])
         out[tuple(kept) if isinstance(kept, list) else kept] = block
     flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
-    return out[flips]
+    move = array_axis_move(key, grid.ndim)
+    return out[flips] if move is None else np.moveaxis(out[flips], *move)
 
 
 @st.composite
@@ -71,7 +72,7 @@ def test_lookup_is_bisection():
     assert grid.shape == (20,) and grid.grid_shape == (4,)
 
 
-@pytest.mark.parametrize("key", [(6,), (0, 0, 0, 0), (-7,), (np.array([0, 9]),), (np.ones((2, 2), int),)])
+@pytest.mark.parametrize("key", [(6,), (0, 0, 0, 0), (-7,), (np.array([0, 9]),), (np.ones((2, 2), int),), ([0], [1])])
 def test_bad_keys_raise_index_error(key):
     grid = FragmentGrid.from_sizes([[3, 3]])
     with pytest.raises(IndexError):

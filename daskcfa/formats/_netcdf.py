@@ -7,12 +7,17 @@ file and variable named.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 import netCDF4
 import numpy as np
 
-from ..errors import CFAFormatError
+from ..errors import CFAFormatError, CFAWarning, redact
+from ..model import FragmentGrid
+from .limits import check_fragment_count
 
 #: Attributes that carry aggregation instructions, never data attributes.
 INSTRUCTION_ATTRS = frozenset(
@@ -180,3 +185,214 @@ def dimension_sizes(group: netCDF4.Group, names: Iterable[str], *, variable: str
             )
         sizes.append(len(dim))
     return sizes
+
+
+def legacy_dimensions(var: netCDF4.Variable, attrs: Sequence[str]) -> list[str]:
+    """Aggregated dimension names from the first of ``attrs`` present (none: scalar data)."""
+    for attr in attrs:
+        if attr in var.ncattrs():
+            return split_words(var.getncattr(attr))
+    return []
+
+
+# --------------------------------------------------------------------------
+# Partition matrices (CFA-0.5, CFA-0.4, NCA). These dialects list partitions
+# with their locations rather than giving fragment sizes, and sparse files
+# omit the partitions never written: the grid must be recovered and checked.
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Where:
+    """The aggregation file and variable being parsed, named by every error and warning."""
+
+    file: str
+    variable: str
+
+    def error(self, message: str, fragment: Sequence[int] | None = None) -> CFAFormatError:
+        return CFAFormatError(message, file=self.file, variable=self.variable, fragment=fragment)
+
+    def warn(self, message: str) -> None:
+        warnings.warn(f"{message} (file {redact(self.file)!r}, variable {self.variable!r})", CFAWarning, stacklevel=3)
+
+
+def matrix_layout(
+    pm_dims: Sequence[str], pm_shape: Sequence[int], dims: Sequence[str], where: Where
+) -> tuple[list[int], tuple[int, ...]]:
+    """Where the partition matrix's axes sit among the aggregated dimensions, and the grid shape.
+
+    The matrix may span a subset of the dimensions, in any order; the others
+    have one fragment. Absurd shapes are refused before anything is allocated.
+    """
+    if len(pm_dims) != len(pm_shape):
+        raise where.error(f"pmshape {list(pm_shape)} does not match pmdimensions {list(pm_dims)}")
+    axes = []
+    for name in pm_dims:
+        if name not in dims:
+            raise where.error(f"partition matrix dimension {name!r} is not an aggregated dimension {list(dims)}")
+        if dims.index(name) in axes:
+            raise where.error(f"partition matrix dimension {name!r} is listed twice")
+        axes.append(dims.index(name))
+    grid_shape = [1] * len(dims)
+    for axis, n in zip(axes, pm_shape):
+        if n < 0:
+            raise where.error(f"pmshape {list(pm_shape)} has a negative entry")
+        grid_shape[axis] = int(n)
+    check_fragment_count(grid_shape, file=where.file, variable=where.variable)
+    return axes, tuple(grid_shape)
+
+
+def flat_positions(index: np.ndarray, grid_shape: Sequence[int]) -> np.ndarray:
+    """Row-major positions in the grid of the rows of ``index`` (also right for scalar grids)."""
+    strides = [math.prod(grid_shape[d + 1 :]) for d in range(len(grid_shape))]
+    return index.astype(np.int64) @ np.asarray(strides, dtype=np.int64).reshape(-1)
+
+
+def scatter(grid_shape: Sequence[int], index: np.ndarray, values: Sequence[Any], fill: Any) -> np.ndarray:
+    """A grid-shaped object column with ``values[p]`` at ``index[p]`` and ``fill`` elsewhere."""
+    column = np.full(tuple(grid_shape), fill, dtype=object)
+    cells = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):  # element-wise, so that tuples stay whole
+        cells[i] = value
+    column.reshape(-1)[flat_positions(index, grid_shape)] = cells
+    return column
+
+
+def with_base(base: str | None, file: str) -> str:
+    """A fragment file name with the dialect's ``base`` prefix (none or ``""``: unchanged)."""
+    return f"{base.rstrip('/')}/{file}" if base else file
+
+
+def is_netcdf_format(fmt: Any) -> bool:
+    """Whether a fragment ``format`` names netCDF (S3netCDF4 writes data models such as NETCDF4)."""
+    name = fmt.strip().lower() if isinstance(fmt, str) else None
+    return name is not None and (name in ("", "nc") or name.startswith("netcdf"))
+
+
+def location_stops(
+    start: np.ndarray, end: np.ndarray, counts: np.ndarray, index: np.ndarray, *, inclusive: bool, where: Where
+) -> np.ndarray:
+    """End-exclusive stops of partition locations, whichever end convention the file follows.
+
+    Each dialect documents inclusive or exclusive ends, but S3netCDF4 has
+    written both into the same dialect; the element count each partition
+    records (``counts``, negative where unknown) settles it. A partition whose
+    count fits neither convention is a CFAFormatError.
+    """
+    checked = np.flatnonzero(counts >= 0)
+    extent = end[checked] - start[checked]
+    exclusive_ok = np.prod(extent, axis=1) == counts[checked]
+    inclusive_ok = np.prod(extent + 1, axis=1) == counts[checked]
+    documented, other = (inclusive_ok, exclusive_ok) if inclusive else (exclusive_ok, inclusive_ok)
+    if not documented.all():
+        if not other.all():
+            row = checked[np.argmin(documented)]
+            location = np.stack([start[row], end[row]], axis=-1).tolist()
+            raise where.error(
+                f"partition location {location} does not fit the shape recorded for the partition",
+                fragment=index[row],
+            )
+        inclusive = not inclusive
+        where.warn(
+            f"partition locations end {'inclusively' if inclusive else 'exclusively'}, against the "
+            "dialect's rule; following the partition shapes recorded beside them"
+        )
+    return end + 1 if inclusive else end.copy()
+
+
+def partition_grid(
+    dims: Sequence[str],
+    sizes: Sequence[int],
+    grid_shape: Sequence[int],
+    index: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+    known: np.ndarray,
+    where: Where,
+) -> FragmentGrid:
+    """The fragment grid described by partition locations, filling in what sparse files omit.
+
+    Row ``p`` is one partition: its grid ``index`` and its location ``[start,
+    stop)``, in aggregated dimension order; ``known[p]`` is False where the
+    file gives no location (a partition never written). Each dimension's
+    fragment sizes come from any located partition in the same slab; slabs
+    without one share the remaining length evenly, rounded as S3netCDF4 splits.
+    """
+    index = index.astype(np.int64)
+    outside = np.flatnonzero(((index < 0) | (index >= np.asarray(grid_shape, dtype=np.int64))).any(axis=1))
+    if outside.size:
+        raise where.error(
+            f"partition index {index[outside[0]].tolist()} is outside the partition matrix {tuple(grid_shape)}",
+            fragment=index[outside[0]],
+        )
+    flat = flat_positions(index, grid_shape)
+    order = np.argsort(flat, kind="stable")
+    repeated = order[1:][flat[order[1:]] == flat[order[:-1]]]
+    if repeated.size:
+        row = repeated[0]
+        raise where.error(f"partition {index[row].tolist()} is listed more than once", fragment=index[row])
+    rows = np.flatnonzero(known)
+    upper = np.asarray(sizes, dtype=np.int64)
+    for bad, problem in (
+        ((start[rows] < 0) | (stop[rows] > upper), f"lies outside the array of shape {tuple(sizes)}"),
+        (stop[rows] < start[rows], "ends before it starts"),
+    ):
+        bad_rows = rows[bad.any(axis=1)]
+        if bad_rows.size:
+            row = bad_rows[0]
+            raise where.error(f"partition location {_pairs(start[row], stop[row])} {problem}", fragment=index[row])
+    return FragmentGrid.from_sizes(
+        _slab_sizes(name, int(sizes[d]), int(grid_shape[d]), index[rows], d, start[rows, d], stop[rows, d], where)
+        for d, name in enumerate(dims)
+    )
+
+
+def _slab_sizes(
+    name: str, size: int, n: int, index: np.ndarray, d: int, start: np.ndarray, stop: np.ndarray, where: Where
+) -> np.ndarray:
+    """Fragment sizes along dimension ``d`` from its located partitions (see partition_grid)."""
+    slabs, first = np.unique(index[:, d], return_index=True)
+    lo, hi = start[first], stop[first]
+    mine = np.searchsorted(slabs, index[:, d])
+    differ = np.flatnonzero((start != lo[mine]) | (stop != hi[mine]))
+    if differ.size:
+        row = differ[0]
+        raise where.error(
+            f"partition spans [{start[row]}, {stop[row]}) along {name!r} but partition "
+            f"{index[first[mine[row]]].tolist()} in the same slab spans [{lo[mine[row]]}, {hi[mine[row]]})",
+            fragment=index[row],
+        )
+    # Slab j runs from bounds[j] to bounds[j + 1]; a bound is known from the
+    # start of slab j or the end of slab j - 1, and both must then agree.
+    begins = np.full(n + 1, -1, dtype=np.int64)
+    ends = np.full(n + 1, -1, dtype=np.int64)
+    begins[n], ends[0] = size, 0
+    begins[slabs], ends[slabs + 1] = lo, hi
+    clash = np.flatnonzero((begins >= 0) & (ends >= 0) & (begins != ends))
+    if clash.size:
+        j = int(clash[0])
+        culprit = index[first[np.searchsorted(slabs, min(j, n - 1))]] if slabs.size else None
+        if j == n:
+            message = f"the partitions along {name!r} end at {ends[n]} but the dimension has size {size}"
+        elif j == 0:
+            message = f"the first partitions along {name!r} start at {begins[0]}, not 0"
+        else:
+            message = (
+                f"partitions along {name!r} overlap or leave a gap: slab {j - 1} ends at {ends[j]} "
+                f"but slab {j} starts at {begins[j]}"
+            )
+        raise where.error(message, fragment=culprit)
+    bounds = np.where(begins >= 0, begins, ends)
+    fixed = np.flatnonzero(bounds >= 0)
+    gaps = np.diff(fixed) > 1
+    for a, c in zip(fixed[:-1][gaps], fixed[1:][gaps]):
+        steps = np.arange(1, c - a, dtype=np.int64)
+        bounds[a + 1 : c] = bounds[a] + (2 * steps * (bounds[c] - bounds[a]) + (c - a)) // (2 * (c - a))
+    sizes = np.diff(bounds)
+    if (sizes < 0).any():
+        j = int(np.argmax(sizes < 0))
+        raise where.error(f"partitions along {name!r} are out of order around slab {j}: they overlap")
+    return sizes
+
+
+def _pairs(start: np.ndarray, stop: np.ndarray) -> str:
+    return "[" + ", ".join(f"[{a}, {b})" for a, b in zip(start.tolist(), stop.tolist())) + "]"

@@ -76,7 +76,7 @@ def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
             out_start = (first - start) // step
             pieces.append(Piece(frag, slice(first - lo, end - lo, step), slice(out_start, out_start + n)))
         return DimIndex(tuple(pieces), count, reverse)
-    if isinstance(index, (np.ndarray, list)) or (hasattr(index, "__array__") and np.ndim(index) > 0):
+    if _is_array(index):
         arr = np.asarray(index)
         if arr.dtype == bool:
             if arr.shape != (size,):
@@ -107,8 +107,27 @@ def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
     return DimIndex((Piece(frag, i - offsets[frag], None),), None)
 
 
+def _is_array(index: Any) -> bool:
+    return isinstance(index, (np.ndarray, list)) or (hasattr(index, "__array__") and np.ndim(index) > 0)
+
+
 def split_key(grid: FragmentGrid, key: Any) -> list[DimIndex]:
-    return [split_dimension(grid, d, k) for d, k in enumerate(expand_key(key, grid.ndim))]
+    key = expand_key(key, grid.ndim)
+    if sum(1 for k in key if _is_array(k)) > 1:
+        raise IndexError("only one array index per read is supported (use dask's vindex for point-wise selection)")
+    return [split_dimension(grid, d, k) for d, k in enumerate(key)]
+
+
+def array_axis_move(key: Any, ndim: int) -> tuple[int, int] | None:
+    """numpy moves the array dimension to the front when an array index and
+    integer indices are separated by a slice; returns ``(source, 0)`` then."""
+    key = expand_key(key, ndim)
+    advanced = [i for i, k in enumerate(key) if _is_array(k) or not isinstance(k, slice)]
+    if not any(_is_array(k) for k in key) or advanced == list(range(advanced[0], advanced[-1] + 1)):
+        return None
+    array_at = next(i for i, k in enumerate(key) if _is_array(k))
+    source = sum(1 for k in key[:array_at] if isinstance(k, slice))
+    return (source, 0) if source else None
 
 
 def output_shape(dims: Sequence[DimIndex]) -> tuple[int, ...]:

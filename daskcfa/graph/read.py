@@ -21,7 +21,7 @@ from dask.utils import parse_bytes
 from ..decode import Encoding
 from ..fragments.canonical import Target, read_fragment
 from ..model import AggregatedVariable, FragmentGrid
-from .indexing import output_shape, split_key
+from .indexing import array_axis_move, output_shape, split_key
 
 __all__ = ["AggregatedArray", "to_dask", "merged_chunks"]
 
@@ -67,7 +67,8 @@ class AggregatedArray:
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
         if any(d.reverse for d in dims):
             result = result[flips]
-        return result
+        move = array_axis_move(key, self.ndim)
+        return result if move is None else np.moveaxis(result, *move)
 
     def _assemble(self, dims: list) -> np.ma.MaskedArray:
         """Read every fragment piece the index touches, in canonical (stored) form."""

@@ -1,0 +1,1 @@
+"""Benchmark harness for daskcfa (see benchmarks/README.md)."""

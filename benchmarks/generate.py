@@ -1,0 +1,406 @@
+"""Deterministic generator of CF-1.13 aggregation datasets for the benchmarks.
+
+A dataset is one directory holding
+
+* ``frag/tas_NNNNN.nc``: self-describing netCDF-4 fragment files (dimensions
+  ``time``, ``lat``, ``lon``, their coordinate variables, the float32 variable
+  ``tas`` with its attributes, global attributes), one per fragment along
+  ``time`` (the fragments tile only the time axis);
+* ``aggregation.nc``: the CF-1.13 aggregation file (scalar ``tas`` with
+  ``aggregated_dimensions`` / ``aggregated_data = "map: ... uris: ...
+  identifiers: ..."``, relative URIs, full coordinate variables,
+  ``Conventions = "CF-1.13"``) that both cfdm >= 1.13 and cfapyx read;
+* ``params.json``: the parameters (regeneration is skipped when they match)
+  plus the fragment list;
+* ``truth.npz``: the ground truth: the float64 mean over (lat, lon) of every
+  time step, accumulated while writing.
+
+Values are ``value(t, y, x)`` (see :func:`values`), a pure function of the
+*global* time index and the grid indices, so any point or time series can be
+recomputed exactly in numpy. It is a smooth field plus quantised
+pseudo-random noise, so zlib compresses it only moderately, like real data.
+
+Usage::
+
+    python -m benchmarks.generate --scenario read-zlib [--quick] [--datadir DIR]
+    python -m benchmarks.generate --nfrag 100 --frag-shape 10,512,512 --zlib \
+        --chunks 1,512,512 [--name NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+GENERATOR_VERSION = 1
+DEFAULT_DATADIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+VARNAME = "tas"
+AGG_NAME = "aggregation.nc"
+FRAG_DIR = "frag"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What to generate. Fragments tile the time axis only."""
+
+    nfrag: int
+    frag_shape: tuple[int, int, int]  # (time, lat, lon) of one fragment
+    zlib: bool = False
+    complevel: int = 1
+    chunks: tuple[int, int, int] | None = None  # HDF5 chunk shape; None = contiguous
+    shuffle: bool = False
+    name: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        nt, ny, nx = self.frag_shape
+        return (self.nfrag * nt, ny, nx)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
+
+    @property
+    def dirname(self) -> str:
+        if self.name:
+            return self.name
+        shape = "x".join(map(str, self.frag_shape))
+        comp = f"zlib{self.complevel}" if self.zlib else "raw"
+        if self.shuffle:
+            comp += "s"
+        chunks = "contig" if self.chunks is None else "c" + "x".join(map(str, self.chunks))
+        return f"n{self.nfrag}_f{shape}_{comp}_{chunks}"
+
+    def params(self) -> dict:
+        d = asdict(self)
+        d["frag_shape"] = list(self.frag_shape)
+        d["chunks"] = None if self.chunks is None else list(self.chunks)
+        d["shape"] = list(self.shape)
+        d["generator_version"] = GENERATOR_VERSION
+        return d
+
+
+# Datasets per scenario: (full size, --quick size).
+SCENARIO_DATA: dict[str, tuple[DatasetSpec, DatasetSpec]] = {
+    "open-1k": (
+        DatasetSpec(1000, (1, 18, 36)),
+        DatasetSpec(50, (1, 18, 36)),
+    ),
+    "open-10k": (
+        DatasetSpec(10000, (1, 18, 36)),
+        DatasetSpec(200, (1, 18, 36)),
+    ),
+    "read-uncompressed": (
+        DatasetSpec(100, (10, 512, 512)),
+        DatasetSpec(10, (4, 64, 64)),
+    ),
+    "read-zlib": (
+        DatasetSpec(100, (10, 512, 512), zlib=True, chunks=(1, 512, 512)),
+        DatasetSpec(10, (4, 64, 64), zlib=True, chunks=(1, 64, 64)),
+    ),
+    "timeseries": (
+        DatasetSpec(1000, (1, 180, 360), zlib=True, chunks=(1, 180, 360)),
+        DatasetSpec(50, (1, 18, 36), zlib=True, chunks=(1, 18, 36)),
+    ),
+}
+
+
+# A tiny dataset each tool reads once, in the measured process but before the
+# clock starts, so that lazy imports / first-call costs are not timed.
+WARMUP_SPEC = DatasetSpec(2, (2, 6, 8), zlib=True, chunks=(1, 6, 8), name="warmup")
+
+
+def spec_for(scenario: str, quick: bool = False) -> DatasetSpec:
+    full, small = SCENARIO_DATA[scenario]
+    return small if quick else full
+
+
+# ----------------------------------------------------------------------------
+# Values
+# ----------------------------------------------------------------------------
+def _mix(h: np.ndarray) -> np.ndarray:
+    """A cheap integer hash (uint64 arithmetic wraps silently)."""
+    h = h ^ (h >> np.uint64(29))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(32))
+    return h
+
+
+def values(t, y, x, ny: int, nx: int) -> np.ndarray:
+    """The float32 value at global time index ``t`` and grid indices ``y, x``.
+
+    Arguments broadcast like numpy arrays (use ``np.ix_`` for blocks). The
+    result is bit-for-bit reproducible, so ground truth for any point or
+    time series is this function itself.
+    """
+    t = np.asarray(t, dtype=np.int64)
+    y = np.asarray(y, dtype=np.int64)
+    x = np.asarray(x, dtype=np.int64)
+    lat = np.deg2rad(-90.0 + (y + 0.5) * (180.0 / ny))
+    lon = np.deg2rad((x + 0.5) * (360.0 / nx))
+    smooth = 250.0 + 0.01 * t + 30.0 * np.cos(lat) + 5.0 * np.sin(2.0 * lon) * np.cos(lat)
+    h = _mix(
+        t.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        + y.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+        + x.astype(np.uint64) * np.uint64(0x165667B19E3779F9)
+    )
+    noise = ((h & np.uint64(1023)).astype(np.float64) - 511.5) / 256.0  # +-2 K, 1/256 steps
+    return (smooth + noise).astype(np.float32)
+
+
+def point(spec_or_shape) -> tuple[int, int]:
+    """The (y, x) grid point of the time-series scenario: (90, 180) on a
+    180 x 360 grid, the grid centre in general."""
+    shape = spec_or_shape.shape if isinstance(spec_or_shape, DatasetSpec) else spec_or_shape
+    return (shape[1] // 2, shape[2] // 2)
+
+
+# ----------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------
+def _coords(spec: DatasetSpec):
+    nt, ny, nx = spec.shape
+    lat = -90.0 + (np.arange(ny) + 0.5) * (180.0 / ny)
+    lon = (np.arange(nx) + 0.5) * (360.0 / nx)
+    time_ = np.arange(nt, dtype=np.float64)
+    return time_, lat, lon
+
+
+def _write_coords(nc, time_, lat, lon):
+    tv = nc.createVariable("time", "f8", ("time",))
+    tv.standard_name = "time"
+    tv.units = "days since 2000-01-01"
+    tv.calendar = "standard"
+    tv.axis = "T"
+    tv[:] = time_
+    yv = nc.createVariable("lat", "f8", ("lat",))
+    yv.standard_name = "latitude"
+    yv.units = "degrees_north"
+    yv.axis = "Y"
+    yv[:] = lat
+    xv = nc.createVariable("lon", "f8", ("lon",))
+    xv.standard_name = "longitude"
+    xv.units = "degrees_east"
+    xv.axis = "X"
+    xv[:] = lon
+
+
+def _tas_attrs(v):
+    v.standard_name = "air_temperature"
+    v.long_name = "Near-surface air temperature"
+    v.units = "K"
+
+
+def frag_relpath(i: int) -> str:
+    return f"{FRAG_DIR}/{VARNAME}_{i:05d}.nc"
+
+
+def _write_fragment(path: str, spec: DatasetSpec, i: int, coords) -> np.ndarray:
+    """Write fragment ``i``; return the float64 spatial mean of each time step."""
+    import netCDF4
+
+    time_, lat, lon = coords
+    nt, ny, nx = spec.frag_shape
+    t0 = i * nt
+    data = values(*np.ix_(np.arange(t0, t0 + nt), np.arange(ny), np.arange(nx)), ny=ny, nx=nx)
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as nc:
+        nc.Conventions = "CF-1.13"
+        nc.title = f"daskcfa benchmark fragment {i}"
+        nc.createDimension("time", nt)
+        nc.createDimension("lat", ny)
+        nc.createDimension("lon", nx)
+        _write_coords(nc, time_[t0 : t0 + nt], lat, lon)
+        kw = {}
+        if spec.zlib:
+            kw.update(zlib=True, complevel=spec.complevel, shuffle=spec.shuffle)
+        if spec.chunks is not None:
+            kw.update(chunksizes=spec.chunks)
+        else:
+            kw.update(contiguous=not spec.zlib)
+        v = nc.createVariable(VARNAME, "f4", ("time", "lat", "lon"), fill_value=False, **kw)
+        _tas_attrs(v)
+        v[...] = data
+    return data.astype(np.float64).mean(axis=(1, 2))
+
+
+def _write_aggregation(path: str, spec: DatasetSpec, coords) -> None:
+    """The CF-1.13 aggregation file (section 2.8)."""
+    import netCDF4
+
+    time_, lat, lon = coords
+    nt, ny, nx = spec.shape
+    nf = spec.nfrag
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as nc:
+        # cfdm decides from Conventions (needs >= CF-1.12); cfapyx reads the
+        # global Conventions attribute unconditionally (AttributeError without).
+        nc.Conventions = "CF-1.13"
+        nc.title = "daskcfa benchmark aggregation"
+        nc.createDimension("time", nt)
+        nc.createDimension("lat", ny)
+        nc.createDimension("lon", nx)
+        nc.createDimension("f_time", nf)
+        nc.createDimension("f_lat", 1)
+        nc.createDimension("f_lon", 1)
+        nc.createDimension("i", 3)
+        nc.createDimension("j", nf)
+        _write_coords(nc, time_, lat, lon)
+        v = nc.createVariable(VARNAME, "f4", ())
+        _tas_attrs(v)
+        v.aggregated_dimensions = "time lat lon"
+        # Single blanks: cfapyx splits on " " only.
+        v.aggregated_data = (
+            "map: fragment_map uris: fragment_uris identifiers: fragment_identifiers"
+        )
+        # map padded with the netCDF default fill and no _FillValue (as cfdm
+        # writes it); netCDF4-python masks the default fill, which cfapyx needs.
+        m = nc.createVariable("fragment_map", "i4", ("i", "j"))
+        fill = netCDF4.default_fillvals["i4"]
+        mp = np.full((3, nf), fill, dtype=np.int32)
+        mp[0, :] = spec.frag_shape[0]
+        mp[1, 0] = ny
+        mp[2, 0] = nx
+        m[...] = mp
+        u = nc.createVariable("fragment_uris", str, ("f_time", "f_lat", "f_lon"))
+        uris = np.array([frag_relpath(i) for i in range(nf)], dtype=object)
+        u[...] = uris.reshape(nf, 1, 1)
+        ident = nc.createVariable("fragment_identifiers", str, ())
+        ident[...] = np.array(VARNAME, dtype=object)
+
+
+def dataset_dir(spec: DatasetSpec, datadir: str = DEFAULT_DATADIR) -> str:
+    return os.path.join(os.path.abspath(datadir), spec.dirname)
+
+
+def ensure(spec: DatasetSpec, datadir: str = DEFAULT_DATADIR, force: bool = False,
+           verbose: bool = True) -> str:
+    """Generate ``spec`` under ``datadir`` unless already present; return its directory."""
+    out = dataset_dir(spec, datadir)
+    pfile = os.path.join(out, "params.json")
+    want = spec.params()
+    if not force and os.path.exists(pfile):
+        with open(pfile) as f:
+            have = json.load(f)
+        if {k: have.get(k) for k in want} == want and have.get("complete"):
+            return out
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, FRAG_DIR))
+    t0 = time.perf_counter()
+    if verbose:
+        print(f"generating {out} ({spec.nfrag} fragments, {spec.nbytes / 1e9:.3f} GB) ...",
+              file=sys.stderr, flush=True)
+    coords = _coords(spec)
+    means = np.empty(spec.shape[0], dtype=np.float64)
+    nt = spec.frag_shape[0]
+    for i in range(spec.nfrag):
+        means[i * nt:(i + 1) * nt] = _write_fragment(
+            os.path.join(out, frag_relpath(i)), spec, i, coords)
+    _write_aggregation(os.path.join(out, AGG_NAME), spec, coords)
+    np.savez(os.path.join(out, "truth.npz"), spatial_mean=means)
+    frag_bytes = sum(os.path.getsize(os.path.join(out, frag_relpath(i)))
+                     for i in range(spec.nfrag))
+    params = dict(want, complete=True, fragments=[frag_relpath(i) for i in range(spec.nfrag)],
+                  aggregation=AGG_NAME, variable=VARNAME, fragment_bytes=frag_bytes,
+                  generate_seconds=round(time.perf_counter() - t0, 2))
+    with open(pfile, "w") as f:
+        json.dump(params, f)
+    if verbose:
+        print(f"  done in {params['generate_seconds']} s; fragment files {frag_bytes / 1e9:.3f} GB "
+              f"(data {spec.nbytes / 1e9:.3f} GB)", file=sys.stderr, flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Reading back what was generated
+# ----------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """A generated dataset as seen by the tools and the checks."""
+
+    dir: str
+    params: dict = field(repr=False)
+
+    @classmethod
+    def load(cls, path: str) -> "Dataset":
+        with open(os.path.join(path, "params.json")) as f:
+            return cls(os.path.abspath(path), json.load(f))
+
+    @property
+    def agg(self) -> str:
+        return os.path.join(self.dir, self.params["aggregation"])
+
+    @property
+    def fragments(self) -> list[str]:
+        return [os.path.join(self.dir, p) for p in self.params["fragments"]]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.params["shape"])
+
+    @property
+    def frag_shape(self) -> tuple[int, int, int]:
+        return tuple(self.params["frag_shape"])
+
+    @property
+    def nfrag(self) -> int:
+        return self.params["nfrag"]
+
+    @property
+    def point(self) -> tuple[int, int]:
+        return point(self.shape)
+
+    def spatial_mean(self) -> np.ndarray:
+        return np.load(os.path.join(self.dir, "truth.npz"))["spatial_mean"]
+
+    def timeseries(self) -> np.ndarray:
+        nt, ny, nx = self.shape
+        py, px = self.point
+        return values(np.arange(nt), py, px, ny=ny, nx=nx)
+
+    def value(self, t: int, y: int, x: int) -> float:
+        return float(values(t, y, x, ny=self.shape[1], nx=self.shape[2]))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datadir", default=DEFAULT_DATADIR)
+    p.add_argument("--scenario", action="append",
+                   help=f"generate the data of a scenario ({', '.join(SCENARIO_DATA)}, all)")
+    p.add_argument("--quick", action="store_true", help="small sizes")
+    p.add_argument("--nfrag", type=int)
+    p.add_argument("--frag-shape", help="e.g. 10,512,512")
+    p.add_argument("--zlib", action="store_true")
+    p.add_argument("--complevel", type=int, default=1)
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--chunks", help="HDF5 chunk shape, e.g. 1,512,512 (default contiguous)")
+    p.add_argument("--name", help="directory name (default derived from the parameters)")
+    p.add_argument("--force", action="store_true", help="regenerate even if present")
+    a = p.parse_args(argv)
+    specs = []
+    if a.scenario:
+        names = list(SCENARIO_DATA) if "all" in a.scenario else a.scenario
+        specs += [spec_for(s, a.quick) for s in names]
+    if a.nfrag:
+        if not a.frag_shape:
+            p.error("--nfrag needs --frag-shape")
+        specs.append(DatasetSpec(
+            a.nfrag, tuple(int(v) for v in a.frag_shape.split(",")), zlib=a.zlib,
+            complevel=a.complevel, shuffle=a.shuffle,
+            chunks=tuple(int(v) for v in a.chunks.split(",")) if a.chunks else None,
+            name=a.name))
+    if not specs:
+        p.error("nothing to generate: give --scenario or --nfrag/--frag-shape")
+    for s in specs:
+        print(ensure(s, a.datadir, force=a.force))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

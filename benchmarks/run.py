@@ -1,0 +1,388 @@
+"""Run the benchmark scenarios: daskcfa against its peers and the raw limits.
+
+    python -m benchmarks.run --scenario all            # full sizes (~10-15 min)
+    python -m benchmarks.run --quick --scenario all    # small smoke test
+    python -m benchmarks.run --scenario read-zlib --tools daskcfa,cfdm --repeats 5
+
+Every measured run is a fresh ``python -m benchmarks.tools`` process (see
+that module for what is timed). Per tool and scenario: one warm-up run
+(discarded; it warms the page cache), then the median of K runs. Tools whose
+warm-up is slow get fewer repeats (``--budget``). Answers are checked
+against the ground truth written by :mod:`benchmarks.generate`.
+
+Output: a markdown table per scenario on stdout, and JSON in
+``benchmarks/results/<scenario>.json`` (``<scenario>.quick.json`` with
+``--quick``); the stderr of failed runs goes to ``<scenario>[.quick].raw``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+
+import numpy as np
+
+from benchmarks import generate
+from benchmarks.generate import Dataset
+from benchmarks.tools import SCENARIO_KIND, TOOLS, applicable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+SCENARIOS = list(SCENARIO_KIND)  # fixed order
+# Run order: raw-bytes first (it pulls every fragment into the page cache).
+DEFAULT_TOOLS = ["raw-bytes", "raw-agg", "raw-loop", "daskcfa", "daskcfa-processes",
+                 "daskcfa-distributed", "cfdm", "cfapyx", "xarray-mfdataset"]
+RAW_LIMIT = {"open": "raw-agg", "read": "raw-loop", "timeseries": "raw-loop"}
+CONTEXT_ONLY = {"raw-bytes"}
+WHAT = {
+    "open": "open + build the lazy dask array (no data read)",
+    "read": "full read + mean over (lat, lon) of every time step",
+    "timeseries": "one-point time series x[:, {py}, {px}]",
+}
+TOOL_LABEL = {
+    "raw-agg": "raw: netCDF4 read of the aggregation instructions",
+    "raw-loop": "raw: serial netCDF4 loop over the fragments",
+    "raw-bytes": "raw: os.read of every fragment file (context)",
+    "daskcfa": "daskcfa (threads)",
+    "daskcfa-processes": "daskcfa (scheduler='processes')",
+    "daskcfa-distributed": "daskcfa (distributed LocalCluster 2x1)",
+    "cfdm": "cfdm",
+    "cfapyx": "cfapyx (xarray engine 'CFA')",
+    "xarray-mfdataset": "xarray.open_mfdataset",
+}
+VERSIONED = ["daskcfa", "cfdm", "cfapyx", "xarray", "dask", "distributed", "netCDF4",
+             "h5py", "h5netcdf", "numpy"]
+
+
+# ----------------------------------------------------------------------------
+# One run in a fresh process
+# ----------------------------------------------------------------------------
+def run_once(tool, scenario, dsdir, warm_dir, timeout, raw_log, strace_to=None, probe=True):
+    cmd = [sys.executable, "-m", "benchmarks.tools", tool, scenario, dsdir]
+    if warm_dir:
+        cmd.append(f"--warm={warm_dir}")
+    if not probe:
+        cmd.append("--no-probe")
+    if strace_to:
+        cmd = ["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", strace_to] + cmd
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    try:
+        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        _log(raw_log, tool, "timeout", e.stderr)
+        return {"status": "cannot", "reason": f"timeout after {timeout:.0f} s"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("@@RESULT@@ "):
+            res = json.loads(line[len("@@RESULT@@ "):])
+            if res.get("status") != "ok":
+                _log(raw_log, tool, res.get("reason"), (res.get("traceback") or "") + p.stderr)
+            return res
+    sig = f"signal {-p.returncode}" if p.returncode < 0 else f"exit code {p.returncode}"
+    _log(raw_log, tool, f"crashed ({sig})", p.stdout[-3000:] + p.stderr)
+    return {"status": "cannot", "reason": f"crashed ({sig})"}
+
+
+def _log(raw_log, tool, what, text):
+    if not raw_log:
+        return
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    with open(raw_log, "a") as f:
+        f.write(f"===== {time.strftime('%H:%M:%S')} {tool}: {what}\n{(text or '')[-6000:]}\n")
+
+
+_OPEN_RE = re.compile(r'open(?:at2?)?\((?:[^,]*, )?"([^"]+)"')
+
+
+def count_fragment_opens(tool, scenario, ds, warm_dir, timeout, raw_log):
+    """Distinct fragment files (and total open syscalls) seen by strace in one
+    untimed run. netCDF-C opens a file 3 times (format sniffing, then HDF5),
+    so 3 opens per file is what plain netCDF4-python does."""
+    if not shutil.which("strace"):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".strace", delete=False) as f:
+        trace = f.name
+    try:
+        # No warm-up run here, so every fragment path seen belongs to ``ds``
+        # (some tools open them by relative path).
+        res = run_once(tool, scenario, ds.dir, None, timeout, raw_log,
+                       strace_to=trace, probe=False)
+        if res.get("status") != "ok":
+            return None
+        frag = re.compile(r"(?:^|/)" + re.escape(generate.FRAG_DIR) + r"/[^/]+\.nc$")
+        paths = []
+        with open(trace, errors="replace") as fh:
+            for line in fh:
+                m = _OPEN_RE.search(line)
+                if m and frag.search(m.group(1)):
+                    paths.append(os.path.basename(m.group(1)))
+        return {"distinct": len(set(paths)), "opens": len(paths), "fragments": ds.nfrag}
+    finally:
+        os.unlink(trace)
+
+
+# ----------------------------------------------------------------------------
+# Checks against the ground truth
+# ----------------------------------------------------------------------------
+def check(tool, kind, ds: Dataset, res: dict) -> tuple[bool, str, list[str]]:
+    """Return (correct, detail, notes)."""
+    r = res.get("result", {})
+    notes = []
+    if tool == "raw-bytes":
+        ok = r.get("bytes") == ds.params["fragment_bytes"]
+        return ok, f"{r.get('bytes', 0) / 1e9:.3f} GB", notes
+    dtype = r.get("dtype")
+    if dtype and dtype != "float32":
+        notes.append(f"returns {dtype}")
+    if kind == "open":
+        if r.get("shape") != list(ds.shape):
+            return False, f"shape {r.get('shape')} != {list(ds.shape)}", notes
+        if "numblocks" not in r:
+            notes.append("no dask array")
+        elif r.get("fragment_chunks") is False:
+            notes.append(f"chunks not per fragment (numblocks {r['numblocks']})")
+        if r.get("note"):
+            notes.append(r["note"])
+        if "probe" in r:
+            t, y, x = ds.shape[0] - 1, 1, 2
+            want = ds.value(t, y, x)
+            if np.float32(r["probe"]) != np.float32(want):
+                return False, f"x[{t},{y},{x}] = {r['probe']} != {want}", notes
+        return True, "ok", notes
+    if kind == "read":
+        got = np.asarray(r.get("spatial_mean", []), dtype=np.float64)
+        want = ds.spatial_mean()
+        if got.shape != want.shape:
+            return False, f"{got.size} values, want {want.size}", notes
+        err = float(np.max(np.abs(got - want)))
+        if not err <= 1e-3:  # K; consecutive time steps differ by >= 0.01 K on average
+            bad = int(np.sum(np.abs(got - want) > 1e-3))
+            return False, f"{bad} of {want.size} means wrong (max error {err:.3g})", notes
+        return True, f"ok (mean {got.mean():.6f}, max err {err:.1g})", notes
+    got = np.asarray(r.get("series", []))
+    want = ds.timeseries()
+    if got.shape != want.shape:
+        return False, f"{got.size} values, want {want.size}", notes
+    bad = int(np.sum(got.astype(np.float32) != want))
+    if bad:
+        return False, f"{bad} of {want.size} values wrong", notes
+    return True, "ok (exact)", notes
+
+
+# ----------------------------------------------------------------------------
+# One scenario
+# ----------------------------------------------------------------------------
+def describe_dataset(kind, ds: Dataset) -> str:
+    p = ds.params
+    comp = f"zlib level {p['complevel']}" if p["zlib"] else "uncompressed"
+    chunks = "contiguous" if p["chunks"] is None else f"HDF5 chunks {tuple(p['chunks'])}"
+    what = WHAT[kind].format(py=ds.point[0], px=ds.point[1])
+    return (f"{what}; {ds.nfrag} fragments {tuple(ds.frag_shape)} -> {tuple(ds.shape)} float32 "
+            f"= {np.prod(ds.shape) * 4 / 1e9:.3f} GB, {comp}, {chunks}; fragment files "
+            f"{p['fragment_bytes'] / 1e9:.3f} GB")
+
+
+def run_scenario(scenario, args, warm_dir):
+    kind = SCENARIO_KIND[scenario]
+    spec = generate.spec_for(scenario, args.quick)
+    ds = Dataset.load(generate.ensure(spec, args.datadir))
+    suffix = ".quick" if args.quick else ""
+    raw_log = os.path.join(RESULTS, f"{scenario}{suffix}.raw")
+    if os.path.exists(raw_log):
+        os.unlink(raw_log)
+    tools = [t for t in args.tools if applicable(t, kind)]
+    print(f"\n### {scenario}\n\n{describe_dataset(kind, ds)}\n", flush=True)
+    t_scen = time.perf_counter()
+    out = {}
+    for tool in tools:
+        t_tool = time.perf_counter()
+        rec = {"label": TOOL_LABEL.get(tool, tool)}
+        warm = run_once(tool, scenario, ds.dir, warm_dir, args.timeout, raw_log)
+        if warm.get("status") != "ok":
+            rec.update(status="cannot", reason=warm.get("reason"))
+        else:
+            reps = args.repeats
+            if warm["seconds"] * reps > args.budget:
+                reps = max(1, int(args.budget // max(warm["seconds"], 1e-9)))
+            runs = [run_once(tool, scenario, ds.dir, warm_dir, args.timeout, raw_log)
+                    for _ in range(reps)]
+            failed = [r for r in runs if r.get("status") != "ok"]
+            if failed:
+                rec.update(status="cannot", reason=failed[0].get("reason") + " (in a repeat)")
+            else:
+                verdicts = [check(tool, kind, ds, r) for r in [warm] + runs]
+                ok = all(v[0] for v in verdicts)
+                bad = next((v for v in verdicts if not v[0]), verdicts[0])
+                times = [r["seconds"] for r in runs]
+                rec.update(
+                    status="ok" if ok else "wrong",
+                    check=bad[1], notes=bad[2], times=times,
+                    warmup_seconds=warm["seconds"], median=statistics.median(times),
+                    setup_seconds=statistics.median(r.get("setup_seconds", 0) for r in runs),
+                    maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
+                )
+                for r in runs:
+                    if r.get("warmup_error"):
+                        rec["notes"].append("warm-up on the tiny dataset failed: "
+                                            + r["warmup_error"])
+                        break
+                if tool in args.count_tools and not args.no_count:
+                    rec["fragment_opens"] = count_fragment_opens(
+                        tool, scenario, ds, warm_dir, args.timeout, raw_log)
+        rec["wall_seconds"] = time.perf_counter() - t_tool
+        out[tool] = rec
+        print(f"  {tool:20s} {_fmt_status(rec)}  [{rec['wall_seconds']:.1f} s wall]",
+              file=sys.stderr, flush=True)
+    # Ratios.
+    raw = out.get(RAW_LIMIT[kind], {})
+    raw_t = raw.get("median") if raw.get("status") == "ok" else None
+    dc = out.get("daskcfa", {})
+    dc_t = dc.get("median") if dc.get("status") == "ok" else None
+    for tool, rec in out.items():
+        if rec.get("status") != "ok":
+            continue
+        rec["x_raw_limit"] = rec["median"] / raw_t if raw_t else None
+        rec["daskcfa_over_tool"] = dc_t / rec["median"] if dc_t else None
+    table = render_table(scenario, kind, ds, out)
+    print(table, flush=True)
+    doc = {
+        "scenario": scenario, "kind": kind, "quick": args.quick,
+        "description": describe_dataset(kind, ds),
+        "dataset": {k: v for k, v in ds.params.items() if k != "fragments"},
+        "raw_limit": RAW_LIMIT[kind], "repeats": args.repeats,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
+        "wall_seconds": time.perf_counter() - t_scen, "tools": out, "table": table,
+    }
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, f"{scenario}{suffix}.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc
+
+
+def _fmt_status(rec):
+    if rec["status"] == "ok":
+        return f"{rec['median']:.4f} s"
+    if rec["status"] == "wrong":
+        return f"WRONG ANSWER {rec['check']} ({rec['median']:.4f} s)"
+    return f"cannot do this ({rec['reason']})"
+
+
+def _fmt_s(t):
+    return f"{t:.3g}" if t >= 0.001 else f"{t * 1e3:.2g} ms"
+
+
+def render_table(scenario, kind, ds, out) -> str:
+    raw = out.get(RAW_LIMIT[kind], {})
+    lines = [
+        f"| tool | seconds (median) | x raw limit | daskcfa / tool | answer | notes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tool, rec in out.items():
+        label = rec["label"]
+        if rec["status"] == "cannot":
+            lines.append(f"| {label} | - | - | - | cannot do this ({rec['reason']}) | |")
+            continue
+        notes = list(rec.get("notes", []))
+        n = len(rec["times"])
+        notes.append(f"{n} run{'s' if n > 1 else ''}, {_fmt_s(min(rec['times']))}-"
+                     f"{_fmt_s(max(rec['times']))}")
+        fo = rec.get("fragment_opens")
+        if fo:
+            notes.append(f"opened {fo['distinct']} of {fo['fragments']} fragment files "
+                         f"({fo['opens']} opens)")
+        notes.append(f"RSS {rec['maxrss_mb']:.0f} MB")
+        xr_ = rec.get("x_raw_limit")
+        dr = rec.get("daskcfa_over_tool")
+        answer = rec["check"] if rec["status"] == "ok" else f"**wrong answer**: {rec['check']}"
+        if tool in CONTEXT_ONLY:
+            answer = f"context: {rec['check']}"
+        lines.append(
+            f"| {label} | {_fmt_s(rec['median'])} | {f'{xr_:.2f}x' if xr_ else '-'} | "
+            f"{f'{dr:.3g}' if dr and tool != 'daskcfa' else '-'} | {answer} | "
+            f"{'; '.join(notes)} |")
+    raw_desc = (f"raw limit = {raw.get('label', RAW_LIMIT[kind])}: "
+                f"{_fmt_s(raw['median'])} s" if raw.get("status") == "ok" else "raw limit: n/a")
+    return (f"{raw_desc}. `x raw limit` = tool time / raw limit (lower is better); "
+            f"`daskcfa / tool` = daskcfa time / tool time (< 1: daskcfa faster).\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def machine_info():
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenario", action="append",
+                   help=f"scenario to run (repeatable): {', '.join(SCENARIOS)}, or all")
+    p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    p.add_argument("--repeats", type=int, help="measured runs per tool after the warm-up "
+                   "(default 3; 1 with --quick)")
+    p.add_argument("--tools", help=f"comma-separated subset of: {', '.join(DEFAULT_TOOLS)}")
+    p.add_argument("--datadir", default=generate.DEFAULT_DATADIR)
+    p.add_argument("--budget", type=float, default=40.0,
+                   help="max seconds of measured runs per tool (fewer repeats for slow "
+                   "tools; at least one); default 40")
+    p.add_argument("--timeout", type=float, help="seconds per run (default 600; 120 quick)")
+    p.add_argument("--count-tools", default="daskcfa",
+                   help="tools whose fragment-file opens are counted with strace in one "
+                   "extra untimed run (default daskcfa)")
+    p.add_argument("--no-count", action="store_true", help="skip the strace counting run")
+    a = p.parse_args(argv)
+    if not a.scenario:
+        p.error("give --scenario NAME (repeatable) or --scenario all")
+    scenarios = SCENARIOS if "all" in a.scenario else a.scenario
+    for s in scenarios:
+        if s not in SCENARIO_KIND:
+            p.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
+    a.tools = DEFAULT_TOOLS if not a.tools else [t.strip() for t in a.tools.split(",")]
+    for t in a.tools:
+        if t not in TOOLS:
+            p.error(f"unknown tool {t!r}; choose from {', '.join(TOOLS)}")
+    a.count_tools = [t.strip() for t in a.count_tools.split(",") if t.strip()]
+    if a.repeats is None:
+        a.repeats = 1 if a.quick else 3
+    if a.timeout is None:
+        a.timeout = 120.0 if a.quick else 600.0
+    t0 = time.perf_counter()
+    warm_dir = generate.ensure(generate.WARMUP_SPEC, a.datadir)
+    for s in scenarios:  # generate everything first (not timed)
+        generate.ensure(generate.spec_for(s, a.quick), a.datadir)
+    t_gen = time.perf_counter() - t0
+    mi = machine_info()
+    print(f"# daskcfa benchmarks{' (--quick)' if a.quick else ''}\n\n"
+          f"{mi['cpus']} CPUs, Python {mi['python']}; "
+          + ", ".join(f"{k} {v}" for k, v in mi["versions"].items() if v)
+          + f". Warm-up run + median of up to {a.repeats} fresh-process runs per tool.",
+          flush=True)
+    for s in scenarios:
+        run_scenario(s, a, warm_dir)
+    print(f"\nTotal wall time {time.perf_counter() - t0:.0f} s "
+          f"(data generation/check {t_gen:.0f} s).", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

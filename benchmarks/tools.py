@@ -1,0 +1,434 @@
+"""One measured run of one tool on one scenario, in a fresh process.
+
+    python -m benchmarks.tools TOOL SCENARIO DATASET_DIR [--no-probe] [--warm=DIR]
+
+Imports and other set-up happen before the clock starts (with ``--warm=DIR``
+the tool first runs once on the tiny dataset DIR, so that lazy imports and
+first-call costs inside the tool are not timed); the clock covers
+opening the dataset, building the lazy array and (for the read scenarios)
+computing the answer. The answer is summarised after the clock stops and
+printed, with the time, as one JSON line prefixed with ``@@RESULT@@``; the
+caller (:mod:`benchmarks.run`) checks it against the ground truth.
+
+Scenario kinds:
+
+* ``open``: open the aggregation and build the lazy (dask) array;
+  the result is its shape, dtype and chunking, plus one probe value read
+  after the clock stops (``--no-probe`` skips it).
+* ``read``: read everything and compute the mean over (lat, lon) of every
+  time step (a full read + mean; the per-time means also catch misplaced
+  fragments, which a plain mean would not).
+* ``timeseries``: ``x[:, py, px]`` with (py, px) the grid centre.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from benchmarks.generate import Dataset
+
+SCENARIO_KIND = {
+    "open-1k": "open",
+    "open-10k": "open",
+    "read-uncompressed": "read",
+    "read-zlib": "read",
+    "timeseries": "timeseries",
+}
+
+NEUTRAL_CWD = "/"  # tools that must not depend on the working directory run here
+
+
+class CannotDo(Exception):
+    """The tool cannot do this task (reason in the message)."""
+
+
+# ----------------------------------------------------------------------------
+# Shared operations on a dask array / xarray DataArray
+# ----------------------------------------------------------------------------
+def _find_dask(obj):
+    import dask.array as da
+
+    return obj if isinstance(obj, da.Array) else None
+
+
+def _chunks_info(x, ds: Dataset) -> dict:
+    """Shape/dtype/chunking of a lazy array (dask or anything with .shape/.dtype)."""
+    info = {"shape": list(x.shape), "dtype": str(x.dtype)}
+    chunks = getattr(x, "chunks", None)
+    if chunks is not None:
+        info["numblocks"] = [len(c) for c in chunks]
+        want = (tuple([ds.frag_shape[0]] * ds.nfrag), (ds.shape[1],), (ds.shape[2],))
+        info["fragment_chunks"] = tuple(tuple(c) for c in chunks) == want
+        try:
+            info["graph_tasks"] = len(x.__dask_graph__())
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def _probe_index(ds: Dataset) -> tuple[int, int, int]:
+    return (ds.shape[0] - 1, 1, 2)
+
+
+def _dask_op(kind: str, ds: Dataset, x, **compute_kw):
+    if kind == "open":
+        return x
+    if kind == "read":
+        return x.mean(axis=(1, 2)).compute(**compute_kw)
+    py, px = ds.point
+    return x[:, py, px].compute(**compute_kw)
+
+
+def _dask_describe(kind, ds, value, probe):
+    if kind == "open":
+        info = _chunks_info(value, ds)
+        if probe:
+            info["probe"] = float(np.asarray(value[_probe_index(ds)].compute()))
+        return info
+    return _array_result(kind, value)
+
+
+def _array_result(kind, value) -> dict:
+    a = np.asarray(value)
+    key = "spatial_mean" if kind == "read" else "series"
+    return {key: a.astype(np.float64).ravel().tolist(), "dtype": str(a.dtype)}
+
+
+def _xr_op(kind, ds, da_):
+    if kind == "open":
+        return da_
+    if kind == "read":
+        return da_.mean(dim=("lat", "lon")).values
+    py, px = ds.point
+    return da_.isel(lat=py, lon=px).values
+
+
+def _xr_describe(kind, ds, value, probe):
+    if kind == "open":
+        data = value.data if hasattr(value, "data") else value
+        info = _chunks_info(data if _find_dask(data) is not None else value, ds)
+        if probe:
+            t, y, x = _probe_index(ds)
+            info["probe"] = float(np.asarray(value[t, y, x]))
+        return info
+    return _array_result(kind, value)
+
+
+# ----------------------------------------------------------------------------
+# Tools. Each: setup(kind, ds) -> (run, describe, teardown)
+#   run() is timed and returns a value; describe(value, probe) -> dict.
+# ----------------------------------------------------------------------------
+def tool_daskcfa(kind, ds, scheduler=None):
+    try:
+        import daskcfa
+    except Exception as e:  # noqa: BLE001
+        raise CannotDo(f"ImportError: {e}") from None
+    from_cfa = getattr(daskcfa, "from_cfa", None)
+    if from_cfa is None:
+        raise CannotDo("ImportError: daskcfa has no from_cfa")
+    os.chdir(NEUTRAL_CWD)  # relative URIs must resolve against the file, not the cwd
+    kw = {} if scheduler is None else {"scheduler": scheduler}
+
+    def run():
+        x = from_cfa(ds.agg, "tas")
+        return _dask_op(kind, ds, x, **kw)
+
+    return run, lambda v, p: _dask_describe(kind, ds, v, p), None
+
+
+def tool_daskcfa_processes(kind, ds):
+    if kind == "open":
+        raise CannotDo("not applicable (no compute in open scenarios)")
+    return tool_daskcfa(kind, ds, scheduler="processes")
+
+
+def tool_daskcfa_distributed(kind, ds):
+    if kind == "open":
+        raise CannotDo("not applicable (no compute in open scenarios)")
+    run, describe, _ = tool_daskcfa(kind, ds)
+    from distributed import Client, LocalCluster
+
+    # Cluster start-up and worker imports happen before the clock starts.
+    if "cluster" not in _DISTRIBUTED:
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+        client.run(lambda: __import__("daskcfa") and None)
+        _DISTRIBUTED.update(cluster=cluster, client=client)
+
+    def teardown():
+        _DISTRIBUTED.pop("client").close()
+        _DISTRIBUTED.pop("cluster").close()
+
+    return run, describe, teardown
+
+
+_DISTRIBUTED: dict = {}
+
+
+def tool_cfdm(kind, ds):
+    import cfdm
+
+    # cfdm resolves relative fragment URIs against the working directory.
+    os.chdir(ds.dir)
+
+    def run():
+        fields = cfdm.read(ds.agg)
+        sel = [f for f in fields if f.nc_get_variable(None) == "tas"]
+        if not sel:
+            raise CannotDo(f"no field 'tas' among {fields}")
+        x = sel[0].data.to_dask_array()
+        return _dask_op(kind, ds, x)
+
+    return run, lambda v, p: _dask_describe(kind, ds, v, p), None
+
+
+def _cfapyx_fragment_array(da_):
+    """The dask array cfapyx builds from its fragments (internals; built on access)."""
+    from cfapyx.wrappers import FragmentArrayWrapper
+
+    a = da_.variable._data
+    for _ in range(10):
+        if isinstance(a, FragmentArrayWrapper):
+            return a.__array__()
+        a = getattr(a, "array", None)
+        if a is None:
+            break
+    return None
+
+
+def tool_cfapyx(kind, ds):
+    import xarray as xr
+    import cfapyx  # noqa: F401  (registers the "CFA" engine)
+
+    # cfapyx resolves relative fragment URIs against the working directory.
+    os.chdir(ds.dir)
+
+    def run():
+        xds = xr.open_dataset(ds.agg, engine="CFA")
+        tas = xds["tas"]
+        if kind == "open":
+            # cfapyx builds its per-fragment dask array only when the variable
+            # is indexed; build it here so that "open" means the same thing
+            # as for the other tools.
+            x = _cfapyx_fragment_array(tas)
+            return (tas, x)
+        return _xr_op(kind, ds, tas)
+
+    def describe(value, probe):
+        if kind != "open":
+            return _array_result(kind, value)
+        tas, x = value
+        info = _chunks_info(x if x is not None else tas, ds)
+        if x is None:
+            info["note"] = "fragment dask array not found; timed open_dataset only"
+        if probe:
+            t, y, xx = _probe_index(ds)
+            info["probe"] = float(np.asarray(tas[t, y, xx].values))
+        return info
+
+    return run, describe, None
+
+
+MFDATASET_KW = dict(
+    combine="by_coords",
+    chunks={"time": -1, "lat": -1, "lon": -1},  # one dask chunk per file
+    # xarray's documented fast path for many files:
+    data_vars="minimal", coords="minimal", compat="override",
+    parallel=False,  # parallel=True segfaults with the netCDF4 engine here
+)
+
+
+def tool_xarray_mfdataset(kind, ds):
+    import xarray as xr
+
+    os.chdir(NEUTRAL_CWD)
+    files = ds.fragments
+
+    def run():
+        xds = xr.open_mfdataset(files, **MFDATASET_KW)
+        return _xr_op(kind, ds, xds["tas"])
+
+    return run, lambda v, p: _xr_describe(kind, ds, v, p), None
+
+
+def tool_raw_agg(kind, ds):
+    """Open baseline: read the aggregation file's instruction variables with netCDF4."""
+    if kind != "open":
+        raise CannotDo("not applicable (open scenarios only)")
+    import netCDF4
+
+    def run():
+        with netCDF4.Dataset(ds.agg) as nc:
+            v = nc.variables["tas"]
+            dims = v.getncattr("aggregated_dimensions").split()
+            words = v.getncattr("aggregated_data").split()
+            terms = dict(zip((w.rstrip(":") for w in words[0::2]), words[1::2]))
+            fmap = np.ma.filled(nc.variables[terms["map"]][...], 0)
+            uris = nc.variables[terms["uris"]][...]
+            ident = nc.variables[terms["identifiers"]][...]
+        return dims, fmap, uris, ident
+
+    def describe(value, probe):
+        dims, fmap, uris, ident = value
+        sizes = [[int(s) for s in row if s > 0] for row in fmap]
+        return {"shape": [sum(r) for r in sizes], "dtype": "float32",
+                "numblocks": [len(r) for r in sizes], "n_uris": int(np.size(uris))}
+
+    return run, describe, None
+
+
+def tool_raw_loop(kind, ds):
+    """Serial netCDF4-python loop over the fragment files (the raw limit)."""
+    if kind == "open":
+        raise CannotDo("not applicable (see raw-agg)")
+    import netCDF4
+
+    files = ds.fragments
+    py, px = ds.point
+
+    def run():
+        out = []
+        for path in files:
+            with netCDF4.Dataset(path) as nc:
+                v = nc.variables["tas"]
+                v.set_auto_maskandscale(False)
+                if kind == "read":
+                    out.append(v[...].mean(axis=(1, 2)))
+                else:
+                    out.append(v[:, py, px])
+        return np.concatenate(out)
+
+    return run, lambda v, p: _array_result(kind, v), None
+
+
+def tool_raw_bytes(kind, ds):
+    """os.read of every fragment file's bytes (page cache warm): I/O context."""
+    if kind == "open":
+        raise CannotDo("not applicable")
+    files = ds.fragments
+    size = max(os.path.getsize(f) for f in files)
+    buf = bytearray(size)
+
+    def run():
+        total = 0
+        mv = memoryview(buf)
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                while True:
+                    n = os.readv(fd, [mv])
+                    total += n
+                    if n < len(mv):
+                        break
+            finally:
+                os.close(fd)
+        return total
+
+    return run, lambda v, p: {"bytes": int(v)}, None
+
+
+TOOLS = {
+    "raw-agg": tool_raw_agg,
+    "raw-loop": tool_raw_loop,
+    "raw-bytes": tool_raw_bytes,
+    "daskcfa": tool_daskcfa,
+    "daskcfa-processes": tool_daskcfa_processes,
+    "daskcfa-distributed": tool_daskcfa_distributed,
+    "cfdm": tool_cfdm,
+    "cfapyx": tool_cfapyx,
+    "xarray-mfdataset": tool_xarray_mfdataset,
+}
+
+
+def applicable(tool: str, kind: str) -> bool:
+    if kind == "open":
+        return tool not in ("raw-loop", "raw-bytes", "daskcfa-processes", "daskcfa-distributed")
+    return tool != "raw-agg"
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    first = msg[0] if msg else ""
+    return f"{type(e).__name__}: {first}"[:300]
+
+
+def _warm_up(tool: str, kind: str, warm_dir: str | None) -> None:
+    """Run the tool once on a tiny, unrelated dataset, so that lazy imports and
+    other first-call costs inside the tool fall outside the clock."""
+    if not warm_dir or not os.path.exists(os.path.join(warm_dir, "params.json")):
+        return
+    run, _, _ = TOOLS[tool](kind, Dataset.load(warm_dir))
+    run()
+
+
+def measure(tool: str, scenario: str, dataset_dir: str, probe: bool = True,
+            warm_dir: str | None = None) -> dict:
+    kind = SCENARIO_KIND[scenario]
+    ds = Dataset.load(dataset_dir)
+    out = {"tool": tool, "scenario": scenario, "dataset": ds.dir}
+    t0 = time.perf_counter()
+    try:
+        _warm_up(tool, kind, warm_dir)
+    except CannotDo:
+        pass  # reported by the real run below
+    except Exception as e:  # noqa: BLE001
+        out["warmup_error"] = _short(e)
+    try:
+        run, describe, teardown = TOOLS[tool](kind, ds)
+    except CannotDo as e:
+        return out | {"status": "cannot", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001
+        return out | {"status": "cannot", "reason": "setup: " + _short(e),
+                      "traceback": traceback.format_exc()[-2000:]}
+    out["setup_seconds"] = time.perf_counter() - t0
+    try:
+        t1 = time.perf_counter()
+        value = run()
+        out["seconds"] = time.perf_counter() - t1
+        out["result"] = describe(value, probe)
+        out["status"] = "ok"
+    except CannotDo as e:
+        out |= {"status": "cannot", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001
+        out |= {"status": "cannot", "reason": _short(e),
+                "traceback": traceback.format_exc()[-2000:]}
+    finally:
+        if teardown is not None:
+            try:
+                teardown()
+            except Exception:  # noqa: BLE001
+                pass
+    out["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    probe = "--no-probe" not in argv
+    argv = [a for a in argv if a != "--no-probe"]
+    warm_dir = None
+    for a in list(argv):
+        if a.startswith("--warm="):
+            warm_dir = a.split("=", 1)[1]
+            argv.remove(a)
+    if len(argv) != 3 or argv[0] not in TOOLS or argv[1] not in SCENARIO_KIND:
+        print(__doc__, file=sys.stderr)
+        print(f"tools: {', '.join(TOOLS)}; scenarios: {', '.join(SCENARIO_KIND)}",
+              file=sys.stderr)
+        return 2
+    res = measure(argv[0], argv[1], argv[2], probe=probe, warm_dir=warm_dir)
+    sys.stdout.flush()
+    print("@@RESULT@@ " + json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

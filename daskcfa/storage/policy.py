@@ -1,0 +1,100 @@
+"""The safe-URI policy: which locations an aggregation file may make us open.
+
+An aggregation file is untrusted input: it must not be able to make a reader
+open what its user did not mean to expose (``file:///etc/passwd`` named by an
+aggregation on S3, or an object in somebody else's bucket). Defaults:
+
+- an aggregation file on **remote** storage may reference remote objects in
+  the same bucket (S3) or on the same host (HTTP/OPeNDAP) only;
+- an aggregation file on **local** disk may reference local files anywhere
+  and remote objects.
+
+``allowed_locations`` replaces the default with an explicit list of location
+prefixes; the entry ``"default"`` stands for the default rule, so
+``["default", "s3://second-bucket/"]`` widens it and ``["/data/archive/"]``
+confines reads to one tree (symbolic links are followed before checking).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable
+
+import dask.config
+
+from ..errors import UnsafeURIError
+from .uri import is_local, normalise, scheme_of, to_local_path
+
+__all__ = ["LocationPolicy"]
+
+DEFAULT = "default"
+
+
+def _origin(uri: str) -> str:
+    """``s3://bucket/``, ``https://host:port/``: the unit a remote aggregation is confined to."""
+    scheme = scheme_of(uri)
+    rest = uri.split("://", 1)[1]
+    authority = rest.split("/", 1)[0]
+    return f"{scheme}://{authority}/"
+
+
+def _remote_family(scheme: str) -> str:
+    # An OPeNDAP endpoint is an http(s) URL; treat http/https/dap as one family.
+    return "http" if scheme in ("http", "https", "dap2", "dap4") else scheme
+
+
+@dataclass(frozen=True)
+class LocationPolicy:
+    """Decides whether a resolved fragment URI may be opened. Holds no secrets."""
+
+    base: str
+    allowed: tuple[str, ...] = (DEFAULT,)
+
+    @classmethod
+    def for_aggregation(cls, base: str, allowed_locations: Iterable[str] | None = None) -> "LocationPolicy":
+        if allowed_locations is None:
+            allowed_locations = dask.config.get("daskcfa.storage.allowed-locations", None) or (DEFAULT,)
+        if isinstance(allowed_locations, str):
+            allowed_locations = (allowed_locations,)
+        prefixes = tuple(p if p == DEFAULT else _prefix(p) for p in allowed_locations)
+        return cls(base=normalise(base), allowed=prefixes)
+
+    def check(self, uri: str) -> None:
+        """Raise :class:`UnsafeURIError` unless ``uri`` is allowed."""
+        if not self.allows(uri):
+            where = "local disk" if is_local(self.base) else _origin(self.base)
+            raise UnsafeURIError(
+                f"refusing to open {uri!r}: an aggregation file on {where} may not reference it "
+                "(widen with allowed_locations=[...] or dask config 'daskcfa.storage.allowed-locations')",
+                file=self.base,
+            )
+
+    def allows(self, uri: str) -> bool:
+        uri = normalise(uri)
+        return any(self._default_allows(uri) if p == DEFAULT else _under(uri, p) for p in self.allowed)
+
+    def _default_allows(self, uri: str) -> bool:
+        if is_local(self.base):
+            return True
+        if is_local(uri):
+            return False
+        same_family = _remote_family(scheme_of(uri)) == _remote_family(scheme_of(self.base))
+        return same_family and _origin(uri).split("://", 1)[1] == _origin(self.base).split("://", 1)[1]
+
+
+def _prefix(location: str) -> str:
+    location = location.strip()
+    if is_local(location):
+        path = os.path.realpath(to_local_path(location))
+        return path if path.endswith(os.sep) else path + os.sep
+    norm = normalise(location)
+    return norm if norm.endswith("/") else norm + "/"
+
+
+def _under(uri: str, prefix: str) -> bool:
+    if is_local(uri) != is_local(prefix):
+        return False
+    if is_local(uri):
+        return os.path.realpath(to_local_path(uri)).startswith(prefix)
+    return uri.startswith(prefix) or uri + "/" == prefix
