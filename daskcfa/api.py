@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import dask.array as da
 import netCDF4
@@ -15,6 +15,7 @@ from .formats._netcdf import find_variable
 from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable
+from .storage.access import Access
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation"]
 
@@ -38,10 +39,12 @@ def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVa
     return parse_variable(var, url)
 
 
-def read_aggregation(url: str, variable: str | None = None, *, storage_options: Mapping[str, Any] | None = None) -> AggregatedVariable:
+def read_aggregation(url: str, variable: str | None = None, *, storage_options: Mapping[str, Any] | None = None,
+                     access: Access | None = None) -> AggregatedVariable:
     """Parse one aggregated variable of the file at ``url`` into the model (no fragment I/O)."""
     url = storage.normalise(url)
-    ds = storage.open_netcdf(url, storage_options)
+    access = access or Access.for_aggregation(url, storage_options)
+    ds = storage.open_netcdf(url, profile=access.profile)
     try:
         with HDF5_LOCK:
             return _select(ds, url, variable)
@@ -61,6 +64,7 @@ def from_cfa(
     chunks: Any = "fragments",
     mask: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    allowed_locations: Iterable[str] | None = None,
 ) -> da.Array:
     """Open an aggregated variable of a CFA-netCDF file as a dask array.
 
@@ -69,11 +73,18 @@ def from_cfa(
     chunk per fragment; a byte size such as ``"256MiB"`` (or ``"auto"``)
     merges neighbouring fragments up to that size; any other value is passed
     to dask. ``mask`` returns masked arrays like netCDF4-python (``False``:
-    fill values stay in the data).
+    fill values stay in the data). ``storage_options`` are fsspec/s3fs options
+    (flat, or keyed by protocol); they never enter the task graph.
+    ``allowed_locations`` replaces the safe-URI policy's default (see
+    :mod:`daskcfa.storage.policy`; ``"default"`` stands for the default rule).
     """
-    return to_dask(read_aggregation(url, variable, storage_options=storage_options), chunks=chunks, mask=mask)
+    url = storage.normalise(url)
+    access = Access.for_aggregation(url, storage_options, allowed_locations)
+    return to_dask(read_aggregation(url, variable, access=access), chunks=chunks, mask=mask, access=access)
 
 
-def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None) -> Dataset:
+def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
+             allowed_locations: Iterable[str] | None = None) -> Dataset:
     """Open a whole aggregation file: dimensions, groups, attributes and every variable."""
-    return Dataset.open(storage.normalise(url), storage_options=storage_options)
+    url = storage.normalise(url)
+    return Dataset.open(url, access=Access.for_aggregation(url, storage_options, allowed_locations))

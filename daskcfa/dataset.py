@@ -9,7 +9,7 @@ users see the dataset the aggregation describes, not how it is stored.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import dask.array as da
 import netCDF4
@@ -22,6 +22,7 @@ from .formats._netcdf import group_path
 from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable, Fragments
+from .storage.access import Access
 
 __all__ = ["Dataset", "Group", "Variable", "Dimension"]
 
@@ -43,15 +44,16 @@ class FileVariableArray:
     """Lazily indexed ordinary variable of the aggregation file (reopened per read,
     so that dask arrays over it can be pickled to other processes)."""
 
-    def __init__(self, url: str, path: str, shape: tuple[int, ...], dtype: np.dtype, *, mask: bool = True) -> None:
-        self.url, self.path, self.shape, self.dtype, self.mask = url, path, shape, dtype, mask
+    def __init__(self, url: str, path: str, shape: tuple[int, ...], dtype: np.dtype, *, mask: bool = True,
+                 profile: storage.ProfileRef = storage.NO_PROFILE) -> None:
+        self.url, self.path, self.shape, self.dtype, self.mask, self.profile = url, path, shape, dtype, mask, profile
         self.ndim = len(shape)
 
     def __dask_tokenize__(self) -> tuple:
         return (type(self).__name__, self.url, self.path, self.mask)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        ds = storage.open_netcdf(self.url)
+        ds = storage.open_netcdf(self.url, profile=self.profile)
         try:
             with HDF5_LOCK:
                 var = ds[self.path]
@@ -71,11 +73,13 @@ class Variable:
     """
 
     def __init__(self, name: str, path: str, dims: tuple[str, ...], shape: tuple[int, ...], dtype: np.dtype,
-                 attrs: dict[str, Any], *, aggregation: AggregatedVariable | None = None, url: str = "") -> None:
+                 attrs: dict[str, Any], *, aggregation: AggregatedVariable | None = None, url: str = "",
+                 access: Access | None = None) -> None:
         self.name, self.path, self.dims, self.shape, self.dtype = name, path, dims, shape, dtype
         self.attrs = attrs
         self.aggregation = aggregation
         self._url = url
+        self._access = access or Access.default(url)
         self._data: da.Array | None = None
 
     @property
@@ -103,9 +107,9 @@ class Variable:
     def data(self) -> da.Array:
         if self._data is None:
             if self.aggregation is not None:
-                self._data = to_dask(self.aggregation)
+                self._data = to_dask(self.aggregation, access=self._access)
             else:
-                array = FileVariableArray(self._url, self.path, self.shape, self.dtype)
+                array = FileVariableArray(self._url, self.path, self.shape, self.dtype, profile=self._access.profile)
                 meta = np.ma.MaskedArray(np.empty((0,) * self.ndim, dtype=_decoded_dtype(self)))
                 self._data = da.from_array(array, chunks=self.shape or (), asarray=False, meta=meta,
                                            name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
@@ -210,11 +214,11 @@ class Dataset(Group):
     url: str = ""
 
     @classmethod
-    def open(cls, url: str, *, storage_options: Mapping[str, Any] | None = None) -> "Dataset":
-        ds = storage.open_netcdf(url, storage_options)
+    def open(cls, url: str, *, access: Access) -> "Dataset":
+        ds = storage.open_netcdf(url, profile=access.profile)
         try:
             with HDF5_LOCK:
-                return _build(cls, ds, url)
+                return _build(cls, ds, url, access)
         except CFAError:
             raise
         except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
@@ -244,7 +248,7 @@ def _attrs(obj: Any) -> dict[str, Any]:
     return {k: obj.getncattr(k) for k in obj.ncattrs()}
 
 
-def _build(cls: type, ds: netCDF4.Dataset, url: str) -> Dataset:
+def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
     aggregated = aggregated_variables(ds, url)
     hidden: set[str] = set()
     for agg in aggregated.values():
@@ -281,7 +285,8 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str) -> Dataset:
                 dims, shape, attrs = tuple(var.dimensions), tuple(var.shape), _attrs(var)
                 used_dims.update(id(d) for d in var.get_dims())
             dtype = np.dtype(object) if var.dtype is str else np.dtype(var.dtype)
-            group.variables[var.name] = Variable(var.name, var_path, dims, shape, dtype, attrs, aggregation=agg, url=url)
+            group.variables[var.name] = Variable(var.name, var_path, dims, shape, dtype, attrs, aggregation=agg, url=url,
+                                                 access=access)
     for path, group in groups.items():
         nc_group = ds if path == "/" else ds[path.rstrip("/")]
         for name, dim in nc_group.dimensions.items():

@@ -119,7 +119,7 @@ def read_raw(var: netCDF4.Variable) -> Any:
         var.set_auto_maskandscale(True)
 
 
-def read_strings(var: netCDF4.Variable) -> np.ndarray:
+def read_strings(var: netCDF4.Variable, *, owner: str | None = None) -> np.ndarray:
     """A string variable as an object array of ``str`` (``""`` where missing).
 
     Handles vlen ``string`` variables and ``char`` arrays whose last dimension
@@ -141,7 +141,7 @@ def read_strings(var: netCDF4.Variable) -> np.ndarray:
             raise CFAFormatError(
                 f"variable {var.name!r} should hold strings but has dtype {raw.dtype}",
                 file=source_of(var.group()),
-                variable=variable_path(var),
+                variable=owner or variable_path(var),
             )
         chars = netCDF4.chartostring(raw, encoding="utf-8") if raw.ndim else raw
     out = np.empty(np.shape(chars), dtype=object)
@@ -152,13 +152,13 @@ def read_strings(var: netCDF4.Variable) -> np.ndarray:
     return out
 
 
-def read_integers(var: netCDF4.Variable) -> np.ma.MaskedArray:
+def read_integers(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.MaskedArray:
     """An integer instruction variable, masked where values are missing."""
     if var.dtype == str or np.dtype(var.dtype).kind not in "iu":
         raise CFAFormatError(
             f"variable {var.name!r} must be of integer type, not {var.dtype}",
             file=source_of(var.group()),
-            variable=variable_path(var),
+            variable=owner or variable_path(var),
         )
     values = np.ma.asarray(var[...])
     return np.ma.MaskedArray(values.data.astype(np.int64), mask=np.ma.getmaskarray(values))

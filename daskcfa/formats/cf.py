@@ -152,7 +152,7 @@ def parse(var: netCDF4.Variable, source: str) -> AggregatedVariable:
 def _grid(map_var: netCDF4.Variable, shape: list[int], dims: tuple[str, ...], where: dict) -> FragmentGrid:
     """Fragment sizes from a ``map`` (CFA-0.6: ``location``): one row per dimension,
     padded with missing or non-positive values."""
-    values = nc.read_integers(map_var)
+    values = nc.read_integers(map_var, owner=where["variable"])
     ndim = len(shape)
     if ndim == 0:
         if values.size != 1:
@@ -208,13 +208,13 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
 
     uris = identifiers = None
     if "uris" in roles:
-        uris = nc.read_strings(roles["uris"])
+        uris = nc.read_strings(roles["uris"], owner=where["variable"])
         _check_shape(roles["uris"], uris, grid, "URI", where, extra_axis=dialect is CFA_0_6, scalar_ok=grid.ndim == 0)
         uris = _substitute(roles["uris"], uris, where)
         if uris.ndim == grid.ndim:
             uris = uris[..., np.newaxis]
     if "identifiers" in roles:
-        identifiers = nc.read_strings(roles["identifiers"])
+        identifiers = nc.read_strings(roles["identifiers"], owner=where["variable"])
         _check_shape(roles["identifiers"], identifiers, grid, "identifier", where, scalar_ok=True)
 
     if dialect is CFA_0_6 and identifiers is not None:

@@ -19,9 +19,10 @@ import cf_units
 import numpy as np
 
 from ..decode import Encoding
-from ..errors import CFAError, FragmentReadError, FragmentShapeError, MissingFragmentError, UnitsError
+from ..errors import CFAError, FragmentReadError, FragmentShapeError, MissingFragmentError, NotFoundError, UnitsError
 from ..model import FragmentRef
 from .. import storage
+from ..storage.policy import LocationPolicy
 from .files import open_fragment
 
 __all__ = ["Target", "read_fragment"]
@@ -37,6 +38,10 @@ class Target:
     dtype: np.dtype
     units: str | None = None
     calendar: str | None = None
+    #: opaque reference to the storage options (never the credentials themselves)
+    profile: storage.ProfileRef = storage.NO_PROFILE
+    #: which locations the aggregation file may make us open
+    policy: LocationPolicy | None = None
 
     @property
     def default_identifier(self) -> str:
@@ -56,11 +61,29 @@ def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedA
         return np.ma.masked_all(shape, dtype=target.dtype)
     if not ref.uris:
         return _filled(ref.value, shape, target, where)
-    uri = _first_existing(ref, target, where)
-    try:
-        return _read_file(uri, ref, key, target)
-    except CFAError as exc:
-        raise exc.located(file=uri, variable=target.variable, fragment=ref.index)
+    candidates = [storage.resolve(u, target.source) for u in ref.uris]
+    if target.policy is not None:
+        for uri in candidates:
+            try:
+                target.policy.check(uri)
+            except CFAError as exc:
+                raise exc.located(**where)
+    fraction = _fraction(shape, ref.shape)
+    for uri in candidates:  # alternative locations of the same fragment, in order
+        try:
+            return _read_file(uri, ref, key, target, fraction)
+        except NotFoundError:
+            continue
+        except CFAError as exc:
+            raise exc.located(file=uri, variable=target.variable, fragment=ref.index)
+    tried = "" if len(candidates) == 1 else f" (alternatives tried: {', '.join(candidates)})"
+    raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
+                               fragment=ref.index)
+
+
+def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
+    total = int(np.prod(whole, dtype=np.int64))
+    return 1.0 if total == 0 else int(np.prod(selected, dtype=np.int64)) / total
 
 
 def _filled(value: Any, shape: tuple[int, ...], target: Target, where: dict) -> np.ma.MaskedArray:
@@ -73,18 +96,11 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target, where: dict) -> 
     return np.ma.MaskedArray(data)
 
 
-def _first_existing(ref: FragmentRef, target: Target, where: dict) -> str:
-    candidates = [storage.resolve(u, target.source) for u in ref.uris]
-    for uri in candidates:
-        if storage.exists(uri):
-            return uri
-    shown = candidates[0] if len(candidates) == 1 else ", ".join(candidates)
-    raise MissingFragmentError(f"fragment file not found: {shown}", **where)
-
-
-def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
+def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
     name = ref.identifier or target.default_identifier
-    with open_fragment(uri, name) as var:
+    with open_fragment(uri, name, profile=target.profile, fraction=fraction) as var:
+        if np.dtype(var.dtype).kind not in "biuf":
+            raise FragmentReadError(f"fragment variable {name!r} has non-numeric type {var.dtype}")
         file_key, post = _file_selection(var, ref, key, target)
         raw = var.read(file_key)
     encoding = Encoding.from_attrs(var.attrs, var.dtype)

@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 import zlib
-from typing import Any, Callable, Sequence, Union
+from typing import Any, BinaryIO, Callable, Sequence, Union
 
 import h5py
 import numpy as np
@@ -89,9 +89,16 @@ class HDF5File:
     file (missing, not HDF5, ...) propagate as the :class:`OSError` raised.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, read_ranges: ReadRanges | None = None) -> None:
-        self.path = os.fspath(path)
-        self._h5 = h5py.File(self.path, "r")
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, read_ranges: ReadRanges | None = None,
+                 label: str | None = None) -> None:
+        # ``source`` is a path, or a file object (a remote object behind a block
+        # cache, or bytes in memory) that h5py reads metadata through; then
+        # ``read_ranges`` must fetch the data bytes and ``label`` names it.
+        is_path = isinstance(source, (str, os.PathLike))
+        if not is_path and read_ranges is None:
+            raise ValueError("read_ranges is required when reading from a file object")
+        self.path = os.fspath(source) if is_path else (label or repr(source))
+        self._h5 = h5py.File(source if not is_path else self.path, "r")
         self._fd: int | None = None
         if read_ranges is None:
             try:

@@ -21,15 +21,17 @@ from dask.utils import parse_bytes
 from ..decode import Encoding
 from ..fragments.canonical import Target, read_fragment
 from ..model import AggregatedVariable, FragmentGrid
+from ..storage.access import Access
 from .indexing import array_axis_move, output_shape, split_key
 
-__all__ = ["AggregatedArray", "to_dask", "merged_chunks"]
+__all__ = ["AggregatedArray", "Access", "to_dask", "merged_chunks"]
 
 
 class AggregatedArray:
     """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
 
-    def __init__(self, variable: AggregatedVariable, *, mask: bool = True) -> None:
+    def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None) -> None:
+        access = access or Access.default(variable.source)
         self.variable = variable
         self.mask = mask
         self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
@@ -44,6 +46,8 @@ class AggregatedArray:
             dtype=np.dtype(variable.dtype),
             units=None if attrs.get("units") is None else str(attrs["units"]),
             calendar=None if attrs.get("calendar") is None else str(attrs["calendar"]),
+            profile=access.profile,
+            policy=access.policy,
         )
 
     def __repr__(self) -> str:
@@ -55,7 +59,8 @@ class AggregatedArray:
             stamp = os.stat(source).st_mtime_ns if os.path.exists(source) else None
         except OSError:
             stamp = None
-        return (type(self).__name__, source, stamp, self.variable.name, self.mask)
+        return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.target.profile,
+                self.target.policy)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         grid = self.variable.fragments.grid
@@ -146,9 +151,10 @@ def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
     return chunks
 
 
-def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True) -> da.Array:
+def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,
+            access: Access | None = None) -> da.Array:
     """A dask array over ``variable``; by default exactly one chunk per fragment."""
-    array = AggregatedArray(variable, mask=mask)
+    array = AggregatedArray(variable, mask=mask, access=access)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
         meta = np.ma.MaskedArray(meta)

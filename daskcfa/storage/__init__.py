@@ -1,46 +1,246 @@
-"""Storage: where bytes live. URIs, existence checks and opening files.
+"""Storage: where bytes live, behind one URI convention (fsspec's).
 
-Everything that touches a location goes through here, so that remote
-filesystems slot in behind the same calls.
+Local paths and ``file://``, ``s3://`` (s3fs), ``http(s)://`` (byte ranges)
+and OPeNDAP endpoints all go through these functions, so that the readers
+and writers never care where a file is. Credentials are resolved here, in
+the process doing the I/O, from a :class:`~daskcfa.storage.profiles.ProfileRef`.
+Failures become :class:`~daskcfa.errors.StorageError` subclasses naming the
+URI (never a secret), after bounded retries for transient faults.
 """
 
 from __future__ import annotations
 
+import io
 import os
-from typing import Any, Mapping
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
+import dask.config
+import fsspec
 import netCDF4
 
-from ..errors import CFAError, NotFoundError, StorageError
+from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..locks import HDF5_LOCK
+from .profiles import ProfileRef, register, resolve_options
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
 
-__all__ = ["exists", "open_netcdf", "normalise", "resolve", "scheme_of", "is_local", "to_local_path", "local_path"]
+__all__ = [
+    "ProfileRef",
+    "register",
+    "normalise",
+    "resolve",
+    "scheme_of",
+    "is_local",
+    "is_opendap",
+    "to_local_path",
+    "local_path",
+    "filesystem",
+    "exists",
+    "size",
+    "read_bytes",
+    "read_ranges",
+    "open_file",
+    "put_bytes",
+    "listdir",
+    "delete",
+    "commit",
+    "open_netcdf",
+]
+
+NO_PROFILE = ProfileRef(None)
+_DAP_SCHEMES = {"dap2": "http", "dap4": "http", "opendap": "http", "dap2s": "https", "dap4s": "https"}
+_TRANSIENT = (ConnectionError, TimeoutError)
+
+
+def is_opendap(uri: str) -> bool:
+    """OPeNDAP endpoints are named explicitly: ``dap2://``/``dap4://``/``opendap://``
+    URLs, or an ``http(s)`` URL carrying netCDF-C's ``#mode=dap2``/``#dap4`` marker."""
+    return scheme_of(uri) in _DAP_SCHEMES or "#mode=dap" in uri or uri.endswith("#dap4") or uri.endswith("#dap2")
+
+
+def opendap_url(uri: str) -> str:
+    """The http(s) URL netCDF-C's DAP client understands."""
+    scheme = scheme_of(uri)
+    if scheme in _DAP_SCHEMES:
+        return _DAP_SCHEMES[scheme] + uri[len(scheme):]
+    return uri
 
 
 def local_path(uri: str) -> str:
-    """The filesystem path of a local URI; a clear error for other schemes."""
-    if not is_local(uri):
-        raise StorageError(f"the {scheme_of(uri)!r} storage scheme is not supported yet", file=uri)
+    """The filesystem path of a local URI."""
     try:
         return to_local_path(uri)
     except ValueError as exc:
         raise StorageError(str(exc), file=uri) from None
 
 
-def exists(uri: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    return os.path.exists(local_path(uri))
-
-
-def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None) -> netCDF4.Dataset:
-    """Open an aggregation file (or any netCDF file) for reading."""
-    path = local_path(url)
-    if not os.path.exists(path):
-        raise NotFoundError("file not found", file=url)
+def filesystem(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``uri`` (credentials resolved here) and the path within it."""
+    if is_local(uri):
+        return fsspec.filesystem("file"), local_path(uri)
+    target, options = resolve_options(uri, profile)
+    protocol = scheme_of(target)
+    if protocol == "s3":
+        options.setdefault("use_listings_cache", False)
     try:
+        fs = fsspec.filesystem(protocol, **options)
+    except (ValueError, ImportError, TypeError) as exc:
+        raise StorageError(f"cannot use storage scheme {protocol!r}: {redact(str(exc))}", file=uri) from None
+    path = target if protocol in ("http", "https") else fs._strip_protocol(target)
+    return fs, path
+
+
+def _retries() -> int:
+    return int(dask.config.get("daskcfa.storage.retries", 3))
+
+
+@contextmanager
+def _translated(uri: str) -> Iterator[None]:
+    """Turn storage exceptions into daskcfa errors naming the URI (secrets removed)."""
+    try:
+        yield
+    except CFAError:
+        raise
+    except FileNotFoundError:
+        raise NotFoundError("not found", file=uri) from None
+    except PermissionError as exc:
+        raise StorageError(f"access denied ({_describe(exc)})", file=uri) from None
+    except (OSError, _TRANSIENT) as exc:
+        raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
+    except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
+        if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
+            raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
+        raise
+
+
+def _describe(exc: BaseException) -> str:
+    return redact(f"{type(exc).__name__}: {exc}")[:300]
+
+
+_TRANSIENT_NAMES = {
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
+}
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSIENT) or any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__)
+
+
+def _with_retries(uri: str, operation: Any, *args: Any) -> Any:
+    """Run ``operation`` with bounded retries for transient faults, errors translated."""
+    attempts = _retries() + 1
+    with _translated(uri):
+        for attempt in range(attempts):
+            try:
+                return operation(*args)
+            except Exception as exc:
+                if not _is_transient(exc) or attempt == attempts - 1:
+                    raise
+            time.sleep(min(2.0, 0.2 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def exists(uri: str, profile: ProfileRef = NO_PROFILE) -> bool:
+    if is_local(uri):
+        return os.path.exists(local_path(uri))
+    if is_opendap(uri):
+        return True  # only opening tells; a missing endpoint fails with a clear error then
+    fs, path = filesystem(uri, profile)
+    return bool(_with_retries(uri, fs.exists, path))
+
+
+def size(uri: str, profile: ProfileRef = NO_PROFILE) -> int:
+    fs, path = filesystem(uri, profile)
+    return int(_with_retries(uri, fs.size, path))
+
+
+def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE) -> bytes:
+    """A whole object; large remote objects come down as concurrent ranged GETs."""
+    fs, path = filesystem(uri, profile)
+    if is_local(uri):
+        return _with_retries(uri, fs.cat_file, path)
+    part = int(dask.config.get("daskcfa.storage.part-size", 16 << 20))
+    total = size(uri, profile)
+    if total <= 2 * part:
+        return _with_retries(uri, fs.cat_file, path)
+    starts = list(range(0, total, part))
+    parts = read_ranges(uri, [(s, min(part, total - s)) for s in starts], profile)
+    return b"".join(parts)
+
+
+def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef = NO_PROFILE) -> list[bytes]:
+    """Several ``(offset, length)`` byte ranges of one object, fetched concurrently."""
+    if not ranges:
+        return []
+    fs, path = filesystem(uri, profile)
+    starts = [int(o) for o, _ in ranges]
+    ends = [int(o) + int(n) for o, n in ranges]
+    return list(_with_retries(uri, fs.cat_ranges, [path] * len(ranges), starts, ends))
+
+
+def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, block_size: int | None = None) -> io.IOBase:
+    """A read-only file object (remote ones cache blocks: for h5py's metadata reads)."""
+    fs, path = filesystem(uri, profile)
+    options: dict[str, Any] = {}
+    if not is_local(uri):
+        options = {"block_size": block_size or int(dask.config.get("daskcfa.storage.block-size", 1 << 20)),
+                   "cache_type": "blockcache"}
+    return _with_retries(uri, lambda: fs.open(path, "rb", **options))
+
+
+def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
+    fs, path = filesystem(uri, profile)
+    if is_local(uri):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    _with_retries(uri, fs.pipe_file, path, data)
+
+
+def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
+    """Every object under a prefix (recursively), as URIs."""
+    fs, path = filesystem(uri, profile)
+    found = _with_retries(uri, fs.find, path)
+    if is_local(uri):
+        return sorted(found)
+    scheme = scheme_of(uri)
+    return sorted(f"{scheme}://{p}" if "://" not in p else p for p in found)
+
+
+def delete(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
+    fs, path = filesystem(uri, profile)
+    _with_retries(uri, fs.rm_file, path)
+
+
+def commit(temporary: str, final: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Move a fully written object into place: a rename locally, copy then delete remotely."""
+    fs, src = filesystem(temporary, profile)
+    _, dst = filesystem(final, profile)
+    if is_local(final):
+        os.replace(src, dst)
+        return
+    _with_retries(final, fs.copy, src, dst)
+    _with_retries(temporary, fs.rm_file, src)
+
+
+def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
+                profile: ProfileRef | None = None) -> netCDF4.Dataset:
+    """Open an aggregation file (or any netCDF file) for reading, wherever it is."""
+    profile = profile if profile is not None else register(storage_options, protocol=scheme_of(url))
+    try:
+        if is_local(url):
+            path = local_path(url)
+            if not os.path.exists(path):
+                raise NotFoundError("file not found", file=url)
+            with HDF5_LOCK:
+                return netCDF4.Dataset(path, "r")
+        if is_opendap(url):
+            with HDF5_LOCK:
+                return netCDF4.Dataset(opendap_url(url), "r")
+        data = read_bytes(url, profile)
         with HDF5_LOCK:
-            return netCDF4.Dataset(path, "r")
+            return netCDF4.Dataset(url, "r", memory=data)
     except CFAError:
         raise
     except OSError as exc:
-        raise StorageError(f"cannot open as netCDF: {exc.strerror or exc}", file=url) from None
+        raise StorageError(f"cannot open as netCDF: {redact(str(exc.strerror or exc))}", file=url) from None

@@ -101,6 +101,36 @@ def _unregister(server) -> None:
         _LIVE.discard(server)
 
 
+_OWNER_FILE = "owner.pid"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make_workdir(prefix: str) -> Path:
+    """A fresh temporary directory, marked with our pid.
+
+    Directories left behind by runs that were killed (atexit never ran) are
+    removed here: those whose owner process no longer exists.
+    """
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob(f"{prefix}*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((stale / _OWNER_FILE).read_text())
+            if pid != os.getpid() and not _pid_alive(pid):
+                shutil.rmtree(stale, ignore_errors=True)
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    (workdir / _OWNER_FILE).write_text(str(os.getpid()))
+    return workdir
+
+
 def free_ports(n: int = 1) -> list[int]:
     """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
     socks = []
@@ -335,7 +365,7 @@ class S3Server(_ServerBase):
         if self.running:
             return self
         if self.directory is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="daskcfa-s3-"))
+            self.directory = _make_workdir("daskcfa-s3-")
             (self.directory / "data").mkdir()
             (self.directory / "logs").mkdir()
             self.ports = dict(zip(_WEED_PORT_FLAGS, free_ports(len(_WEED_PORT_FLAGS))))
@@ -491,12 +521,12 @@ def parse_range(header: str | None, size: int):
             return _UNSATISFIABLE
         return (max(0, size - n), size - 1)
     first = int(m[1])
-    last = int(m[2]) if m[2] else size - 1
-    if last < first:
+    last = int(m[2]) if m[2] else None
+    if last is not None and last < first:
         return None
     if first >= size:
         return _UNSATISFIABLE
-    return (first, min(last, size - 1))
+    return (first, size - 1 if last is None else min(last, size - 1))
 
 
 class _FileRequestHandler(BaseHTTPRequestHandler):
@@ -519,37 +549,42 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             self.server.owner._track(self.connection, False)
 
     def do_GET(self):
-        self._handle(body=True)
+        self._respond(body=True)
 
     def do_HEAD(self):
-        self._handle(body=False)
+        self._respond(body=False)
 
     # -- helpers ----------------------------------------------------------
-    def _handle(self, body: bool) -> None:
-        owner = self.server.owner
-        status, sent = 500, 0
-        try:
-            status, sent = self._respond(body)
-        finally:
-            owner._record(Request(self.command, self.path, self.headers.get("Range"), status, sent))
+    def _start(self, status: int, headers, nbytes: int) -> int:
+        """Send status and headers, having first recorded the request.
 
-    def _write(self, data: bytes) -> int:
-        try:
-            self.wfile.write(data)
-            return len(data)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-            return 0
-
-    def _simple(self, status: int, text: str, body: bool, headers=()) -> tuple[int, int]:
-        payload = text.encode("utf-8")
+        Recording comes first so that a client that has its whole response
+        also sees the counters updated. Returns the log index.
+        """
         self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(payload)))
         for k, v in headers:
             self.send_header(k, v)
+        index = self.server.owner._record(
+            Request(self.command, self.path, self.headers.get("Range"), status, nbytes)
+        )
         self.end_headers()
-        return status, (self._write(payload) if body else 0)
+        return index
+
+    def _write(self, data: bytes) -> bool:
+        try:
+            self.wfile.write(data)
+            return True
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            return False
+
+    def _simple(self, status: int, text: str, body: bool, headers=()) -> None:
+        payload = text.encode("utf-8")
+        headers = [("Content-Type", "text/plain; charset=utf-8"),
+                   ("Content-Length", str(len(payload))), *headers]
+        index = self._start(status, headers, len(payload) if body else 0)
+        if body and not self._write(payload):
+            self.server.owner._unsent(index, len(payload))
 
     def _authorized(self) -> bool:
         owner = self.server.owner
@@ -576,7 +611,7 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             return None
         return target
 
-    def _respond(self, body: bool) -> tuple[int, int]:
+    def _respond(self, body: bool) -> None:
         if not self._authorized():
             return self._simple(
                 401, "authentication required\n", body,
@@ -591,7 +626,7 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             return self._simple(404, "not found\n", body)
         return self._file(target, body)
 
-    def _listing(self, directory: Path, body: bool) -> tuple[int, int]:
+    def _listing(self, directory: Path, body: bool) -> None:
         root = self.server.owner.root
         rel = directory.relative_to(root).as_posix()
         base = "/" if rel == "." else "/" + rel.strip("/") + "/"
@@ -601,13 +636,12 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             href = urllib.parse.quote(base + name)
             items.append(f'<li><a href="{href}">{html.escape(name)}</a></li>')
         page = f"<html><body><ul>\n{chr(10).join(items)}\n</ul></body></html>\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(page)))
-        self.end_headers()
-        return 200, (self._write(page) if body else 0)
+        headers = [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(page)))]
+        index = self._start(200, headers, len(page) if body else 0)
+        if body and not self._write(page):
+            self.server.owner._unsent(index, len(page))
 
-    def _file(self, path: Path, body: bool) -> tuple[int, int]:
+    def _file(self, path: Path, body: bool) -> None:
         st = path.stat()
         size = st.st_size
         wanted = parse_range(self.headers.get("Range"), size)
@@ -619,33 +653,29 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
         first, last = wanted if wanted else (0, size - 1)
         length = last - first + 1 if size else 0
         status = 206 if wanted else 200
-        self.send_response(status)
-        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(length))
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
-        self.send_header("ETag", f'"{st.st_mtime_ns:x}-{size:x}"')
+        headers = [
+            ("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream"),
+            ("Content-Length", str(length)),
+            ("Accept-Ranges", "bytes"),
+            ("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True)),
+            ("ETag", f'"{st.st_mtime_ns:x}-{size:x}"'),
+        ]
         if wanted:
-            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
-        self.end_headers()
+            headers.append(("Content-Range", f"bytes {first}-{last}/{size}"))
+        index = self._start(status, headers, length if body else 0)
         if not body or not length:
-            return status, 0
-        sent = 0
+            return
+        remaining = length
         with open(path, "rb") as f:
             f.seek(first)
-            remaining = length
             while remaining:
                 data = f.read(min(self.chunk, remaining))
-                if not data:  # file shrank underneath us
+                if not data or not self._write(data):  # file shrank, or client left
                     self.close_connection = True
                     break
-                n = self._write(data)
-                sent += n
-                if n < len(data):
-                    break
-                remaining -= n
-        return status, sent
+                remaining -= len(data)
+        if remaining:
+            self.server.owner._unsent(index, remaining)
 
 
 class _ThreadingServer(ThreadingHTTPServer):
@@ -672,7 +702,8 @@ class HTTPServer(_ServerBase):
     :data:`Request` records); ``reset()`` zeroes them.
 
     Attributes: ``url`` (``http://127.0.0.1:PORT``, no trailing slash),
-    ``port``, ``root``; ``url_for(relpath)``.
+    ``port``, ``root``, ``storage_options`` (fsspec options carrying the
+    basic-auth header); ``url_for(relpath)``.
     """
 
     def __init__(self, directory, *, username: str | None = None, password: str | None = None):
@@ -699,17 +730,34 @@ class HTTPServer(_ServerBase):
     def url_for(self, relpath: str) -> str:
         return f"{self.url}/{urllib.parse.quote(str(relpath).lstrip('/'))}"
 
+    @property
+    def storage_options(self) -> dict:
+        """fsspec ``http`` storage options: the basic-auth header, if any."""
+        if self.username is None:
+            return {}
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        return {"headers": {"Authorization": f"Basic {token}"}}
+
     def reset(self) -> None:
         with self._lock:
             self.log = []
             self.requests = 0
             self.bytes_sent = 0
 
-    def _record(self, request: Request) -> None:
+    def _record(self, request: Request) -> int:
         with self._lock:
             self.log.append(request)
             self.requests += 1
             self.bytes_sent += request.nbytes
+            return len(self.log) - 1
+
+    def _unsent(self, index: int, nbytes: int) -> None:
+        """Correct the counters for body bytes that could not be sent."""
+        with self._lock:
+            self.bytes_sent -= nbytes
+            if index < len(self.log):  # (unless reset() came in between)
+                rec = self.log[index]
+                self.log[index] = rec._replace(nbytes=rec.nbytes - nbytes)
 
     def _track(self, conn, alive: bool) -> None:
         with self._lock:
@@ -845,7 +893,7 @@ class OPeNDAPServer(_ServerBase):
         if not ok:
             raise RuntimeError(why)
         t0 = time.monotonic()
-        self._logdir = Path(tempfile.mkdtemp(prefix="daskcfa-opendap-"))
+        self._logdir = _make_workdir("daskcfa-opendap-")
         _register(self)
         try:
             with open(self.log_path, "ab") as log:
@@ -902,7 +950,7 @@ class OPeNDAPServer(_ServerBase):
 
     @property
     def request_log(self) -> list[str]:
-        """Paths (with query strings) of all DAP requests served (asks the server)."""
+        """Paths with (%-decoded) constraint expressions of the DAP requests served."""
         return self._control("stats")["log"]
 
     def reset(self) -> None:
@@ -939,8 +987,8 @@ def _dap_plans(nc) -> dict:
     """name -> :data:`_DapPlan` for each root-group variable of an open file.
 
     ``kind`` is ``"lazy"`` (read on demand), ``"eager"`` (0-d: read when the
-    handler is built), ``"string"`` (vlen str) or ``"chars"`` (char array),
-    both eager and served as DAP Strings. ``served`` is the numpy dtype put on
+    handler is built) or ``"strings"`` (vlen str or char array: eager, served
+    as DAP Strings). ``served`` is the numpy dtype put on
     the wire, ``extra`` attributes added to the DAS, ``omit`` a reason not to
     serve the variable at all (or None).
     """
@@ -950,15 +998,16 @@ def _dap_plans(nc) -> dict:
     for name, var in nc.variables.items():
         attrs = var.ncattrs()
         extra, omit = {}, None
-        if var.dtype is str:
-            if "_Encoding" not in attrs:
+        if var.dtype is str or np.dtype(var.dtype).kind == "S":
+            if var.dtype is str and "_Encoding" not in attrs:
                 extra["_Encoding"] = "utf-8"
-            plans[name] = _DapPlan("string", np.dtype("S1"), extra, None)
+            try:
+                _dap_string_values(var)
+            except ValueError as exc:
+                omit = str(exc)
+            plans[name] = _DapPlan("strings", np.dtype("S1"), extra, omit)
             continue
         dt = np.dtype(var.dtype)
-        if dt.kind == "S":
-            plans[name] = _DapPlan("chars", dt, extra, None)
-            continue
         if dt.kind not in "biuf":
             plans[name] = _DapPlan("lazy", dt, extra, f"{dt} variables cannot be served over DAP2")
             continue
@@ -977,6 +1026,37 @@ def _dap_plans(nc) -> dict:
             extra["_Unsigned"] = "true"  # netCDF-C's DAP2 client makes them signed
         plans[name] = _DapPlan("eager" if var.ndim == 0 else "lazy", served, extra, omit)
     return plans
+
+
+def _dap_string_values(var):
+    """A string or char variable's values as the array pydap serves as DAP Strings.
+
+    Char arrays lose their trailing (string length) dimension, as THREDDS and
+    Hyrax serve them. pydap sends ``U`` arrays as ASCII and ``S`` arrays
+    byte for byte except empty strings (a numpy ``bytes_`` scalar is at least
+    one byte long, which corrupts the stream), so: ASCII -> ``U``; otherwise
+    ``S`` if no string is empty; otherwise refuse.
+    """
+    import numpy as np
+
+    var.set_auto_maskandscale(False)
+    raw = np.asarray(var[...])
+    if var.dtype is str:
+        shape = raw.shape
+        items = [str(v).encode("utf-8") for v in raw.ravel()]
+    elif raw.ndim == 0:
+        shape = ()
+        items = [raw.item()]
+    else:
+        shape = raw.shape[:-1]
+        width = raw.shape[-1]
+        flat = np.ascontiguousarray(raw).reshape(-1, width) if width else np.zeros((int(np.prod(shape)), 1), "S1")
+        items = [bytes(v) for v in flat.view(f"S{max(width, 1)}").ravel()]
+    if all(b.isascii() for b in items):
+        return np.array([b.decode("ascii") for b in items] or [""], dtype="U")[: len(items)].reshape(shape)
+    if all(items):
+        return np.array(items, dtype="S").reshape(shape)
+    raise ValueError("pydap cannot serve a string variable holding both empty and non-ASCII strings")
 
 
 def _dap_convert(raw, served):
@@ -1069,7 +1149,7 @@ def _dap_das(filepath: str) -> bytes:
             like = None if var.dtype is str else np.dtype(var.dtype)
             lines.append(f"{ind}{_das_name(name)} {{")
             for att in var.ncattrs():
-                if plan.kind in ("string", "chars") and att in ("_FillValue", "missing_value"):
+                if plan.kind == "strings" and att in ("_FillValue", "missing_value"):
                     continue  # a String-typed fill value is not accepted by netCDF-C
                 line = _das_attribute(att, var.getncattr(att), like=like, served=plan.served)
                 if line:
@@ -1145,21 +1225,10 @@ def _dap_application(root: str):
                         var.data = _DapRawArray(filepath, name, ncvar.shape, plan.served)
                     elif plan.kind == "eager":
                         var.data = _dap_convert(ncvar[...], plan.served)
-                    elif plan.kind == "string":
-                        values = np.asarray(ncvar[...], dtype=object)
-                        encoded = [str(v).encode("utf-8") for v in values.flat]
-                        var.data = np.array(encoded, dtype="S").reshape(values.shape)
-                    else:  # chars: collapse the trailing (string length) dimension
-                        raw = np.asarray(ncvar[...])
-                        if raw.ndim == 0:
-                            var.data = raw.astype("S")
-                        else:
-                            width = max(raw.shape[-1], 1)
-                            raw = np.ascontiguousarray(raw).reshape(-1, raw.shape[-1])
-                            if raw.shape[-1] == 0:
-                                raw = np.zeros((raw.shape[0], 1), "S1")
-                            var.data = raw.view(f"S{width}").reshape(ncvar.shape[:-1])
-                            var.dims = list(var.dims)[:-1]
+                    else:  # strings
+                        var.data = _dap_string_values(ncvar)
+                        if ncvar.dtype is not str and ncvar.ndim:
+                            var.dims = list(var.dims)[:-1]  # the string length
 
     app = DapServer(root)
     app.handlers = [RepairedNetCDFHandler]
@@ -1247,7 +1316,7 @@ def _opendap_child(root: str) -> None:
                 status = "500 Internal Server Error"
                 headers = [("Content-Type", "text/plain"), ("Content-Description", "dods_error")]
             body = b"".join(chunks)
-            query = environ.get("QUERY_STRING", "")
+            query = urllib.parse.unquote(environ.get("QUERY_STRING", ""))
             stats["requests"] += 1
             stats["bytes_sent"] += len(body)
             stats["log"].append(path + ("?" + query if query else ""))

@@ -1,0 +1,206 @@
+"""Credentials and endpoints, resolved where the I/O happens.
+
+Tasks never carry credentials. ``from_cfa(..., storage_options=...)`` files
+the options in a process-wide registry under an opaque name and the graph
+carries only a :class:`ProfileRef`. Worker processes learn the options from
+the :class:`StorageProfiles` worker plugin (registered automatically on the
+current ``distributed`` client) or from dask config; nothing secret is ever
+part of a task, a repr or an error message.
+
+Options for one URI are merged from, lowest priority first:
+
+1. fsspec/botocore defaults (AWS environment variables and config files);
+2. dask config ``daskcfa.storage.options.<protocol>``;
+3. the per-call ``storage_options`` — either flat (for the aggregation
+   file's protocol) or keyed by protocol (``{"s3": {...}, "https": {...}}``);
+4. named profiles in dask config ``daskcfa.storage.profiles.<name>`` whose
+   ``match`` prefixes match the URI (longest prefix wins), so fragments on
+   different endpoints get different credentials;
+5. S3netCDF4 aliases from ``~/.s3nc.json`` / ``$S3_NC_CONFIG``: a URL
+   ``s3://<alias>/<bucket>/<key>`` goes to that host with its credentials.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping
+
+import dask.config
+
+from ..errors import StorageError
+from .uri import scheme_of
+
+__all__ = ["ProfileRef", "register", "install", "resolve_options", "S3ncConfig", "s3nc_config"]
+
+_SALT = secrets.token_bytes(16)
+_REGISTRY: dict[str, dict[str, Any]] = {}
+_LOCK = threading.Lock()
+_PROTOCOL_KEYS = {"s3", "s3a", "http", "https", "file", "gs", "gcs", "abfs", "az"}
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    """An opaque reference to per-call storage options (safe to pickle and log)."""
+
+    name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ProfileRef({self.name!r})"
+
+
+def _canonical(options: Mapping[str, Any]) -> bytes:
+    return json.dumps(options, sort_keys=True, default=repr).encode()
+
+
+def register(storage_options: Mapping[str, Any] | None, *, protocol: str) -> ProfileRef:
+    """File ``storage_options`` under an opaque name and share it with the current cluster."""
+    if not storage_options:
+        return ProfileRef(None)
+    options = dict(storage_options)
+    if not set(options) <= _PROTOCOL_KEYS or not options:
+        options = {protocol: options}
+    name = "p-" + hmac.new(_SALT, _canonical(options), hashlib.sha256).hexdigest()[:20]
+    with _LOCK:
+        known = name in _REGISTRY
+        _REGISTRY[name] = copy.deepcopy(options)
+    if not known:
+        # Worker processes started later (a LocalCluster's nannies copy dask config) ...
+        dask.config.set({f"daskcfa.storage.registered.{name}": copy.deepcopy(options)})
+        # ... and those already running (a worker plugin, sent once, never in a task).
+        _share_with_cluster({name: options})
+    return ProfileRef(name)
+
+
+def install(profiles: Mapping[str, Mapping[str, Any]]) -> None:
+    """Make profiles known in this process (called by the worker plugin)."""
+    with _LOCK:
+        _REGISTRY.update({k: copy.deepcopy(dict(v)) for k, v in profiles.items()})
+
+
+def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
+    try:
+        from distributed import default_client
+    except ImportError:  # pragma: no cover - distributed is a core dependency
+        return
+    try:
+        client = default_client()
+    except ValueError:
+        return  # no cluster: the threaded scheduler shares this process's registry
+    from ..plugins import StorageProfiles
+
+    client.register_plugin(StorageProfiles(profiles), name=f"daskcfa-profiles-{next(iter(profiles))}")
+
+
+def _per_call(ref: ProfileRef, protocol: str) -> dict[str, Any]:
+    if ref.name is None:
+        return {}
+    with _LOCK:
+        options = _REGISTRY.get(ref.name)
+    if options is None:
+        options = dask.config.get(f"daskcfa.storage.registered.{ref.name}", None)
+    if options is None:
+        raise StorageError(
+            "the storage options given to daskcfa are not known in this process; with a distributed "
+            "cluster created after from_cfa(), register them with "
+            "client.register_plugin(daskcfa.StorageProfiles.from_options(...)) or use dask config profiles"
+        )
+    family = {"s3a": "s3", "https": "http"}
+    for key, value in options.items():
+        if key == protocol or family.get(key, key) == family.get(protocol, protocol):
+            return dict(value)
+    return {}
+
+
+def _config_profile(uri: str) -> dict[str, Any]:
+    profiles = dask.config.get("daskcfa.storage.profiles", {}) or {}
+    best, best_len = None, -1
+    for profile in profiles.values():
+        matches = profile.get("match", ())
+        for prefix in [matches] if isinstance(matches, str) else matches:
+            if uri.startswith(prefix) and len(prefix) > best_len:
+                best, best_len = profile, len(prefix)
+    if best is None:
+        return {}
+    return {k: v for k, v in best.items() if k != "match"}
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_options(uri: str, ref: ProfileRef) -> tuple[str, dict[str, Any]]:
+    """The URI to open (S3netCDF4 aliases rewritten) and the fsspec options for it."""
+    protocol = scheme_of(uri)
+    uri, alias_options = s3nc_config().rewrite(uri)
+    options = dict(dask.config.get(f"daskcfa.storage.options.{protocol}", {}) or {})
+    options = _merge(options, _per_call(ref, protocol))
+    options = _merge(options, _config_profile(uri))
+    options = _merge(options, alias_options)
+    return uri, options
+
+
+@dataclass(frozen=True)
+class S3ncConfig:
+    """S3netCDF4's configuration file: host aliases and resource allocation."""
+
+    hosts: Mapping[str, Mapping[str, Any]]
+    resources: Mapping[str, Any]
+
+    def rewrite(self, uri: str) -> tuple[str, dict[str, Any]]:
+        """``s3://<alias>/<bucket>/<key>`` -> (``s3://<bucket>/<key>``, options for that host)."""
+        if not uri.startswith("s3://") or not self.hosts:
+            return uri, {}
+        alias, _, rest = uri[len("s3://"):].partition("/")
+        host = self.hosts.get(alias)
+        if host is None:
+            return uri, {}
+        options: dict[str, Any] = {"client_kwargs": {"endpoint_url": host["url"]}}
+        credentials = host.get("credentials", {})
+        if "accessKey" in credentials:
+            options["key"] = credentials["accessKey"]
+        if "secretKey" in credentials:
+            options["secret"] = credentials["secretKey"]
+        return "s3://" + rest, options
+
+
+def _config_path() -> str:
+    return os.environ.get("S3_NC_CONFIG") or os.path.join(os.path.expanduser("~"), ".s3nc.json")
+
+
+def s3nc_config() -> S3ncConfig:
+    path = _config_path()
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return S3ncConfig({}, {})
+    return _load_s3nc(path, stamp)
+
+
+@lru_cache(maxsize=4)
+def _load_s3nc(path: str, stamp: int) -> S3ncConfig:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        hosts = {}
+        for key, host in (data.get("hosts") or {}).items():
+            alias = host.get("alias") or key.removeprefix("s3://")
+            if "url" not in host:
+                raise KeyError(f"host {key!r} has no 'url'")
+            hosts[alias] = host
+        return S3ncConfig(hosts, dict(data.get("resource_allocation") or {}))
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise StorageError(f"cannot read the S3netCDF4 configuration: {exc}", file=path) from None

@@ -1,0 +1,129 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# ---------------------------------------------------------------------------
+# Fixtures for the end-to-end read tests (test_read_dialects.py,
+# test_bad_input.py, test_cfdm_interop.py), which build real aggregation
+# datasets with tests/builders.py.
+# ---------------------------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).parent))  # `import builders` from any test module
+
+
+@pytest.fixture
+def other_cwd(tmp_path_factory, monkeypatch):
+    """Run the test from an unrelated working directory.
+
+    Relative fragment URIs must resolve against the aggregation file's
+    directory, never against the cwd: with the cwd elsewhere, a reader that
+    gets this wrong cannot find the fragments.
+    """
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.chdir(elsewhere)
+    return elsewhere
+
+
+@pytest.fixture
+def sync_dask():
+    """Compute with dask's synchronous scheduler (plain tracebacks, deterministic)."""
+    import dask
+
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+# ---------------------------------------------------------------------------
+# Real local servers (daskcfa.testing.servers): S3 (SeaweedFS `weed mini`),
+# HTTP with byte ranges, OPeNDAP (pydap). 127.0.0.1 only; each starts lazily,
+# the first time a test asks for it, and stops at the end of the session.
+# Tests that kill or restart an S3 server use `s3_server_private`, never the
+# shared `s3_server`.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """The session's S3 server (`S3Server`): endpoint_url, key, secret, storage_options."""
+    from daskcfa.testing.servers import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_server_private():
+    """A separate S3 server for this test only (for kill()/restart() tests)."""
+    from daskcfa.testing.servers import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """Name of a fresh, empty bucket on the session's S3 server."""
+    return s3_server.new_bucket()
+
+
+@pytest.fixture
+def s3fs_fs(s3_server):
+    """A fresh (uncached) s3fs.S3FileSystem talking to the session's S3 server."""
+    return s3_server.filesystem()
+
+
+@pytest.fixture
+def make_http_server():
+    """Factory: make_http_server(directory, username=None, password=None) -> started HTTPServer."""
+    from daskcfa.testing.servers import HTTPServer
+
+    servers = []
+
+    def make(directory, **kwargs):
+        server = HTTPServer(directory, **kwargs).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def http_server(make_http_server, tmp_path_factory):
+    """An HTTPServer serving a fresh empty directory (`http_server.root`) for this test."""
+    return make_http_server(tmp_path_factory.mktemp("http"))
+
+
+@pytest.fixture(scope="session")
+def opendap_server(tmp_path_factory):
+    """The session's OPeNDAP server (`OPeNDAPServer`) over `opendap_server.root`.
+
+    Files are looked up per request, so a test writes its netCDF files into a
+    fresh subdirectory of the root (see `opendap_dir`) after the server started.
+    Skips with the reason when pydap's server is not available.
+    """
+    from daskcfa.testing.servers import OPeNDAPServer
+
+    server = OPeNDAPServer(tmp_path_factory.mktemp("opendap"))
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def opendap_dir(opendap_server, request):
+    """(directory, base_url): a fresh directory served by the session's OPeNDAP server."""
+    import re
+    import tempfile
+
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", request.node.name)[:40]
+    directory = Path(tempfile.mkdtemp(prefix=name + "-", dir=opendap_server.root))
+    return directory, opendap_server.url_for(directory.name)
