@@ -99,6 +99,7 @@ class Frag:
     write_file: bool = True  # False: referenced but never created
     transpose: tuple[int, ...] | None = None  # NCA: fragment axis order (positions of aggregated dims)
     reverse: tuple[bool, ...] | None = None  # NCA: per aggregated dim, stored reversed
+    storage: Mapping | None = None  # HDF5 storage options for createVariable (zlib, chunksizes, ...)
 
 
 # --------------------------------------------------------------------------
@@ -368,7 +369,8 @@ def encode_fragment(block: np.ma.MaskedArray, agg_units: str | None, agg_dtype, 
 
 
 def write_fragment_file(path: Path, name: str, dims: Sequence[str], stored: np.ndarray, attrs: Mapping,
-                        *, fmt: str = "NETCDF4", global_attrs: Mapping | None = None) -> Path:
+                        *, fmt: str = "NETCDF4", global_attrs: Mapping | None = None,
+                        storage: Mapping | None = None) -> Path:
     """Write one fragment file holding one variable (``name`` may be ``/grp/var``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     ds = netCDF4.Dataset(str(path), "w", format=fmt)
@@ -380,7 +382,7 @@ def write_fragment_file(path: Path, name: str, dims: Sequence[str], stored: np.n
         fill = attrs.get("_FillValue")
         endian = {">": "big", "<": "little"}.get(stored.dtype.byteorder, "native")
         v = g.createVariable(vname, stored.dtype, tuple(dims), fill_value=fill if fill is not None else False,
-                             endian=endian)
+                             endian=endian, **(storage or {}))
         v.set_auto_maskandscale(False)
         for k, val in attrs.items():
             if k != "_FillValue":
@@ -551,7 +553,7 @@ def _layout(
                 frag.uris = [_uri_for(fpath, agg_path.parent, uri_style)]
                 if spec.write_file:
                     write_fragment_file(fpath, ident, fdims, stored_k, fattrs, fmt=spec.format,
-                                        global_attrs=fragment_global_attrs)
+                                        global_attrs=fragment_global_attrs, storage=spec.storage)
         fragments[idx] = frag
 
     if agg_packed:

@@ -159,14 +159,14 @@ def _open_remote(uri: str, name: str, profile: ProfileRef, fraction: float, stac
         var = _direct(fileobj, name, stack,
                       read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile), label=uri)
         if var is not None:
-            return _Variable(var, name, lambda: NetCDF4File(uri, memory=storage.read_bytes(uri, profile)))
+            return _Variable(var, name, lambda: NetCDF4File(storage.memory_label(uri), memory=storage.read_bytes(uri, profile)))
     data = storage.read_bytes(uri, profile)
     if direct_ok:
         view = memoryview(data)
         var = _direct(io.BytesIO(data), name, stack,
                       read_ranges=lambda ranges: [view[o:o + n] for o, n in ranges], label=uri)
         if var is not None:
-            return _Variable(var, name, lambda: NetCDF4File(uri, memory=data))
+            return _Variable(var, name, lambda: NetCDF4File(storage.memory_label(uri), memory=data))
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):
         raise FragmentReadError("not a netCDF file (unknown signature)")
-    return _Variable(_variable(_netcdf4(stack, uri, memory=data), name), name, None)
+    return _Variable(_variable(_netcdf4(stack, storage.memory_label(uri), memory=data), name), name, None)

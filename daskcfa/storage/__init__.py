@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -46,6 +47,7 @@ __all__ = [
     "delete",
     "commit",
     "open_netcdf",
+    "memory_label",
 ]
 
 NO_PROFILE = ProfileRef(None)
@@ -65,6 +67,18 @@ def opendap_url(uri: str) -> str:
     if scheme in _DAP_SCHEMES:
         return _DAP_SCHEMES[scheme] + uri[len(scheme):]
     return uri
+
+
+def memory_label(uri: str) -> str:
+    """A harmless name for a netCDF dataset opened from bytes in memory.
+
+    netCDF-C inspects the name even with ``memory=``: an ``s3://`` or
+    ``http://`` name makes it try its own (byte-range/NCZarr) remote access,
+    i.e. fetch the object a second time or fail. Only the last path segment,
+    reduced to safe characters, is kept.
+    """
+    name = uri.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return "memory-" + (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "dataset")
 
 
 def local_path(uri: str) -> str:
@@ -239,7 +253,7 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
                 return netCDF4.Dataset(opendap_url(url), "r")
         data = read_bytes(url, profile)
         with HDF5_LOCK:
-            return netCDF4.Dataset(url, "r", memory=data)
+            return netCDF4.Dataset(memory_label(url), "r", memory=data)
     except CFAError:
         raise
     except OSError as exc:

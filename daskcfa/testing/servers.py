@@ -397,6 +397,7 @@ class S3Server(_ServerBase):
             f"-s3.localSocket={d / 's.sock'}",
             "-s3.allowDeleteBucketNotEmpty=false",
             "-s3.autoCreateBucket=false",
+            "-volume.preStopSeconds=0",  # no cluster to drain: stop in 1 s, not 2
             *self.extra_args,
         ]
 
@@ -812,34 +813,51 @@ class OPeNDAPServer(_ServerBase):
     share a process), on a threaded WSGI server whose requests are handled one
     at a time.
 
-    pydap 3.5's netCDF handler alone breaks several things through netCDF4's
-    DAP2 client; the layer over it (in the child, no pydap file is changed)
-    makes these faithful:
+    pydap 3.5.9 alone gets several things wrong through netCDF4's DAP2 client
+    (measured with netCDF4 1.7 / numpy 2). A layer over it, in the child (no
+    pydap file is changed), makes these faithful:
 
-    * reads of numeric arrays, whole or sliced (contiguous, strided, negative,
-      integer and list indices) -- these were already right;
-    * scalar (0-d) variables: pydap fails on them, and netCDF-C prefetches
-      small variables together, so one scalar variable used to make *every*
+    * reads of numeric arrays, whole or sliced -- contiguous, strided,
+      negative, integer and list indices: these were already right (the old
+      slicing bugs, pydap issues #130/#184/#217, do not show in 3.5.9);
+    * attributes: pydap writes the DAS with ``%.6g``, so ``scale_factor``,
+      ``add_offset``, ``_FillValue`` and the like lost precision (1.000001234567
+      became 1.0; -2147483647 became -2147480000) and large integers became
+      floats netCDF-C rejects; the DAS is written here at full precision, with
+      globals in ``NC_GLOBAL`` and the unlimited dimension in ``DODS_EXTRA``;
+    * packed coordinate variables: pydap served them unpacked but kept
+      ``scale_factor``/``add_offset``, so clients unpacked twice; every
+      variable is now served raw;
+    * scalar (0-d) variables: pydap failed on them, and since netCDF-C fetches
+      all small variables in one request, one scalar variable made *every*
       read of the file fail ("NetCDF: DAP failure");
-    * vlen string variables (pydap failed) and char arrays (pydap served each
-      character as a separate string): served as DAP Strings over the leading
-      dimensions, as THREDDS/Hyrax do; netCDF-C shows them as char arrays with
-      a trailing string dimension (``maxstrlen``, 64 by default; vlen
-      strings get ``_Encoding = "utf-8"`` so netCDF4-python returns ``str``);
-    * unsigned integers: netCDF-C's DAP2 client turns DAP's unsigned types
-      into *signed* ones; they get ``_Unsigned = "true"`` so netCDF4-python
-      returns the right unsigned values;
+    * strings: vlen strings failed, char arrays went out one character per
+      string, and an empty string corrupted the whole response; both are
+      served as DAP Strings over the leading dimensions (as THREDDS and Hyrax
+      do), which netCDF-C shows as char arrays with a trailing ``maxStrlen64``
+      dimension (vlen strings get ``_Encoding = "utf-8"`` so netCDF4-python
+      returns ``str``);
+    * unsigned integers: netCDF-C's DAP2 client makes DAP's unsigned types
+      signed; they get ``_Unsigned = "true"`` so netCDF4-python returns the
+      right unsigned values and fill values;
     * ``int8``: pydap widened it to Int16; it is served as DAP Byte with
       ``_Unsigned = "false"``, so the client sees ``int8``;
-    * ``int64``/``uint64`` (no such DAP2 types): pydap silently truncated them
-      to 32 bits; they are served as Int32/UInt32 when the values fit and
-      otherwise the read fails with a server error rather than wrong data;
-    * coordinate variables: pydap served them decoded (masked and scaled) but
-      kept ``scale_factor``/``add_offset``; they are served raw like the rest.
+    * ``int64``/``uint64`` (not in DAP2): pydap truncated them to 32 bits
+      silently; they are served as Int32/UInt32 when every value fits, and are
+      left out of the dataset otherwise (missing rather than wrong).
 
-    Not supported (DAP2 limits): groups, compound/enum/vlen types other than
-    strings. Request/traffic counters: ``requests``, ``bytes_sent``,
-    ``request_log`` (request paths with constraint expressions), ``reset()``.
+    Still not faithful (DAP2 and netCDF-C limits): strings longer than 64
+    bytes are cut by the client unless the URL asks for more
+    (``"[maxstrlen=256]http://..."``); groups come out as DAP Structures
+    (``sub.var``); a string variable holding both empty and non-ASCII strings,
+    and compound/enum/vlen types, are left out. Only the root group is tested.
+
+    Requests are served one at a time (netCDF-C is not thread-safe on the
+    server side either); the handler re-reads the file on every request, so
+    files written after ``start()`` are served. Counters (asked from the
+    server): ``requests``, ``bytes_sent``, ``request_log`` (paths with
+    %-decoded constraint expressions, e.g. ``/d.nc.dods?tas[2][3:4][10:19]``),
+    ``reset()``.
 
     Raises :class:`RuntimeError` (with the reason) from ``start()`` when pydap
     is missing or the server cannot start.
@@ -1101,7 +1119,8 @@ def _das_attribute(name: str, value, *, like=None, served=None) -> str | None:
         items = ", ".join(_das_string(v) for v in values.ravel())
         return f"String {_das_name(name)} {items};"
     values = values.ravel()
-    if like is not None and values.dtype == like and served != like:
+    typed_like_variable = like is not None and values.dtype == like
+    if typed_like_variable and served != like:
         try:
             values = _dap_convert(values, served)
         except ValueError:
@@ -1109,7 +1128,11 @@ def _das_attribute(name: str, value, *, like=None, served=None) -> str | None:
     dt = values.dtype
     if dt.kind == "b":
         values, dt = values.astype("u1"), np.dtype("u1")
-    if dt == np.int8:
+    if dt == np.uint8 and not typed_like_variable:
+        # netCDF-C reads a Byte attribute as signed: only a Byte variable's
+        # own attributes (its _Unsigned applies to them) stay Byte
+        values, dt = values.astype("i2"), np.dtype("i2")
+    elif dt == np.int8:
         values, dt = values.astype("i2"), np.dtype("i2")
     elif dt.kind in "iu" and dt.itemsize == 8:
         narrow = np.dtype("i4" if dt.kind == "i" else "u4")
@@ -1197,7 +1220,6 @@ class _DapRawArray:
 def _dap_application(root: str):
     """pydap's DapServer with the repaired netCDF handler (a WSGI application)."""
     import netCDF4
-    import numpy as np
     from pydap.handlers.netcdf_handler import NetCDFHandler
     from pydap.lib import _quote
     from pydap.model import BaseType
@@ -1364,7 +1386,7 @@ def main(argv=None) -> int:
         description="Run one of daskcfa's local test servers in the foreground "
         "(127.0.0.1 only) until interrupted. Prints `export` lines to eval.",
     )
-    sub = parser.add_subparsers(dest="what", required=True)
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{s3,http,opendap}")
     p_s3 = sub.add_parser("s3", help="SeaweedFS S3 server with random credentials")
     p_s3.add_argument("--bucket", action="append", default=[], help="create this bucket (repeatable)")
     p_s3.add_argument("--key", help="access key id (default: random)")

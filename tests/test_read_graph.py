@@ -1,0 +1,145 @@
+"""The read graph: one task per fragment, lazy opening, slice pushdown.
+
+What is read is measured with the kernel's own counter of bytes this process
+read (``rchar`` in /proc/self/io, page-cache hits included), so the tests see
+real I/O, whatever engine reads the fragments.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import dask
+import numpy as np
+import pytest
+
+import daskcfa
+from builders import Frag, assert_matches, build_cf113, make_truth
+
+pytestmark = pytest.mark.usefixtures("other_cwd")
+
+SHAPE = (8, 200, 160)
+SIZES = ((2, 2, 2, 2), (200,), (160,))
+
+
+def bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar")).split()[1])
+
+
+@pytest.fixture(params=["direct", "netcdf4"])
+def engine(request):
+    with dask.config.set({"daskcfa.io.engine": request.param}):
+        yield request.param
+
+
+def chunked_archive(tmp_path, **kw):
+    # Fragments chunked (1, 20, 20) in HDF5, zlib: a point lives in one small chunk.
+    storage = {"zlib": True, "chunksizes": (1, 20, 20)}
+    return build_cf113(tmp_path, make_truth(SHAPE, "f4", seed=3), ("time", "lat", "lon"), SIZES,
+                       frags=lambda index: Frag(storage=storage), **kw)
+
+
+def fragment_bytes(built) -> int:
+    return sum(os.path.getsize(p) for p in built.fragment_files.values())
+
+
+def test_one_task_per_fragment(tmp_path):
+    built = chunked_archive(tmp_path)
+    x = daskcfa.from_cfa(str(built.path))
+    assert x.chunks == SIZES
+    graph = dict(x.__dask_graph__())
+    # one task per chunk plus the one node holding the lazily indexed array
+    assert len(graph) == 4 + 1
+
+
+def test_point_series_reads_a_small_part_of_each_fragment(tmp_path):
+    # The default (direct) engine; netCDF-C itself reads the first 4 MiB of every
+    # file it opens, so through netCDF4-python small fragments are read whole.
+    built = chunked_archive(tmp_path)
+    x = daskcfa.from_cfa(str(built.path))[:, 5, 7]
+    daskcfa.from_cfa(str(built.path))[0, 0, 0].compute(scheduler="sync")  # warm-up: imports read files too
+    before = bytes_read()
+    got = x.compute(scheduler="sync")
+    used = bytes_read() - before
+    assert_matches(got, built.expected[:, 5, 7])
+    total = fragment_bytes(built)
+    assert used < total / 4, f"a point series read {used} of {total} fragment bytes"
+
+
+def test_full_read_reads_everything_once(tmp_path, engine):
+    built = chunked_archive(tmp_path)
+    x = daskcfa.from_cfa(str(built.path))
+    x[0, 0, 0].compute(scheduler="sync")  # warm-up: imports read files too
+    before = bytes_read()
+    got = x.compute(scheduler="sync")
+    used = bytes_read() - before
+    assert_matches(got, built.expected)
+    total = fragment_bytes(built)
+    assert 0.5 * total < used < 3 * total
+
+
+def test_only_the_needed_fragments_are_opened(tmp_path):
+    built = chunked_archive(tmp_path)
+    x = daskcfa.from_cfa(str(built.path))
+    for index, path in built.fragment_files.items():
+        if index[0] != 1:  # keep only the fragment holding times 2-3
+            os.remove(path)
+    assert_matches(x[2:4, 10:20, 5].compute(), built.expected[2:4, 10:20, 5])
+    with pytest.raises(daskcfa.MissingFragmentError) as info:
+        x[0, 0, 0].compute()
+    assert info.value.fragment == (0, 0, 0)
+
+
+def test_opening_touches_no_fragment(tmp_path):
+    built = chunked_archive(tmp_path)
+    for path in built.fragment_files.values():
+        os.chmod(path, 0)  # unreadable: any open would fail
+    try:
+        x = daskcfa.from_cfa(str(built.path))
+        with daskcfa.open_cfa(str(built.path)) as ds:
+            assert ds["tas"].fragments.shape == (4, 1, 1)
+        assert x.shape == SHAPE
+    finally:
+        for path in built.fragment_files.values():
+            os.chmod(path, 0o644)
+
+
+def test_merged_chunks_read_several_fragments_per_task(tmp_path):
+    built = chunked_archive(tmp_path)
+    x = daskcfa.from_cfa(str(built.path), chunks=2 * 2 * 200 * 160 * 4)
+    assert x.chunks == ((4, 4), (200,), (160,))
+    assert_matches(x.compute(), built.expected)
+    assert_matches(x[1:6:2, 3, ::-7].compute(), built.expected[1:6:2, 3, ::-7])
+
+
+def test_token_is_deterministic_and_tracks_the_file(tmp_path):
+    built = chunked_archive(tmp_path)
+    a = daskcfa.from_cfa(str(built.path))
+    b = daskcfa.from_cfa(str(built.path))
+    assert a.name == b.name
+    assert daskcfa.from_cfa(str(built.path), mask=False).name != a.name
+    stat = os.stat(built.path)
+    os.utime(built.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert daskcfa.from_cfa(str(built.path)).name != a.name
+
+
+def test_threads_share_the_netcdf_library_safely(tmp_path, engine):
+    built = build_cf113(tmp_path, make_truth((16, 30, 40), "f8", seed=5), ("time", "lat", "lon"),
+                        ((1,) * 16, (30,), (40,)), frags=lambda index: Frag(format="NETCDF3_CLASSIC"))
+    x = daskcfa.from_cfa(str(built.path))
+    results = []
+
+    def work():
+        results.append(x.mean(axis=(1, 2)).compute(scheduler="threads", num_workers=4))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expected = built.expected.mean(axis=(1, 2))
+    assert len(results) == 4
+    for r in results:
+        np.testing.assert_allclose(r, expected, rtol=1e-12)
