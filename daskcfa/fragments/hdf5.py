@@ -85,7 +85,7 @@ class HDF5File:
     """An open netCDF-4/HDF5 file whose variables are read without the HDF5 data path.
 
     ``read_ranges`` fetches raw byte ranges; by default they are read with
-    ``os.preadv`` on a descriptor of ``path`` (POSIX only). Errors opening the
+    ``os.preadv`` on HDF5's own descriptor of ``path`` (POSIX only). Errors opening the
     file (missing, not HDF5, ...) propagate as the :class:`OSError` raised.
     """
 
@@ -101,11 +101,8 @@ class HDF5File:
         self._h5 = h5py.File(source if not is_path else self.path, "r")
         self._fd: int | None = None
         if read_ranges is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            except BaseException:
-                self._h5.close()
-                raise
+            # Read data through HDF5's own descriptor: one open file per fragment.
+            self._fd = self._h5.id.get_vfd_handle()
             read_ranges = self._pread_ranges
         self._read_ranges = read_ranges
 
@@ -123,10 +120,8 @@ class HDF5File:
         raise KeyError(name)
 
     def close(self) -> None:
+        self._fd = None
         self._h5.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def __enter__(self) -> HDF5File:
         return self
