@@ -2,7 +2,9 @@
 
 from .api import from_cfa, open_cfa, read_aggregation
 from .dataset import Dataset, Dimension, Group, Variable
+from .plugins import FragmentBudget, StorageProfiles, fragment_stats
 from .errors import (
+    BudgetError,
     CFAError,
     CFAFormatError,
     CFAWarning,
@@ -27,6 +29,10 @@ __all__ = [
     "Dimension",
     "Group",
     "Variable",
+    "FragmentBudget",
+    "StorageProfiles",
+    "fragment_stats",
+    "BudgetError",
     "CFAError",
     "CFAFormatError",
     "CFAWarning",

@@ -23,6 +23,7 @@ __all__ = [
     "StorageError",
     "NotFoundError",
     "UnsafeURIError",
+    "BudgetError",
     "CFAWarning",
     "redact",
 ]
@@ -133,6 +134,10 @@ class NotFoundError(StorageError, FileNotFoundError):
 
 class UnsafeURIError(CFAError, PermissionError):
     """A URI is outside the locations the reader is allowed to open."""
+
+
+class BudgetError(CFAError, MemoryError):
+    """A fragment cannot be held within the worker's memory or file-handle budget."""
 
 
 class CFAWarning(UserWarning):

@@ -1,0 +1,269 @@
+"""The process-wide fragment file manager: open handles under budgets.
+
+Opening a fragment costs far more than reading a point from it, and an
+archive can hold more fragments than ``ulimit -n`` allows or memory holds.
+The manager keeps open fragment handles in an LRU cache bounded by two
+budgets — open files and bytes held in memory (remote objects fetched whole,
+and writers' buffers) — and closes the least recently used idle handle when
+a budget is reached. Handles in use are reference-counted and never closed;
+when every handle is in use, callers wait (back-pressure) instead of failing.
+
+One manager exists per process (:func:`manager`). Budgets come from dask
+config (``daskcfa.budget.filehandles`` / ``daskcfa.budget.memory``), from
+S3netCDF4's ``resource_allocation`` when its config file exists, or from the
+:class:`daskcfa.FragmentBudget` worker plugin on a distributed cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterator
+
+import dask.config
+from dask.utils import parse_bytes
+
+from ..errors import BudgetError
+
+__all__ = ["FileManager", "manager", "Budget"]
+
+DEFAULT_FILEHANDLES = 128
+DEFAULT_MEMORY = "512MiB"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits for one process: open fragment files and bytes held in memory."""
+
+    filehandles: int
+    memory: int
+
+    @classmethod
+    def from_config(cls) -> "Budget":
+        from ..storage.profiles import s3nc_config
+
+        resources = s3nc_config().resources
+        handles = dask.config.get("daskcfa.budget.filehandles", None)
+        memory = dask.config.get("daskcfa.budget.memory", None)
+        if handles is None:
+            handles = resources.get("filehandles", DEFAULT_FILEHANDLES)
+        if memory is None:
+            memory = resources.get("memory", DEFAULT_MEMORY)
+        return cls.parse(filehandles=handles, memory=memory)
+
+    @classmethod
+    def parse(cls, *, filehandles: Any, memory: Any) -> "Budget":
+        handles = int(filehandles)
+        nbytes = parse_bytes(memory) if isinstance(memory, str) else int(memory)
+        if handles < 1 or nbytes < 1:
+            raise ValueError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
+        return cls(handles, nbytes)
+
+
+@dataclass
+class _Entry:
+    resource: Any = None
+    nbytes: int = 0
+    files: int = 0
+    refs: int = 0
+    ready: bool = False
+    failed: BaseException | None = None
+    closer: Callable[[Any], None] | None = None
+    cache: dict = field(default_factory=dict)  #: per-handle memo (e.g. variables looked up)
+
+
+class FileManager:
+    """An LRU cache of open fragment handles with file and memory budgets."""
+
+    def __init__(self, budget: Budget | None = None) -> None:
+        self._budget = budget
+        self._cond = threading.Condition(threading.Lock())
+        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._files = 0
+        self._bytes = 0
+        self._reserved = 0
+        self.counters = {"hits": 0, "misses": 0, "evictions": 0, "waits": 0, "peak_files": 0, "peak_bytes": 0}
+
+    # -- configuration -------------------------------------------------------------
+    @property
+    def budget(self) -> Budget:
+        if self._budget is None:
+            self._budget = Budget.from_config()
+        return self._budget
+
+    def configure(self, budget: Budget) -> None:
+        """Change the budgets; idle handles beyond the new limits are closed now."""
+        with self._cond:
+            self._budget = budget
+            closing = self._evict_locked(0, 0)
+            self._cond.notify_all()
+        _close_all(closing)
+
+    # -- use -----------------------------------------------------------------------
+    @contextmanager
+    def open(self, key: Hashable, opener: Callable[[], Any], *, nbytes: int = 0, files: int = 1,
+             label: str = "", closer: Callable[[Any], None] | None = None) -> Iterator[tuple[Any, dict]]:
+        """The handle for ``key``, opened by ``opener()`` unless cached.
+
+        ``nbytes``/``files`` are what the handle will hold, declared before it
+        is opened so that the budgets are respected before any allocation.
+        Yields ``(resource, memo)``; ``memo`` is a dict kept with the handle.
+        """
+        closer = closer or _default_close
+        entry = self._acquire(key, opener, nbytes, files, label, closer)
+        try:
+            yield entry.resource, entry.cache
+        finally:
+            with self._cond:
+                entry.refs -= 1
+                self._cond.notify_all()
+
+    def _acquire(self, key: Hashable, opener: Callable[[], Any], nbytes: int, files: int, label: str,
+                 closer: Callable[[Any], None]) -> _Entry:
+        budget = self.budget
+        if nbytes > budget.memory:
+            raise BudgetError(f"fragment needs {nbytes:,} bytes in memory, more than the memory budget of "
+                              f"{budget.memory:,} bytes (daskcfa.budget.memory)", file=label or None)
+        closing: list[_Entry] = []
+        opening = False
+        with self._cond:
+            while True:
+                entry = self._entries.get(key)
+                if entry is not None and entry.failed is None:
+                    entry.refs += 1
+                    self._entries.move_to_end(key)
+                    break
+                closing += self._evict_locked(files, nbytes)
+                if self._fits(files, nbytes):
+                    entry = _Entry(nbytes=nbytes, files=files, refs=1, closer=closer)
+                    self._entries[key] = entry
+                    self._files += files
+                    self._bytes += nbytes
+                    self._peaks()
+                    self.counters["misses"] += 1
+                    opening = True
+                    break
+                self._wait(label)
+        _close_all(closing)
+        if opening:
+            try:
+                entry.resource = opener()
+            except BaseException as exc:
+                with self._cond:
+                    entry.failed = exc
+                    self._discard_locked(key, entry)
+                    self._cond.notify_all()
+                raise
+            with self._cond:
+                entry.ready = True
+                self._cond.notify_all()
+            return entry
+        with self._cond:  # cached, or being opened by another thread
+            while not entry.ready and entry.failed is None:
+                self._cond.wait()
+            if entry.failed is not None:
+                entry.refs -= 1
+                raise entry.failed
+            self.counters["hits"] += 1
+            return entry
+
+    @contextmanager
+    def reserve(self, nbytes: int, label: str = "") -> Iterator[None]:
+        """Count ``nbytes`` (e.g. a fragment being built in memory) against the memory budget."""
+        if nbytes > self.budget.memory:
+            raise BudgetError(f"{nbytes:,} bytes exceed the memory budget of {self.budget.memory:,} bytes",
+                              file=label or None)
+        closing: list = []
+        with self._cond:
+            while True:
+                closing += self._evict_locked(0, nbytes)
+                if self._fits(0, nbytes):
+                    self._reserved += nbytes
+                    self._bytes += nbytes
+                    self._peaks()
+                    break
+                self._wait(label)
+        _close_all(closing)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._reserved -= nbytes
+                self._bytes -= nbytes
+                self._cond.notify_all()
+
+    # -- housekeeping --------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """Counters: hits, misses, evictions, waits, current and peak files and bytes."""
+        with self._cond:
+            return {**self.counters, "files": self._files, "bytes": self._bytes, "handles": len(self._entries),
+                    "filehandles_budget": self.budget.filehandles, "memory_budget": self.budget.memory}
+
+    def close_all(self) -> None:
+        """Close every idle handle (handles in use stay open until released and evicted)."""
+        with self._cond:
+            closing = [(k, e) for k, e in self._entries.items() if e.refs == 0 and e.ready]
+            for key, entry in closing:
+                self._discard_locked(key, entry)
+        _close_all([e for _, e in closing])
+
+    def _fits(self, files: int, nbytes: int) -> bool:
+        budget = self.budget
+        return self._files + files <= budget.filehandles and self._bytes + nbytes <= budget.memory
+
+    def _evict_locked(self, files: int, nbytes: int) -> list[_Entry]:
+        """Drop least recently used idle handles until ``files``/``nbytes`` more would fit."""
+        closing = []
+        for key in list(self._entries):
+            if self._fits(files, nbytes):
+                break
+            entry = self._entries[key]
+            if entry.refs == 0 and entry.ready:
+                self._discard_locked(key, entry)
+                self.counters["evictions"] += 1
+                closing.append(entry)
+        return closing
+
+    def _discard_locked(self, key: Hashable, entry: _Entry) -> None:
+        if self._entries.get(key) is entry:
+            del self._entries[key]
+            self._files -= entry.files
+            self._bytes -= entry.nbytes
+
+    def _wait(self, label: str) -> None:
+        self.counters["waits"] += 1
+        timeout = float(dask.config.get("daskcfa.budget.wait-timeout", 600))
+        start = time.monotonic()
+        if not self._cond.wait(timeout):
+            if time.monotonic() - start >= timeout:
+                raise BudgetError(f"waited {timeout:.0f} s for a fragment handle or memory: every handle is in use "
+                                  f"(budget {self.budget.filehandles} files, {self.budget.memory:,} bytes)",
+                                  file=label or None)
+
+    def _peaks(self) -> None:
+        self.counters["peak_files"] = max(self.counters["peak_files"], self._files)
+        self.counters["peak_bytes"] = max(self.counters["peak_bytes"], self._bytes)
+
+
+def _default_close(resource: Any) -> None:
+    close = getattr(resource, "close", None)
+    if close is not None:
+        close()
+
+
+def _close_all(entries: list[_Entry]) -> None:
+    for entry in entries:
+        if entry.resource is not None:
+            (entry.closer or _default_close)(entry.resource)
+            entry.resource = None
+
+
+_MANAGER = FileManager()
+
+
+def manager() -> FileManager:
+    """This process's fragment file manager."""
+    return _MANAGER
