@@ -1,0 +1,149 @@
+"""The fragment file manager: LRU eviction, reference counts, budgets, back-pressure."""
+
+import threading
+import time
+
+import dask
+import pytest
+
+import daskcfa
+from daskcfa.fragments.manager import Budget, FileManager
+
+
+class Resource:
+    """A stand-in handle that records whether it is open (the manager is generic)."""
+
+    open_now: set = set()
+
+    def __init__(self, key):
+        self.key = key
+        Resource.open_now.add(key)
+
+    def close(self):
+        Resource.open_now.discard(self.key)
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    Resource.open_now = set()
+
+
+def use(m, key, nbytes=0):
+    with m.open(key, lambda: Resource(key), nbytes=nbytes) as (res, memo):
+        return res
+
+
+def test_cached_handles_are_reused():
+    m = FileManager(Budget(4, 1000))
+    first = use(m, "a")
+    assert use(m, "a") is first
+    stats = m.stats()
+    assert (stats["hits"], stats["misses"]) == (1, 1)
+
+
+def test_least_recently_used_idle_handle_is_evicted():
+    m = FileManager(Budget(2, 1000))
+    for key in "abac":
+        use(m, key)
+    assert Resource.open_now == {"a", "c"}
+    assert m.stats()["evictions"] == 1 and m.stats()["peak_files"] == 2
+
+
+def test_handles_in_use_are_never_closed_and_callers_wait():
+    m = FileManager(Budget(1, 1000))
+    order = []
+    with m.open("a", lambda: Resource("a")):
+        def other():
+            with m.open("b", lambda: Resource("b")):
+                order.append(("b opened", set(Resource.open_now)))
+
+        t = threading.Thread(target=other)
+        t.start()
+        time.sleep(0.2)
+        assert order == [] and Resource.open_now == {"a"}  # b waits: the budget is one file
+        order.append("a released")
+    t.join(5)
+    assert order == ["a released", ("b opened", {"b"})]
+    assert m.stats()["waits"] >= 1
+
+
+def test_memory_budget_counts_bytes_and_refuses_oversized_fragments():
+    m = FileManager(Budget(10, 100))
+    use(m, "a", nbytes=60)
+    use(m, "b", nbytes=60)  # evicts a
+    assert Resource.open_now == {"b"} and m.stats()["peak_bytes"] <= 100
+    with pytest.raises(daskcfa.BudgetError, match="memory budget"):
+        m.open("huge", lambda: Resource("huge"), nbytes=101, label="s3://b/huge.nc").__enter__()
+    assert "huge" not in Resource.open_now
+
+
+def test_reservations_share_the_memory_budget():
+    m = FileManager(Budget(10, 100))
+    use(m, "a", nbytes=70)
+    with m.reserve(50):
+        assert Resource.open_now == set()  # the idle handle made room for the reservation
+        assert m.stats()["bytes"] == 50
+    assert m.stats()["bytes"] == 0
+
+
+def test_failed_open_is_not_cached():
+    m = FileManager(Budget(2, 100))
+
+    def boom():
+        raise OSError("corrupt")
+
+    with pytest.raises(OSError):
+        with m.open("x", boom):
+            pass
+    assert m.stats()["files"] == 0
+    assert use(m, "x").key == "x"
+
+
+def test_concurrent_openers_of_one_key_share_one_handle():
+    m = FileManager(Budget(4, 100))
+    opened = []
+
+    def slow():
+        opened.append(1)
+        time.sleep(0.1)
+        return Resource("k")
+
+    results = []
+
+    def work():
+        with m.open("k", slow) as (res, _):
+            results.append(res)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 1 and len({id(r) for r in results}) == 1
+
+
+def test_shrinking_the_budget_closes_idle_handles():
+    m = FileManager(Budget(4, 1000))
+    for key in "abcd":
+        use(m, key)
+    m.configure(Budget(1, 1000))
+    assert len(Resource.open_now) == 1
+    m.close_all()
+    assert Resource.open_now == set()
+
+
+def test_budget_from_config_and_s3nc(tmp_path, monkeypatch):
+    config = tmp_path / "s3nc.json"
+    config.write_text('{"resource_allocation": {"memory": "50MB", "filehandles": 7}}')
+    monkeypatch.setenv("S3_NC_CONFIG", str(config))
+    assert Budget.from_config() == Budget(7, 50_000_000)
+    with dask.config.set({"daskcfa.budget.filehandles": 3, "daskcfa.budget.memory": "1MiB"}):
+        assert Budget.from_config() == Budget(3, 1 << 20)
+
+
+def test_wait_timeout_raises_budget_error():
+    m = FileManager(Budget(1, 100))
+    with dask.config.set({"daskcfa.budget.wait-timeout": 0.2}):
+        with m.open("a", lambda: Resource("a")):
+            with pytest.raises(daskcfa.BudgetError, match="every handle is in use"):
+                use(m, "b")
