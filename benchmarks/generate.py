@@ -117,8 +117,17 @@ SCENARIO_DATA: dict[str, tuple[DatasetSpec, DatasetSpec]] = {
 WARMUP_SPEC = DatasetSpec(2, (2, 6, 8), zlib=True, chunks=(1, 6, 8), name="warmup")
 
 
+# The S3 scenarios read the same datasets as their local counterparts, uploaded
+# to a local S3 server by ``benchmarks.run`` (see ``benchmarks/s3.py``).
+S3_SCENARIOS = {
+    "s3-read-uncompressed": "read-uncompressed",
+    "s3-read-zlib": "read-zlib",
+    "s3-timeseries": "timeseries",
+}
+
+
 def spec_for(scenario: str, quick: bool = False) -> DatasetSpec:
-    full, small = SCENARIO_DATA[scenario]
+    full, small = SCENARIO_DATA[S3_SCENARIOS.get(scenario, scenario)]
     return small if quick else full
 
 
@@ -372,7 +381,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datadir", default=DEFAULT_DATADIR)
     p.add_argument("--scenario", action="append",
-                   help=f"generate the data of a scenario ({', '.join(SCENARIO_DATA)}, all)")
+                   help=f"generate the data of a scenario ({', '.join([*SCENARIO_DATA, *S3_SCENARIOS])}, all)")
     p.add_argument("--quick", action="store_true", help="small sizes")
     p.add_argument("--nfrag", type=int)
     p.add_argument("--frag-shape", help="e.g. 10,512,512")
@@ -386,6 +395,9 @@ def main(argv=None) -> int:
     specs = []
     if a.scenario:
         names = list(SCENARIO_DATA) if "all" in a.scenario else a.scenario
+        for n in names:
+            if n not in SCENARIO_DATA and n not in S3_SCENARIOS:
+                p.error(f"unknown scenario {n!r}")
         specs += [spec_for(s, a.quick) for s in names]
     if a.nfrag:
         if not a.frag_shape:

@@ -13,6 +13,11 @@ against the ground truth written by :mod:`benchmarks.generate`.
 Output: a markdown table per scenario on stdout, and JSON in
 ``benchmarks/results/<scenario>.json`` (``<scenario>.quick.json`` with
 ``--quick``); the stderr of failed runs goes to ``<scenario>[.quick].raw``.
+
+The ``s3-*`` scenarios need a local S3 server: the run starts one SeaweedFS
+server (:mod:`benchmarks.s3`) before the first of them, uploads each dataset
+once (untimed), passes the server to the tool processes through the
+environment, and stops it at the end.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from importlib import metadata
 import numpy as np
 
 from benchmarks import generate
-from benchmarks.generate import Dataset
+from benchmarks import s3 as s3mod
+from benchmarks.generate import S3_SCENARIOS, Dataset
 from benchmarks.tools import SCENARIO_KIND, TOOLS, applicable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,11 +47,17 @@ REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
 SCENARIOS = list(SCENARIO_KIND)  # fixed order
-# Run order: raw-bytes first (it pulls every fragment into the page cache).
-DEFAULT_TOOLS = ["raw-bytes", "raw-agg", "raw-loop", "daskcfa", "daskcfa-processes",
-                 "daskcfa-distributed", "cfdm", "cfapyx", "xarray-mfdataset"]
+# Run order: raw-bytes first (it pulls every fragment into the page cache);
+# raw-s3-cat first on S3 (it reads every object once through the server).
+DEFAULT_TOOLS = ["raw-bytes", "raw-s3-cat", "raw-agg", "raw-loop", "raw-s3-serial", "daskcfa",
+                 "daskcfa-processes", "daskcfa-distributed", "cfdm", "cfapyx",
+                 "xarray-mfdataset"]
 RAW_LIMIT = {"open": "raw-agg", "read": "raw-loop", "timeseries": "raw-loop"}
+RAW_LIMIT_S3 = {"read": "raw-s3-cat", "timeseries": "raw-s3-serial"}
 CONTEXT_ONLY = {"raw-bytes"}
+# Run on S3 only when named in --tools (its cluster start-up, ~4 s per process,
+# would add ~1.5 min to the S3 scenarios).
+S3_OPT_IN = {"daskcfa-distributed"}
 WHAT = {
     "open": "open + build the lazy dask array (no data read)",
     "read": "full read + mean over (lat, lon) of every time step",
@@ -55,6 +67,8 @@ TOOL_LABEL = {
     "raw-agg": "raw: netCDF4 read of the aggregation instructions",
     "raw-loop": "raw: serial netCDF4 loop over the fragments",
     "raw-bytes": "raw: os.read of every fragment file (context)",
+    "raw-s3-cat": "raw: parallel s3fs cat of every fragment object",
+    "raw-s3-serial": "raw: serial S3 download + netCDF4 decode loop",
     "daskcfa": "daskcfa (threads)",
     "daskcfa-processes": "daskcfa (scheduler='processes')",
     "daskcfa-distributed": "daskcfa (distributed LocalCluster 2x1)",
@@ -66,10 +80,27 @@ VERSIONED = ["daskcfa", "cfdm", "cfapyx", "xarray", "dask", "distributed", "netC
              "h5py", "h5netcdf", "numpy"]
 
 
+def raw_limit(scenario: str) -> str:
+    kind = SCENARIO_KIND[scenario]
+    return (RAW_LIMIT_S3 if scenario in S3_SCENARIOS else RAW_LIMIT)[kind]
+
+
+def is_context(tool: str, scenario: str) -> bool:
+    """Shown for context only (not a tool a user would compute with, nor the limit)."""
+    if tool in CONTEXT_ONLY:
+        return True
+    return tool == "raw-s3-cat" and raw_limit(scenario) != tool
+
+
+# Strings never written to results or logs (the S3 server's credentials).
+_REDACT: list[str] = []
+
+
 # ----------------------------------------------------------------------------
 # One run in a fresh process
 # ----------------------------------------------------------------------------
-def run_once(tool, scenario, dsdir, warm_dir, timeout, raw_log, strace_to=None, probe=True):
+def run_once(tool, scenario, dsdir, warm_dir, timeout, raw_log, strace_to=None, probe=True,
+             extra_env=None):
     cmd = [sys.executable, "-m", "benchmarks.tools", tool, scenario, dsdir]
     if warm_dir:
         cmd.append(f"--warm={warm_dir}")
@@ -80,6 +111,7 @@ def run_once(tool, scenario, dsdir, warm_dir, timeout, raw_log, strace_to=None, 
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONWARNINGS", "ignore")
+    env.update(extra_env or {})
     try:
         p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                            timeout=timeout)
@@ -102,6 +134,9 @@ def _log(raw_log, tool, what, text):
         return
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
+    for secret in _REDACT:
+        text = (text or "").replace(secret, "<redacted>")
+        what = str(what).replace(secret, "<redacted>")
     with open(raw_log, "a") as f:
         f.write(f"===== {time.strftime('%H:%M:%S')} {tool}: {what}\n{(text or '')[-6000:]}\n")
 
@@ -143,9 +178,10 @@ def check(tool, kind, ds: Dataset, res: dict) -> tuple[bool, str, list[str]]:
     """Return (correct, detail, notes)."""
     r = res.get("result", {})
     notes = []
-    if tool == "raw-bytes":
+    if tool in ("raw-bytes", "raw-s3-cat"):
         ok = r.get("bytes") == ds.params["fragment_bytes"]
-        return ok, f"{r.get('bytes', 0) / 1e9:.3f} GB", notes
+        detail = f"{r.get('bytes', 0) / 1e9:.3f} GB"
+        return ok, (f"ok ({detail})" if ok and tool == "raw-s3-cat" else detail), notes
     dtype = r.get("dtype")
     if dtype and dtype != "float32":
         notes.append(f"returns {dtype}")
@@ -187,17 +223,19 @@ def check(tool, kind, ds: Dataset, res: dict) -> tuple[bool, str, list[str]]:
 # ----------------------------------------------------------------------------
 # One scenario
 # ----------------------------------------------------------------------------
-def describe_dataset(kind, ds: Dataset) -> str:
+def describe_dataset(kind, ds: Dataset, scenario: str = "") -> str:
     p = ds.params
     comp = f"zlib level {p['complevel']}" if p["zlib"] else "uncompressed"
     chunks = "contiguous" if p["chunks"] is None else f"HDF5 chunks {tuple(p['chunks'])}"
     what = WHAT[kind].format(py=ds.point[0], px=ds.point[1])
+    where = ("fragment objects on a local S3 server (SeaweedFS, loopback)"
+             if scenario in S3_SCENARIOS else "fragment files")
     return (f"{what}; {ds.nfrag} fragments {tuple(ds.frag_shape)} -> {tuple(ds.shape)} float32 "
-            f"= {np.prod(ds.shape) * 4 / 1e9:.3f} GB, {comp}, {chunks}; fragment files "
+            f"= {np.prod(ds.shape) * 4 / 1e9:.3f} GB, {comp}, {chunks}; {where} "
             f"{p['fragment_bytes'] / 1e9:.3f} GB")
 
 
-def run_scenario(scenario, args, warm_dir):
+def run_scenario(scenario, args, warm_dir, stage=None):
     kind = SCENARIO_KIND[scenario]
     spec = generate.spec_for(scenario, args.quick)
     ds = Dataset.load(generate.ensure(spec, args.datadir))
@@ -205,22 +243,37 @@ def run_scenario(scenario, args, warm_dir):
     raw_log = os.path.join(RESULTS, f"{scenario}{suffix}.raw")
     if os.path.exists(raw_log):
         os.unlink(raw_log)
-    tools = [t for t in args.tools if applicable(t, kind)]
-    print(f"\n### {scenario}\n\n{describe_dataset(kind, ds)}\n", flush=True)
+    tools = [t for t in args.tools if applicable(t, scenario)]
+    on_s3 = scenario in S3_SCENARIOS
+    if on_s3 and not args.tools_given:
+        tools = [t for t in tools if t not in S3_OPT_IN]
+    budget = args.s3_budget if on_s3 else args.budget
+    print(f"\n### {scenario}\n\n{describe_dataset(kind, ds, scenario)}\n", flush=True)
     t_scen = time.perf_counter()
+    s3_info, extra_env = None, None
+    if on_s3:  # untimed, once per run per dataset
+        s3_info = {"upload": stage.upload(ds.dir), "fragment_bytes": ds.params["fragment_bytes"]}
+        stage.upload(warm_dir)
+        if kind == "timeseries":
+            s3_info["point_chunks"] = s3mod.point_chunk_bytes(ds)
+        extra_env = stage.env()
+
+    def once(tool):
+        return run_once(tool, scenario, ds.dir, warm_dir, args.timeout, raw_log,
+                        extra_env=extra_env)
+
     out = {}
     for tool in tools:
         t_tool = time.perf_counter()
         rec = {"label": TOOL_LABEL.get(tool, tool)}
-        warm = run_once(tool, scenario, ds.dir, warm_dir, args.timeout, raw_log)
+        warm = once(tool)
         if warm.get("status") != "ok":
             rec.update(status="cannot", reason=warm.get("reason"))
         else:
             reps = args.repeats
-            if warm["seconds"] * reps > args.budget:
-                reps = max(1, int(args.budget // max(warm["seconds"], 1e-9)))
-            runs = [run_once(tool, scenario, ds.dir, warm_dir, args.timeout, raw_log)
-                    for _ in range(reps)]
+            if warm["seconds"] * reps > budget:
+                reps = max(1, int(budget // max(warm["seconds"], 1e-9)))
+            runs = [once(tool) for _ in range(reps)]
             failed = [r for r in runs if r.get("status") != "ok"]
             if failed:
                 rec.update(status="cannot", reason=failed[0].get("reason") + " (in a repeat)")
@@ -241,7 +294,13 @@ def run_scenario(scenario, args, warm_dir):
                         rec["notes"].append("warm-up on the tiny dataset failed: "
                                             + r["warmup_error"])
                         break
-                if tool in args.count_tools and not args.no_count:
+                traffic = [r.get("s3_traffic") for r in runs]
+                if on_s3 and all(traffic):
+                    rec["s3_traffic"] = {
+                        "bytes": int(statistics.median(t["bytes"] for t in traffic)),
+                        "requests": int(statistics.median(t["requests"] for t in traffic)),
+                        "by_type": traffic[0]["by_type"], "runs": traffic}
+                if tool in args.count_tools and not args.no_count and not on_s3:
                     rec["fragment_opens"] = count_fragment_opens(
                         tool, scenario, ds, warm_dir, args.timeout, raw_log)
         rec["wall_seconds"] = time.perf_counter() - t_tool
@@ -249,7 +308,7 @@ def run_scenario(scenario, args, warm_dir):
         print(f"  {tool:20s} {_fmt_status(rec)}  [{rec['wall_seconds']:.1f} s wall]",
               file=sys.stderr, flush=True)
     # Ratios.
-    raw = out.get(RAW_LIMIT[kind], {})
+    raw = out.get(raw_limit(scenario), {})
     raw_t = raw.get("median") if raw.get("status") == "ok" else None
     dc = out.get("daskcfa", {})
     dc_t = dc.get("median") if dc.get("status") == "ok" else None
@@ -258,13 +317,14 @@ def run_scenario(scenario, args, warm_dir):
             continue
         rec["x_raw_limit"] = rec["median"] / raw_t if raw_t else None
         rec["daskcfa_over_tool"] = dc_t / rec["median"] if dc_t else None
-    table = render_table(scenario, kind, ds, out)
+    table = render_table(scenario, kind, ds, out, s3_info)
     print(table, flush=True)
     doc = {
         "scenario": scenario, "kind": kind, "quick": args.quick,
-        "description": describe_dataset(kind, ds),
+        "description": describe_dataset(kind, ds, scenario),
         "dataset": {k: v for k, v in ds.params.items() if k != "fragments"},
-        "raw_limit": RAW_LIMIT[kind], "repeats": args.repeats,
+        "raw_limit": raw_limit(scenario), "repeats": args.repeats, "budget": budget,
+        "s3": s3_info,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
         "wall_seconds": time.perf_counter() - t_scen, "tools": out, "table": table,
     }
@@ -286,8 +346,21 @@ def _fmt_s(t):
     return f"{t:.3g}" if t >= 0.001 else f"{t * 1e3:.2g} ms"
 
 
-def render_table(scenario, kind, ds, out) -> str:
-    raw = out.get(RAW_LIMIT[kind], {})
+def _traffic_note(rec, s3_info) -> str | None:
+    tr = rec.get("s3_traffic")
+    if not tr or not s3_info:
+        return None
+    note = f"fetched {tr['bytes'] / 1e6:.3g} MB in {tr['requests']} requests"
+    ref = s3_info.get("point_chunks") or {"bytes": s3_info["fragment_bytes"]}
+    what = "the chunks holding the point" if "point_chunks" in s3_info else "the fragment objects"
+    if ref["bytes"]:
+        note += f" ({tr['bytes'] / ref['bytes']:.3g}x {what})"
+    return note
+
+
+def render_table(scenario, kind, ds, out, s3_info=None) -> str:
+    limit = raw_limit(scenario)
+    raw = out.get(limit, {})
     lines = [
         f"| tool | seconds (median) | x raw limit | daskcfa / tool | answer | notes |",
         "|---|---|---|---|---|---|",
@@ -301,6 +374,9 @@ def render_table(scenario, kind, ds, out) -> str:
         n = len(rec["times"])
         notes.append(f"{n} run{'s' if n > 1 else ''}, {_fmt_s(min(rec['times']))}-"
                      f"{_fmt_s(max(rec['times']))}")
+        tn = _traffic_note(rec, s3_info)
+        if tn:
+            notes.append(tn)
         fo = rec.get("fragment_opens")
         if fo:
             notes.append(f"opened {fo['distinct']} of {fo['fragments']} fragment files "
@@ -309,16 +385,26 @@ def render_table(scenario, kind, ds, out) -> str:
         xr_ = rec.get("x_raw_limit")
         dr = rec.get("daskcfa_over_tool")
         answer = rec["check"] if rec["status"] == "ok" else f"**wrong answer**: {rec['check']}"
-        if tool in CONTEXT_ONLY:
+        if is_context(tool, scenario):
             answer = f"context: {rec['check']}"
         lines.append(
             f"| {label} | {_fmt_s(rec['median'])} | {f'{xr_:.2f}x' if xr_ else '-'} | "
             f"{f'{dr:.3g}' if dr and tool != 'daskcfa' else '-'} | {answer} | "
             f"{'; '.join(notes)} |")
-    raw_desc = (f"raw limit = {raw.get('label', RAW_LIMIT[kind])}: "
+    raw_desc = (f"raw limit = {raw.get('label', limit)}: "
                 f"{_fmt_s(raw['median'])} s" if raw.get("status") == "ok" else "raw limit: n/a")
+    bytes_desc = ""
+    if s3_info:
+        bytes_desc = (f" Bytes fetched = the S3 server's own counter of response bytes for the "
+                      f"bucket during the timed part (median run); fragment objects "
+                      f"{s3_info['fragment_bytes'] / 1e6:.4g} MB")
+        pc = s3_info.get("point_chunks")
+        if pc:
+            bytes_desc += (f", HDF5 chunks holding the point {pc['bytes'] / 1e6:.4g} MB "
+                           f"({pc['chunks']} chunks; h5py get_chunk_info_by_coord)")
+        bytes_desc += "."
     return (f"{raw_desc}. `x raw limit` = tool time / raw limit (lower is better); "
-            f"`daskcfa / tool` = daskcfa time / tool time (< 1: daskcfa faster).\n\n"
+            f"`daskcfa / tool` = daskcfa time / tool time (< 1: daskcfa faster).{bytes_desc}\n\n"
             + "\n".join(lines) + "\n")
 
 
@@ -340,11 +426,14 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     p.add_argument("--repeats", type=int, help="measured runs per tool after the warm-up "
                    "(default 3; 1 with --quick)")
-    p.add_argument("--tools", help=f"comma-separated subset of: {', '.join(DEFAULT_TOOLS)}")
+    p.add_argument("--tools", help=f"comma-separated subset of: {', '.join(DEFAULT_TOOLS)} "
+                   f"(default all that apply; on S3 without {', '.join(sorted(S3_OPT_IN))})")
     p.add_argument("--datadir", default=generate.DEFAULT_DATADIR)
     p.add_argument("--budget", type=float, default=40.0,
                    help="max seconds of measured runs per tool (fewer repeats for slow "
                    "tools; at least one); default 40")
+    p.add_argument("--s3-budget", type=float, default=15.0,
+                   help="the same for the s3-* scenarios; default 15")
     p.add_argument("--timeout", type=float, help="seconds per run (default 600; 120 quick)")
     p.add_argument("--count-tools", default="daskcfa",
                    help="tools whose fragment-file opens are counted with strace in one "
@@ -357,6 +446,7 @@ def main(argv=None) -> int:
     for s in scenarios:
         if s not in SCENARIO_KIND:
             p.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
+    a.tools_given = bool(a.tools)
     a.tools = DEFAULT_TOOLS if not a.tools else [t.strip() for t in a.tools.split(",")]
     for t in a.tools:
         if t not in TOOLS:
@@ -377,8 +467,16 @@ def main(argv=None) -> int:
           + ", ".join(f"{k} {v}" for k, v in mi["versions"].items() if v)
           + f". Warm-up run + median of up to {a.repeats} fresh-process runs per tool.",
           flush=True)
-    for s in scenarios:
-        run_scenario(s, a, warm_dir)
+    stage = None
+    try:
+        for s in scenarios:
+            if s in S3_SCENARIOS and stage is None:
+                stage = s3mod.Stage().__enter__()
+                _REDACT.extend(stage.secrets)
+            run_scenario(s, a, warm_dir, stage)
+    finally:
+        if stage is not None:
+            stage.__exit__(None, None, None)
     print(f"\nTotal wall time {time.perf_counter() - t0:.0f} s "
           f"(data generation/check {t_gen:.0f} s).", flush=True)
     return 0

@@ -19,6 +19,12 @@ Scenario kinds:
   time step (a full read + mean; the per-time means also catch misplaced
   fragments, which a plain mean would not).
 * ``timeseries``: ``x[:, py, px]`` with (py, px) the grid centre.
+
+The ``s3-*`` scenarios do the same on the same datasets uploaded to a local
+S3 server; the server (endpoint, credentials, bucket, metrics address) comes
+from the environment variable ``DASKCFA_BENCH_S3`` set by
+:mod:`benchmarks.run` (see :mod:`benchmarks.s3`), and the bytes the server
+sent during the timed part are part of the result.
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ import sys
 import time
 import traceback
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from benchmarks.generate import Dataset
+from benchmarks import s3 as s3mod
+from benchmarks.generate import S3_SCENARIOS, Dataset
 
 SCENARIO_KIND = {
     "open-1k": "open",
@@ -40,6 +49,9 @@ SCENARIO_KIND = {
     "read-uncompressed": "read",
     "read-zlib": "read",
     "timeseries": "timeseries",
+    "s3-read-uncompressed": "read",
+    "s3-read-zlib": "read",
+    "s3-timeseries": "timeseries",
 }
 
 NEUTRAL_CWD = "/"  # tools that must not depend on the working directory run here
@@ -47,6 +59,38 @@ NEUTRAL_CWD = "/"  # tools that must not depend on the working directory run her
 
 class CannotDo(Exception):
     """The tool cannot do this task (reason in the message)."""
+
+
+@dataclass
+class S3Dataset(Dataset):
+    """A generated dataset as uploaded to the run's S3 server: the local copy
+    (parameters, ground truth) plus where its objects are."""
+
+    s3: s3mod.Target = field(default=None, repr=False)
+
+    @classmethod
+    def on(cls, ds: Dataset, target: s3mod.Target) -> "S3Dataset":
+        return cls(ds.dir, ds.params, target)
+
+    @property
+    def agg_url(self) -> str:
+        return f"s3://{self.s3.prefix(self.dir)}/{self.params['aggregation']}"
+
+    @property
+    def fragment_urls(self) -> list[str]:
+        return [f"s3://{self.s3.prefix(self.dir)}/{p}" for p in self.params["fragments"]]
+
+    @property
+    def storage_options(self) -> dict:
+        return self.s3.storage_options
+
+    def filesystem(self):
+        """An s3fs filesystem (fsspec's instance cache applies, as for any user)."""
+        return self.s3.filesystem()
+
+
+def _on_s3(ds) -> S3Dataset | None:
+    return ds if isinstance(ds, S3Dataset) else None
 
 
 # ----------------------------------------------------------------------------
@@ -135,9 +179,12 @@ def tool_daskcfa(kind, ds, scheduler=None):
         raise CannotDo("ImportError: daskcfa has no from_cfa")
     os.chdir(NEUTRAL_CWD)  # relative URIs must resolve against the file, not the cwd
     kw = {} if scheduler is None else {"scheduler": scheduler}
+    s3 = _on_s3(ds)
+    url = s3.agg_url if s3 else ds.agg
+    open_kw = {"storage_options": s3.storage_options} if s3 else {}
 
     def run():
-        x = from_cfa(ds.agg, "tas")
+        x = from_cfa(url, "tas", **open_kw)
         return _dask_op(kind, ds, x, **kw)
 
     return run, lambda v, p: _dask_describe(kind, ds, v, p), None
@@ -176,11 +223,24 @@ _DISTRIBUTED: dict = {}
 def tool_cfdm(kind, ds):
     import cfdm
 
-    # cfdm resolves relative fragment URIs against the working directory.
-    os.chdir(ds.dir)
+    s3 = _on_s3(ds)
+    if s3:
+        # Never the local copy: a relative URI resolved against the working
+        # directory must not find the files on disk.
+        os.chdir(NEUTRAL_CWD)
+        # cfdm's documented S3 form is s3://<authority>/<bucket>/<key>: it
+        # always strips the first component as the endpoint (with plain
+        # s3://<bucket>/<key> it looks for "<key>" on the local disk).
+        host = s3.s3.endpoint_url.split("://", 1)[1]
+        url = s3.agg_url.replace("s3://", f"s3://{host}/", 1)
+        read_kw = {"storage_options": s3.storage_options}
+    else:
+        # cfdm resolves relative fragment URIs against the working directory.
+        os.chdir(ds.dir)
+        url, read_kw = ds.agg, {}
 
     def run():
-        fields = cfdm.read(ds.agg)
+        fields = cfdm.read(url, **read_kw)
         sel = [f for f in fields if f.nc_get_variable(None) == "tas"]
         if not sel:
             raise CannotDo(f"no field 'tas' among {fields}")
@@ -205,6 +265,9 @@ def _cfapyx_fragment_array(da_):
 
 
 def tool_cfapyx(kind, ds):
+    if _on_s3(ds):
+        raise CannotDo("no S3 support: open_dataset fetches an s3:// name with a plain "
+                       "requests.get(), with no way to give an endpoint or credentials")
     import xarray as xr
     import cfapyx  # noqa: F401  (registers the "CFA" engine)
 
@@ -250,10 +313,17 @@ def tool_xarray_mfdataset(kind, ds):
     import xarray as xr
 
     os.chdir(NEUTRAL_CWD)
+    s3 = _on_s3(ds)
     files = ds.fragments
 
     def run():
-        xds = xr.open_mfdataset(files, **MFDATASET_KW)
+        if s3:
+            # xarray's documented way for S3: s3fs file objects + h5netcdf.
+            fs = s3.filesystem()
+            objs = [fs.open(u, "rb") for u in s3.fragment_urls]
+            xds = xr.open_mfdataset(objs, engine="h5netcdf", **MFDATASET_KW)
+        else:
+            xds = xr.open_mfdataset(files, **MFDATASET_KW)
         return _xr_op(kind, ds, xds["tas"])
 
     return run, lambda v, p: _xr_describe(kind, ds, v, p), None
@@ -335,6 +405,49 @@ def tool_raw_bytes(kind, ds):
     return run, lambda v, p: {"bytes": int(v)}, None
 
 
+def tool_raw_s3_cat(kind, ds):
+    """Parallel download of every fragment object (s3fs ``cat`` of the list:
+    concurrent GETs): the download limit of the S3 scenarios."""
+    s3 = _on_s3(ds)
+    if s3 is None:
+        raise CannotDo("not applicable (S3 scenarios only)")
+    urls = s3.fragment_urls
+
+    def run():
+        data = s3.filesystem().cat(urls)
+        return sum(len(b) for b in data.values())
+
+    return run, lambda v, p: {"bytes": int(v)}, None
+
+
+def tool_raw_s3_serial(kind, ds):
+    """Serial loop: download a fragment object whole (``cat_file``), open the
+    bytes with ``netCDF4.Dataset(memory=...)``, read, next fragment."""
+    s3 = _on_s3(ds)
+    if s3 is None:
+        raise CannotDo("not applicable (S3 scenarios only)")
+    import netCDF4
+
+    urls = s3.fragment_urls
+    py, px = ds.point
+
+    def run():
+        fs = s3.filesystem()
+        out = []
+        for url in urls:
+            buf = fs.cat_file(url)
+            with netCDF4.Dataset("fragment.nc", memory=buf) as nc:
+                v = nc.variables["tas"]
+                v.set_auto_maskandscale(False)
+                if kind == "read":
+                    out.append(v[...].mean(axis=(1, 2)))
+                else:
+                    out.append(v[:, py, px])
+        return np.concatenate(out)
+
+    return run, lambda v, p: _array_result(kind, v), None
+
+
 TOOLS = {
     "raw-agg": tool_raw_agg,
     "raw-loop": tool_raw_loop,
@@ -345,10 +458,20 @@ TOOLS = {
     "cfdm": tool_cfdm,
     "cfapyx": tool_cfapyx,
     "xarray-mfdataset": tool_xarray_mfdataset,
+    "raw-s3-cat": tool_raw_s3_cat,
+    "raw-s3-serial": tool_raw_s3_serial,
 }
 
+S3_TOOLS = ("raw-s3-cat", "raw-s3-serial", "daskcfa", "daskcfa-distributed", "cfdm", "cfapyx",
+            "xarray-mfdataset")
 
-def applicable(tool: str, kind: str) -> bool:
+
+def applicable(tool: str, scenario: str) -> bool:
+    kind = SCENARIO_KIND[scenario]
+    if scenario in S3_SCENARIOS:
+        return tool in S3_TOOLS
+    if tool in ("raw-s3-cat", "raw-s3-serial"):
+        return False
     if kind == "open":
         return tool not in ("raw-loop", "raw-bytes", "daskcfa-processes", "daskcfa-distributed")
     return tool != "raw-agg"
@@ -360,12 +483,16 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}"[:300]
 
 
-def _warm_up(tool: str, kind: str, warm_dir: str | None) -> None:
+def _warm_up(tool: str, kind: str, warm_dir: str | None, target=None) -> None:
     """Run the tool once on a tiny, unrelated dataset, so that lazy imports and
-    other first-call costs inside the tool fall outside the clock."""
+    other first-call costs inside the tool fall outside the clock (on S3, the
+    tiny dataset's uploaded copy)."""
     if not warm_dir or not os.path.exists(os.path.join(warm_dir, "params.json")):
         return
-    run, _, _ = TOOLS[tool](kind, Dataset.load(warm_dir))
+    wds = Dataset.load(warm_dir)
+    if target is not None:
+        wds = S3Dataset.on(wds, target)
+    run, _, _ = TOOLS[tool](kind, wds)
     run()
 
 
@@ -374,9 +501,17 @@ def measure(tool: str, scenario: str, dataset_dir: str, probe: bool = True,
     kind = SCENARIO_KIND[scenario]
     ds = Dataset.load(dataset_dir)
     out = {"tool": tool, "scenario": scenario, "dataset": ds.dir}
+    target = None
+    if scenario in S3_SCENARIOS:
+        target = s3mod.Target.from_env()
+        if target is None:
+            return out | {"status": "cannot", "reason": f"no S3 server given (${s3mod.ENV}; "
+                          "run S3 scenarios through benchmarks.run)"}
+        ds = S3Dataset.on(ds, target)
+        out["url"] = ds.agg_url
     t0 = time.perf_counter()
     try:
-        _warm_up(tool, kind, warm_dir)
+        _warm_up(tool, kind, warm_dir, target)
     except CannotDo:
         pass  # reported by the real run below
     except Exception as e:  # noqa: BLE001
@@ -390,9 +525,13 @@ def measure(tool: str, scenario: str, dataset_dir: str, probe: bool = True,
                       "traceback": traceback.format_exc()[-2000:]}
     out["setup_seconds"] = time.perf_counter() - t0
     try:
+        before = target.traffic() if target else None
         t1 = time.perf_counter()
         value = run()
         out["seconds"] = time.perf_counter() - t1
+        if target:
+            time.sleep(0.2)  # let the server finish accounting the last responses
+            out["s3_traffic"] = s3mod.traffic_delta(before, target.traffic())
         out["result"] = describe(value, probe)
         out["status"] = "ok"
     except CannotDo as e:
