@@ -18,7 +18,7 @@ import numpy as np
 from . import storage
 from .errors import CFAError, CFAFormatError
 from .formats import aggregated_variables, walk
-from .formats._netcdf import group_path
+from .formats._netcdf import find_dimension, group_path
 from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable, Fragments
@@ -65,7 +65,23 @@ class FileVariableArray:
                 ds.close()
 
 
-class Variable:
+class _Attributes:
+    """netCDF4-python's attribute accessors over an ``attrs`` dict."""
+
+    attrs: dict[str, Any]
+    path: str
+
+    def ncattrs(self) -> list[str]:
+        return list(self.attrs)
+
+    def getncattr(self, name: str) -> Any:
+        try:
+            return self.attrs[name]
+        except KeyError:
+            raise AttributeError(f"{self.path!r} has no attribute {name!r}") from None
+
+
+class Variable(_Attributes):
     """One variable, aggregated or not, like ``netCDF4.Variable``.
 
     ``dtype`` is the stored dtype (as netCDF4-python reports it); ``data``
@@ -115,15 +131,6 @@ class Variable:
                                            name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
         return self._data
 
-    def ncattrs(self) -> list[str]:
-        return list(self.attrs)
-
-    def getncattr(self, name: str) -> Any:
-        try:
-            return self.attrs[name]
-        except KeyError:
-            raise AttributeError(f"variable {self.path!r} has no attribute {name!r}") from None
-
     def __getattr__(self, name: str) -> Any:
         attrs = self.__dict__.get("attrs", {})
         if name in attrs:
@@ -153,7 +160,7 @@ def _decoded_dtype(var: Variable) -> np.dtype:
 
 
 @dataclass
-class Group:
+class Group(_Attributes):
     """A group: dimensions, variables, sub-groups and attributes."""
 
     name: str
@@ -163,15 +170,6 @@ class Group:
     variables: dict[str, Variable] = field(default_factory=dict)
     groups: dict[str, "Group"] = field(default_factory=dict)
     parent: "Group | None" = field(default=None, repr=False)
-
-    def ncattrs(self) -> list[str]:
-        return list(self.attrs)
-
-    def getncattr(self, name: str) -> Any:
-        try:
-            return self.attrs[name]
-        except KeyError:
-            raise AttributeError(f"{self.path!r} has no attribute {name!r}") from None
 
     def __getitem__(self, path: str) -> "Variable | Group":
         node: Any = self
@@ -280,7 +278,7 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
             if agg is not None:
                 dims, shape, attrs = agg.dims, agg.shape, dict(agg.attrs)
                 for name in dims:
-                    used_dims.add(id(_find_dim(nc_group, name)))
+                    used_dims.add(id(find_dimension(nc_group, name)))
             else:
                 dims, shape, attrs = tuple(var.dimensions), tuple(var.shape), _attrs(var)
                 used_dims.update(id(d) for d in var.get_dims())
@@ -294,14 +292,6 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
                 group.dimensions[name] = Dimension(name, len(dim), dim.isunlimited())
     assert root is not None
     return root
-
-
-def _find_dim(group: netCDF4.Group, name: str) -> Any:
-    while group is not None:
-        if name in group.dimensions:
-            return group.dimensions[name]
-        group = group.parent
-    return None
 
 
 def _only_instructions(group: netCDF4.Group, dim: Any, hidden: set[str]) -> bool:

@@ -72,31 +72,27 @@ def find_group(group: netCDF4.Group, path: str) -> netCDF4.Group | None:
     return group
 
 
-def find_variable(group: netCDF4.Group, name: str) -> netCDF4.Variable | None:
-    """Find ``name`` by CF group search: absolute path, relative path, or a bare
-    name looked up in ``group`` and then in each ancestor group."""
+def _find(group: netCDF4.Group, name: str, table: str) -> Any:
     if "/" in name:
         head, _, base = name.rpartition("/")
         owner = find_group(group, head or "/")
-        return None if owner is None else owner.variables.get(base)
+        return None if owner is None else getattr(owner, table).get(base)
     while group is not None:
-        if name in group.variables:
-            return group.variables[name]
+        if name in getattr(group, table):
+            return getattr(group, table)[name]
         group = group.parent
     return None
+
+
+def find_variable(group: netCDF4.Group, name: str) -> netCDF4.Variable | None:
+    """Find ``name`` by CF group search: absolute path, relative path, or a bare
+    name looked up in ``group`` and then in each ancestor group."""
+    return _find(group, name, "variables")
 
 
 def find_dimension(group: netCDF4.Group, name: str) -> netCDF4.Dimension | None:
     """Find dimension ``name`` in ``group`` or its ancestors (netCDF scoping)."""
-    if "/" in name:
-        head, _, base = name.rpartition("/")
-        owner = find_group(group, head or "/")
-        return None if owner is None else owner.dimensions.get(base)
-    while group is not None:
-        if name in group.dimensions:
-            return group.dimensions[name]
-        group = group.parent
-    return None
+    return _find(group, name, "dimensions")
 
 
 def require_variable(group: netCDF4.Group, name: str, *, variable: str, role: str) -> netCDF4.Variable:
