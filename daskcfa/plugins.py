@@ -25,7 +25,7 @@ class StorageProfiles(WorkerPlugin):
     def from_options(cls, storage_options: Mapping[str, Any], *, protocol: str = "s3") -> "StorageProfiles":
         """The plugin for options given to ``from_cfa(..., storage_options=...)``."""
         ref = profiles.register(storage_options, protocol=protocol)
-        return cls({ref.name: profiles._REGISTRY[ref.name]}) if ref.name else cls({})
+        return cls(profiles.encoded({ref.name: profiles._REGISTRY[ref.name]})) if ref.name else cls({})
 
     def setup(self, worker: Any) -> None:
         profiles.install(self._profiles)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import errno
 import io
+import os
+import threading
 import zlib
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
@@ -26,6 +28,7 @@ import dask.config
 from .. import storage
 from ..errors import CFAError, FragmentReadError, NotFoundError
 from ..storage.profiles import ProfileRef
+from .manager import manager
 from .netcdf import NetCDF4File
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -45,7 +48,7 @@ class _Variable:
     def __init__(self, var: Any, name: str, fallback: Any) -> None:
         self._var = var
         self._name = name
-        self._fallback = fallback  # opens the same file with netCDF4 (a NetCDF4File factory)
+        self._fallback = fallback  # () -> the same file opened with netCDF4
         self.name, self.dims, self.shape, self.dtype, self.attrs = var.name, var.dims, var.shape, var.dtype, var.attrs
 
     def read(self, key: tuple) -> Any:
@@ -55,8 +58,7 @@ class _Variable:
             raise
         except Exception as exc:
             if self._fallback is not None and _unsupported(exc):
-                with self._fallback() as nc:
-                    return nc.variable(self._name).read(key)
+                return self._fallback().variable(self._name).read(key)
             if isinstance(exc, (OSError, RuntimeError, ValueError, IndexError, zlib.error)):
                 raise FragmentReadError(f"cannot read variable {self._name!r}: {exc}") from None
             raise
@@ -68,68 +70,113 @@ def _unsupported(exc: Exception) -> bool:
     return isinstance(exc, DirectReadUnsupported)
 
 
-def _variable(file: Any, name: str) -> Any:
+class FragmentFile:
+    """An open fragment file: its engines and everything closing it releases.
+
+    netCDF-4 files are read through the direct HDF5 reader; a variable it
+    cannot read falls back to netCDF4-python, opened on first need.
+    """
+
+    def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None) -> None:
+        self.label = label
+        self._stack = ExitStack()
+        self._direct = direct  # an HDF5File, or None
+        self._netcdf4_opener = netcdf4  # () -> NetCDF4File
+        self._netcdf4: NetCDF4File | None = None
+        self._variables: dict[str, _Variable] = {}
+        self._lock = threading.Lock()
+        if direct is not None:
+            self._stack.callback(direct.close)
+
+    def _nc(self) -> NetCDF4File:
+        with self._lock:
+            if self._netcdf4 is None:
+                self._netcdf4 = _opened(self._netcdf4_opener, self.label)
+                self._stack.callback(self._netcdf4.close)
+            return self._netcdf4
+
+    def variable(self, name: str) -> _Variable:
+        var = self._variables.get(name)
+        if var is None:
+            var = self._variables[name] = self._open_variable(name)
+        return var
+
+    def _open_variable(self, name: str) -> _Variable:
+        if self._direct is not None:
+            from .hdf5 import DirectReadUnsupported
+
+            try:
+                return _Variable(self._direct.variable(name), name, lambda: self._nc())
+            except KeyError:
+                raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
+            except (DirectReadUnsupported, OSError, RuntimeError):
+                pass
+        try:
+            return _Variable(self._nc().variable(name), name, None)
+        except (KeyError, IndexError):
+            raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def _opened(opener: Any, label: str) -> NetCDF4File:
     try:
-        return file.variable(name)
-    except (KeyError, IndexError):
-        raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
+        return opener()
+    except FileNotFoundError:
+        raise NotFoundError("not found", file=label) from None
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise NotFoundError("not found", file=label) from None
+        raise FragmentReadError(f"not a readable netCDF file ({exc.strerror or exc})") from None
 
 
-def _direct(source: Any, name: str, stack: ExitStack, **kwargs: Any) -> Any:
-    """The variable through the direct HDF5 reader, or None when it cannot be read so."""
+def _hdf5(source: Any, **kwargs: Any) -> Any:
+    """An HDF5File for the direct reader, or None when it cannot open ``source``."""
     from .hdf5 import DirectReadUnsupported, HDF5File
 
     try:
-        file = HDF5File(source, **kwargs)
+        return HDF5File(source, **kwargs)
     except (OSError, DirectReadUnsupported):
         return None
-    stack.callback(file.close)
-    try:
-        return file.variable(name)
-    except (DirectReadUnsupported, OSError, RuntimeError):
-        return None
-    except KeyError:
-        raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
-
-
-def _netcdf4(stack: ExitStack, path: str, **kwargs: Any) -> NetCDF4File:
-    try:
-        file = NetCDF4File(path, **kwargs)
-    except FileNotFoundError:
-        raise NotFoundError("not found", file=path) from None
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise NotFoundError("not found", file=path) from None
-        raise FragmentReadError(f"not a readable netCDF file ({exc.strerror or exc})") from None
-    stack.callback(file.close)
-    return file
 
 
 @contextmanager
 def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFILE,
                   fraction: float = 1.0) -> Iterator[_Variable]:
-    """Open variable ``name`` of fragment ``uri`` for reading raw values.
+    """Variable ``name`` of fragment ``uri``, ready to read raw values.
 
-    ``fraction`` is the share of the fragment's elements the caller wants; it
-    decides between fetching a whole remote object and fetching byte ranges.
-    Raises :class:`NotFoundError` when the file does not exist.
+    The file comes from this process's fragment file manager: cached handles
+    are reused, and opening respects the file and memory budgets. ``fraction``
+    is the share of the fragment's elements the caller wants; it decides
+    between fetching a whole remote object and fetching byte ranges. Raises
+    :class:`NotFoundError` when the file does not exist.
     """
-    with ExitStack() as stack:
-        if storage.is_local(uri):
-            yield _open_local(storage.local_path(uri), name, stack)
-        elif storage.is_opendap(uri):
-            url = storage.opendap_url(uri)
-            yield _Variable(_variable(_netcdf4(stack, url), name), name, None)
-        else:
-            yield _open_remote(uri, name, profile, fraction, stack)
+    if storage.is_local(uri):
+        path = storage.local_path(uri)
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            raise NotFoundError("not found", file=uri) from None
+        except OSError as exc:
+            raise FragmentReadError(f"cannot open ({exc.strerror or exc})") from None
+        key: tuple = ("file", path, stat.st_mtime_ns, stat.st_size, _engine())
+        handle = manager().open(key, lambda: _open_local(path), files=1, label=uri)
+    elif storage.is_opendap(uri):
+        url = storage.opendap_url(uri)
+        handle = manager().open(("dap", url), lambda: FragmentFile(url, netcdf4=lambda: NetCDF4File(url)),
+                                files=1, label=uri)
+    else:
+        handle = _remote_handle(uri, profile, fraction)
+    with handle as (file, _):
+        yield file.variable(name)
 
 
-def _open_local(path: str, name: str, stack: ExitStack) -> _Variable:
+def _open_local(path: str) -> FragmentFile:
+    direct = None
     if _engine() != "netcdf4" and _signature(path) == HDF5_SIGNATURE:
-        var = _direct(path, name, stack)
-        if var is not None:
-            return _Variable(var, name, lambda: NetCDF4File(path))
-    return _Variable(_variable(_netcdf4(stack, path), name), name, None)
+        direct = _hdf5(path)
+    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path))
 
 
 def _signature(path: str) -> bytes:
@@ -144,29 +191,58 @@ def _signature(path: str) -> bytes:
 
 def _whole_object_wanted(fraction: float, nbytes: int) -> bool:
     threshold = float(dask.config.get("daskcfa.io.whole-fragment-fraction", 0.5))
-    small = int(dask.config.get("daskcfa.io.small-object", 4 << 20))
+    small = storage.config_bytes("daskcfa.io.small-object", 4 << 20)
     return fraction >= threshold or nbytes <= small
 
 
-def _open_remote(uri: str, name: str, profile: ProfileRef, fraction: float, stack: ExitStack) -> _Variable:
-    nbytes = storage.size(uri, profile)
-    head = bytes(storage.read_ranges(uri, [(0, min(8, nbytes))], profile)[0]) if nbytes else b""
-    direct_ok = _engine() != "netcdf4" and head == HDF5_SIGNATURE
-    if direct_ok and not _whole_object_wanted(fraction, nbytes):
-        # Ranged: metadata through a block cache, chunk bytes fetched concurrently.
-        fileobj = storage.open_file(uri, profile)
-        stack.callback(fileobj.close)
-        var = _direct(fileobj, name, stack,
-                      read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile), label=uri)
-        if var is not None:
-            return _Variable(var, name, lambda: NetCDF4File(storage.memory_label(uri), memory=storage.read_bytes(uri, profile)))
-    data = storage.read_bytes(uri, profile)
-    if direct_ok:
-        view = memoryview(data)
-        var = _direct(io.BytesIO(data), name, stack,
-                      read_ranges=lambda ranges: [view[o:o + n] for o, n in ranges], label=uri)
-        if var is not None:
-            return _Variable(var, name, lambda: NetCDF4File(storage.memory_label(uri), memory=data))
+def _remote_handle(uri: str, profile: ProfileRef, fraction: float) -> Any:
+    # Requests per read: the size and version (HEAD), then either the whole
+    # object (one GET, or concurrent ranged GETs when large), or -- for a small
+    # part of a large HDF5 object -- metadata blocks (which also show the
+    # signature) and the byte ranges of the chunks wanted. A cached handle of
+    # the same object version needs the HEAD only. A handle opened with some
+    # credentials serves only those credentials.
+    mgr = manager()
+    nbytes, version = storage.stat(uri, profile)
+    key = ("remote", uri, profile.name, nbytes, version)
+    if _engine() != "netcdf4" and not _whole_object_wanted(fraction, nbytes):
+        cache = storage.block_size() * storage.BLOCKS_CACHED
+        return mgr.open(key, lambda: _open_ranged(uri, profile, nbytes), nbytes=cache, label=uri)
+    return mgr.open(key, lambda: _open_whole(uri, profile, nbytes), nbytes=nbytes, label=uri)
+
+
+def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
+    fileobj = storage.open_file(uri, profile, known_size=nbytes)
+    label = storage.memory_label(uri)
+    if _head_of(fileobj) != HDF5_SIGNATURE:
+        fileobj.close()
+        return _open_whole(uri, profile, nbytes)
+    direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile), label=uri)
+    file = FragmentFile(uri, direct=direct,
+                        netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile)))
+    file._stack.callback(fileobj.close)
+    return file
+
+
+def _open_whole(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
+    data = storage.read_bytes(uri, profile, known_size=nbytes)
+    head = bytes(data[:8])
+    label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):
         raise FragmentReadError("not a netCDF file (unknown signature)")
-    return _Variable(_variable(_netcdf4(stack, storage.memory_label(uri), memory=data), name), name, None)
+    direct = None
+    if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
+        view = memoryview(data)
+        direct = _hdf5(io.BytesIO(data), read_ranges=lambda ranges: [view[o:o + n] for o, n in ranges], label=uri)
+    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data))
+
+
+def _head_of(fileobj: Any) -> bytes:
+    """The first bytes of a remote file object (b"" when they cannot be read: the
+    whole-object read that follows then reports the storage error properly)."""
+    try:
+        head = fileobj.read(8)
+        fileobj.seek(0)
+        return bytes(head)
+    except Exception:
+        return b""

@@ -103,6 +103,7 @@ class FileManager:
         _close_all(closing)
 
     # -- use -----------------------------------------------------------------------
+
     @contextmanager
     def open(self, key: Hashable, opener: Callable[[], Any], *, nbytes: int = 0, files: int = 1,
              label: str = "", closer: Callable[[Any], None] | None = None) -> Iterator[tuple[Any, dict]]:

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import dask.config
 import fsspec
 import netCDF4
+from dask.utils import parse_bytes
 
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..locks import HDF5_LOCK
@@ -48,6 +49,7 @@ __all__ = [
     "commit",
     "open_netcdf",
     "memory_label",
+    "config_bytes",
 ]
 
 NO_PROFILE = ProfileRef(None)
@@ -105,6 +107,12 @@ def filesystem(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[fsspec.Abstr
     return fs, path
 
 
+def config_bytes(key: str, default: int) -> int:
+    """A byte size from dask config: an int, or a string such as ``"16MiB"``."""
+    value = dask.config.get(key, default)
+    return int(parse_bytes(value)) if isinstance(value, str) else int(value)
+
+
 def _retries() -> int:
     return int(dask.config.get("daskcfa.storage.retries", 3))
 
@@ -116,16 +124,34 @@ def _translated(uri: str) -> Iterator[None]:
         yield
     except CFAError:
         raise
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        status = _http_status(exc)
+        if status in (401, 403):  # fsspec's HTTP filesystem reports a refusal as "not found"
+            raise StorageError(f"access denied (HTTP {status})", file=uri) from None
+        if status is not None and status != 404 and status != 410:
+            raise StorageError(f"storage error (HTTP {status})", file=uri) from None
         raise NotFoundError("not found", file=uri) from None
     except PermissionError as exc:
         raise StorageError(f"access denied ({_describe(exc)})", file=uri) from None
-    except (OSError, _TRANSIENT) as exc:
+    except (OSError, *_TRANSIENT) as exc:  # (a nested tuple here is a TypeError)
         raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
     except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
         if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
             raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
         raise
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP error status of the response behind ``exc`` (its cause chain), if any."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        status = getattr(current, "status", None)
+        if isinstance(status, int) and 400 <= status <= 599:
+            return status
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
 
 
 def _describe(exc: BaseException) -> str:
@@ -166,17 +192,29 @@ def exists(uri: str, profile: ProfileRef = NO_PROFILE) -> bool:
 
 
 def size(uri: str, profile: ProfileRef = NO_PROFILE) -> int:
+    return stat(uri, profile)[0]
+
+
+def stat(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str]:
+    """An object's size and a token that changes when the object is replaced
+    (ETag, else modification time, else the size), in one request."""
     fs, path = filesystem(uri, profile)
-    return int(_with_retries(uri, fs.size, path))
+    info = _with_retries(uri, fs.info, path)
+    token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
+                  if info.get(k) is not None), "")
+    return int(info["size"]), token
 
 
-def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE) -> bytes:
-    """A whole object; large remote objects come down as concurrent ranged GETs."""
+def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> bytes:
+    """A whole object; large remote objects come down as concurrent ranged GETs.
+
+    ``known_size`` (when the caller has just asked) saves asking again.
+    """
     fs, path = filesystem(uri, profile)
     if is_local(uri):
         return _with_retries(uri, fs.cat_file, path)
-    part = int(dask.config.get("daskcfa.storage.part-size", 16 << 20))
-    total = size(uri, profile)
+    part = max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
+    total = size(uri, profile) if known_size is None else int(known_size)
     if total <= 2 * part:
         return _with_retries(uri, fs.cat_file, path)
     starts = list(range(0, total, part))
@@ -191,16 +229,38 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     fs, path = filesystem(uri, profile)
     starts = [int(o) for o, _ in ranges]
     ends = [int(o) + int(n) for o, n in ranges]
-    return list(_with_retries(uri, fs.cat_ranges, [path] * len(ranges), starts, ends))
+
+    def fetch() -> list[bytes]:
+        parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        for part in parts:  # some filesystems hand failures back in the list
+            if isinstance(part, BaseException):
+                raise part
+        return parts
+
+    return _with_retries(uri, fetch)
 
 
-def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, block_size: int | None = None) -> io.IOBase:
-    """A read-only file object (remote ones cache blocks: for h5py's metadata reads)."""
+#: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).
+BLOCKS_CACHED = 8
+
+
+def block_size() -> int:
+    """Bytes per metadata block fetched for h5py (dask config ``daskcfa.storage.block-size``)."""
+    return config_bytes("daskcfa.storage.block-size", 256 << 10)
+
+
+def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> io.IOBase:
+    """A read-only file object (remote ones cache blocks: for h5py's metadata reads).
+
+    ``known_size`` (when the caller has just asked) saves asking again.
+    """
     fs, path = filesystem(uri, profile)
     options: dict[str, Any] = {}
     if not is_local(uri):
-        options = {"block_size": block_size or int(dask.config.get("daskcfa.storage.block-size", 1 << 20)),
-                   "cache_type": "blockcache"}
+        options = {"block_size": block_size(),
+                   "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
+        if known_size is not None:
+            options["size"] = int(known_size)
     return _with_retries(uri, lambda: fs.open(path, "rb", **options))
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Iterable
+from urllib.parse import unquote
 
 import dask.config
 
 from ..errors import UnsafeURIError
+from .profiles import s3nc_config
 from .uri import is_local, normalise, scheme_of, to_local_path
 
 __all__ = ["LocationPolicy"]
@@ -32,10 +34,16 @@ DEFAULT = "default"
 
 
 def _origin(uri: str) -> str:
-    """``s3://bucket/``, ``https://host:port/``: the unit a remote aggregation is confined to."""
+    """``s3://bucket/``, ``https://host:port/``: the unit a remote aggregation is confined to.
+
+    With an S3netCDF4 alias (``s3://<alias>/<bucket>/<key>``) the unit is the
+    bucket on that host, ``s3://<alias>/<bucket>/``, not the whole host.
+    """
     scheme = scheme_of(uri)
     rest = uri.split("://", 1)[1]
-    authority = rest.split("/", 1)[0]
+    authority, _, path = rest.partition("/")
+    if scheme == "s3" and authority in s3nc_config().hosts:
+        return f"{scheme}://{authority}/{path.split('/', 1)[0]}/"
     return f"{scheme}://{authority}/"
 
 
@@ -64,15 +72,24 @@ class LocationPolicy:
         """Raise :class:`UnsafeURIError` unless ``uri`` is allowed."""
         if not self.allows(uri):
             where = "local disk" if is_local(self.base) else _origin(self.base)
+            shown = repr(uri)
+            if is_local(uri):
+                real = os.path.realpath(to_local_path(uri))
+                if real != normalise(uri):
+                    shown += f" (which resolves to {real!r})"
             raise UnsafeURIError(
-                f"refusing to open {uri!r}: an aggregation file on {where} may not reference it "
+                f"refusing to open {shown}: an aggregation file on {where} may not reference it "
                 "(widen with allowed_locations=[...] or dask config 'daskcfa.storage.allowed-locations')",
                 file=self.base,
             )
 
     def allows(self, uri: str) -> bool:
-        uri = normalise(uri)
-        return any(self._default_allows(uri) if p == DEFAULT else _under(uri, p) for p in self.allowed)
+        # A remote URI must be allowed in every form a server might see it in:
+        # percent-encoded dots or slashes (``%2e%2e``, ``..%2f``, even encoded
+        # twice) are decoded by servers before they resolve dot segments.
+        forms = _forms(uri)
+        return any(all(self._default_allows(f) if p == DEFAULT else _under(f, p) for f in forms)
+                   for p in self.allowed)
 
     def _default_allows(self, uri: str) -> bool:
         if is_local(self.base):
@@ -81,6 +98,23 @@ class LocationPolicy:
             return False
         same_family = _remote_family(scheme_of(uri)) == _remote_family(scheme_of(self.base))
         return same_family and _origin(uri).split("://", 1)[1] == _origin(self.base).split("://", 1)[1]
+
+
+def _forms(uri: str) -> list[str]:
+    """``uri`` normalised, plus (remote URIs) its percent-decoded variants, normalised."""
+    uri = normalise(uri)
+    if is_local(uri):
+        return [uri]  # local paths were decoded and folded once, exactly as they are opened
+    forms, current = [uri], uri
+    for _ in range(3):
+        decoded = unquote(current)
+        if scheme_of(uri) in ("http", "https", "dap2", "dap4", "dap2s", "dap4s", "opendap"):
+            decoded = decoded.replace("\\", "/")
+        if decoded == current:
+            break
+        forms.append(normalise(decoded))
+        current = decoded
+    return forms
 
 
 def _prefix(location: str) -> str:

@@ -12,7 +12,8 @@ Options for one URI are merged from, lowest priority first:
 1. fsspec/botocore defaults (AWS environment variables and config files);
 2. dask config ``daskcfa.storage.options.<protocol>``;
 3. the per-call ``storage_options`` — either flat (for the aggregation
-   file's protocol) or keyed by protocol (``{"s3": {...}, "https": {...}}``);
+   file's protocol; for S3 when the aggregation file is local or OPeNDAP)
+   or keyed by protocol (``{"s3": {...}, "https": {...}}``);
 4. named profiles in dask config ``daskcfa.storage.profiles.<name>`` whose
    ``match`` prefixes match the URI (longest prefix wins), so fragments on
    different endpoints get different credentials;
@@ -27,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import pickle
 import secrets
 import threading
 from dataclasses import dataclass
@@ -38,11 +40,12 @@ import dask.config
 from ..errors import StorageError
 from .uri import scheme_of
 
-__all__ = ["ProfileRef", "register", "install", "resolve_options", "S3ncConfig", "s3nc_config"]
+__all__ = ["ProfileRef", "register", "install", "encoded", "resolve_options", "S3ncConfig", "s3nc_config"]
 
 _SALT = secrets.token_bytes(16)
 _REGISTRY: dict[str, dict[str, Any]] = {}
 _LOCK = threading.Lock()
+_SHARED: set[tuple[str, str | None, str]] = set()  # (client id, scheduler, profile name) already sent
 _PROTOCOL_KEYS = {"s3", "s3a", "http", "https", "file", "gs", "gcs", "abfs", "az"}
 
 
@@ -66,23 +69,86 @@ def register(storage_options: Mapping[str, Any] | None, *, protocol: str) -> Pro
         return ProfileRef(None)
     options = dict(storage_options)
     if not set(options) <= _PROTOCOL_KEYS or not options:
-        options = {protocol: options}
+        options = {_flat_protocol(protocol): options}
     name = "p-" + hmac.new(_SALT, _canonical(options), hashlib.sha256).hexdigest()[:20]
     with _LOCK:
-        known = name in _REGISTRY
         _REGISTRY[name] = copy.deepcopy(options)
-    if not known:
+    key = f"daskcfa.storage.registered.{name}"
+    if dask.config.get(key, None) is None:
         # Worker processes started later (a LocalCluster's nannies copy dask config) ...
-        dask.config.set({f"daskcfa.storage.registered.{name}": copy.deepcopy(options)})
-        # ... and those already running (a worker plugin, sent once, never in a task).
-        _share_with_cluster({name: options})
+        dask.config.set({key: copy.deepcopy(options)})
+    # ... and those already running: a worker plugin, sent once to each client's
+    # cluster (also when the options were first registered before it connected),
+    # never part of a task.
+    _share_with_cluster({name: options})
     return ProfileRef(name)
+
+
+def _flat_protocol(protocol: str) -> str:
+    """The protocol that flat (not keyed) ``storage_options`` are meant for.
+
+    That of the aggregation file; but a local or OPeNDAP aggregation file
+    takes no fsspec options, so there (as in cfdm and cf-python) flat options
+    are the S3 options of its fragments.
+    """
+    if protocol == "file" or protocol in ("dap2", "dap4", "dap2s", "dap4s", "opendap"):
+        return "s3"
+    return protocol
+
+
+_ENCODED = "__daskcfa_encoded_options__"
+
+
+class _Encoded:
+    """Storage options on their way to worker processes, not in clear text.
+
+    ``distributed`` logs every message it receives at DEBUG level, and a
+    worker plugin travels as one pickled message: plain options would put the
+    secrets in those logs. Pickled, this object is the options masked with a
+    keystream derived from a random nonce sent alongside. This is encoding,
+    not encryption (the code to decode it is right here): it keeps secrets out
+    of logs and dumps in readable form, nothing more. A cluster whose traffic
+    must be protected needs TLS (``distributed.comm`` security settings).
+    """
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+
+    def __reduce__(self) -> tuple:
+        nonce = secrets.token_bytes(16)
+        return (_decode, (nonce, _mask(pickle.dumps(self.options), nonce)))
+
+    def __repr__(self) -> str:
+        return "<encoded storage options>"
+
+
+def _mask(data: bytes, nonce: bytes) -> bytes:
+    pad = hashlib.shake_256(nonce).digest(len(data))
+    return (int.from_bytes(data, "big") ^ int.from_bytes(pad, "big")).to_bytes(len(data), "big")
+
+
+def _decode(nonce: bytes, masked: bytes) -> _Encoded:
+    return _Encoded(pickle.loads(_mask(masked, nonce)))
+
+
+def encoded(profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Profiles in the form to hand to :class:`daskcfa.StorageProfiles` (see :class:`_Encoded`)."""
+    return {k: {_ENCODED: _Encoded(_plain(v))} for k, v in profiles.items()}
+
+
+def _plain(options: Mapping[str, Any]) -> dict[str, Any]:
+    value = options.get(_ENCODED) if isinstance(options, Mapping) else None
+    if isinstance(value, _Encoded):
+        return copy.deepcopy(value.options)
+    return copy.deepcopy(dict(options))
 
 
 def install(profiles: Mapping[str, Mapping[str, Any]]) -> None:
     """Make profiles known in this process (called by the worker plugin)."""
     with _LOCK:
-        _REGISTRY.update({k: copy.deepcopy(dict(v)) for k, v in profiles.items()})
+        _REGISTRY.update({k: _plain(v) for k, v in profiles.items()})
 
 
 def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
@@ -96,7 +162,14 @@ def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
         return  # no cluster: the threaded scheduler shares this process's registry
     from ..plugins import StorageProfiles
 
-    client.register_plugin(StorageProfiles(profiles), name=f"daskcfa-profiles-{next(iter(profiles))}")
+    name = next(iter(profiles))
+    shared = (client.id, getattr(client.scheduler, "address", None), name)
+    with _LOCK:
+        if shared in _SHARED:
+            return
+    client.register_plugin(StorageProfiles(encoded(profiles)), name=f"daskcfa-profiles-{name}")
+    with _LOCK:
+        _SHARED.add(shared)
 
 
 def _per_call(ref: ProfileRef, protocol: str) -> dict[str, Any]:

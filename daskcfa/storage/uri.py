@@ -46,11 +46,24 @@ def normalise(uri: str) -> str:
     assert match is not None
     rest = uri[match.end():]
     authority, slash, path = rest.partition("/")
+    if match.group(1).lower() == "s3" and slash and _is_s3nc_alias(authority):
+        # s3://<alias>/<bucket>/<key>: the bucket is part of the root (``..`` stops there)
+        bucket, slash, path = path.partition("/")
+        authority = f"{authority}/{bucket}"
     path = posixpath.normpath("/" + path) if slash else "/"
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
     trailing = "/" if uri.endswith("/") and path != "/" else ""
     return f"{match.group(1).lower()}://{authority}{path}{trailing}"
+
+
+def _is_s3nc_alias(authority: str) -> bool:
+    from .profiles import s3nc_config  # (profiles imports this module)
+
+    try:
+        return authority in s3nc_config().hosts
+    except Exception:  # an unreadable configuration is reported where it is used
+        return False
 
 
 def resolve(reference: str, base: str) -> str:
