@@ -1,0 +1,134 @@
+"""FragmentBudget on a real distributed cluster: open files and memory stay in budget.
+
+Each worker process's open files are sampled with psutil throughout the run,
+from outside the workers, and compared with the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from distributed import Client, LocalCluster
+
+import daskcfa
+from builders import assert_matches, build_cf113, make_truth
+from remote_helpers import upload
+
+pytestmark = pytest.mark.usefixtures("other_cwd")
+
+
+class OpenFileSampler:
+    """Polls the open files of some processes; remembers the most open under a directory."""
+
+    def __init__(self, pids, directory):
+        self.procs = [psutil.Process(p) for p in pids]
+        self.directory = str(directory)
+        self.peak = {p: 0 for p in pids}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def count(self, proc) -> int:
+        try:
+            return sum(1 for f in proc.open_files() if f.path.startswith(self.directory))
+        except psutil.NoSuchProcess:
+            return 0
+
+    def _run(self):
+        while not self._stop.is_set():
+            for proc in self.procs:
+                self.peak[proc.pid] = max(self.peak[proc.pid], self.count(proc))
+            self.samples += 1
+            time.sleep(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    """500 small netCDF-4 fragments along time."""
+    directory = tmp_path_factory.mktemp("budget")
+    truth = make_truth((500, 6, 8), "f4", seed=11, masked=0.05)
+    return build_cf113(directory, truth, ("time", "lat", "lon"), ((1,) * 500, (6,), (8,)))
+
+
+def test_filehandle_budget_holds_on_every_worker(cluster, archive):
+    client = cluster
+    client.register_plugin(daskcfa.FragmentBudget(filehandles=8, memory="64MiB"), name="budget")
+    pids = list(client.run(os.getpid).values())
+    fragment_dir = os.path.dirname(next(iter(archive.fragment_files.values())))
+    x = daskcfa.from_cfa(str(archive.path))
+    with OpenFileSampler(pids, fragment_dir) as sampler:
+        got = x.compute()
+        again = x[:, 3, 4].compute()
+    assert_matches(got, archive.expected)
+    assert_matches(again, archive.expected[:, 3, 4])
+    assert sampler.samples > 10
+    assert all(0 < peak <= 8 for peak in sampler.peak.values()), sampler.peak
+    stats = client.run(daskcfa.fragment_stats)
+    for s in stats.values():
+        assert s["filehandles_budget"] == 8 and s["peak_files"] <= 8 and s["evictions"] > 0
+
+    # Teardown closes every cached fragment file.
+    client.unregister_worker_plugin("budget")
+    time.sleep(0.2)
+    assert all(sampler.count(psutil.Process(p)) == 0 for p in pids)
+
+
+def test_restarted_workers_get_the_plugin_again(cluster, archive):
+    client = cluster
+    client.register_plugin(daskcfa.FragmentBudget(filehandles=5, memory="32MiB"), name="budget-restart")
+    client.restart()
+    stats = client.run(daskcfa.fragment_stats)
+    assert len(stats) == 2
+    assert all(s["filehandles_budget"] == 5 and s["memory_budget"] == 32 << 20 for s in stats.values())
+    assert_matches(daskcfa.from_cfa(str(archive.path))[:50].compute(), archive.expected[:50])
+    client.unregister_worker_plugin("budget-restart")
+
+
+def test_memory_budget_holds_for_remote_fragments(cluster, s3_server, s3_bucket, tmp_path):
+    # 24 uncompressed 6 MiB fragments fetched whole from S3: 144 MiB through a 64 MiB budget.
+    truth = make_truth((24, 768, 1024), "f8", seed=12, masked=0.0)
+    built = build_cf113(tmp_path / "s3", truth, ("time", "lat", "lon"), ((1,) * 24, (768,), (1024,)))
+    base = upload(s3_server.filesystem(), tmp_path / "s3", s3_bucket, "mem")
+    client = cluster
+    client.register_plugin(daskcfa.FragmentBudget(filehandles=64, memory="64MiB"), name="budget-memory")
+    x = daskcfa.from_cfa(f"{base}/{built.path.name}", storage_options=s3_server.storage_options)
+    means = x.mean(axis=(1, 2)).compute()
+    np.testing.assert_allclose(means, built.expected.mean(axis=(1, 2)), rtol=1e-10)
+    stats = client.run(daskcfa.fragment_stats)
+    for s in stats.values():
+        assert 0 < s["peak_bytes"] <= 64 << 20, s
+    assert sum(s["misses"] for s in stats.values()) >= 24
+    client.unregister_worker_plugin("budget-memory")
+
+
+def test_oversized_fragment_is_a_clear_error(cluster, s3_server, s3_bucket, tmp_path):
+    truth = make_truth((2, 512, 1024), "f8", seed=13, masked=0.0)  # 4 MiB fragments
+    built = build_cf113(tmp_path / "big", truth, ("time", "lat", "lon"), ((1, 1), (512,), (1024,)))
+    base = upload(s3_server.filesystem(), tmp_path / "big", s3_bucket, "big")
+    client = cluster
+    client.register_plugin(daskcfa.FragmentBudget(filehandles=8, memory="1MiB"), name="budget-tiny")
+    x = daskcfa.from_cfa(f"{base}/{built.path.name}", storage_options=s3_server.storage_options)
+    with pytest.raises(daskcfa.BudgetError) as info:
+        x.compute()
+    assert "memory budget" in str(info.value) and "s3://" in str(info.value)
+    client.unregister_worker_plugin("budget-tiny")
