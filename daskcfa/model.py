@@ -225,3 +225,37 @@ class AggregatedVariable:
     @property
     def basename(self) -> str:
         return self.name.rsplit("/", 1)[-1]
+
+
+@dataclass
+class PlainVariable:
+    """A variable stored whole in the aggregation file (coordinates, bounds, small data)."""
+
+    name: str  #: full path, e.g. ``"/lat"`` or ``"/grp/lat"``
+    dims: tuple[str, ...]
+    dtype: np.dtype
+    attrs: dict[str, Any]
+    data: Any  #: numpy array (or masked array) of the stored values, already encoded
+
+
+@dataclass
+class Dimension:
+    name: str  #: full path, e.g. ``"/time"`` or ``"/grp/x"``
+    size: int
+    unlimited: bool = False
+
+
+@dataclass
+class AggregationDataset:
+    """What an aggregation file holds, independent of dialect: the model writers encode.
+
+    Group structure is implied by the paths of dimensions and variables.
+    Fragment URIs in ``aggregated`` are stored as given (writers make them
+    relative to the aggregation file).
+    """
+
+    attrs: dict[str, Any] = field(default_factory=dict)
+    group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)  #: group path -> attributes
+    dimensions: list[Dimension] = field(default_factory=list)
+    variables: list[PlainVariable] = field(default_factory=list)
+    aggregated: list[AggregatedVariable] = field(default_factory=list)
