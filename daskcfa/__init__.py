@@ -1,6 +1,6 @@
 """daskcfa: CFA-netCDF aggregated datasets as first-class dask arrays."""
 
-from .api import from_cfa, open_cfa, read_aggregation
+from .api import from_cfa, open_cfa, plan_fragments, read_aggregation, to_cfa
 from .dataset import Dataset, Dimension, Group, Variable
 from .plugins import FragmentBudget, StorageProfiles, fragment_stats
 from .errors import (
@@ -25,6 +25,8 @@ __all__ = [
     "from_cfa",
     "open_cfa",
     "read_aggregation",
+    "to_cfa",
+    "plan_fragments",
     "Dataset",
     "Dimension",
     "Group",

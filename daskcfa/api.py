@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
+import dask
 import dask.array as da
+from dask.delayed import Delayed
 import netCDF4
 
 from . import storage
 from .dataset import Dataset
-from .errors import CFAError, CFAFormatError, VariableNotFoundError
+from .errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats._netcdf import find_variable
+from .graph import write as _write
+from .graph.plan import plan_fragments
 from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable
 from .storage.access import Access
 
-__all__ = ["from_cfa", "open_cfa", "read_aggregation"]
+__all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
 
 def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVariable:
@@ -88,3 +92,180 @@ def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
     """Open a whole aggregation file: dimensions, groups, attributes and every variable."""
     url = storage.normalise(url)
     return Dataset.open(url, access=Access.for_aggregation(url, storage_options, allowed_locations))
+
+
+def to_cfa(
+    data: Any,
+    url: str,
+    *,
+    variable: str | None = None,
+    dims: Sequence[str] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    coords: Mapping[str, Any] | None = None,
+    fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
+    max_fragment_size: int | str = "50MB",
+    format: str = "CF-1.13",
+    fragment_format: str = "NETCDF4",
+    compression: str | Mapping[str, Any] | None = None,
+    fragment_name: str = "{stem}/{stem}.{var}.{index}.nc",
+    storage_options: Mapping[str, Any] | None = None,
+    mode: str = "w-",
+    compute: bool = True,
+    region: Mapping[str, slice] | None = None,
+    max_concurrent_uploads: int | None = None,
+) -> str | Delayed:
+    """Write an array or a dataset as a CFA-netCDF aggregation: fragment files plus an aggregation file.
+
+    Every fragment is written by its own task, where the data are (no data
+    pass through the client); the aggregation file is put in place by a final
+    task once every fragment succeeded, so a failed write never leaves an
+    aggregation file pointing at missing fragments. Re-running the same call
+    resumes it: fragments already stored, and unchanged since (their size and
+    storage version match the marker written with them), are not rewritten.
+
+    Parameters
+    ----------
+    data
+        A dask or numpy (masked) array of the values as they should read back
+        (then ``variable`` and ``dims`` are required; ``attrs`` and ``coords``
+        are optional); or a :class:`daskcfa.Dataset` from :func:`open_cfa`
+        (every aggregated variable is re-fragmented, ordinary variables are
+        copied: a converter between dialects and locations); or an xarray
+        ``Dataset``/``DataArray`` (encoded by xarray's CF encoder, honouring
+        each variable's ``encoding``: ``dtype``, ``_FillValue``, packing, time
+        units; data variables with dimensions are aggregated, coordinates
+        become ordinary variables).
+    url
+        Where the aggregation file goes: a local path or ``file://``,
+        ``s3://``... URL. Fragments go beside it (see ``fragment_name``).
+    variable, dims, attrs, coords
+        For arrays: the variable's name, its dimension names, its attributes
+        (a ``_FillValue`` is added if no fill value is given, so every tool
+        sees masked points as missing; packing attributes are refused: write
+        an xarray object to store packed values) and 1-D coordinates by
+        dimension name: values, or ``(values, attrs)``. Coordinates are stored
+        in the aggregation file and, sliced, in every fragment; their ``axis``
+        attributes guide the fragment plan. With ``mode="r+"``, ``variable``
+        chooses the variable to update.
+    fragment_shape, max_fragment_size
+        The fragment plan, from :func:`plan_fragments`: an exact fragment
+        shape (a size per dimension, or a mapping dimension -> size), else
+        fragments of at most ``max_fragment_size`` bytes split the balanced
+        S3netCDF4 way. Dask chunks not aligned with the plan are rechunked to
+        it; chunks finer than the fragments but aligned are kept.
+    format
+        The aggregation dialect: ``"CF-1.13"`` (default), ``"CFA-0.6.2"``,
+        ``"CFA-0.5"`` or ``"CFA-0.4"``. Checked with the whole aggregation
+        before any fragment is written.
+    fragment_format, compression
+        netCDF format of the fragments (``"NETCDF4"``, ``"NETCDF4_CLASSIC"``,
+        ``"NETCDF3_CLASSIC"``, ``"NETCDF3_64BIT_OFFSET"``,
+        ``"NETCDF3_64BIT_DATA"``) and their compression: ``None``, a
+        netCDF4-python compression name such as ``"zlib"`` (its defaults), or
+        ``createVariable`` keywords such as ``{"zlib": True, "complevel": 1,
+        "shuffle": True}`` (netCDF-4 formats only).
+    fragment_name
+        Template of the fragment URIs, relative to the aggregation file:
+        ``{stem}`` is the aggregation file's name without extension, ``{var}``
+        the variable's path with groups joined by dots, ``{index}`` the
+        fragment index joined by dots (``0.1.0``). The default is
+        S3netCDF4's layout: ``a7.nc`` -> ``a7/a7.tas.0.1.0.nc``. The
+        aggregation file stores these relative references.
+    storage_options
+        fsspec/s3fs options, flat or keyed by protocol. They never enter the
+        task graph: tasks carry an opaque reference, resolved by each worker.
+    mode
+        ``"w-"`` (default) fails if the aggregation file exists, before
+        anything is written. ``"w"`` overwrites it; fragments of the old
+        aggregation that the new one does not reference are left in place.
+        ``"r+"`` updates an existing aggregation: ``data`` are written to
+        ``region`` of one of its variables, on its existing fragment grid;
+        the aggregation file is rewritten in ``format`` (give the file's own
+        format to keep it). ``r+`` writes to one aggregation must not run
+        concurrently: each rewrites the aggregation file.
+    compute
+        ``False`` returns a :class:`dask.delayed.Delayed` that performs the
+        write when computed, like :func:`dask.array.to_zarr`.
+    region
+        ``{dim: slice}``: ``data`` cover only this part of the aggregated
+        array, and only the fragments there are written. Slices must fall on
+        fragment boundaries. With ``mode="r+"`` the full array is the existing
+        aggregation's; with ``"w"``/``"w-"`` each dimension in ``region``
+        takes its full size from ``coords``, and the fragments outside the
+        region are recorded as missing (they read as fill values: sparse
+        writes, as in S3netCDF4). Missing fragments need a dialect that can
+        describe them (``CFA-0.6.2``, ``CFA-0.5``, ``CFA-0.4``; not CF-1.13).
+        Only for arrays.
+    max_concurrent_uploads
+        With a ``distributed`` client: at most this many fragment uploads run
+        at once across the cluster (a ``distributed.Semaphore``), to spare a
+        shared object store. Local writes are not limited.
+
+    Returns
+    -------
+    str or Delayed
+        The aggregation file's URL (normalised), or the delayed write.
+
+    Notes
+    -----
+    Next to the fragments, ``<stem>/.daskcfa/`` holds one small marker per
+    fragment written (what makes resuming possible without reading fragments
+    back) and ``manifest.json``, written at commit, listing every fragment
+    with its size and MD5 checksum. Failures while writing a fragment raise a
+    :class:`CFAError` naming the fragment; errors raised while computing the
+    input data are the input's own.
+    """
+    if mode not in _write.MODES:
+        raise ValueError(f"mode must be one of {', '.join(_write.MODES)}, got {mode!r}")
+    url = storage.normalise(url)
+    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
+    exists = storage.exists(url, profile)
+    if mode == "w-" and exists:
+        raise FileExistsError(f"{url} exists; use mode='w' to overwrite it or mode='r+' to update it")
+    if mode == "r+":
+        if not exists:
+            raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
+        if isinstance(data, Dataset) or _is_xarray(data):
+            raise TypeError("mode='r+' writes an array into an existing aggregation")
+        request = _write.request_for_update(url, storage_options, data, variable, region)
+    elif isinstance(data, Dataset):
+        _no_region(region, "a daskcfa.Dataset")
+        request = _write.request_from_dataset(data)
+    elif _is_xarray(data):
+        _no_region(region, "an xarray object")
+        request = _write.request_from_xarray(data, variable)
+    else:
+        request = _write.request_from_array(data, variable, dims, attrs, coords, region)
+    delayed = _write.write_graph(
+        request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
+        fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
+        profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url),
+    )
+    return delayed.compute() if compute else delayed
+
+
+def _is_xarray(data: Any) -> bool:
+    module = type(data).__module__
+    return module.startswith("xarray.") and type(data).__name__ in ("Dataset", "DataArray")
+
+
+def _no_region(region: Mapping[str, slice] | None, what: str) -> None:
+    if region:
+        raise TypeError(f"region= is for writing arrays, not {what}")
+
+
+def _upload_semaphore(limit: int | None, url: str) -> Any:
+    """A cluster-wide ``distributed.Semaphore`` bounding concurrent uploads (None: no bound)."""
+    if limit is None:
+        return None
+    if int(limit) < 1:
+        raise ValueError(f"max_concurrent_uploads must be at least 1, got {limit!r}")
+    from distributed import Semaphore, default_client
+
+    try:
+        default_client()
+    except ValueError:
+        raise ValueError("max_concurrent_uploads needs a distributed client (other schedulers are already bounded "
+                         "by their number of workers)") from None
+    return Semaphore(max_leases=int(limit), name=f"daskcfa-uploads-{dask.base.tokenize(url)}")
+

@@ -75,9 +75,8 @@ class Encoding:
 
         fill = as_stored(attrs["_FillValue"]) if "_FillValue" in attrs else None
         explicit = fill is not None
-        if fill is None:
-            fill = default_fill_value(dtype)
-            fill = None if fill is None else (np.asarray(fill).view(view) if unsigned else np.asarray(fill))
+        if fill is None:  # netCDF4-python: the default fill of the type the values are read as
+            fill = default_fill_value(view)
         missing = ()
         if "missing_value" in attrs:
             cast = as_stored(attrs["missing_value"])

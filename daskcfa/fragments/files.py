@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import os
 import threading
 import zlib
@@ -32,6 +33,7 @@ from .manager import manager
 from .netcdf import NetCDF4File
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_READS = itertools.count()  #: distinct keys for handles that are never shared
 NETCDF3_SIGNATURE = b"CDF"
 
 
@@ -143,13 +145,14 @@ def _hdf5(source: Any, **kwargs: Any) -> Any:
 
 @contextmanager
 def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFILE,
-                  fraction: float = 1.0) -> Iterator[_Variable]:
+                  fraction: float = 1.0, expected_nbytes: int = 0) -> Iterator[_Variable]:
     """Variable ``name`` of fragment ``uri``, ready to read raw values.
 
     The file comes from this process's fragment file manager: cached handles
     are reused, and opening respects the file and memory budgets. ``fraction``
-    is the share of the fragment's elements the caller wants; it decides
-    between fetching a whole remote object and fetching byte ranges. Raises
+    is the share of the fragment's elements the caller wants and
+    ``expected_nbytes`` the size of its data; they decide between fetching a
+    whole remote object and fetching byte ranges. Raises
     :class:`NotFoundError` when the file does not exist.
     """
     if storage.is_local(uri):
@@ -167,7 +170,7 @@ def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFI
         handle = manager().open(("dap", url), lambda: FragmentFile(url, netcdf4=lambda: NetCDF4File(url)),
                                 files=1, label=uri)
     else:
-        handle = _remote_handle(uri, profile, fraction)
+        handle = _remote_handle(uri, profile, fraction, expected_nbytes)
     with handle as (file, _):
         yield file.variable(name)
 
@@ -195,20 +198,27 @@ def _whole_object_wanted(fraction: float, nbytes: int) -> bool:
     return fraction >= threshold or nbytes <= small
 
 
-def _remote_handle(uri: str, profile: ProfileRef, fraction: float) -> Any:
-    # Requests per read: the size and version (HEAD), then either the whole
-    # object (one GET, or concurrent ranged GETs when large), or -- for a small
-    # part of a large HDF5 object -- metadata blocks (which also show the
-    # signature) and the byte ranges of the chunks wanted. A cached handle of
-    # the same object version needs the HEAD only. A handle opened with some
-    # credentials serves only those credentials.
+def _remote_handle(uri: str, profile: ProfileRef, fraction: float, expected_nbytes: int) -> Any:
+    # Requests per read: when the whole object is wanted (most of it, or a
+    # small object), one GET -- concurrent ranged GETs when large -- and the
+    # bytes are released after the read (an object may be replaced at any
+    # time, and checking would cost a request). For a small part of a large
+    # HDF5 object: the size and version (HEAD), metadata blocks (which also
+    # show the signature) and the chunks' byte ranges; that handle is cached
+    # by version, so a later read of the same object costs the HEAD and the
+    # chunks only. A handle opened with some credentials serves only them.
     mgr = manager()
+    whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
+    if whole and expected_nbytes <= 2 * storage.part_size():
+        return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
+                        lambda: _open_whole(uri, profile, None), nbytes=expected_nbytes, label=uri, keep=False)
     nbytes, version = storage.stat(uri, profile)
-    key = ("remote", uri, profile.name, nbytes, version)
-    if _engine() != "netcdf4" and not _whole_object_wanted(fraction, nbytes):
-        cache = storage.block_size() * storage.BLOCKS_CACHED
-        return mgr.open(key, lambda: _open_ranged(uri, profile, nbytes), nbytes=cache, label=uri)
-    return mgr.open(key, lambda: _open_whole(uri, profile, nbytes), nbytes=nbytes, label=uri)
+    if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
+        return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
+                        lambda: _open_whole(uri, profile, nbytes), nbytes=nbytes, label=uri, keep=False)
+    cache = storage.block_size() * storage.BLOCKS_CACHED
+    return mgr.open(("remote", uri, profile.name, nbytes, version), lambda: _open_ranged(uri, profile, nbytes),
+                    nbytes=cache, label=uri)
 
 
 def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
@@ -224,7 +234,7 @@ def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
     return file
 
 
-def _open_whole(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
+def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None) -> FragmentFile:
     data = storage.read_bytes(uri, profile, known_size=nbytes)
     head = bytes(data[:8])
     label = storage.memory_label(uri)
@@ -234,7 +244,7 @@ def _open_whole(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
         view = memoryview(data)
         direct = _hdf5(io.BytesIO(data), read_ranges=lambda ranges: [view[o:o + n] for o, n in ranges], label=uri)
-    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data))
+    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=storage.netcdf_memory(data)))
 
 
 def _head_of(fileobj: Any) -> bytes:

@@ -103,24 +103,32 @@ class FileManager:
         _close_all(closing)
 
     # -- use -----------------------------------------------------------------------
-
     @contextmanager
     def open(self, key: Hashable, opener: Callable[[], Any], *, nbytes: int = 0, files: int = 1,
-             label: str = "", closer: Callable[[Any], None] | None = None) -> Iterator[tuple[Any, dict]]:
+             label: str = "", closer: Callable[[Any], None] | None = None,
+             keep: bool = True) -> Iterator[tuple[Any, dict]]:
         """The handle for ``key``, opened by ``opener()`` unless cached.
 
         ``nbytes``/``files`` are what the handle will hold, declared before it
         is opened so that the budgets are respected before any allocation.
-        Yields ``(resource, memo)``; ``memo`` is a dict kept with the handle.
+        ``keep=False`` counts the handle against the budgets while in use but
+        closes it when the last user releases it (for handles that cannot be
+        checked for staleness cheaply). Yields ``(resource, memo)``; ``memo``
+        is a dict kept with the handle.
         """
         closer = closer or _default_close
         entry = self._acquire(key, opener, nbytes, files, label, closer)
+        closing: list[_Entry] = []
         try:
             yield entry.resource, entry.cache
         finally:
             with self._cond:
                 entry.refs -= 1
+                if not keep and entry.refs == 0 and entry.ready:
+                    self._discard_locked(key, entry)
+                    closing.append(entry)
                 self._cond.notify_all()
+            _close_all(closing)
 
     def _acquire(self, key: Hashable, opener: Callable[[], Any], nbytes: int, files: int, label: str,
                  closer: Callable[[Any], None]) -> _Entry:

@@ -137,6 +137,11 @@ def _translated(uri: str) -> Iterator[None]:
         raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
     except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
         if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
+            status = _http_status(exc)
+            if status in (401, 403):
+                raise StorageError(f"access denied (HTTP {status})", file=uri) from None
+            if status in (404, 410):
+                raise NotFoundError("not found", file=uri) from None
             raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
         raise
 
@@ -205,21 +210,27 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str]:
     return int(info["size"]), token
 
 
-def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> bytes:
-    """A whole object; large remote objects come down as concurrent ranged GETs.
+def part_size() -> int:
+    """Bytes per part when a large object is fetched as concurrent ranged GETs."""
+    return max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
 
-    ``known_size`` (when the caller has just asked) saves asking again.
-    """
+
+def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> bytes:
+    """A whole object: one GET, or -- when ``known_size`` says it is large --
+    concurrent ranged GETs of :func:`part_size` bytes."""
     fs, path = filesystem(uri, profile)
-    if is_local(uri):
+    if is_local(uri) or known_size is None or known_size <= 2 * part_size():
         return _with_retries(uri, fs.cat_file, path)
-    part = max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
-    total = size(uri, profile) if known_size is None else int(known_size)
-    if total <= 2 * part:
-        return _with_retries(uri, fs.cat_file, path)
-    starts = list(range(0, total, part))
-    parts = read_ranges(uri, [(s, min(part, total - s)) for s in starts], profile)
+    part = part_size()
+    starts = list(range(0, known_size, part))
+    parts = read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile)
     return b"".join(parts)
+
+
+def netcdf_memory(data: bytes) -> bytes:
+    """Bytes netCDF-C can open from memory: it fails on some small netCDF-3
+    files whose header fills the buffer, unless zero bytes follow the data."""
+    return bytes(data) + bytes(4096) if bytes(data[:3]) == b"CDF" else data
 
 
 def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef = NO_PROFILE) -> list[bytes]:
@@ -313,7 +324,7 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
                 return netCDF4.Dataset(opendap_url(url), "r")
         data = read_bytes(url, profile)
         with HDF5_LOCK:
-            return netCDF4.Dataset(memory_label(url), "r", memory=data)
+            return netCDF4.Dataset(memory_label(url), "r", memory=netcdf_memory(data))
     except CFAError:
         raise
     except OSError as exc:

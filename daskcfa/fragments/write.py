@@ -1,0 +1,282 @@
+"""Write one fragment file: the worker side of :func:`daskcfa.to_cfa`.
+
+A fragment is a complete, self-describing netCDF file (S3netCDF4's rule): the
+variable's sub-domain dimensions, the coordinate variables sliced to that
+sub-domain, the variable's attributes (``_FillValue`` included) and the global
+attributes, so that an aggregation could be rebuilt from the fragments alone
+and any netCDF tool can read one on its own.
+
+Each fragment is written so that it either appears whole or not at all: a
+local file is written under a temporary name beside its final name and then
+renamed; a remote object is built in memory (a diskless netCDF dataset, its
+bytes counted against the process's memory budget) and uploaded with one
+``put_bytes``, which object stores make visible atomically.
+
+After a fragment is in place, a small JSON *marker* records what was written
+(the write's token, size, MD5 checksum and the storage's version token). A
+re-run of the same write finds the marker, checks the stored object still has
+that size and version, and skips the fragment: that is how an interrupted
+``to_cfa`` resumes without rewriting finished fragments and without reading
+them back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+import netCDF4
+import numpy as np
+from dask.array.core import concatenate3
+
+from .. import storage
+from ..decode import Encoding
+from ..errors import CFAError, FragmentError, NotFoundError
+from ..locks import HDF5_LOCK
+from .manager import manager
+
+__all__ = [
+    "FRAGMENT_FORMATS",
+    "COMPRESSION_KEYS",
+    "FragmentRecord",
+    "SlicedVariable",
+    "FragmentSpec",
+    "FragmentTarget",
+    "encode_values",
+    "write_fragment",
+]
+
+#: netCDF file formats a fragment can be written in.
+FRAGMENT_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA")
+#: ``createVariable`` keywords accepted in ``compression`` (netCDF-4 formats only).
+COMPRESSION_KEYS = frozenset({
+    "compression", "zlib", "complevel", "shuffle", "fletcher32", "chunksizes", "least_significant_digit",
+    "significant_digits", "quantize_mode", "blosc_shuffle", "szip_coding", "szip_pixels_per_block",
+})
+#: Bytes a netCDF file needs beyond its data (header, HDF5 metadata), for the memory estimate.
+_OVERHEAD = 64 << 10
+_HASH_BLOCK = 4 << 20
+
+
+class FragmentRecord(NamedTuple):
+    """What one fragment task returns (small: it travels to the commit task)."""
+
+    index: tuple[int, ...]
+    uri: str  #: as stored in the aggregation file (relative to it, unless given absolute)
+    nbytes: int
+    checksum: str  #: MD5 of the file's bytes, hex
+
+
+@dataclass(frozen=True)
+class SlicedVariable:
+    """A coordinate (or bounds, auxiliary coordinate) variable copied into every fragment,
+    sliced along the dimensions it shares with the aggregated variable."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: np.dtype
+    attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FragmentSpec:
+    """Everything shared by the fragments of one aggregated variable (no credentials)."""
+
+    variable: str  #: the aggregated variable's path, for error messages
+    identifier: str  #: the variable's name inside each fragment
+    dims: tuple[str, ...]
+    dtype: np.dtype  #: stored dtype; the values given to :func:`write_fragment` are already encoded
+    attrs: dict[str, Any]
+    global_attrs: dict[str, Any]
+    file_format: str
+    compression: dict[str, Any]
+    aggregation: str  #: URL of the aggregation file, for error messages
+    #: variables sliced into every fragment; their values come with each fragment
+    sliced: tuple[SlicedVariable, ...] = ()
+    #: sizes of dimensions of ``sliced`` variables that the aggregated variable does not have
+    extra_dims: dict[str, int] = field(default_factory=dict)
+    profile: storage.ProfileRef = storage.NO_PROFILE
+
+
+@dataclass(frozen=True)
+class FragmentTarget:
+    """Where one fragment goes and how a later run recognises it."""
+
+    index: tuple[int, ...]
+    shape: tuple[int, ...]
+    uri: str  #: absolute URI the fragment is written to
+    reference: str  #: the URI as the aggregation file stores it
+    marker: str  #: absolute URI of the fragment's marker
+    token: str  #: identifies the fragment's content (the same call gives the same token)
+
+
+def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
+    """Data values as they are stored: packed, missing points set to the fill value, in ``dtype``.
+
+    The inverse of :meth:`daskcfa.decode.Encoding.decode`, with netCDF4-python's
+    packing rule (subtract ``add_offset``, divide by ``scale_factor``, round for
+    integer types), so that values read by daskcfa (or netCDF4-python) and
+    written back are stored bit for bit as they were. Masked points, and NaN
+    where the stored type is an integer, become the fill value (``_FillValue``,
+    else netCDF's default). Non-numeric values pass through unchanged.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        return np.asarray(values)
+    encoding = Encoding.from_attrs(attrs, dtype)
+    data = np.ma.getdata(values)
+    mask = np.ma.getmask(values)
+    if encoding.is_packed:
+        if encoding.add_offset is not None:
+            data = data - encoding.add_offset
+        if encoding.scale_factor is not None:
+            data = data / encoding.scale_factor
+        if encoding.stored_dtype.kind in "iu":
+            data = np.around(data)
+    if encoding.stored_dtype.kind in "iu" and data.dtype.kind == "f":
+        nan = np.isnan(data)
+        if nan.any():
+            mask = nan if mask is np.ma.nomask else (mask | nan)
+    if mask is not np.ma.nomask and mask.any():
+        data = np.where(mask, encoding.fill_value, data)
+    with np.errstate(invalid="ignore"):
+        out = np.asarray(data).astype(encoding.stored_dtype, copy=False)
+    return out.view(dtype) if encoding.unsigned else out
+
+
+def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, sliced: Sequence[np.ndarray],
+                   semaphore: Any = None) -> FragmentRecord:
+    """Write one fragment unless an identical one is already stored; return its record.
+
+    ``blocks`` are the fragment's stored values: one array, or nested lists of
+    the dask chunks that tile it (assembled here, so aligned chunks need no
+    rechunk task). ``sliced`` holds the values of ``spec.sliced`` for this
+    fragment. ``semaphore`` (a ``distributed.Semaphore``) bounds concurrent
+    uploads across a cluster. Any failure is raised as a
+    :class:`~daskcfa.errors.CFAError` naming the fragment.
+    """
+    where = {"file": target.uri, "variable": spec.variable, "fragment": target.index}
+    try:
+        done = _verified(spec, target)
+        if done is not None:
+            return done
+        data = np.asarray(concatenate3(blocks) if isinstance(blocks, list) else blocks, dtype=spec.dtype)
+        if storage.is_local(target.uri):
+            nbytes, checksum = _write_local(spec, target, data, sliced)
+        else:
+            nbytes, checksum = _write_remote(spec, target, data, sliced, semaphore)
+        record = FragmentRecord(target.index, target.reference, nbytes, checksum)
+        _, version = storage.stat(target.uri, spec.profile)
+        marker = {"token": target.token, "uri": target.reference, "nbytes": nbytes, "md5": checksum,
+                  "version": version}
+        storage.put_bytes(target.marker, json.dumps(marker).encode(), spec.profile)
+        return record
+    except CFAError as exc:
+        raise exc.located(**where)
+    except Exception as exc:
+        raise FragmentError(f"cannot write fragment ({type(exc).__name__}: {exc})", **where) from exc
+
+
+def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | None:
+    """The record of this very fragment if an earlier run stored it and it is unchanged since."""
+    try:
+        marker = json.loads(storage.read_bytes(target.marker, spec.profile))
+        if marker.get("token") != target.token:
+            return None
+        nbytes, version = storage.stat(target.uri, spec.profile)
+    except (NotFoundError, ValueError, AttributeError):
+        return None
+    if nbytes != marker.get("nbytes") or version != marker.get("version"):
+        return None
+    return FragmentRecord(target.index, target.reference, nbytes, str(marker.get("md5", "")))
+
+
+def _estimate(data: np.ndarray, sliced: Sequence[np.ndarray]) -> int:
+    """Bytes of the file being built, to reserve before building it in memory."""
+    return int(data.nbytes + sum(np.asarray(v).nbytes for v in sliced) + _OVERHEAD)
+
+
+def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
+                 sliced: Sequence[np.ndarray]) -> tuple[int, str]:
+    """netCDF-C writes a temporary file beside the final one, which is then renamed into place."""
+    final = storage.local_path(target.uri)
+    directory, name = os.path.split(final)
+    os.makedirs(directory or ".", exist_ok=True)
+    partial = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.part")
+    try:
+        with HDF5_LOCK:
+            nc = netCDF4.Dataset(partial, "w", format=spec.file_format)
+            try:
+                _fill(nc, spec, target, data, sliced)
+            finally:
+                nc.close()
+        nbytes, checksum = _digest_file(partial)
+        storage.commit(partial, final, spec.profile)
+    except BaseException:
+        if storage.exists(partial):
+            storage.delete(partial)
+        raise
+    return nbytes, checksum
+
+
+def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray, sliced: Sequence[np.ndarray],
+                  semaphore: Any) -> tuple[int, str]:
+    """Build the file in memory (counted against the memory budget) and upload it in one put."""
+    estimate = _estimate(data, sliced)
+    with manager().reserve(2 * estimate, label=target.uri):  # netCDF-C's image, then its bytes copy
+        with HDF5_LOCK:
+            nc = netCDF4.Dataset(storage.memory_label(target.uri), "w", memory=estimate, format=spec.file_format)
+            try:
+                _fill(nc, spec, target, data, sliced)
+            finally:
+                image = nc.close()
+        payload = bytes(image)
+        del image
+        checksum = hashlib.md5(payload, usedforsecurity=False).hexdigest()
+        with semaphore if semaphore is not None else nullcontext():
+            storage.put_bytes(target.uri, payload, spec.profile)
+    return len(payload), checksum
+
+
+def _digest_file(path: str) -> tuple[int, str]:
+    """Size and MD5 of a local file, read in blocks (from the page cache: it was just written)."""
+    digest = hashlib.md5(usedforsecurity=False)
+    nbytes = 0
+    with storage.open_file(path) as f:
+        while chunk := f.read(_HASH_BLOCK):
+            digest.update(chunk)
+            nbytes += len(chunk)
+    return nbytes, digest.hexdigest()
+
+
+def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
+          sliced: Sequence[np.ndarray]) -> None:
+    """Define and write the fragment's contents (caller holds the netCDF lock)."""
+    nc.setncatts(spec.global_attrs)
+    for dim, size in zip(spec.dims, target.shape):
+        nc.createDimension(dim, size)
+    for dim, size in spec.extra_dims.items():
+        nc.createDimension(dim, size)
+    for var, values in zip(spec.sliced, sliced):
+        _variable(nc, var.name, var.dims, var.dtype, var.attrs, np.asarray(values), {})
+    _variable(nc, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, spec.compression)
+
+
+def _variable(nc: netCDF4.Dataset, name: str, dims: tuple[str, ...], dtype: np.dtype, attrs: dict[str, Any],
+              values: np.ndarray, compression: dict[str, Any]) -> None:
+    attrs = dict(attrs)
+    fill = attrs.pop("_FillValue", None)
+    text = dtype.kind in "OU"
+    var = nc.createVariable(name, str if text else dtype, dims, fill_value=fill, **compression)
+    var.setncatts(attrs)
+    var.set_auto_maskandscale(False)
+    if dims:
+        var[...] = values
+    else:
+        var.assignValue(values)
+

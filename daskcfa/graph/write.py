@@ -1,0 +1,677 @@
+"""The write graph behind :func:`daskcfa.to_cfa`: one task per fragment, then one commit.
+
+What to write arrives as a dask or numpy array, a :class:`daskcfa.Dataset`
+(every aggregated variable re-fragmented, ordinary variables copied) or an
+xarray object; it is first brought to one form (:class:`WriteRequest`): the
+dialect-independent :class:`~daskcfa.model.AggregationDataset` with its
+ordinary variables, plus the lazily computed values of each variable to
+aggregate. Then, per variable, :func:`~daskcfa.graph.plan.plan_fragments`
+chooses the fragment grid; the data are rechunked to it only when their dask
+chunks are not aligned with it (:func:`~daskcfa.graph.plan.aligned_chunks`;
+finer aligned chunks are assembled by the fragment task itself).
+
+The graph holds one :func:`~daskcfa.fragments.write.write_fragment` task per
+fragment, each returning a tiny :class:`~daskcfa.fragments.write.FragmentRecord`,
+and one commit task depending on all of them. The aggregation file's bytes are
+encoded here, on the client, before anything is written: the fragment URIs
+are known in advance, so every rule of the chosen dialect is checked before
+the first fragment is written, and the commit task only has to put the file in
+place — once every fragment succeeded. A failed write therefore never leaves
+an aggregation file, and re-running the same call resumes: fragments whose
+markers show them stored and unchanged are not written again.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import uuid
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Mapping, Sequence
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+
+from .. import storage
+from ..decode import Encoding, default_fill_value
+from ..errors import CFAFormatError, NotFoundError, VariableNotFoundError, redact
+from ..formats.encode import WRITE_FORMATS, encode_aggregation
+from ..fragments.write import (
+    COMPRESSION_KEYS,
+    FRAGMENT_FORMATS,
+    FragmentRecord,
+    FragmentSpec,
+    FragmentTarget,
+    SlicedVariable,
+    encode_values,
+    write_fragment,
+)
+from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
+from .plan import aligned_chunks, plan_fragments
+
+__all__ = [
+    "MODES",
+    "WriteRequest",
+    "WriteSource",
+    "request_from_array",
+    "request_from_dataset",
+    "request_from_xarray",
+    "request_for_update",
+    "write_graph",
+    "commit_aggregation",
+    "fragment_name",
+    "marker_name",
+]
+
+MODES = ("w-", "w", "r+")
+#: Attributes that make values mean something else than what is stored (CF packing).
+_PACKING = ("scale_factor", "add_offset")
+#: Attributes describing how values are stored, in the stored type.
+_STORAGE_ATTRS = frozenset({*_PACKING, "_FillValue", "missing_value", "valid_min", "valid_max", "valid_range",
+                            "_Unsigned"})
+
+
+@dataclass
+class WriteSource:
+    """One variable to aggregate."""
+
+    name: str  #: path, e.g. ``"/tas"``
+    data: Any  #: dask or numpy array of the values (decoded, or stored when ``encoded``)
+    dims: tuple[str, ...]
+    dtype: np.dtype  #: stored dtype
+    attrs: dict[str, Any]
+    encoded: bool = False  #: ``data`` already holds stored values (xarray encodes its own)
+    #: r+: the variable as the existing aggregation file describes it
+    existing: AggregatedVariable | None = None
+    region: dict[str, slice] = field(default_factory=dict)
+
+    @property
+    def group(self) -> str:
+        return posixpath.dirname(self.name) or "/"
+
+    @property
+    def basename(self) -> str:
+        return posixpath.basename(self.name)
+
+
+@dataclass
+class WriteRequest:
+    """What to write: the aggregation file's contents minus fragments, and the sources."""
+
+    model: AggregationDataset
+    sources: list[WriteSource]
+
+
+@dataclass(frozen=True)
+class _Options:
+    fragment_shape: Any
+    max_fragment_size: int | str
+    format: str
+    fragment_format: str
+    compression: dict[str, Any]
+    fragment_name: str
+    mode: str
+    profile: storage.ProfileRef
+    semaphore: Any
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """What the commit task needs: the encoded aggregation file and where it goes."""
+
+    url: str
+    payload: bytes
+    mode: str
+    manifest: str  #: URI of the manifest
+    header: dict[str, Any]  #: the manifest's description of the write
+    variables: tuple[str, ...]  #: variable paths, in the order of the records
+    profile: storage.ProfileRef
+
+
+# --------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------
+
+
+def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
+                       coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
+    """A numpy or dask array with its name, dimensions, attributes and 1-D coordinates.
+
+    With ``region``, ``data`` is only that part of the array: the full size of
+    every dimension in ``region`` comes from its coordinates.
+    """
+    if variable is None or dims is None:
+        raise TypeError("writing an array needs variable= (its name) and dims= (its dimension names)")
+    data = _as_array(data)
+    dims = tuple(dims)
+    if len(dims) != data.ndim:
+        raise ValueError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
+    attrs = dict(attrs or {})
+    packing = [k for k in _PACKING if k in attrs]
+    if packing:
+        raise ValueError(f"attrs carry {', '.join(packing)}: to_cfa writes an array's values as they are; "
+                         "to store packed values, write an xarray object with the packing in its encoding")
+    dtype = _storable(np.dtype(data.dtype), variable)
+    if "_FillValue" not in attrs and "missing_value" not in attrs:
+        # An explicit fill value: tools that only honour _FillValue (xarray) still see masked points.
+        attrs["_FillValue"] = default_fill_value(dtype)
+    region = _region(region, dims)
+    sizes = dict(zip(dims, data.shape))
+    model = AggregationDataset()
+    for dim, given in (coords or {}).items():
+        if dim not in dims:
+            raise ValueError(f"coords names {dim!r}, which is not one of the dimensions {dims!r}")
+        values, coord_attrs = _coordinate(given, dim)
+        if dim in region:
+            sizes[dim] = len(values)
+        elif len(values) != sizes[dim]:
+            raise ValueError(f"coordinate {dim!r} has {len(values)} values, the dimension has size {sizes[dim]}")
+        dtype_c = _storable(values.dtype, dim)
+        model.variables.append(PlainVariable(f"/{dim}", (dim,), dtype_c, coord_attrs,
+                                             encode_values(values, coord_attrs, dtype_c)))
+    missing = [d for d in region if d not in (coords or {})]
+    if missing:
+        raise ValueError(f"region along {missing}: give coords= for those dimensions (they set the full size)")
+    model.dimensions = [Dimension(f"/{d}", sizes[d]) for d in dims]
+    name = variable if variable.startswith("/") else f"/{variable}"
+    return WriteRequest(model, [WriteSource(name, data, dims, dtype, attrs, region=region)])
+
+
+def request_from_dataset(ds: Any) -> WriteRequest:
+    """A :class:`daskcfa.Dataset`: aggregated variables re-fragmented, ordinary ones copied."""
+    model, aggregated = _dataset_model(ds)
+    sources = [WriteSource(v.path, v.data, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)) for v in aggregated]
+    return WriteRequest(model, sources)
+
+
+def request_for_update(url: str, storage_options: Mapping[str, Any] | None, data: Any, variable: str | None,
+                       region: Mapping[str, slice] | None) -> WriteRequest:
+    """``mode="r+"``: the existing aggregation, with ``data`` going to ``region`` of one variable."""
+    from ..api import open_cfa
+
+    existing = open_cfa(url, storage_options=storage_options)
+    model, aggregated = _dataset_model(existing)
+    by_path = {v.path: v for v in aggregated}
+    if variable is None:
+        if len(by_path) != 1:
+            raise VariableNotFoundError(f"choose the variable to update with variable=: {', '.join(sorted(by_path))}",
+                                        file=url)
+        variable = next(iter(by_path))
+    path = variable if variable.startswith("/") else f"/{variable}"
+    if path not in by_path:
+        raise VariableNotFoundError(f"{variable!r} is not an aggregated variable of the file; aggregated variables: "
+                                    f"{', '.join(sorted(by_path))}", file=url)
+    target = by_path[path]
+    model.aggregated = [v.aggregation for v in aggregated if v.path != path]
+    source = WriteSource(path, _as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
+                     existing=target.aggregation, region=_region(region, tuple(target.dims)))
+    return WriteRequest(model, [source])
+
+
+def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
+    """An xarray ``Dataset`` or ``DataArray``, encoded by xarray's own CF encoder.
+
+    ``xarray.conventions`` applies each variable's ``encoding`` (``dtype``,
+    ``_FillValue``, ``scale_factor``/``add_offset``, time units) and adds the
+    ``coordinates`` attributes, so values are stored exactly as
+    ``Dataset.to_netcdf`` would store them. Data variables with dimensions
+    and a numeric dtype are aggregated; coordinates and everything else
+    become ordinary variables of the aggregation file.
+    """
+    import xarray as xr
+
+    if isinstance(obj, xr.DataArray):
+        name = variable or obj.name
+        if name is None:
+            raise TypeError("the DataArray has no name: pass variable=")
+        obj = obj.to_dataset(name=name)
+    variables, attrs = xr.conventions.encode_dataset_coordinates(obj)
+    variables, attrs = xr.conventions.cf_encoder(variables, attrs)
+    unlimited = set(obj.encoding.get("unlimited_dims", ()) or ())
+    model = AggregationDataset(attrs=dict(attrs))
+    model.dimensions = [Dimension(f"/{d}", int(n), d in unlimited) for d, n in obj.sizes.items()]
+    sources = []
+    for name, var in variables.items():
+        dtype = np.dtype(var.dtype)
+        if name in obj.data_vars and var.ndim and dtype.kind in "biuf":
+            sources.append(WriteSource(f"/{name}", var.data, tuple(var.dims), _storable(dtype, name), dict(var.attrs),
+                                   encoded=True))
+        else:
+            model.variables.append(PlainVariable(f"/{name}", tuple(var.dims), dtype, dict(var.attrs),
+                                                 np.asarray(var.values)))
+    return WriteRequest(model, sources)
+
+
+def _dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
+    """The aggregation file's contents but the aggregated variables, and those variables."""
+    model = AggregationDataset(attrs=dict(ds.attrs))
+    aggregated = []
+    for group in ds.walk():
+        if group is not ds:
+            model.group_attrs[group.path] = dict(group.attrs)
+        for dim in group.dimensions.values():
+            model.dimensions.append(Dimension(posixpath.join(group.path, dim.name), dim.size, dim.unlimited))
+        for var in group.variables.values():
+            if var.is_aggregated:
+                aggregated.append(var)
+            else:
+                model.variables.append(PlainVariable(var.path, tuple(var.dims), var.dtype, dict(var.attrs),
+                                                     encode_values(var[...], var.attrs, var.dtype)))
+    return model, aggregated
+
+
+def _coordinate(given: Any, dim: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """Coordinate values, and attributes when given as a ``(values, attrs)`` pair."""
+    attrs: Mapping[str, Any] = {}
+    if isinstance(given, tuple) and len(given) == 2 and isinstance(given[1], Mapping):
+        given, attrs = given
+    values = _as_array(given)
+    if values.ndim != 1:
+        raise ValueError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
+    return values, dict(attrs)
+
+
+def _as_array(data: Any) -> Any:
+    """A dask array as is, anything else as a numpy array (masked arrays stay masked)."""
+    if isinstance(data, da.Array):
+        return data
+    return np.ma.asanyarray(data) if np.ma.isMaskedArray(data) else np.asarray(data)
+
+
+def _storable(dtype: np.dtype, name: str) -> np.dtype:
+    """``dtype`` if netCDF can store it, else a clear error."""
+    if dtype.kind in "OUS" or (dtype.kind in "iuf" and dtype.str[1:] in ("i1", "u1", "i2", "u2", "i4", "u4", "i8",
+                                                                        "u8", "f4", "f8")):
+        return dtype
+    raise TypeError(f"{name!r} has dtype {dtype}, which netCDF cannot store (cast it first; times need numbers "
+                    "with units, as xarray encodes them)")
+
+
+def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[str, slice]:
+    region = dict(region or {})
+    for dim, sl in region.items():
+        if dim not in dims:
+            raise ValueError(f"region names {dim!r}, which is not one of the dimensions {dims!r}")
+        if not isinstance(sl, slice) or sl.step not in (None, 1):
+            raise ValueError(f"region[{dim!r}] must be a slice with step 1, got {sl!r}")
+    return region
+
+
+# --------------------------------------------------------------------------
+# The graph
+# --------------------------------------------------------------------------
+
+
+def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, max_fragment_size: int | str = "50MB",
+                format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
+                fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", mode: str = "w-",
+                profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None) -> Delayed:
+    """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`)."""
+    if format not in WRITE_FORMATS:
+        raise ValueError(f"unknown aggregation format {format!r}; choose one of {', '.join(WRITE_FORMATS)}")
+    if fragment_format not in FRAGMENT_FORMATS:
+        raise ValueError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
+    if not request.sources:
+        raise ValueError("nothing to aggregate: no variable with dimensions and a numeric dtype")
+    options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
+                       _compression(compression, fragment_format), fragment_name, mode, profile, semaphore)
+    _check_template(fragment_name, len(request.sources))
+    stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
+    _settle_unlimited(request.model)
+
+    layers: dict[Any, Any] = {}
+    dependencies = []
+    record_keys = []
+    references: set[str] = set()
+    for source in request.sources:
+        aggregated, keys, x = _variable_layer(source, request.model, url, stem, options, layers, references)
+        request.model.aggregated.append(aggregated)
+        record_keys.append(keys)
+        dependencies.append(x)
+    payload = encode_aggregation(request.model, format=format)  # checks every rule before anything is written
+    token = tokenize(payload, [k for keys in record_keys for k in keys])
+    commit = _Commit(
+        url=url, payload=payload, mode=mode, profile=profile,
+        manifest=storage.resolve(posixpath.join(stem, ".daskcfa", "manifest.json"), url),
+        header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format},
+        variables=tuple(s.name for s in request.sources),
+    )
+    name = f"cfa-commit-{stem}-{token}"
+    layers[name] = (commit_aggregation, commit, record_keys)
+    graph = HighLevelGraph.from_collections(name, layers, dependencies=dependencies)
+    return Delayed(name, graph)
+
+
+def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, stem: str, options: _Options,
+                    layers: dict, references: set[str]) -> tuple[AggregatedVariable, list, da.Array]:
+    """Plan one variable, add its fragment tasks to ``layers``; its model entry, task keys and input."""
+    full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
+    if source.existing is not None:
+        grid = source.existing.fragments.grid
+    else:
+        grid = plan_fragments(full, source.dtype, source.dims, fragment_shape=_shape_for(options.fragment_shape, source),
+                              max_fragment_size=options.max_fragment_size, axes=_axes(model, source))
+    start, stop = _bounds(source, full, grid)
+    positions = [grid.fragments_between(d, a, b) for d, (a, b) in enumerate(zip(start, stop))]
+    sub_sizes = tuple(tuple(grid.sizes[d][i] for i in r) for d, r in enumerate(positions))
+    x = _aligned(source, sub_sizes)
+
+    sliced, extra_dims = _sliced_variables(model, source)
+    dtype, attrs, fragment_attrs = _encodings(source)
+    spec = FragmentSpec(
+        variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
+        global_attrs=dict(model.attrs), file_format=options.fragment_format, compression=options.compression,
+        aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
+    )
+    var_token = tokenize(x.name, grid.sizes, start, spec, [values for _, values in sliced], options.fragment_name)
+    write_name = f"cfa-write-{source.basename}-{var_token}"
+    slice_name = f"cfa-slice-{source.basename}-{var_token}"
+    chunk_offsets = [np.cumsum((0,) + c) for c in x.chunks]
+    written = {}
+    keys = []
+    for n, local in enumerate(np.ndindex(*[len(p) for p in positions])):
+        index = tuple(int(p[i]) for p, i in zip(positions, local))
+        reference = fragment_name(options.fragment_name, stem=stem, variable=source.name, index=index)
+        if reference in references:
+            raise ValueError(f"fragment_name {options.fragment_name!r} gives two fragments the name {reference!r}")
+        references.add(reference)
+        written[index] = reference
+        frag_slices = grid.fragment_slices(index)
+        target = FragmentTarget(
+            index=index, shape=grid.fragment_shape(index), uri=storage.resolve(reference, url), reference=reference,
+            marker=storage.resolve(marker_name(stem, source.name, index), url),
+            token=tokenize(var_token, index, reference),
+        )
+        blocks = _block_keys(x, chunk_offsets, [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
+        slice_keys = []
+        for k, (var, values) in enumerate(sliced):
+            where = tuple(frag_slices[source.dims.index(d)] if d in source.dims else slice(None) for d in var.dims)
+            key = (slice_name, k, *(_fragment_position(grid, source.dims, d, s) for d, s in zip(var.dims, where)))
+            if key not in layers:
+                layers[key] = np.array(values[where])
+            slice_keys.append(key)
+        key = (write_name, n)
+        layers[key] = (write_fragment, spec, target, blocks, slice_keys, options.semaphore)
+        keys.append(key)
+    aggregated = AggregatedVariable(
+        name=source.name, dims=source.dims, dtype=dtype, attrs=attrs,
+        fragments=_fragments(source, grid, written), dialect=options.format, source=url,
+    )
+    return aggregated, keys, x
+
+
+def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str, Any]]:
+    """The aggregation variable's dtype and attributes, and the fragments' attributes.
+
+    A reader unpacks every fragment *before* aggregating (the canonical form
+    of CF aggregation), then applies the aggregation variable's own packing.
+    So packed values are written as packed fragments that carry the packing
+    attributes (self-describing), and the aggregation variable describes the
+    unpacked data: the unpacked dtype, without the attributes of the packed
+    storage. An existing aggregation (``r+``) keeps its own description: its
+    packing stays on the aggregation variable and new fragments hold the
+    stored values without it, as its other fragments do.
+    """
+    encoding = Encoding.from_attrs(source.attrs, source.dtype)
+    if not encoding.is_packed:
+        return source.dtype, source.attrs, source.attrs
+    if source.existing is not None:
+        return source.dtype, source.attrs, {k: v for k, v in source.attrs.items() if k not in _PACKING}
+    attrs = {k: v for k, v in source.attrs.items() if k not in _STORAGE_ATTRS}
+    return encoding.decoded_dtype, attrs, source.attrs
+
+
+def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Array:
+    """The stored values as a dask array whose chunks are aligned with the fragments.
+
+    Unaligned chunks are rechunked to the fragments; aligned ones are kept
+    (a fragment task assembles the chunks it covers). Values not yet
+    encoded are packed and filled chunk by chunk (a blockwise step that dask
+    fuses into the tasks producing the chunks).
+    """
+    x = source.data
+    shape = tuple(sum(row) for row in sizes)
+    if x.shape != shape:
+        raise ValueError(f"{source.name}: the data have shape {x.shape}, the region to write has shape {shape}")
+    if not isinstance(x, da.Array):
+        x = da.from_array(x, chunks=sizes, asarray=False)
+    elif not aligned_chunks(FragmentGrid(sizes), x.chunks):
+        x = x.rechunk(sizes)
+    if source.encoded:
+        return x.astype(source.dtype, copy=False)
+    encode = partial(encode_values, attrs=source.attrs, dtype=source.dtype)
+    return x.map_blocks(encode, dtype=source.dtype, meta=np.empty((0,) * x.ndim, source.dtype))
+
+
+def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int, ...], str]) -> Fragments:
+    """The variable's fragment columns: the fragments written now, and (r+) the others as they were."""
+    existing = source.existing.fragments if source.existing is not None else None
+    width = existing.uris.shape[-1] if existing is not None and existing.uris is not None else 1
+    uris = np.full(grid.grid_shape + (width,), "", dtype=object)
+    ids = np.full(grid.grid_shape, source.basename, dtype=object)
+    values = None
+    if existing is not None:
+        if existing.uris is not None:
+            uris[...] = np.where(existing.uris == None, "", existing.uris)  # noqa: E711 (element-wise)
+        if existing.identifiers is not None:
+            ids[...] = np.broadcast_to(np.asarray(existing.identifiers, dtype=object), grid.grid_shape)
+        if existing.unique_values is not None:
+            values = np.ma.array(existing.unique_values, copy=True)
+    for index, reference in written.items():
+        uris[index] = ""
+        uris[index + (0,)] = reference
+        ids[index] = source.basename
+        if values is not None:
+            values[index] = np.ma.masked
+    if len(set(ids.ravel().tolist())) == 1:
+        ids = np.array(source.basename if existing is None else ids.ravel()[0], dtype=object)
+    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
+
+
+def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]]) -> str:
+    """Put the aggregation file in place (every fragment has succeeded), then the manifest."""
+    if commit.mode == "w-" and storage.exists(commit.url, commit.profile):
+        raise FileExistsError(f"{redact(commit.url)} appeared while its fragments were written "
+                              "(mode='w-' never overwrites)")
+    head, _, name = commit.url.rpartition("/")
+    partial = f"{head}/.{name}.{uuid.uuid4().hex}.part"
+    storage.put_bytes(partial, commit.payload, commit.profile)
+    try:
+        storage.commit(partial, commit.url, commit.profile)
+    except BaseException:
+        if storage.exists(partial, commit.profile):
+            storage.delete(partial, commit.profile)
+        raise
+    manifest = dict(commit.header)
+    try:
+        previous = json.loads(storage.read_bytes(commit.manifest, commit.profile))
+    except (NotFoundError, ValueError):
+        previous = {}
+    fragments = previous.get("fragments", {}) if commit.mode == "r+" else {}
+    for variable, recs in zip(commit.variables, records):
+        entries = fragments.setdefault(variable, {})
+        for rec in recs:
+            entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
+    manifest["fragments"] = fragments
+    storage.put_bytes(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
+    return commit.url
+
+
+# --------------------------------------------------------------------------
+# Planning helpers
+# --------------------------------------------------------------------------
+
+
+def fragment_name(template: str, *, stem: str, variable: str, index: tuple[int, ...]) -> str:
+    """A fragment's URI reference from the ``fragment_name`` template.
+
+    ``{var}`` is the variable's path with group names joined by dots
+    (``/grp/tas`` -> ``grp.tas``, so S3netCDF4's layout puts the group after
+    the stem); ``{index}`` is the fragment index joined by dots (``0`` for
+    scalar data).
+    """
+    var = ".".join(part for part in variable.split("/") if part)
+    return template.format(stem=stem, var=var, index=".".join(map(str, index)) or "0")
+
+
+def marker_name(stem: str, variable: str, index: tuple[int, ...]) -> str:
+    """Where a fragment's marker goes, relative to the aggregation file."""
+    return posixpath.join(stem, ".daskcfa", fragment_name("{var}.{index}.json", stem=stem, variable=variable,
+                                                           index=index))
+
+
+def _check_template(template: str, nvariables: int) -> None:
+    try:
+        fragment_name(template, stem="s", variable="v", index=(0,))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"fragment_name {template!r} may only use {{stem}}, {{var}} and {{index}} ({exc})") from None
+    if "{index}" not in template or (nvariables > 1 and "{var}" not in template):
+        raise ValueError(f"fragment_name {template!r} must contain {{index}} (and {{var}} for several variables), "
+                         "so that every fragment gets its own name")
+
+
+def _compression(compression: Any, fragment_format: str) -> dict[str, Any]:
+    """``createVariable`` keywords: ``None``, ``"zlib"`` (netCDF4's defaults), or a dict of them."""
+    if compression is None:
+        return {}
+    if isinstance(compression, str):
+        compression = {"compression": compression}
+    if not isinstance(compression, Mapping):
+        raise TypeError(f"compression must be None, a name such as 'zlib', or a dict, got {compression!r}")
+    unknown = sorted(set(compression) - COMPRESSION_KEYS)
+    if unknown:
+        raise ValueError(f"unknown compression settings {unknown}; known: {', '.join(sorted(COMPRESSION_KEYS))}")
+    if fragment_format.startswith("NETCDF3"):
+        raise ValueError(f"{fragment_format} fragments cannot be compressed (use NETCDF4 or NETCDF4_CLASSIC)")
+    return dict(compression)
+
+
+def _settle_unlimited(model: AggregationDataset) -> None:
+    """A dimension stays unlimited only if an ordinary variable spans it: aggregated
+    variables are scalars in the aggregation file, so nothing else would give it a length."""
+
+    def spanned(dim: Dimension) -> bool:
+        group, name = posixpath.split(dim.name)
+        inside = group.rstrip("/") + "/"
+        return any(name in v.dims and (posixpath.dirname(v.name).rstrip("/") + "/").startswith(inside)
+                   for v in model.variables)
+
+    model.dimensions = [replace(d, unlimited=d.unlimited and spanned(d)) for d in model.dimensions]
+
+
+def _ancestry(group: str) -> list[str]:
+    out = [group]
+    while group != "/":
+        group = posixpath.dirname(group) or "/"
+        out.append(group)
+    return out
+
+
+def _dimension_size(model: AggregationDataset, group: str, name: str) -> int:
+    """The size of dimension ``name`` as seen from ``group`` (netCDF scoping: the group, then its ancestors)."""
+    sizes = {d.name: d.size for d in model.dimensions}
+    for g in _ancestry(group):
+        path = posixpath.join(g, name)
+        if path in sizes:
+            return sizes[path]
+    raise CFAFormatError(f"dimension {name!r} is not defined in group {group!r} or above")
+
+
+def _find_plain(model: AggregationDataset, group: str, name: str) -> PlainVariable | None:
+    by_path = {v.name: v for v in model.variables}
+    for g in _ancestry(group):
+        var = by_path.get(posixpath.join(g, name))
+        if var is not None:
+            return var
+    return None
+
+
+def _axes(model: AggregationDataset, source: WriteSource) -> dict[str, str]:
+    """Axis classes from the ``axis`` attributes of the variable's coordinate variables."""
+    axes = {}
+    for dim in source.dims:
+        coord = _find_plain(model, source.group, dim)
+        if coord is not None and coord.dims == (dim,) and "axis" in coord.attrs:
+            axes[dim] = str(coord.attrs["axis"])
+    return axes
+
+
+def _shape_for(fragment_shape: Any, source: WriteSource) -> Any:
+    """The caller's fragment shape for this variable (a mapping keeps only its dimensions)."""
+    if isinstance(fragment_shape, Mapping):
+        return {d: n for d, n in fragment_shape.items() if d in source.dims}
+    return fragment_shape
+
+
+def _bounds(source: WriteSource, full: tuple[int, ...], grid: FragmentGrid) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Start and stop of the region written, checked to fall on fragment boundaries."""
+    start, stop = [], []
+    for d, (dim, n) in enumerate(zip(source.dims, full)):
+        a, b, _ = source.region.get(dim, slice(None)).indices(n)
+        if b <= a:
+            raise ValueError(f"region[{dim!r}] is empty")
+        bounds = grid.offsets[d]
+        if a not in bounds or b not in bounds:
+            raise ValueError(f"region[{dim!r}] = {a}:{b} does not fall on fragment boundaries of {source.name} "
+                             f"along {dim!r} ({', '.join(map(str, bounds))})")
+        start.append(a)
+        stop.append(b)
+    return tuple(start), tuple(stop)
+
+
+def _block_keys(x: da.Array, chunk_offsets: list[np.ndarray], slices: list[slice]) -> Any:
+    """Key of the one chunk holding a fragment, or nested lists of the chunks tiling it."""
+    ranges = [range(int(np.searchsorted(off, s.start)), int(np.searchsorted(off, s.stop)))
+              for off, s in zip(chunk_offsets, slices)]
+    if all(len(r) == 1 for r in ranges):
+        return (x.name, *(r[0] for r in ranges))
+
+    def nest(prefix: tuple[int, ...], depth: int) -> Any:
+        if depth == len(ranges):
+            return (x.name, *prefix)
+        return [nest(prefix + (i,), depth + 1) for i in ranges[depth]]
+
+    return nest((), 0)
+
+
+def _fragment_position(grid: FragmentGrid, dims: tuple[str, ...], dim: str, where: slice) -> int:
+    """Which fragment along ``dim`` a slice belongs to (-1: the whole dimension)."""
+    if dim not in dims or where == slice(None):
+        return -1
+    return grid.fragment_at(dims.index(dim), where.start)
+
+
+def _sliced_variables(model: AggregationDataset, source: WriteSource) -> tuple[list, dict[str, int]]:
+    """The ordinary variables every fragment carries, sliced to its sub-domain.
+
+    Coordinate variables of the variable's dimensions, the variables named by
+    its ``coordinates`` attribute, and the ``bounds`` of those. Dimensions they
+    have beyond the variable's (e.g. a bounds dimension) are copied whole.
+    """
+    wanted = list(source.dims) + str(source.attrs.get("coordinates", "")).split()
+    chosen: dict[str, PlainVariable] = {}
+    for name in wanted:
+        var = _find_plain(model, source.group, name)
+        if var is None or var.name in chosen or posixpath.basename(var.name) == source.basename:
+            continue
+        chosen[var.name] = var
+        bounds = var.attrs.get("bounds")
+        bvar = _find_plain(model, source.group, str(bounds)) if bounds is not None else None
+        if bvar is not None:
+            chosen.setdefault(bvar.name, bvar)
+    sliced, extra, seen = [], {}, set()
+    for var in chosen.values():
+        base = posixpath.basename(var.name)
+        if base in seen:
+            continue
+        seen.add(base)
+        for dim in var.dims:
+            if dim not in source.dims:
+                extra[dim] = _dimension_size(model, posixpath.dirname(var.name) or "/", dim)
+        values = np.ma.filled(var.data) if np.ma.isMaskedArray(var.data) else np.asarray(var.data)
+        sliced.append((SlicedVariable(base, tuple(var.dims), np.dtype(var.dtype), dict(var.attrs)), values))
+    return sliced, extra

@@ -1,0 +1,409 @@
+"""Writing aggregations with ``daskcfa.to_cfa`` (issue "Write graph").
+
+Real files only: fragments and aggregation files are written to local disk or
+to the real S3 server (SeaweedFS) and read back with ``from_cfa``/``open_cfa``
+and with netCDF4-python, against numpy ground truth. Failures are real too:
+a block function that raises, a fragment whose final path is taken by a
+directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+
+import dask
+import dask.array as da
+from dask.delayed import Delayed
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+from builders import assert_matches, build, make_truth
+from daskcfa.formats.encode import WRITE_FORMATS
+from daskcfa.fragments.write import FRAGMENT_FORMATS
+
+DIMS = ("time", "lat", "lon")
+SHAPE = (7, 4, 6)  # 7 along time with fragments of 3: a ragged last fragment
+COORDS = {
+    "time": (np.arange(7.0), {"units": "days since 2000-01-01", "axis": "T", "standard_name": "time"}),
+    "lat": (np.linspace(-45, 45, 4), {"units": "degrees_north"}),
+    "lon": np.arange(0.0, 360.0, 60.0),
+}
+ATTRS = {"units": "K", "standard_name": "air_temperature", "long_name": "T"}
+
+
+def truth(dtype="f4", masked=0.1, seed=1) -> np.ma.MaskedArray:
+    return make_truth(SHAPE, dtype, masked=masked, seed=seed)
+
+
+def write(x, url, **kw):
+    kw = {"variable": "tas", "dims": DIMS, "attrs": ATTRS, "coords": COORDS, "fragment_shape": (3, 2, 6), **kw}
+    return daskcfa.to_cfa(x, str(url), **kw)
+
+
+def stamps(directory: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every fragment file: a rewrite changes the inode (written, then renamed)."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.glob("*.nc")}
+
+
+# ---------------------------------------------------------------------------
+# Round trips, fragment files
+# ---------------------------------------------------------------------------
+def test_round_trip_local(tmp_path, other_cwd):
+    x = truth()
+    url = write(da.from_array(x, chunks=(3, 2, 3)), tmp_path / "out" / "t.nc")
+    assert url == str(tmp_path / "out" / "t.nc")
+    y = daskcfa.from_cfa(url, "tas")
+    assert y.chunks == ((3, 3, 1), (2, 2), (6,))
+    assert_matches(y.compute(), x, rtol=0)
+    with daskcfa.open_cfa(url) as ds:
+        assert {k: ds["tas"].attrs[k] for k in ATTRS} == ATTRS
+        np.testing.assert_array_equal(ds["time"][...], COORDS["time"][0])
+        assert ds["time"].attrs["axis"] == "T"
+        np.testing.assert_array_equal(ds["lon"][...], COORDS["lon"])
+    # relative fragment URIs, S3netCDF4 naming
+    with netCDF4.Dataset(url) as nc:
+        uris = nc["tas_uris"][...]
+    assert uris[2, 1, 0] == "t/t.tas.2.1.0.nc"
+    assert sorted(p.name for p in (tmp_path / "out" / "t").glob("*.nc")) == [
+        f"t.tas.{i}.{j}.0.nc" for i in range(3) for j in range(2)]
+
+
+def test_fragments_are_self_describing(tmp_path):
+    x = truth()
+    write(x, tmp_path / "t.nc", compression={"zlib": True, "complevel": 1, "shuffle": True})
+    with netCDF4.Dataset(tmp_path / "t" / "t.tas.2.1.0.nc") as nc:
+        assert {d: len(n) for d, n in nc.dimensions.items()} == {"time": 1, "lat": 2, "lon": 6}
+        np.testing.assert_array_equal(nc["time"][:], [6.0])
+        np.testing.assert_array_equal(nc["lat"][:], COORDS["lat"][0][2:4])
+        np.testing.assert_array_equal(nc["lon"][:], COORDS["lon"])
+        assert nc["time"].units == "days since 2000-01-01"
+        tas = nc["tas"]
+        assert tas.dimensions == DIMS
+        assert {k: tas.getncattr(k) for k in ATTRS} == ATTRS
+        assert "_FillValue" in tas.ncattrs()
+        assert tas.filters()["zlib"] and tas.filters()["complevel"] == 1
+        assert_matches(tas[...], x[6:7, 2:4, :], rtol=0)
+
+
+def test_masked_integers_and_fill_value(tmp_path):
+    x = truth("i2", masked=0.3)
+    url = write(x, tmp_path / "t.nc", attrs={"_FillValue": np.int16(-7)})
+    got = daskcfa.from_cfa(url).compute()
+    assert_matches(got, x)
+    assert got.mask.sum() == x.mask.sum() > 0
+    raw = daskcfa.from_cfa(url, mask=False).compute()
+    assert (raw[x.mask] == -7).all()
+
+
+def test_numpy_input_and_fragment_shape_honoured(tmp_path):
+    x = truth(masked=0)
+    url = write(x.data, tmp_path / "t.nc", fragment_shape={"lat": 3}, coords=None)
+    y = daskcfa.from_cfa(url)
+    assert y.chunks == ((7,), (3, 1), (6,))
+    np.testing.assert_array_equal(y.compute(), x.data)
+
+
+def test_size_limit_and_unaligned_chunks_are_rechunked(tmp_path):
+    x = truth()
+    url = write(da.from_array(x, chunks=(5, 3, 4)), tmp_path / "t.nc", fragment_shape=None, max_fragment_size=200)
+    plan = daskcfa.plan_fragments(SHAPE, "f4", DIMS, max_fragment_size=200, axes={"time": "T"})
+    y = daskcfa.from_cfa(url)
+    assert y.chunks == plan.sizes == ((4, 3), (4,), (3, 3))
+    assert_matches(y.compute(), x, rtol=0)
+
+
+def test_group_variable_named_after_its_group(tmp_path):
+    x = truth()
+    url = write(x, tmp_path / "g.nc", variable="/grp/tas")
+    assert (tmp_path / "g" / "g.grp.tas.0.0.0.nc").exists()
+    assert_matches(daskcfa.from_cfa(url, "/grp/tas").compute(), x)
+
+
+@pytest.mark.parametrize("fmt, fragment_format", list(itertools.product(WRITE_FORMATS, FRAGMENT_FORMATS)))
+def test_every_format_and_fragment_format(tmp_path, fmt, fragment_format):
+    x = truth()
+    url = write(x, tmp_path / "t.nc", format=fmt, fragment_format=fragment_format)
+    agg = daskcfa.read_aggregation(url, "tas")
+    assert agg.dialect.startswith(fmt.rsplit(".", 1)[0] if fmt == "CFA-0.6.2" else fmt)
+    assert_matches(daskcfa.from_cfa(url, "tas").compute(), x)
+    with netCDF4.Dataset(tmp_path / "t" / "t.tas.0.0.0.nc") as nc:
+        assert nc.data_model == fragment_format
+
+
+def test_xarray_dataset_with_encoding(tmp_path):
+    xr = pytest.importorskip("xarray")
+    import pandas as pd
+
+    x = truth("f8", masked=0)
+    values = np.where(truth().mask, np.nan, x.data)
+    ds = xr.Dataset(
+        {"tas": (DIMS, da.from_array(values, chunks=(4, 4, 6)), {"units": "K"})},
+        coords={"time": pd.date_range("2000-01-01", periods=7), "lat": COORDS["lat"][0], "lon": COORDS["lon"]},
+        attrs={"title": "xarray input"},
+    )
+    ds.tas.encoding = {"dtype": "int16", "scale_factor": 0.01, "add_offset": 250.0, "_FillValue": -32767}
+    url = daskcfa.to_cfa(ds, str(tmp_path / "x.nc"), fragment_shape=(3, 4, 6))
+    got = daskcfa.from_cfa(url, "tas").compute()
+    expected = np.ma.masked_invalid(values)
+    assert_matches(got, expected, atol=0.006)
+    with daskcfa.open_cfa(url) as back:
+        assert back["tas"].dtype == np.float64 and "scale_factor" not in back["tas"].attrs  # unpacked data
+        assert back.attrs["title"] == "xarray input"
+    with netCDF4.Dataset(tmp_path / "x" / "x.tas.0.0.0.nc") as nc:  # each fragment is packed
+        assert nc["tas"].dtype == np.int16 and nc["tas"].scale_factor == 0.01
+    reread = xr.decode_cf(xr.open_dataset(tmp_path / "x" / "x.tas.1.0.0.nc", decode_cf=False))
+    np.testing.assert_array_equal(reread.time.values, ds.time.values[3:6])
+    np.testing.assert_allclose(reread.tas.values, values[3:6], atol=0.006)
+
+
+def test_xarray_dataarray(tmp_path):
+    xr = pytest.importorskip("xarray")
+    x = truth(masked=0)
+    arr = xr.DataArray(x.data, dims=DIMS, coords={"lat": COORDS["lat"][0]}, attrs={"units": "K"})
+    url = daskcfa.to_cfa(arr.chunk({"time": 2}), str(tmp_path / "a.nc"), variable="tas", fragment_shape={"time": 4})
+    y = daskcfa.from_cfa(url, "tas")
+    assert y.chunks[0] == (4, 3)
+    np.testing.assert_array_equal(y.compute(), x.data)
+    with netCDF4.Dataset(tmp_path / "a" / "a.tas.1.0.0.nc") as nc:
+        np.testing.assert_array_equal(nc["lat"][:], COORDS["lat"][0])
+        assert nc["tas"].units == "K"
+
+
+# ---------------------------------------------------------------------------
+# Converting aggregations: open_cfa -> to_cfa
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("source, target", [("CFA-0.4", "CF-1.13"), ("NCA", "CFA-0.5"), ("CF-1.13", "CFA-0.6.2")])
+def test_dataset_conversion(tmp_path, source, target):
+    x = truth(masked=0.1)
+    built = build(source, tmp_path / "in", x, DIMS, [[3, 4], [4], [2, 4]], attrs={"long_name": "T"})
+    _check_conversion(tmp_path, built, target)
+
+
+def test_dataset_conversion_in_a_group(tmp_path):
+    built = build("CF-1.13", tmp_path / "in", truth(), DIMS, [[3, 4], [4], [6]], group="grp", dims_in_group=True)
+    url = _check_conversion(tmp_path, built, "CFA-0.5", variable="/grp/tas")
+    assert (Path(url).parent / "converted" / "converted.grp.tas.3.0.0.nc").exists()  # group after the stem
+
+
+def _check_conversion(tmp_path, built, target, variable="tas"):
+    with daskcfa.open_cfa(str(built.path)) as ds:
+        url = daskcfa.to_cfa(ds, str(tmp_path / "out" / "converted.nc"), format=target, fragment_shape={"time": 2})
+    with daskcfa.open_cfa(str(built.path)) as before, daskcfa.open_cfa(url) as after:
+        for before_group, after_group in zip(before.walk(), after.walk()):
+            assert sorted(after_group.variables) == sorted(before_group.variables)
+            for name, var in before_group.variables.items():
+                assert after_group[name].attrs == var.attrs, name
+                assert_matches(after_group[name][...], var[...], rtol=0)
+        assert after[variable].fragments.shape == (4, 1, 1)
+    assert_matches(daskcfa.from_cfa(url, variable).compute(), built.expected, rtol=0)
+    return url
+
+
+def test_conversion_keeps_packing_bit_for_bit(tmp_path):
+    x = truth(masked=0.1)
+    built = build("CF-1.13", tmp_path / "in", x, DIMS, [[7], [4], [6]], dtype="i2", agg_scale_factor=0.01,
+                  agg_add_offset=250.0)
+    with daskcfa.open_cfa(str(built.path)) as ds:
+        url = daskcfa.to_cfa(ds, str(tmp_path / "out.nc"), fragment_shape=(2, 4, 6))
+    with netCDF4.Dataset(tmp_path / "out" / "out.tas.1.0.0.nc") as nc:
+        nc.set_auto_maskandscale(False)
+        stored = nc["tas"][...]
+        fill = nc["tas"].getncattr("_FillValue") if "_FillValue" in nc["tas"].ncattrs() else netCDF4.default_fillvals["i2"]
+        assert (nc["tas"].scale_factor, nc["tas"].add_offset) == (0.01, 250.0)
+    with netCDF4.Dataset(built.fragment_files[(0, 0, 0)]) as nc:
+        original = nc["tas"][...]
+    assert stored.dtype == np.int16
+    np.testing.assert_array_equal(stored, original[2:4].filled(fill))  # the same packed integers
+    assert_matches(daskcfa.from_cfa(url).compute(), daskcfa.from_cfa(str(built.path)).compute(), rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# Modes, laziness, failures and resuming
+# ---------------------------------------------------------------------------
+def test_mode_w_minus_refuses_before_writing(tmp_path):
+    target = tmp_path / "t.nc"
+    target.write_bytes(b"not ours")
+    with pytest.raises(FileExistsError, match="mode='w'"):
+        write(truth(), target)
+    assert target.read_bytes() == b"not ours"
+    assert not (tmp_path / "t").exists()
+    write(truth(seed=5), target, mode="w")
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=5))
+
+
+def test_compute_false_is_lazy(tmp_path):
+    delayed = write(truth(), tmp_path / "t.nc", compute=False)
+    assert isinstance(delayed, Delayed)
+    assert not (tmp_path / "t.nc").exists() and not (tmp_path / "t").exists()
+    # one task per fragment, plus the commit (and the input's own tasks)
+    assert sum(1 for k in delayed.dask if isinstance(k, tuple) and str(k[0]).startswith("cfa-write-")) == 6
+    assert delayed.compute() == str(tmp_path / "t.nc")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth())
+
+
+def _failing_array(x: np.ma.MaskedArray, flag: Path) -> da.Array:
+    """A dask array whose block at time 3:6, lat 2:4 raises while ``flag`` exists."""
+
+    def block(b, block_info=None):
+        location = block_info[0]["array-location"]
+        if flag.exists() and location[0][0] == 3 and location[1][0] == 2:
+            raise RuntimeError("sensor offline")
+        return b
+
+    return da.from_array(x, chunks=(3, 2, 6)).map_blocks(block, dtype=x.dtype)
+
+
+def test_failed_block_leaves_no_aggregation_and_rerun_resumes(tmp_path, sync_dask):
+    x = truth()
+    flag = tmp_path / "fail"
+    flag.touch()
+    target = tmp_path / "t.nc"
+    array = _failing_array(x, flag)
+    with pytest.raises(RuntimeError, match="sensor offline"):
+        write(array, target)
+    assert not target.exists()
+    before = stamps(tmp_path / "t")
+    assert 0 < len(before) < 6 and "t.tas.1.1.0.nc" not in before  # stopped half-way
+    flag.unlink()
+    write(array, target)  # the very same call
+    after = stamps(tmp_path / "t")
+    assert len(after) == 6
+    assert {k: after[k] for k in before} == before  # nothing else rewritten
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), x)
+    manifest = json.loads((tmp_path / "t" / ".daskcfa" / "manifest.json").read_text())
+    assert len(manifest["fragments"]["/tas"]) == 6
+
+
+def test_failed_fragment_write_names_the_fragment(tmp_path, sync_dask):
+    x = truth()
+    blocker = tmp_path / "t" / "t.tas.2.0.0.nc"
+    (blocker / "in-the-way").mkdir(parents=True)  # the fragment's final path is a non-empty directory
+    with pytest.raises(daskcfa.CFAError, match=r"fragment \(2, 0, 0\)") as info:
+        write(x, tmp_path / "t.nc")
+    assert info.value.fragment == (2, 0, 0) and info.value.variable == "/tas"
+    assert "t.tas.2.0.0.nc" in str(info.value)
+    assert not (tmp_path / "t.nc").exists()
+    assert not list((tmp_path / "t").glob(".*.part"))  # no temporary file left behind
+    (blocker / "in-the-way").rmdir()
+    blocker.rmdir()
+    before = stamps(tmp_path / "t")
+    write(x, tmp_path / "t.nc")
+    after = stamps(tmp_path / "t")
+    assert {k: after[k] for k in before} == before and len(after) == 6
+
+
+def test_changed_call_rewrites_and_mode_w_rerun_skips(tmp_path):
+    x = truth()
+    target = tmp_path / "t.nc"
+    write(x, target)
+    first = stamps(tmp_path / "t")
+    write(x, target, mode="w")  # same call again: every fragment verified, only the aggregation rewritten
+    assert stamps(tmp_path / "t") == first
+    write(x, target, mode="w", attrs={**ATTRS, "comment": "changed"})
+    assert all(stamps(tmp_path / "t")[k] != first[k] for k in first)
+    with netCDF4.Dataset(tmp_path / "t" / "t.tas.0.0.0.nc") as nc:
+        assert nc["tas"].comment == "changed"
+
+
+def test_tampered_fragment_is_rewritten(tmp_path):
+    x = truth()
+    target = tmp_path / "t.nc"
+    write(x, target)
+    victim = tmp_path / "t" / "t.tas.0.1.0.nc"
+    victim.write_bytes(b"truncated")
+    write(x, target, mode="w")
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), x)
+
+
+def test_processes_scheduler(tmp_path):
+    x = truth()
+    with dask.config.set(scheduler="processes", num_workers=2):
+        url = write(da.from_array(x, chunks=(3, 2, 6)), tmp_path / "t.nc")
+    assert_matches(daskcfa.from_cfa(url).compute(scheduler="sync"), x)
+
+
+# ---------------------------------------------------------------------------
+# Sparse writes and updates (region, mode="r+")
+# ---------------------------------------------------------------------------
+def test_sparse_write_then_update(tmp_path):
+    x = truth()
+    target = tmp_path / "s.nc"
+    write(x[3:6], target, region={"time": slice(3, 6)}, format="CFA-0.6.2")
+    assert sorted(p.name for p in (tmp_path / "s").glob("*.nc")) == ["s.tas.1.0.0.nc", "s.tas.1.1.0.nc"]
+    got = daskcfa.from_cfa(str(target)).compute()
+    assert got.shape == SHAPE and got[:3].mask.all() and got[6:].mask.all()
+    assert_matches(got[3:6], x[3:6])
+    with daskcfa.open_cfa(str(target)) as ds:
+        np.testing.assert_array_equal(ds["time"][...], COORDS["time"][0])  # the whole axis, from coords
+    first = stamps(tmp_path / "s")
+    daskcfa.to_cfa(x[6:, :2], str(target), mode="r+", region={"time": slice(6, None), "lat": slice(0, 2)},
+                   format="CFA-0.6.2")
+    assert stamps(tmp_path / "s").items() >= first.items()
+    got = daskcfa.from_cfa(str(target)).compute()
+    assert_matches(got[3:6], x[3:6])
+    assert_matches(got[6:, :2], x[6:, :2])
+    assert got[:3].mask.all() and got[6:, 2:].mask.all()
+
+
+def test_region_not_on_fragment_boundaries_or_cf113_gaps_refused(tmp_path):
+    x = truth()
+    with pytest.raises(ValueError, match="fragment boundaries"):
+        write(x[2:6], tmp_path / "a.nc", region={"time": slice(2, 6)}, format="CFA-0.6.2")
+    with pytest.raises(daskcfa.CFAFormatError, match="wholly missing fragment"):
+        write(x[3:6], tmp_path / "b.nc", region={"time": slice(3, 6)})
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+# ---------------------------------------------------------------------------
+# S3 and distributed
+# ---------------------------------------------------------------------------
+def test_round_trip_s3_and_resume(tmp_path, s3_server, s3_bucket, s3fs_fs, sync_dask):
+    x = truth()
+    url = f"s3://{s3_bucket}/run/t.nca"
+    options = s3_server.storage_options
+    flag = tmp_path / "fail"
+    flag.touch()
+    array = _failing_array(x, flag)
+    with pytest.raises(RuntimeError):
+        write(array, url, storage_options=options, format="CFA-0.5")
+    assert not s3fs_fs.exists(url)
+    listed = {p: s3fs_fs.info(p)["LastModified"] for p in s3fs_fs.find(f"{s3_bucket}/run/t") if p.endswith(".nc")}
+    assert 0 < len(listed) < 6
+    time.sleep(1.1)  # S3 times have 1 s resolution
+    flag.unlink()
+    write(array, url, storage_options=options, format="CFA-0.5")
+    again = {p: s3fs_fs.info(p)["LastModified"] for p in s3fs_fs.find(f"{s3_bucket}/run/t") if p.endswith(".nc")}
+    assert {p: again[p] for p in listed} == listed and len(again) == 6
+    assert_matches(daskcfa.from_cfa(url, storage_options=options).compute(), x)
+    with daskcfa.open_cfa(url, storage_options=options) as ds:
+        np.testing.assert_array_equal(ds["lat"][...], COORDS["lat"][0])
+
+
+def test_convert_local_to_s3_cf113(tmp_path, s3_server, s3_bucket):
+    x = truth()
+    local = write(x, tmp_path / "t.nc")
+    options = s3_server.storage_options
+    with daskcfa.open_cfa(local) as ds:
+        url = daskcfa.to_cfa(ds, f"s3://{s3_bucket}/copy/t.nc", storage_options=options, fragment_shape={"time": 3},
+                             compression="zlib")
+    y = daskcfa.from_cfa(url, storage_options=options)
+    assert y.chunks == ((3, 3, 1), (4,), (6,))
+    assert_matches(y.compute(), x)
+
+
+def test_local_cluster_with_bounded_uploads(tmp_path, s3_server, s3_bucket):
+    distributed = pytest.importorskip("distributed")
+    x = truth()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  worker_dashboard_address=None) as cluster, distributed.Client(cluster):
+        url = write(da.from_array(x, chunks=(3, 2, 6)), f"s3://{s3_bucket}/c/t.nc",
+                    storage_options=s3_server.storage_options, max_concurrent_uploads=1)
+        local = write(da.from_array(x, chunks=(3, 2, 6)), tmp_path / "t.nc")
+    assert_matches(daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute(), x)
+    assert_matches(daskcfa.from_cfa(local).compute(), x)
