@@ -7,7 +7,8 @@ decode in parallel, and every call pays the library's per-call overhead.
 Here h5py is used only for *metadata* (layout, filters, fill value, where each
 chunk lies in the file). The raw bytes are fetched with a ``read_ranges``
 callable (``os.preadv`` on a local file by default; a remote backend can fetch
-byte ranges concurrently instead), inflated with :mod:`zlib` and un-shuffled
+byte ranges concurrently instead), inflated with ISA-L (:mod:`isal`, else
+:mod:`zlib`) and un-shuffled
 with numpy, all of which release the GIL on large buffers.
 
 Only the common storage choices are handled: contiguous or chunked layout with
@@ -22,6 +23,15 @@ import itertools
 import math
 import os
 import zlib
+
+try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decode
+    from isal import isal_zlib
+
+    _inflate = isal_zlib.decompress
+    _INFLATE_ERRORS: tuple[type[Exception], ...] = (isal_zlib.error, zlib.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    _inflate = zlib.decompress
+    _INFLATE_ERRORS = (zlib.error,)
 from typing import Any, BinaryIO, Callable, Sequence, Union
 
 import h5py
@@ -280,8 +290,8 @@ class HDF5Variable:
             code, param = self._filters[i]
             if code == _DEFLATE:
                 try:
-                    buf = np.frombuffer(zlib.decompress(buf, bufsize=self._chunk_nbytes + 4), np.uint8)
-                except zlib.error as err:
+                    buf = np.frombuffer(_inflate(buf, bufsize=self._chunk_nbytes + 4), np.uint8)
+                except _INFLATE_ERRORS as err:
                     raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             elif code == _SHUFFLE:
                 buf = _unshuffle(buf, param)

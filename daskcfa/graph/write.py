@@ -39,7 +39,7 @@ from dask.highlevelgraph import HighLevelGraph
 from .. import storage
 from ..decode import Encoding, default_fill_value
 from ..errors import CFAFormatError, NotFoundError, VariableNotFoundError, redact
-from ..formats.encode import WRITE_FORMATS, encode_aggregation
+from ..formats.encode import encode_aggregation
 from ..fragments.write import (
     COMPRESSION_KEYS,
     FRAGMENT_FORMATS,
@@ -291,6 +291,15 @@ def _storable(dtype: np.dtype, name: str) -> np.dtype:
                     "with units, as xarray encodes them)")
 
 
+def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
+    """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types."""
+    if file_format in ("NETCDF3_64BIT_DATA", "NETCDF4"):
+        return
+    if dtype.str[1:] not in ("i1", "i2", "i4", "f4", "f8", "S1"):
+        raise TypeError(f"{name!r} has dtype {dtype}, which {file_format} fragments cannot hold "
+                        "(use NETCDF4 or NETCDF3_64BIT_DATA, or cast the data)")
+
+
 def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[str, slice]:
     region = dict(region or {})
     for dim, sl in region.items():
@@ -311,8 +320,6 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
                 fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None) -> Delayed:
     """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`)."""
-    if format not in WRITE_FORMATS:
-        raise ValueError(f"unknown aggregation format {format!r}; choose one of {', '.join(WRITE_FORMATS)}")
     if fragment_format not in FRAGMENT_FORMATS:
         raise ValueError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
     if not request.sources:
@@ -361,6 +368,8 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
     x = _aligned(source, sub_sizes)
 
     sliced, extra_dims = _sliced_variables(model, source)
+    for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
+        _check_classic(name, dt, options.fragment_format)
     dtype, attrs, fragment_attrs = _encodings(source)
     spec = FragmentSpec(
         variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
@@ -468,7 +477,7 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
         if values is not None:
             values[index] = np.ma.masked
     if len(set(ids.ravel().tolist())) == 1:
-        ids = np.array(source.basename if existing is None else ids.ravel()[0], dtype=object)
+        ids = np.array(ids.ravel()[0], dtype=object)
     return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
 
 
@@ -486,17 +495,17 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]]) -> 
         if storage.exists(partial, commit.profile):
             storage.delete(partial, commit.profile)
         raise
-    manifest = dict(commit.header)
-    try:
-        previous = json.loads(storage.read_bytes(commit.manifest, commit.profile))
-    except (NotFoundError, ValueError):
-        previous = {}
-    fragments = previous.get("fragments", {}) if commit.mode == "r+" else {}
+    fragments: dict[str, dict[str, Any]] = {}
+    if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
+        try:
+            fragments = json.loads(storage.read_bytes(commit.manifest, commit.profile)).get("fragments", {})
+        except (NotFoundError, ValueError, AttributeError):
+            pass
     for variable, recs in zip(commit.variables, records):
         entries = fragments.setdefault(variable, {})
         for rec in recs:
             entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
-    manifest["fragments"] = fragments
+    manifest = {**commit.header, "fragments": fragments}
     storage.put_bytes(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
     return commit.url
 
