@@ -122,6 +122,8 @@ def to_cfa(
     aggregation file pointing at missing fragments. Re-running the same call
     resumes it: fragments already stored, and unchanged since (their size and
     storage version match the marker written with them), are not rewritten.
+    "The same call" means the same data (the same dask graph: numpy data and
+    dask's own tokens are deterministic) and the same settings.
 
     Parameters
     ----------

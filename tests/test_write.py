@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 
@@ -349,14 +348,20 @@ def test_sparse_write_then_update(tmp_path):
     assert_matches(got[3:6], x[3:6])
     assert_matches(got[6:, :2], x[6:, :2])
     assert got[:3].mask.all() and got[6:, 2:].mask.all()
+    manifest = json.loads((tmp_path / "s" / ".daskcfa" / "manifest.json").read_text())
+    assert sorted(manifest["fragments"]["/tas"]) == ["1.0.0", "1.1.0", "2.0.0"]
 
 
-def test_region_not_on_fragment_boundaries_or_cf113_gaps_refused(tmp_path):
+def test_impossible_writes_refused_before_writing(tmp_path):
     x = truth()
     with pytest.raises(ValueError, match="fragment boundaries"):
         write(x[2:6], tmp_path / "a.nc", region={"time": slice(2, 6)}, format="CFA-0.6.2")
     with pytest.raises(daskcfa.CFAFormatError, match="wholly missing fragment"):
         write(x[3:6], tmp_path / "b.nc", region={"time": slice(3, 6)})
+    with pytest.raises(TypeError, match="NETCDF3_CLASSIC fragments cannot hold"):
+        write(x.astype("i8"), tmp_path / "c.nc", fragment_format="NETCDF3_CLASSIC")
+    with pytest.raises(ValueError, match="unknown aggregation format"):
+        write(x, tmp_path / "d.nc", format="CFA-9")
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
@@ -383,6 +388,19 @@ def test_round_trip_s3_and_resume(tmp_path, s3_server, s3_bucket, s3fs_fs, sync_
     assert_matches(daskcfa.from_cfa(url, storage_options=options).compute(), x)
     with daskcfa.open_cfa(url, storage_options=options) as ds:
         np.testing.assert_array_equal(ds["lat"][...], COORDS["lat"][0])
+
+
+def test_remote_fragments_are_built_within_the_memory_budget(s3_server, s3_bucket, s3fs_fs):
+    from daskcfa.fragments.manager import Budget, manager
+
+    before = manager().budget
+    manager().configure(Budget.parse(filehandles=before.filehandles, memory="20kB"))
+    try:
+        with pytest.raises(daskcfa.BudgetError, match=r"memory budget .* fragment \(\d, \d, 0\)"):
+            write(truth(), f"s3://{s3_bucket}/b/t.nc", storage_options=s3_server.storage_options)
+    finally:
+        manager().configure(before)
+    assert not s3fs_fs.exists(f"{s3_bucket}/b/t.nc")
 
 
 def test_convert_local_to_s3_cf113(tmp_path, s3_server, s3_bucket):

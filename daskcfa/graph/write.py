@@ -376,7 +376,9 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         global_attrs=dict(model.attrs), file_format=options.fragment_format, compression=options.compression,
         aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
     )
-    var_token = tokenize(x.name, grid.sizes, start, spec, [values for _, values in sliced], options.fragment_name)
+    # What the fragments will hold; not the profile, whose name differs between processes (resuming must not).
+    var_token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
+                         [values for _, values in sliced], options.fragment_name)
     write_name = f"cfa-write-{source.basename}-{var_token}"
     slice_name = f"cfa-slice-{source.basename}-{var_token}"
     chunk_offsets = [np.cumsum((0,) + c) for c in x.chunks]
