@@ -1,11 +1,14 @@
 """Index splitting over fragment grids agrees with numpy indexing."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskcfa.graph.indexing import array_axis_move, output_shape, split_key
+from daskcfa.graph.read import _placement, _take
 from daskcfa.model import FragmentGrid
 
 
@@ -13,22 +16,10 @@ def assemble(truth: np.ndarray, grid: FragmentGrid, key) -> np.ndarray:
     """Rebuild ``truth[key]`` from per-fragment reads, the way the reader does."""
     dims = split_key(grid, key)
     out = np.empty(output_shape(dims), truth.dtype)
-    import itertools
-
     for pieces in itertools.product(*(d.pieces for d in dims)):
         frag = tuple(p.fragment for p in pieces)
         block = truth[grid.fragment_slices(frag)][tuple(p.local for p in pieces)]
-        axis = 0
-        for p in pieces:
-            if p.out is None:
-                continue
-            if p.take is not None:
-                block = block.take(p.take, axis=axis)
-            axis += 1
-        kept = [p.out for p in pieces if p.out is not None]
-        if any(isinstance(o, np.ndarray) for o in kept):
-            kept = np.ix_(*[np.arange(o.start, o.stop) if isinstance(o, slice) else o for o in kept])
-        out[tuple(kept) if isinstance(kept, list) else kept] = block
+        out[_placement(pieces)] = _take(block, pieces)
     flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
     move = array_axis_move(key, grid.ndim)
     return out[flips] if move is None else np.moveaxis(out[flips], *move)
