@@ -39,6 +39,7 @@ import numpy as np
 
 from benchmarks import generate
 from benchmarks import s3 as s3mod
+from benchmarks import write as wmod
 from benchmarks.generate import S3_SCENARIOS, Dataset
 from benchmarks.tools import SCENARIO_KIND, TOOLS, applicable
 
@@ -46,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
-SCENARIOS = list(SCENARIO_KIND)  # fixed order
+SCENARIOS = list(SCENARIO_KIND) + list(wmod.SCENARIOS)  # fixed order; writers last
 # Run order: raw-bytes first (it pulls every fragment into the page cache);
 # raw-s3-cat first on S3 (it reads every object once through the server).
 DEFAULT_TOOLS = ["raw-bytes", "raw-s3-cat", "raw-agg", "raw-loop", "raw-s3-serial", "daskcfa",
@@ -427,7 +428,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, help="measured runs per tool after the warm-up "
                    "(default 3; 1 with --quick)")
     p.add_argument("--tools", help=f"comma-separated subset of: {', '.join(DEFAULT_TOOLS)} "
-                   f"(default all that apply; on S3 without {', '.join(sorted(S3_OPT_IN))})")
+                   f"(default all that apply; on S3 without {', '.join(sorted(S3_OPT_IN))}); "
+                   f"write scenarios: {', '.join(wmod.TOOLS)}")
     p.add_argument("--datadir", default=generate.DEFAULT_DATADIR)
     p.add_argument("--budget", type=float, default=40.0,
                    help="max seconds of measured runs per tool (fewer repeats for slow "
@@ -444,13 +446,13 @@ def main(argv=None) -> int:
         p.error("give --scenario NAME (repeatable) or --scenario all")
     scenarios = SCENARIOS if "all" in a.scenario else a.scenario
     for s in scenarios:
-        if s not in SCENARIO_KIND:
+        if s not in SCENARIOS:
             p.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
     a.tools_given = bool(a.tools)
     a.tools = DEFAULT_TOOLS if not a.tools else [t.strip() for t in a.tools.split(",")]
     for t in a.tools:
-        if t not in TOOLS:
-            p.error(f"unknown tool {t!r}; choose from {', '.join(TOOLS)}")
+        if t not in TOOLS and t not in wmod.TOOLS:
+            p.error(f"unknown tool {t!r}; choose from {', '.join(dict.fromkeys([*TOOLS, *wmod.TOOLS]))}")
     a.count_tools = [t.strip() for t in a.count_tools.split(",") if t.strip()]
     if a.repeats is None:
         a.repeats = 1 if a.quick else 3
@@ -458,8 +460,9 @@ def main(argv=None) -> int:
         a.timeout = 120.0 if a.quick else 600.0
     t0 = time.perf_counter()
     warm_dir = generate.ensure(generate.WARMUP_SPEC, a.datadir)
-    for s in scenarios:  # generate everything first (not timed)
-        generate.ensure(generate.spec_for(s, a.quick), a.datadir)
+    for s in scenarios:  # generate everything first (not timed); writers need nothing
+        if s in SCENARIO_KIND:
+            generate.ensure(generate.spec_for(s, a.quick), a.datadir)
     t_gen = time.perf_counter() - t0
     mi = machine_info()
     print(f"# daskcfa benchmarks{' (--quick)' if a.quick else ''}\n\n"
@@ -470,10 +473,13 @@ def main(argv=None) -> int:
     stage = None
     try:
         for s in scenarios:
-            if s in S3_SCENARIOS and stage is None:
+            if (s in S3_SCENARIOS or s == "write-s3") and stage is None:
                 stage = s3mod.Stage().__enter__()
                 _REDACT.extend(stage.secrets)
-            run_scenario(s, a, warm_dir, stage)
+            if s in wmod.SCENARIOS:
+                wmod.run_scenario(s, a, stage, machine=mi)
+            else:
+                run_scenario(s, a, warm_dir, stage)
     finally:
         if stage is not None:
             stage.__exit__(None, None, None)

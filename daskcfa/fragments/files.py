@@ -51,7 +51,16 @@ class _Variable:
         self._var = var
         self._name = name
         self._fallback = fallback  # () -> the same file opened with netCDF4
-        self.name, self.dims, self.shape, self.dtype, self.attrs = var.name, var.dims, var.shape, var.dtype, var.attrs
+        self.name, self.shape, self.dtype, self.attrs = var.name, var.shape, var.dtype, var.attrs
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        try:
+            return tuple(self._var.dims)
+        except Exception as exc:
+            if self._fallback is not None and _unsupported(exc):
+                return tuple(self._fallback().variable(self._name).dims)
+            raise
 
     def read(self, key: tuple) -> Any:
         try:
@@ -176,20 +185,9 @@ def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFI
 
 
 def _open_local(path: str) -> FragmentFile:
-    direct = None
-    if _engine() != "netcdf4" and _signature(path) == HDF5_SIGNATURE:
-        direct = _hdf5(path)
+    # h5py refuses anything that is not HDF5 (netCDF-3, say): netCDF4-python reads those.
+    direct = _hdf5(path) if _engine() != "netcdf4" else None
     return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path))
-
-
-def _signature(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(8)
-    except FileNotFoundError:
-        raise NotFoundError("not found", file=path) from None
-    except OSError as exc:
-        raise FragmentReadError(f"cannot open ({exc.strerror or exc})") from None
 
 
 def _whole_object_wanted(fraction: float, nbytes: int) -> bool:

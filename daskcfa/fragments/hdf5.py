@@ -19,6 +19,7 @@ A netCDF-3 file is not HDF5: opening one raises :class:`OSError` (from h5py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -185,8 +186,14 @@ class HDF5Variable:
             self._index: dict[tuple[int, ...], StoreInfo] = {}
             self._index_complete = False
 
-        self.dims = _dimension_names(dataset, self._where)
+        _check_dimensions(dataset, self._where)
+        self._dataset = dataset
         self.attrs = _netcdf_attrs(dataset, self._where)
+
+    @functools.cached_property
+    def dims(self) -> tuple[str, ...]:
+        """netCDF dimension names (looked up on first use: few reads need them)."""
+        return _dimension_names(self._dataset, self._where)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
@@ -340,6 +347,17 @@ def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int
             raise DirectReadUnsupported(f"filter {label!r} ({code}) is not supported ({where})")
         pipeline.append((code, int(values[0]) if code == _SHUFFLE else 0))
     return pipeline
+
+
+def _check_dimensions(dataset: h5py.Dataset, where: str) -> None:
+    """The cheap part of :func:`_dimension_names`'s checks, done when a variable is opened."""
+    if dataset.ndim == 0:
+        return
+    if dataset.is_scale:
+        if dataset.ndim > 1:
+            raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
+    elif "DIMENSION_LIST" not in dataset.attrs:
+        raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
 
 
 def _dimension_names(dataset: h5py.Dataset, where: str) -> tuple[str, ...]:
