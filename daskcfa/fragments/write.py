@@ -13,7 +13,8 @@ bytes counted against the process's memory budget) and uploaded with one
 ``put_bytes``, which object stores make visible atomically.
 
 After a fragment is in place, a small JSON *marker* records what was written
-(the write's token, size, MD5 checksum and the storage's version token). A
+(the write's token, size, the storage's version token and, for remote
+objects, the MD5 of the uploaded bytes). A
 re-run of the same write finds the marker, checks the stored object still has
 that size and version, and skips the fragment: that is how an interrupted
 ``to_cfa`` resumes without rewriting finished fragments and without reading
@@ -60,7 +61,6 @@ COMPRESSION_KEYS = frozenset({
 })
 #: Bytes a netCDF file needs beyond its data (header, HDF5 metadata), for the memory estimate.
 _OVERHEAD = 64 << 10
-_HASH_BLOCK = 4 << 20
 
 
 class FragmentRecord(NamedTuple):
@@ -69,7 +69,7 @@ class FragmentRecord(NamedTuple):
     index: tuple[int, ...]
     uri: str  #: as stored in the aggregation file (relative to it, unless given absolute)
     nbytes: int
-    checksum: str  #: MD5 of the file's bytes, hex
+    checksum: str  #: MD5 of an uploaded object's bytes, hex ("" for local files: not read back)
 
 
 @dataclass(frozen=True)
@@ -215,13 +215,13 @@ def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
                 _fill(nc, spec, target, data, sliced)
             finally:
                 nc.close()
-        nbytes, checksum = _digest_file(partial)
+        nbytes = os.path.getsize(partial)  # resume checks size and mtime: no read-back
         storage.commit(partial, final, spec.profile)
     except BaseException:
         if storage.exists(partial):
             storage.delete(partial)
         raise
-    return nbytes, checksum
+    return nbytes, ""
 
 
 def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray, sliced: Sequence[np.ndarray],
@@ -241,17 +241,6 @@ def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray, 
         with semaphore if semaphore is not None else nullcontext():
             storage.put_bytes(target.uri, payload, spec.profile)
     return len(payload), checksum
-
-
-def _digest_file(path: str) -> tuple[int, str]:
-    """Size and MD5 of a local file, read in blocks (from the page cache: it was just written)."""
-    digest = hashlib.md5(usedforsecurity=False)
-    nbytes = 0
-    with storage.open_file(path) as f:
-        while chunk := f.read(_HASH_BLOCK):
-            digest.update(chunk)
-            nbytes += len(chunk)
-    return nbytes, digest.hexdigest()
 
 
 def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
