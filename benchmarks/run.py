@@ -37,6 +37,8 @@ from importlib import metadata
 
 import numpy as np
 
+from benchmarks.measure import repeated_runs
+
 from benchmarks import generate
 from benchmarks import s3 as s3mod
 from benchmarks import write as wmod
@@ -267,43 +269,35 @@ def run_scenario(scenario, args, warm_dir, stage=None):
     for tool in tools:
         t_tool = time.perf_counter()
         rec = {"label": TOOL_LABEL.get(tool, tool)}
-        warm = once(tool)
-        if warm.get("status") != "ok":
-            rec.update(status="cannot", reason=warm.get("reason"))
+        warm, runs, reason = repeated_runs(lambda: once(tool), args.repeats, budget)
+        if reason is not None:
+            rec.update(status="cannot", reason=reason)
         else:
-            reps = args.repeats
-            if warm["seconds"] * reps > budget:
-                reps = max(1, int(budget // max(warm["seconds"], 1e-9)))
-            runs = [once(tool) for _ in range(reps)]
-            failed = [r for r in runs if r.get("status") != "ok"]
-            if failed:
-                rec.update(status="cannot", reason=failed[0].get("reason") + " (in a repeat)")
-            else:
-                verdicts = [check(tool, kind, ds, r) for r in [warm] + runs]
-                ok = all(v[0] for v in verdicts)
-                bad = next((v for v in verdicts if not v[0]), verdicts[0])
-                times = [r["seconds"] for r in runs]
-                rec.update(
-                    status="ok" if ok else "wrong",
-                    check=bad[1], notes=bad[2], times=times,
-                    warmup_seconds=warm["seconds"], median=statistics.median(times),
-                    setup_seconds=statistics.median(r.get("setup_seconds", 0) for r in runs),
-                    maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
-                )
-                for r in runs:
-                    if r.get("warmup_error"):
-                        rec["notes"].append("warm-up on the tiny dataset failed: "
-                                            + r["warmup_error"])
-                        break
-                traffic = [r.get("s3_traffic") for r in runs]
-                if on_s3 and all(traffic):
-                    rec["s3_traffic"] = {
-                        "bytes": int(statistics.median(t["bytes"] for t in traffic)),
-                        "requests": int(statistics.median(t["requests"] for t in traffic)),
-                        "by_type": traffic[0]["by_type"], "runs": traffic}
-                if tool in args.count_tools and not args.no_count and not on_s3:
-                    rec["fragment_opens"] = count_fragment_opens(
-                        tool, scenario, ds, warm_dir, args.timeout, raw_log)
+            verdicts = [check(tool, kind, ds, r) for r in [warm] + runs]
+            ok = all(v[0] for v in verdicts)
+            bad = next((v for v in verdicts if not v[0]), verdicts[0])
+            times = [r["seconds"] for r in runs]
+            rec.update(
+                status="ok" if ok else "wrong",
+                check=bad[1], notes=bad[2], times=times,
+                warmup_seconds=warm["seconds"], median=statistics.median(times),
+                setup_seconds=statistics.median(r.get("setup_seconds", 0) for r in runs),
+                maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
+            )
+            for r in runs:
+                if r.get("warmup_error"):
+                    rec["notes"].append("warm-up on the tiny dataset failed: "
+                                        + r["warmup_error"])
+                    break
+            traffic = [r.get("s3_traffic") for r in runs]
+            if on_s3 and all(traffic):
+                rec["s3_traffic"] = {
+                    "bytes": int(statistics.median(t["bytes"] for t in traffic)),
+                    "requests": int(statistics.median(t["requests"] for t in traffic)),
+                    "by_type": traffic[0]["by_type"], "runs": traffic}
+            if tool in args.count_tools and not args.no_count and not on_s3:
+                rec["fragment_opens"] = count_fragment_opens(
+                    tool, scenario, ds, warm_dir, args.timeout, raw_log)
         rec["wall_seconds"] = time.perf_counter() - t_tool
         out[tool] = rec
         print(f"  {tool:20s} {_fmt_status(rec)}  [{rec['wall_seconds']:.1f} s wall]",

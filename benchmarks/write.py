@@ -51,6 +51,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.measure import repeated_runs
+
 from benchmarks import s3 as s3mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -836,47 +838,39 @@ def run_scenario(scenario: str, args, stage=None, machine: dict | None = None) -
     for tool in tools:
         t_tool = time.perf_counter()
         rec = {"label": TOOL_LABEL.get(tool, tool)}
-        warm = once(tool)
-        if warm.get("status") != "ok":
-            rec.update(status="cannot", reason=warm.get("reason"))
+        warm, runs, reason = repeated_runs(lambda: once(tool), args.repeats, budget)
+        if reason is not None:
+            rec.update(status="cannot", reason=reason)
         else:
-            reps = args.repeats
-            if warm["seconds"] * reps > budget:
-                reps = max(1, int(budget // max(warm["seconds"], 1e-9)))
-            runs = [once(tool) for _ in range(reps)]
-            failed = [r for r in runs if r.get("status") != "ok"]
-            if failed:
-                rec.update(status="cannot", reason=failed[0].get("reason") + " (in a repeat)")
-            else:
-                checks = [r["result"] for r in [warm] + runs]
-                bad = next((c for c in checks if not c["ok"]), None)
-                times = [r["seconds"] for r in runs]
-                rec.update(
-                    status="ok" if bad is None else "wrong",
-                    check=(bad or checks[-1])["detail"], notes=[], times=times,
-                    warmup_seconds=warm["seconds"], median=statistics.median(times),
-                    setup_seconds=statistics.median(r.get("setup_seconds", 0) for r in runs),
-                    maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
-                    fragment_bytes=runs[-1]["result"].get("fragment_bytes"),
-                )
-                for r in runs:
-                    if r.get("warmup_error"):
-                        rec["notes"].append("warm-up write failed: " + r["warmup_error"])
-                        break
-                tr = [r.get("s3_traffic") for r in runs]
-                if all(tr):
-                    rec["s3_traffic"] = {
-                        "received": int(statistics.median(t["received"] for t in tr)),
-                        "sent": int(statistics.median(t["sent"] for t in tr)),
-                        "requests": int(statistics.median(t["requests"] for t in tr)),
-                        "by_type": tr[-1]["by_type"], "runs": tr}
-                wm = [r.get("worker_memory") for r in runs]
-                if all(wm):
-                    rec["worker_memory"] = {
-                        "hwm_mb": [max(w["hwm_mb"][i] for w in wm) for i in range(len(wm[0]["hwm_mb"]))],
-                        "before_mb": wm[-1]["before_mb"],
-                        "sampled_peak_sum_mb": max(w["sampled_peak_sum_mb"] for w in wm),
-                        "runs": wm}
+            checks = [r["result"] for r in [warm] + runs]
+            bad = next((c for c in checks if not c["ok"]), None)
+            times = [r["seconds"] for r in runs]
+            rec.update(
+                status="ok" if bad is None else "wrong",
+                check=(bad or checks[-1])["detail"], notes=[], times=times,
+                warmup_seconds=warm["seconds"], median=statistics.median(times),
+                setup_seconds=statistics.median(r.get("setup_seconds", 0) for r in runs),
+                maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
+                fragment_bytes=runs[-1]["result"].get("fragment_bytes"),
+            )
+            for r in runs:
+                if r.get("warmup_error"):
+                    rec["notes"].append("warm-up write failed: " + r["warmup_error"])
+                    break
+            tr = [r.get("s3_traffic") for r in runs]
+            if all(tr):
+                rec["s3_traffic"] = {
+                    "received": int(statistics.median(t["received"] for t in tr)),
+                    "sent": int(statistics.median(t["sent"] for t in tr)),
+                    "requests": int(statistics.median(t["requests"] for t in tr)),
+                    "by_type": tr[-1]["by_type"], "runs": tr}
+            wm = [r.get("worker_memory") for r in runs]
+            if all(wm):
+                rec["worker_memory"] = {
+                    "hwm_mb": [max(w["hwm_mb"][i] for w in wm) for i in range(len(wm[0]["hwm_mb"]))],
+                    "before_mb": wm[-1]["before_mb"],
+                    "sampled_peak_sum_mb": max(w["sampled_peak_sum_mb"] for w in wm),
+                    "runs": wm}
         rec["wall_seconds"] = time.perf_counter() - t_tool
         out[tool] = rec
         status = (f"{rec['median']:.3f} s" if rec["status"] == "ok" else

@@ -1,0 +1,20 @@
+"""The measuring rule every scenario shares: a warm-up run, then repeats within a time budget."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def repeated_runs(once: Callable[[], dict], repeats: int, budget: float) -> tuple[dict, list[dict], str | None]:
+    """``(warm-up, measured runs, failure reason or None)``; slow tools get fewer repeats (at least one)."""
+    warm = once()
+    if warm.get("status") != "ok":
+        return warm, [], warm.get("reason")
+    reps = repeats
+    if warm["seconds"] * reps > budget:
+        reps = max(1, int(budget // max(warm["seconds"], 1e-9)))
+    runs = [once() for _ in range(reps)]
+    failed = [r for r in runs if r.get("status") != "ok"]
+    if failed:
+        return warm, runs, (failed[0].get("reason") or "failed") + " (in a repeat)"
+    return warm, runs, None
