@@ -50,7 +50,7 @@ class FileVariableArray:
         self.ndim = len(shape)
 
     def __dask_tokenize__(self) -> tuple:
-        return (type(self).__name__, self.url, self.path, self.mask)
+        return (type(self).__name__, self.url, self.path, self.mask, self.profile)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         ds = storage.open_netcdf(self.url, profile=self.profile)
