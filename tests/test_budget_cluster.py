@@ -89,7 +89,9 @@ def test_filehandle_budget_holds_on_every_worker(cluster, archive):
 
     # Teardown closes every cached fragment file.
     client.unregister_worker_plugin("budget")
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while any(sampler.count(psutil.Process(p)) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert all(sampler.count(psutil.Process(p)) == 0 for p in pids)
 
 
