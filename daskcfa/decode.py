@@ -159,7 +159,7 @@ class Encoding:
             raw = raw.view(self.stored_dtype)
         if not mask:
             if extra_mask is not None and np.any(extra_mask):
-                raw = np.where(extra_mask, self._fill_for_output(), raw)
+                raw = np.where(extra_mask, self.output_fill, raw)
             return self.unpack(raw)
         missing = self.missing_mask(raw)
         if extra_mask is not None:
@@ -174,7 +174,9 @@ class Encoding:
                 result.set_fill_value(np.asarray(self.fill_value).astype(out.dtype))
         return result
 
-    def _fill_for_output(self) -> Any:
+    @property
+    def output_fill(self) -> Any:
+        """What a missing point holds when values are not masked: the fill value, else 0."""
         if self.fill_value is not None:
             return self.fill_value
         return np.zeros((), self.stored_dtype)[()]

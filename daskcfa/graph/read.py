@@ -30,14 +30,18 @@ __all__ = ["AggregatedArray", "Access", "to_dask", "merged_chunks"]
 class AggregatedArray:
     """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
 
-    def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None) -> None:
+    def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None,
+                 decode: bool = True) -> None:
         access = access or Access.default(variable.source)
         self.variable = variable
         self.mask = mask
+        #: False: stored values (missing points hold the fill value), for clients
+        #: such as xarray that apply the variable's own masking and packing
+        self.decode = decode
         self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
         self.shape = variable.shape
         self.ndim = len(self.shape)
-        self.dtype = self.encoding.decoded_dtype
+        self.dtype = self.encoding.decoded_dtype if decode else np.dtype(variable.dtype)
         attrs = variable.attrs
         self.target = Target(
             variable=variable.name,
@@ -59,7 +63,7 @@ class AggregatedArray:
             stamp = os.stat(source).st_mtime_ns if os.path.exists(source) else None
         except OSError:
             stamp = None
-        return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.target.profile,
+        return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.decode, self.target.profile,
                 self.target.policy)
 
     def __getitem__(self, key: Any) -> np.ndarray:
@@ -68,7 +72,11 @@ class AggregatedArray:
         stored = self._assemble(dims)
         raw = np.ma.getdata(stored)
         missing = np.ma.getmask(stored)
-        result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
+        if not self.decode:
+            result = raw if missing is np.ma.nomask else np.where(
+                missing, np.asarray(self.encoding.output_fill).astype(raw.dtype), raw)
+        else:
+            result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
         if any(d.reverse for d in dims):
             result = result[flips]

@@ -1,0 +1,67 @@
+"""xarray's ``engine="daskcfa"``: every dialect, CF decoding by xarray, lazy slices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import daskcfa.xarray_backend
+from builders import DIALECTS, Frag, build, build_cf113, make_truth
+from test_read_graph import bytes_read, chunked_archive, fragment_bytes
+
+pytestmark = pytest.mark.usefixtures("other_cwd")
+
+DIMS = ("time", "lat", "lon")
+SIZES = ((2, 3, 1), (4,), (2, 3))
+
+
+def assert_equal_masked(values: np.ndarray, expected: np.ma.MaskedArray) -> None:
+    """xarray masks with NaN: compare against the masked ground truth."""
+    np.testing.assert_array_equal(np.isnan(values), np.ma.getmaskarray(expected))
+    np.testing.assert_allclose(np.nan_to_num(values), np.ma.filled(expected.astype("f8"), 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_every_dialect_equals_ground_truth(tmp_path, dialect):
+    built = build(dialect, tmp_path, make_truth((6, 4, 5), "f4", seed=2, masked=0.2), DIMS, SIZES)
+    ds = xr.open_dataset(str(built.path), engine="daskcfa")
+    name = built.variable.rsplit("/", 1)[-1]
+    assert_equal_masked(ds[name].values, built.expected)
+    chunked = daskcfa.xarray_backend.open_dataset(str(built.path), chunks={})
+    assert chunked[name].chunks == SIZES  # one dask chunk per fragment
+
+
+def test_packing_of_the_aggregation_is_decoded_by_xarray(tmp_path):
+    built = build_cf113(tmp_path, make_truth((6, 4, 5), "f4", seed=3, masked=0.1), DIMS, SIZES,
+                        dtype="i2", agg_scale_factor=0.01, agg_add_offset=250.0)
+    ds = xr.open_dataset(str(built.path), engine="daskcfa")
+    assert ds["tas"].encoding["dtype"] == np.dtype("i2")
+    assert_equal_masked(ds["tas"].values, built.expected)
+
+
+def test_missing_fragments_read_as_nan(tmp_path):
+    built = build("CFA-0.6", tmp_path, make_truth((6, 4, 5), "f4", seed=4), DIMS, SIZES,
+                  frags={(1, 0, 1): Frag(absent=True)})
+    ds = xr.open_dataset(str(built.path), engine="daskcfa")
+    assert_equal_masked(ds["tas"].values, built.expected)
+    assert np.isnan(ds["tas"].values[2:5, :, 2:5]).all()
+
+
+def test_lazy_point_series_reads_little(tmp_path):
+    built = chunked_archive(tmp_path)
+    ds = xr.open_dataset(str(built.path), engine="daskcfa")
+    ds["tas"][0, 0, 0].values  # warm-up: imports read files too
+    before = bytes_read()
+    series = ds["tas"][:, 5, 7].values
+    used = bytes_read() - before
+    assert_equal_masked(series, built.expected[:, 5, 7])
+    assert used < fragment_bytes(built) / 4
+
+
+def test_drop_variables_and_unknown_group(tmp_path):
+    built = build_cf113(tmp_path, make_truth((6, 4, 5), "f4", seed=5), DIMS, SIZES)
+    ds = xr.open_dataset(str(built.path), engine="daskcfa", drop_variables=["lat"])
+    assert "lat" not in ds.variables and "tas" in ds
+    with pytest.raises(KeyError):
+        xr.open_dataset(str(built.path), engine="daskcfa", group="/nope")
