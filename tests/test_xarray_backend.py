@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import daskcfa
 import daskcfa.xarray_backend
 from builders import DIALECTS, Frag, build, build_cf113, make_truth
 from test_read_graph import bytes_read, chunked_archive, fragment_bytes
@@ -65,3 +66,24 @@ def test_drop_variables_and_unknown_group(tmp_path):
     assert "lat" not in ds.variables and "tas" in ds
     with pytest.raises(KeyError):
         xr.open_dataset(str(built.path), engine="daskcfa", group="/nope")
+
+
+def test_cf_decoded_round_trip_is_identical(tmp_path):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    data = rng.normal(280, 5, (12, 4, 5)).astype("f4")
+    data[3, 1, 2] = np.nan
+    ds = xr.Dataset(
+        {"tas": (DIMS, data, {"units": "K", "standard_name": "air_temperature"})},
+        coords={"time": pd.date_range("2000-01-01", periods=12, freq="D"),
+                "lat": ("lat", np.linspace(-45, 45, 4), {"units": "degrees_north"}),
+                "lon": ("lon", np.linspace(0, 288, 5), {"units": "degrees_east"})},
+        # the writer declares CF-1.13 (readers such as cfdm need it): say so up front
+        attrs={"title": "round trip", "Conventions": "CF-1.13"},
+    )
+    path = str(tmp_path / "tas.nca")
+    daskcfa.to_cfa(ds, path, fragment_shape=(5, 4, 5))
+    back = xr.open_dataset(path, engine="daskcfa", chunks={})
+    assert back["tas"].chunks == ((5, 5, 2), (4,), (5,))
+    xr.testing.assert_identical(ds, back.load())
