@@ -30,9 +30,10 @@ from ..errors import BudgetError
 
 __all__ = ["FileManager", "manager", "Budget"]
 
-#: Not larger: h5py's cost to open and close a file grows with the number of
-#: objects open in the process (measured: 32 open handles keep it flat).
-DEFAULT_FILEHANDLES = 32
+#: Small: h5py's cost to close a file grows with the number of objects open in
+#: the process (one-point series over 1,000 fragments: 1.08x the raw loop with
+#: 8 cached handles, 1.15-1.2x with 32).
+DEFAULT_FILEHANDLES = 8
 DEFAULT_MEMORY = "512MiB"
 
 
