@@ -18,3 +18,17 @@ def repeated_runs(once: Callable[[], dict], repeats: int, budget: float) -> tupl
     if failed:
         return warm, runs, (failed[0].get("reason") or "failed") + " (in a repeat)"
     return warm, runs, None
+
+
+TABLE_HEADER = ["| tool | seconds (median) | x raw limit | daskcfa / tool | answer | notes |",
+                "|---|---|---|---|---|---|"]
+
+
+def cannot_row(label: str, reason: str) -> str:
+    return f"| {label} | - | - | - | cannot do this ({reason}) | |"
+
+
+def runs_note(times: list[float], fmt: Callable[[float], str], unit: str = "") -> str:
+    """``"3 runs, 0.51-0.53 s"``: how many measured runs and their spread."""
+    n = len(times)
+    return f"{n} run{'s' if n > 1 else ''}, {fmt(min(times))}-{fmt(max(times))}{unit}"

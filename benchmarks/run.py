@@ -37,7 +37,7 @@ from importlib import metadata
 
 import numpy as np
 
-from benchmarks.measure import repeated_runs
+from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_note
 
 from benchmarks import generate
 from benchmarks import s3 as s3mod
@@ -356,19 +356,14 @@ def _traffic_note(rec, s3_info) -> str | None:
 def render_table(scenario, kind, ds, out, s3_info=None) -> str:
     limit = raw_limit(scenario)
     raw = out.get(limit, {})
-    lines = [
-        f"| tool | seconds (median) | x raw limit | daskcfa / tool | answer | notes |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = list(TABLE_HEADER)
     for tool, rec in out.items():
         label = rec["label"]
         if rec["status"] == "cannot":
-            lines.append(f"| {label} | - | - | - | cannot do this ({rec['reason']}) | |")
+            lines.append(cannot_row(label, rec["reason"]))
             continue
         notes = list(rec.get("notes", []))
-        n = len(rec["times"])
-        notes.append(f"{n} run{'s' if n > 1 else ''}, {_fmt_s(min(rec['times']))}-"
-                     f"{_fmt_s(max(rec['times']))}")
+        notes.append(runs_note(rec["times"], _fmt_s))
         tn = _traffic_note(rec, s3_info)
         if tn:
             notes.append(tn)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.measure import repeated_runs
+from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_note
 
 from benchmarks import s3 as s3mod
 
@@ -771,17 +771,14 @@ def _mem_note(wm: dict) -> str:
 def render_table(scenario, spec, out) -> str:
     limit = RAW_LIMIT[scenario]
     raw = out.get(limit, {})
-    lines = ["| tool | seconds (median) | x raw limit | daskcfa / tool | answer | notes |",
-             "|---|---|---|---|---|---|"]
+    lines = list(TABLE_HEADER)
     for tool, rec in out.items():
         label = rec["label"]
         if rec["status"] == "cannot":
-            lines.append(f"| {label} | - | - | - | cannot do this ({rec['reason']}) | |")
+            lines.append(cannot_row(label, rec["reason"]))
             continue
         notes = list(rec.get("notes", []))
-        n = len(rec["times"])
-        notes.append(f"{n} run{'s' if n > 1 else ''}, {_fmt_s(min(rec['times']))}-"
-                     f"{_fmt_s(max(rec['times']))} s")
+        notes.append(runs_note(rec["times"], _fmt_s, " s"))
         fb = rec.get("fragment_bytes")
         if fb:
             notes.append(f"{fb / 1e9:.3f} GB of fragment files, {fb / rec['median'] / 1e6:.0f} MB/s")

@@ -211,6 +211,19 @@ class _ServerBase:
         raise NotImplementedError
 
 
+class _WebServer(_ServerBase):
+    """A server answering HTTP on 127.0.0.1:``port``."""
+
+    port: int | None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    def url_for(self, relpath: str) -> str:
+        return f"{self.url}/{urllib.parse.quote(str(relpath).lstrip('/'))}"
+
+
 # ---------------------------------------------------------------------------
 # S3: SeaweedFS `weed mini`
 # ---------------------------------------------------------------------------
@@ -684,7 +697,7 @@ class _ThreadingServer(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-class HTTPServer(_ServerBase):
+class HTTPServer(_WebServer):
     """A threaded static-file HTTP server for ``directory`` on 127.0.0.1.
 
     GET and HEAD; ``Range: bytes=a-b``, ``bytes=a-`` and suffix ``bytes=-N``
@@ -723,13 +736,6 @@ class HTTPServer(_ServerBase):
         self.requests = 0
         self.bytes_sent = 0
         self.port: int | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    def url_for(self, relpath: str) -> str:
-        return f"{self.url}/{urllib.parse.quote(str(relpath).lstrip('/'))}"
 
     @property
     def storage_options(self) -> dict:
@@ -804,7 +810,7 @@ class HTTPServer(_ServerBase):
 _DAP_PORT_LINE = "DASKCFA-OPENDAP-PORT"
 
 
-class OPeNDAPServer(_ServerBase):
+class OPeNDAPServer(_WebServer):
     """pydap's DAP2 server for the netCDF files under ``directory``.
 
     ``netCDF4.Dataset(f"{server.url}/file.nc")`` opens a served file with
@@ -872,13 +878,6 @@ class OPeNDAPServer(_ServerBase):
         self._proc: subprocess.Popen | None = None
         self._logdir: Path | None = None
         self.startup_seconds: float | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    def url_for(self, relpath: str) -> str:
-        return f"{self.url}/{urllib.parse.quote(str(relpath).lstrip('/'))}"
 
     @property
     def log_path(self) -> Path | None:
