@@ -19,7 +19,8 @@ import cf_units
 import numpy as np
 
 from ..decode import Encoding
-from ..errors import CFAError, FragmentReadError, FragmentShapeError, MissingFragmentError, NotFoundError, UnitsError
+from ..errors import (CFAError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
+                      MissingFragmentError, NotFoundError, UnitsError)
 from ..model import FragmentRef
 from .. import storage
 from ..storage.policy import LocationPolicy
@@ -42,6 +43,8 @@ class Target:
     profile: storage.ProfileRef = storage.NO_PROFILE
     #: which locations the aggregation file may make us open
     policy: LocationPolicy | None = None
+    #: "raise" a fragment's error, or "fill": read an absent or unreadable fragment as missing data
+    missing: str = "raise"
 
     @property
     def default_identifier(self) -> str:
@@ -54,7 +57,25 @@ def _selection_shape(key: tuple) -> tuple[int, ...]:
 
 def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
     """Values of fragment ``ref`` at ``key`` (normalised: non-negative ints and
-    slices with explicit start/stop/positive step, one per aggregated dim)."""
+    slices with explicit start/stop/positive step, one per aggregated dim).
+
+    With ``target.missing == "fill"`` a fragment that is absent or unreadable
+    (its file missing, not netCDF, corrupt, of the wrong shape or type) reads
+    as missing data, with a :class:`CFAWarning` naming it. Storage failures
+    (an unreachable server, refused credentials), units that cannot be
+    converted and the safe-URI policy still raise: they are not facts about
+    the fragment, and filling them in would hide an outage or a breach.
+    """
+    try:
+        return _read_fragment(ref, key, target)
+    except FragmentError as exc:
+        if target.missing != "fill" or isinstance(exc, UnitsError):
+            raise
+        warnings.warn(f"reading fragment {ref.index} as missing data: {exc}", CFAWarning, stacklevel=2)
+        return np.ma.masked_all(_selection_shape(key), dtype=target.dtype)
+
+
+def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
     where = {"file": target.source, "variable": target.variable, "fragment": ref.index}
     shape = _selection_shape(key)
     if ref.is_missing:
@@ -104,11 +125,13 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
             raise FragmentReadError(f"fragment variable {name!r} has non-numeric type {var.dtype}")
         file_key, post = _file_selection(var, ref, key, target)
         raw = var.read(file_key)
-    encoding = Encoding.from_attrs(var.attrs, var.dtype)
+        # attributes are read lazily, so only while the file is open
+        encoding = Encoding.from_attrs(var.attrs, var.dtype)
+        units = {k: var.attrs[k] for k in ("units", "calendar") if k in var.attrs}
     data = encoding.decode(raw)
     data = post(data)
-    data = _convert_units(data, var.attrs, ref, target)
-    return _cast(data, target)
+    data = _convert_units(data, units, ref, target)
+    return _cast(data, target, name)
 
 
 def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
@@ -224,7 +247,7 @@ def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Targ
     return np.ma.MaskedArray(converted, mask=mask)
 
 
-def _cast(data: np.ndarray, target: Target) -> np.ma.MaskedArray:
+def _cast(data: np.ndarray, target: Target, name: str) -> np.ma.MaskedArray:
     mask = np.ma.getmask(data)
     values = np.ma.getdata(data)
     if values.dtype != target.dtype:
@@ -234,5 +257,19 @@ def _cast(data: np.ndarray, target: Target) -> np.ma.MaskedArray:
                 values = np.where(mask, 0, values)
             if target.dtype.kind in "iub" and values.dtype.kind == "f":
                 values = np.rint(values)
+            _check_fits(values, target.dtype, name)
             values = values.astype(target.dtype)
     return np.ma.MaskedArray(values, mask=mask, copy=False)
+
+
+def _check_fits(values: np.ndarray, dtype: np.dtype, name: str) -> None:
+    """Refuse values an integer aggregated dtype cannot hold: the cast would wrap them into garbage."""
+    if dtype.kind not in "iu" or values.size == 0 or np.can_cast(values.dtype, dtype):
+        return
+    low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise FragmentReadError(f"fragment variable {name!r} holds NaN or infinite values that are not marked "
+                                f"missing, which the aggregated type {dtype} cannot hold")
+    if values.min() < low or values.max() > high:
+        raise FragmentReadError(f"fragment variable {name!r} holds values from {values.min()} to {values.max()}, "
+                                f"outside the range of the aggregated type {dtype}")

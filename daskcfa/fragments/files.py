@@ -22,7 +22,7 @@ import os
 import threading
 import zlib
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import dask.config
 
@@ -51,7 +51,11 @@ class _Variable:
         self._var = var
         self._name = name
         self._fallback = fallback  # () -> the same file opened with netCDF4
-        self.name, self.shape, self.dtype, self.attrs = var.name, var.shape, var.dtype, var.attrs
+        self.name, self.shape, self.dtype = var.name, var.shape, var.dtype
+        self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, self._fallback_attrs)
+
+    def _fallback_attrs(self) -> Mapping[str, Any]:
+        return self._fallback().variable(self._name).attrs
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -73,6 +77,31 @@ class _Variable:
             if isinstance(exc, (OSError, RuntimeError, ValueError, IndexError, zlib.error)):
                 raise FragmentReadError(f"cannot read variable {self._name!r}: {exc}") from None
             raise
+
+
+class _Attributes(Mapping[str, Any]):
+    """The direct reader's (lazily read) attributes, falling back to netCDF4 for a value it cannot read."""
+
+    def __init__(self, direct: Mapping[str, Any], fallback: Callable[[], Mapping[str, Any]]) -> None:
+        self._direct = direct
+        self._fallback = fallback
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._direct[name]
+        except Exception as exc:
+            if _unsupported(exc):
+                return self._fallback()[name]
+            raise
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._direct
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._direct)
+
+    def __len__(self) -> int:
+        return len(self._direct)
 
 
 def _unsupported(exc: Exception) -> bool:

@@ -33,7 +33,7 @@ try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decod
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
     _inflate = zlib.decompress
     _INFLATE_ERRORS = (zlib.error,)
-from typing import Any, BinaryIO, Callable, Sequence, Union
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, Union
 
 import h5py
 import numpy as np
@@ -103,36 +103,47 @@ class HDF5File:
     def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, read_ranges: ReadRanges | None = None,
                  label: str | None = None) -> None:
         # ``source`` is a path, or a file object (a remote object behind a block
-        # cache, or bytes in memory) that h5py reads metadata through; then
+        # cache, or bytes in memory) that HDF5 reads metadata through; then
         # ``read_ranges`` must fetch the data bytes and ``label`` names it.
+        # h5py's low-level API is used throughout: its high-level File and
+        # Dataset objects cost more to open and close than HDF5 itself (File.close
+        # walks every object open in the process), which shows on 1,000s of files.
         is_path = isinstance(source, (str, os.PathLike))
         if not is_path and read_ranges is None:
             raise ValueError("read_ranges is required when reading from a file object")
         self.path = os.fspath(source) if is_path else (label or repr(source))
-        self._h5 = h5py.File(source if not is_path else self.path, "r")
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)  # closing the file closes its objects
+        if is_path:
+            name = os.fsencode(self.path)
+        else:
+            fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, source)
+            name = f"daskcfa-{id(source):x}".encode()
+        self._fid = h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl)
         self._fd: int | None = None
         if read_ranges is None:
             # Read data through HDF5's own descriptor: one open file per fragment.
-            self._fd = self._h5.id.get_vfd_handle()
+            self._fd = self._fid.get_vfd_handle()
             read_ranges = self._pread_ranges
         self._read_ranges = read_ranges
 
     def variable(self, name: str) -> HDF5Variable:
         """The netCDF variable ``name`` (``"v"``, ``"grp/v"`` or ``"/grp/v"``); KeyError if absent."""
         head, _, base = name.strip("/").rpartition("/")
-        group = self._h5.get("/" + head) if base else None
-        if isinstance(group, h5py.Group):
-            obj = group.get(base)
-            if isinstance(obj, h5py.Dataset) and _is_dimension_only(obj):
-                obj = group.get(_NON_COORD_PREFIX + base)
-            if isinstance(obj, h5py.Dataset):
-                where = f"variable {obj.name!r} of {self.path!r}"
-                return HDF5Variable(obj, base, self._read_ranges, where)
-        raise KeyError(name)
+        group = "/" + head + "/" if head else "/"
+        dsid = _open_dataset(self._fid, group + base) if base else None
+        if dsid is not None and _is_dimension_only(dsid):
+            dsid = _open_dataset(self._fid, group + _NON_COORD_PREFIX + base)
+        if dsid is None:
+            raise KeyError(name)
+        where = f"variable {group + base!r} of {self.path!r}"
+        return HDF5Variable(dsid, base, self._read_ranges, where)
 
     def close(self) -> None:
         self._fd = None
-        self._h5.close()
+        with h5py._objects.phil:
+            if self._fid.valid:
+                self._fid.close()
 
     def __enter__(self) -> HDF5File:
         return self
@@ -160,40 +171,41 @@ class HDF5Variable:
     chunks: tuple[int, ...] | None
     attrs: dict[str, Any]
 
-    def __init__(self, dataset: h5py.Dataset, name: str, read_ranges: ReadRanges, where: str) -> None:
+    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
         self.name = name
         self._where = where  # for error messages
-        self._stored = _check_dtype(dataset, self._where)
+        self._stored = _check_dtype(dsid, self._where)
         self.dtype = self._stored.newbyteorder("=")
-        self.shape = dataset.shape
-        self.chunks = dataset.chunks
+        self.shape = dsid.shape
         self._read_ranges = read_ranges
-        self._dsid = dataset.id
+        self._dsid = dsid
 
-        dcpl = dataset.id.get_create_plist()
+        dcpl = dsid.get_create_plist()
         layout = dcpl.get_layout()
         if dcpl.get_external_count():
             raise DirectReadUnsupported(f"external storage is not supported ({self._where})")
+        self.chunks = dcpl.get_chunk() if layout == h5py.h5d.CHUNKED else None
         if layout == h5py.h5d.CONTIGUOUS:
-            self._offset = dataset.id.get_offset()
+            self._offset = dsid.get_offset()
         elif layout != h5py.h5d.CHUNKED:
             raise DirectReadUnsupported(f"storage layout {layout} is not supported ({self._where})")
         self._filters = _filter_pipeline(dcpl, self._where)
-        self._fill = np.asarray(dataset.fillvalue, dtype=self._stored).astype(self.dtype)
+        fill = np.zeros((1,), self._stored)
+        dcpl.get_fill_value(fill)
+        self._fill = fill[0].astype(self.dtype)
         if self.chunks is not None:
             self._chunk_nbytes = math.prod(self.chunks) * self._stored.itemsize
             self._nchunks = math.prod(-(-n // c) for n, c in zip(self.shape, self.chunks))
             self._index: dict[tuple[int, ...], StoreInfo] = {}
             self._index_complete = False
 
-        _check_dimensions(dataset, self._where)
-        self._dataset = dataset
-        self.attrs = _netcdf_attrs(dataset, self._where)
+        _check_dimensions(dsid, self._where)
+        self.attrs = NetCDFAttributes(dsid, self._where)
 
     @functools.cached_property
     def dims(self) -> tuple[str, ...]:
         """netCDF dimension names (looked up on first use: few reads need them)."""
-        return _dimension_names(self._dataset, self._where)
+        return _dimension_names(h5py.Dataset(self._dsid), self._where)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
@@ -318,18 +330,29 @@ class HDF5Variable:
 # -- metadata ---------------------------------------------------------------
 
 
-def _is_dimension_only(dataset: h5py.Dataset) -> bool:
-    name = dataset.attrs.get("NAME")
+def _open_dataset(fid: h5py.h5f.FileID, path: str) -> h5py.h5d.DatasetID | None:
+    """The dataset at ``path``, or None when nothing (or something else) is there."""
+    try:
+        obj = h5py.h5o.open(fid, path.encode())
+    except (KeyError, ValueError):  # no such link, or a path through a non-group
+        return None
+    return obj if isinstance(obj, h5py.h5d.DatasetID) else None
+
+
+def _is_dimension_only(dsid: h5py.h5d.DatasetID) -> bool:
+    if not h5py.h5a.exists(dsid, b"NAME"):
+        return False
+    name = _read_attr(h5py.h5a.open(dsid, b"NAME"))
     return isinstance(name, bytes) and name.startswith(_DIMENSION_ONLY)
 
 
-def _check_dtype(dataset: h5py.Dataset, where: str) -> np.dtype:
+def _check_dtype(dsid: h5py.h5d.DatasetID, where: str) -> np.dtype:
     """The numpy dtype of a plain numeric dataset; anything else is unsupported."""
-    dtype = dataset.dtype
+    dtype = dsid.dtype
     if dtype.kind in "iuf" and h5py.check_enum_dtype(dtype) is None:
         # the bytes on disk must be exactly this numpy type (no odd precision or
         # padding); the byte order of one-byte types is moot (netCDF-C sets it)
-        stored, expected = dataset.id.get_type(), h5py.h5t.py_create(dtype).copy()
+        stored, expected = dsid.get_type(), h5py.h5t.py_create(dtype).copy()
         if dtype.itemsize == 1:
             expected.set_order(stored.get_order())
         if stored.equal(expected):
@@ -349,14 +372,14 @@ def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int
     return pipeline
 
 
-def _check_dimensions(dataset: h5py.Dataset, where: str) -> None:
+def _check_dimensions(dsid: h5py.h5d.DatasetID, where: str) -> None:
     """The cheap part of :func:`_dimension_names`'s checks, done when a variable is opened."""
-    if dataset.ndim == 0:
+    if dsid.rank == 0:
         return
-    if dataset.is_scale:
-        if dataset.ndim > 1:
+    if h5py.h5ds.is_scale(dsid):
+        if dsid.rank > 1:
             raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    elif "DIMENSION_LIST" not in dataset.attrs:
+    elif not h5py.h5a.exists(dsid, b"DIMENSION_LIST"):
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
 
 
@@ -380,35 +403,78 @@ def _dimension_names(dataset: h5py.Dataset, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _netcdf_attrs(dataset: h5py.Dataset, where: str) -> dict[str, Any]:
-    """Attributes as netCDF4-python reports them (see its ``_get_att``)."""
-    attrs: dict[str, Any] = {}
-    for name in dataset.attrs:
-        if name in _HIDDEN_ATTRS:
-            continue
-        aid = h5py.h5a.open(dataset.id, name.encode())
-        tid = aid.get_type()
-        if isinstance(tid, h5py.h5t.TypeStringID):
-            if tid.is_variable_str():
-                strings = [_text(s) for s in np.ravel(dataset.attrs[name])]
-                attrs[name] = strings[0] if len(strings) == 1 else strings
-            elif aid.get_space().get_simple_extent_type() == h5py.h5s.NULL:
-                attrs[name] = ""
-            else:  # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
-                raw = np.empty(aid.shape, aid.dtype)
-                aid.read(raw, mtype=tid)
-                attrs[name] = _text(raw.tobytes())
-        elif isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
-            value = dataset.attrs[name]
-            native = np.dtype(aid.dtype).newbyteorder("=")
-            if isinstance(value, h5py.Empty):
-                attrs[name] = np.empty(0, native)
-            else:
-                values = np.asarray(value, native).ravel()
-                attrs[name] = values[0] if values.size == 1 else values
-        else:
-            raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
-    return attrs
+class NetCDFAttributes(Mapping[str, Any]):
+    """A variable's attributes as netCDF4-python reports them (see its ``_get_att``).
+
+    Each value is read on first use: decoding needs a few of them, and reading
+    every attribute of every fragment would cost more than finding its chunk.
+    An attribute of a type netCDF4-python reads but this reader does not raises
+    :class:`DirectReadUnsupported` when read.
+    """
+
+    def __init__(self, dsid: h5py.h5d.DatasetID, where: str) -> None:
+        self._dsid = dsid
+        self._where = where
+        self._values: dict[str, Any] = {}
+        self._names: list[str] | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            pass
+        if name not in self:
+            raise KeyError(name)
+        value = self._values[name] = _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        if name in self._values:
+            return True
+        return (isinstance(name, str) and name not in _HIDDEN_ATTRS
+                and bool(h5py.h5a.exists(self._dsid, name.encode())))
+
+    def __iter__(self) -> Iterator[str]:
+        if self._names is None:
+            tracked = self._dsid.get_create_plist().get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED
+            order = h5py.h5.INDEX_CRT_ORDER if tracked else h5py.h5.INDEX_NAME
+            names: list[str] = []
+            h5py.h5a.iterate(self._dsid, lambda name: names.append(name.decode("utf-8", errors="replace")),
+                             index_type=order)
+            self._names = [name for name in names if name not in _HIDDEN_ATTRS]
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
+    tid = aid.get_type()
+    if isinstance(tid, h5py.h5t.TypeStringID):
+        if aid.get_space().get_simple_extent_type() == h5py.h5s.NULL:
+            return ""
+        if tid.is_variable_str():
+            strings = [_text(s) for s in np.ravel(_read_attr(aid))]
+            return strings[0] if len(strings) == 1 else strings
+        # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
+        raw = np.empty(aid.shape, aid.dtype)
+        aid.read(raw, mtype=tid)
+        return _text(raw.tobytes())
+    if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
+        native = np.dtype(aid.dtype).newbyteorder("=")
+        if aid.shape is None:  # an HDF5 null dataspace
+            return np.empty(0, native)
+        values = np.asarray(_read_attr(aid), native).ravel()
+        return values[0] if values.size == 1 else values
+    raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
+
+
+def _read_attr(aid: h5py.h5a.AttrID) -> Any:
+    """An attribute's value as numpy (variable-length strings as ``bytes`` objects)."""
+    shape = aid.shape
+    value = np.zeros(shape if shape is not None else (), aid.dtype)
+    aid.read(value, mtype=h5py.h5t.py_create(aid.dtype))
+    return value[()] if shape == () else value
 
 
 def _text(value: str | bytes) -> str:
