@@ -69,6 +69,7 @@ def from_cfa(
     mask: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     allowed_locations: Iterable[str] | None = None,
+    missing: str = "raise",
 ) -> da.Array:
     """Open an aggregated variable of a CFA-netCDF file as a dask array.
 
@@ -81,17 +82,29 @@ def from_cfa(
     (flat, or keyed by protocol); they never enter the task graph.
     ``allowed_locations`` replaces the safe-URI policy's default (see
     :mod:`daskcfa.storage.policy`; ``"default"`` stands for the default rule).
+    ``missing="fill"`` reads a fragment that is absent or unreadable (file
+    missing, not netCDF, truncated or corrupt, wrong shape or type) as missing
+    data, with a :class:`~daskcfa.CFAWarning` naming it (on ``distributed``
+    the warning is issued on the worker); the default ``"raise"`` raises the
+    fragment's :class:`~daskcfa.FragmentError`. Storage outages, refused
+    credentials, unconvertible units and unsafe URIs always raise.
     """
     url = storage.normalise(url)
-    access = Access.for_aggregation(url, storage_options, allowed_locations)
+    access = Access.for_aggregation(url, storage_options, allowed_locations, missing)
     return to_dask(read_aggregation(url, variable, access=access), chunks=chunks, mask=mask, access=access)
 
 
 def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
-             allowed_locations: Iterable[str] | None = None) -> Dataset:
-    """Open a whole aggregation file: dimensions, groups, attributes and every variable."""
+             allowed_locations: Iterable[str] | None = None, missing: str = "raise") -> Dataset:
+    """Open a whole aggregation file: dimensions, groups, attributes and every variable.
+
+    ``storage_options``, ``allowed_locations`` and ``missing`` (``"raise"`` or
+    ``"fill"``: absent or unreadable fragments read as missing data, with a
+    :class:`~daskcfa.CFAWarning`) apply to every aggregated variable, as in
+    :func:`from_cfa`.
+    """
     url = storage.normalise(url)
-    return Dataset.open(url, access=Access.for_aggregation(url, storage_options, allowed_locations))
+    return Dataset.open(url, access=Access.for_aggregation(url, storage_options, allowed_locations, missing))
 
 
 def to_cfa(

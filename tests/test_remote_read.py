@@ -443,3 +443,72 @@ def test_fifty_s3_fragments_threaded(tmp_path, s3_server, s3_bucket, s3fs_fs):
         points = dask.compute(*[x[k, k % 16, k % 12] for k in range(50)])
     for k, p in enumerate(points):
         assert_matches(p, built.expected[k, k % 16, k % 12])
+
+
+# ---------------------------------------------------------------------------
+# 9. Read-ahead of small objects along a walk
+# ---------------------------------------------------------------------------
+WALK = 40
+
+
+@pytest.fixture
+def walk_dataset(tmp_path, make_http_server):
+    """40 small one-time-step fragments served over HTTP (whole-object reads)."""
+    t = make_truth((WALK, 6, 5), seed=4, masked=0.1)
+    built = build("CF-1.13", tmp_path / "www" / "ds", t, DIMS, ((1,) * WALK, (6,), (5,)))
+    http = make_http_server(tmp_path / "www")
+    return built, http, daskcfa.from_cfa(http.url_for("ds/" + built.path.name), built.variable)
+
+
+def _fragment_gets(http):
+    counts = {}
+    for r in http.log:
+        if r.method == "GET" and "/ds/" in r.path and not r.path.endswith(".cfa.nc") and r.path.endswith(".nc"):
+            counts[r.path] = counts.get(r.path, 0) + 1
+    return counts
+
+
+def _used(before):
+    from daskcfa.fragments import readahead
+
+    now = readahead.stats()
+    return {k: now[k] - before[k] for k in now}
+
+
+@pytest.mark.parametrize("scheduler", ["synchronous", "threads"])
+def test_read_ahead_fetches_each_object_once_along_a_time_series(walk_dataset, scheduler):
+    from daskcfa.fragments import readahead
+
+    built, http, x = walk_dataset
+    aggregation = built.path.name
+    http.reset()
+    before = readahead.stats()
+    with dask.config.set({"daskcfa.io.readahead": 4, "scheduler": scheduler}):
+        got = x[:, 2, 3].compute()
+    assert_matches(got, built.expected[:, 2, 3])
+    gets = {p: n for p, n in _fragment_gets(http).items() if not p.endswith(aggregation)}
+    assert len(gets) == WALK and set(gets.values()) == {1}, "every object fetched exactly once"
+    used = _used(before)
+    if scheduler == "synchronous":  # dask walks in runs: all but the start of each run come from read-ahead
+        assert used["used"] >= 3 * WALK // 4
+    assert used["used"] > 0 and used["started"] <= WALK
+
+
+def test_read_ahead_stops_near_the_end_of_a_partial_walk(walk_dataset):
+    built, http, x = walk_dataset
+    http.reset()
+    with dask.config.set({"daskcfa.io.readahead": 4, "scheduler": "synchronous"}):
+        got = x[:10, 2, 3].compute()
+    assert_matches(got, built.expected[:10, 2, 3])
+    gets = {p: n for p, n in _fragment_gets(http).items() if not p.endswith(built.path.name)}
+    assert 10 <= len(gets) <= 10 + 4 and set(gets.values()) == {1}
+
+
+@pytest.mark.parametrize("settings", [{"daskcfa.io.readahead": 0}, {"daskcfa.io.small-object": 16}])
+def test_read_ahead_off_or_objects_too_large(walk_dataset, settings):
+    built, http, x = walk_dataset
+    before = __import__("daskcfa.fragments.readahead", fromlist=["stats"]).stats()
+    with dask.config.set({**settings, "scheduler": "synchronous"}):
+        got = x[:, 2, 3].compute()
+    assert_matches(got, built.expected[:, 2, 3])
+    assert _used(before)["started"] == 0

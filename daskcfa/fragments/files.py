@@ -29,6 +29,7 @@ import dask.config
 from .. import storage
 from ..errors import CFAError, FragmentReadError, NotFoundError
 from ..storage.profiles import ProfileRef
+from . import readahead
 from .manager import manager
 from .netcdf import NetCDF4File
 
@@ -219,10 +220,14 @@ def _open_local(path: str) -> FragmentFile:
     return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path))
 
 
+def small_object_size() -> int:
+    """Remote objects up to this size are always fetched whole (``daskcfa.io.small-object``)."""
+    return storage.config_bytes("daskcfa.io.small-object", 4 << 20)
+
+
 def _whole_object_wanted(fraction: float, nbytes: int) -> bool:
     threshold = float(dask.config.get("daskcfa.io.whole-fragment-fraction", 0.5))
-    small = storage.config_bytes("daskcfa.io.small-object", 4 << 20)
-    return fraction >= threshold or nbytes <= small
+    return fraction >= threshold or nbytes <= small_object_size()
 
 
 def _remote_handle(uri: str, profile: ProfileRef, fraction: float, expected_nbytes: int) -> Any:
@@ -262,7 +267,9 @@ def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
 
 
 def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None) -> FragmentFile:
-    data = storage.read_bytes(uri, profile, known_size=nbytes)
+    data = readahead.take(uri, profile)
+    if data is None:
+        data = storage.read_bytes(uri, profile, known_size=nbytes)
     head = bytes(data[:8])
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):

@@ -19,7 +19,10 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from ..decode import Encoding
+from .. import storage
+from ..fragments import readahead
 from ..fragments.canonical import Target, read_fragment
+from ..fragments.files import small_object_size
 from ..model import AggregatedVariable, FragmentGrid
 from ..storage.access import Access
 from .indexing import array_axis_move, output_shape, split_key
@@ -52,7 +55,9 @@ class AggregatedArray:
             calendar=None if attrs.get("calendar") is None else str(attrs["calendar"]),
             profile=access.profile,
             policy=access.policy,
+            missing=access.missing,
         )
+        self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
 
     def __repr__(self) -> str:
         return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
@@ -64,7 +69,7 @@ class AggregatedArray:
         except OSError:
             stamp = None
         return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.decode, self.target.profile,
-                self.target.policy)
+                self.target.policy, self.target.missing)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         grid = self.variable.fragments.grid
@@ -90,6 +95,8 @@ class AggregatedArray:
         combos = list(itertools.product(*(d.pieces for d in dims)))
         if not combos:
             return np.ma.MaskedArray(np.empty(shape, self.target.dtype))
+        if len(combos) == 1:
+            self._read_ahead(combos[0])
         out = None
         for pieces in combos:
             ref = fragments[tuple(p.fragment for p in pieces)]
@@ -101,6 +108,39 @@ class AggregatedArray:
                 out = np.ma.MaskedArray(np.empty(shape, self.target.dtype), mask=False)
             out[_placement(pieces)] = block
         return out
+
+
+    def _read_ahead(self, pieces: tuple) -> None:
+        """When reads walk along one fragment axis (a time series, say), start
+        fetching the next small remote fragments on it (see :mod:`..fragments.readahead`)."""
+        depth = readahead.depth()
+        index = tuple(p.fragment for p in pieces)
+        last, self._last_read = self._last_read, index
+        if not depth or last is None:
+            return
+        moved = [a for a, (i, j) in enumerate(zip(index, last)) if i != j]
+        if len(moved) != 1 or abs(index[moved[0]] - last[moved[0]]) > 2:  # (threads take turns)
+            return
+        axis = moved[0]
+        step = 1 if index[axis] > last[axis] else -1
+        fragments = self.variable.fragments
+        small = small_object_size()
+        uris = []
+        for k in range(1, depth + 1):
+            position = index[axis] + k * step
+            if not 0 <= position < fragments.grid.grid_shape[axis]:
+                break
+            ref = fragments[index[:axis] + (position,) + index[axis + 1:]]
+            if ref.is_missing or not ref.uris:
+                continue
+            uri = storage.resolve(ref.uris[0], self.target.source)
+            if storage.is_local(uri) or storage.is_opendap(uri):
+                return
+            if int(np.prod(ref.shape, dtype=np.int64)) * self.target.dtype.itemsize > small:
+                return  # larger objects are fetched in concurrent parts by their own task
+            if self.target.policy is None or self.target.policy.allows(uri):
+                uris.append(uri)
+        readahead.read_ahead(uris, self.target.profile)
 
 
 def _take(block: np.ma.MaskedArray, pieces: tuple) -> np.ma.MaskedArray:

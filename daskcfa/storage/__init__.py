@@ -10,6 +10,8 @@ URI (never a secret), after bounded retries for transient faults.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import io
 import os
 import re
@@ -42,6 +44,7 @@ __all__ = [
     "size",
     "read_bytes",
     "read_ranges",
+    "fetch_soon",
     "open_file",
     "put_bytes",
     "listdir",
@@ -225,6 +228,18 @@ def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     starts = list(range(0, known_size, part))
     parts = read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile)
     return b"".join(parts)
+
+
+def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE) -> concurrent.futures.Future | None:
+    """Start fetching a whole remote object in the background (on fsspec's event
+    loop), without waiting: the future's result is its bytes. None when the
+    object's filesystem has no event loop to run it on (local files)."""
+    if is_local(uri) or is_opendap(uri):
+        return None
+    fs, path = filesystem(uri, profile)
+    if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
+        return None
+    return asyncio.run_coroutine_threadsafe(fs._cat_file(path), fs.loop)
 
 
 def netcdf_memory(data: bytes) -> bytes:

@@ -1,4 +1,5 @@
-"""How a reader may reach storage: the credentials reference and the location policy."""
+"""How a reader may reach storage: the credentials reference, the location policy,
+and what to do with a fragment that cannot be read."""
 
 from __future__ import annotations
 
@@ -9,13 +10,25 @@ from .policy import LocationPolicy
 from .profiles import ProfileRef, register
 from .uri import scheme_of
 
+#: ``missing=`` choices: raise the fragment's error, or read the fragment as missing data.
+MISSING_CHOICES = ("raise", "fill")
+
 
 @dataclass(frozen=True)
 class Access:
-    """Everything a task needs to open fragments, and nothing secret."""
+    """Everything a task needs to open fragments, and nothing secret.
+
+    ``missing="fill"`` reads a fragment that is absent or unreadable (not
+    netCDF, truncated, corrupt, wrong shape) as missing data, with a
+    :class:`~daskcfa.errors.CFAWarning` naming it, instead of raising.
+    """
 
     profile: ProfileRef
     policy: LocationPolicy
+    missing: str = "raise"
+
+    def __post_init__(self) -> None:
+        _check_missing(self.missing)
 
     @classmethod
     def default(cls, source: str) -> "Access":
@@ -23,6 +36,12 @@ class Access:
 
     @classmethod
     def for_aggregation(cls, url: str, storage_options: Mapping[str, Any] | None = None,
-                        allowed_locations: Iterable[str] | None = None) -> "Access":
+                        allowed_locations: Iterable[str] | None = None, missing: str = "raise") -> "Access":
+        _check_missing(missing)  # before the options are registered anywhere
         return cls(register(storage_options, protocol=scheme_of(url)),
-                   LocationPolicy.for_aggregation(url, allowed_locations))
+                   LocationPolicy.for_aggregation(url, allowed_locations), missing)
+
+
+def _check_missing(missing: str) -> None:
+    if missing not in MISSING_CHOICES:
+        raise ValueError(f"missing must be one of {', '.join(map(repr, MISSING_CHOICES))}, got {missing!r}")

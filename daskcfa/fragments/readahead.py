@@ -1,0 +1,133 @@
+"""Read-ahead of small remote fragments: more requests in flight than threads.
+
+A one-point time series through 1,000 small objects is bound by request
+latency: each dask thread waits for one GET at a time, and on a real object
+store a GET takes tens of milliseconds. When the reads of an aggregated
+variable walk along one fragment axis, the objects of the next fragments on
+that axis are fetched in the background (on fsspec's event loop) and handed
+to the tasks that need them, so that up to ``daskcfa.io.readahead`` requests
+(default 8; 0 turns read-ahead off) are in flight per process.
+
+Only objects that would be fetched whole anyway are read ahead (small ones:
+at most ``daskcfa.io.small-object`` bytes), and an object read in the last
+:data:`_RECENT_SECONDS` is not fetched again, so read-ahead adds no bytes
+except at the end of a walk. Fetched objects wait for their reader at most
+:data:`_KEPT_SECONDS`; memory is bounded by :data:`_KEPT_PER_REQUEST` times the
+depth times the small-object size. A fetch that fails is forgotten: the task
+that needs the object fetches it again, with the usual retries and errors.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import OrderedDict
+from typing import Iterable
+
+import dask.config
+
+from .. import storage
+from ..storage.profiles import ProfileRef
+
+__all__ = ["depth", "read_ahead", "take", "stats"]
+
+#: How long a task waits for a fetch already under way before fetching itself.
+_WAIT_SECONDS = 30.0
+#: An object fetched and not taken in this time belongs to a walk that went elsewhere.
+_KEPT_SECONDS = 30.0
+#: Fetched objects kept waiting for their readers, per request allowed in flight.
+_KEPT_PER_REQUEST = 4
+#: An object read this recently is not read ahead again (the walk has passed it).
+_RECENT_SECONDS = 30.0
+_RECENT_MAX = 1 << 14
+
+_Key = tuple[str, "str | None"]
+
+
+def depth() -> int:
+    """Requests in flight ahead of the reads, per process (dask config ``daskcfa.io.readahead``)."""
+    return max(0, int(dask.config.get("daskcfa.io.readahead", 8)))
+
+
+class _ReadAhead:
+    """The objects fetched ahead in this process (oldest first) and those read recently."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fetches: OrderedDict[_Key, tuple[concurrent.futures.Future, float]] = OrderedDict()
+        self._recent: OrderedDict[_Key, float] = OrderedDict()
+        self.started = 0  # fetches started ahead
+        self.used = 0  # of which handed to the read that needed them
+
+    def start(self, uris: Iterable[str], profile: ProfileRef, limit: int) -> None:
+        for uri in uris:
+            key = (uri, profile.name)
+            with self._lock:  # held while starting: a read must not begin between check and start
+                self._expire(time.monotonic(), limit)
+                if key in self._fetches or key in self._recent:
+                    continue
+                if sum(not f.done() for f, _ in self._fetches.values()) >= limit:
+                    return
+                try:
+                    future = storage.fetch_soon(uri, profile)  # schedules; does not wait
+                except Exception:  # best effort: the read itself reports any error
+                    return
+                if future is None:
+                    return
+                self._fetches[key] = (future, time.monotonic())
+                self.started += 1
+
+    def take(self, uri: str, profile: ProfileRef) -> bytes | None:
+        key = (uri, profile.name)
+        with self._lock:
+            entry = self._fetches.pop(key, None)
+            self._recent[key] = time.monotonic()
+            self._recent.move_to_end(key)
+        if entry is None:
+            return None
+        try:
+            data = entry[0].result(timeout=_WAIT_SECONDS)
+        except Exception:
+            entry[0].cancel()
+            return None
+        if not isinstance(data, (bytes, bytearray)):
+            return None
+        with self._lock:
+            self.used += 1
+        return data
+
+    def _expire(self, now: float, limit: int) -> None:
+        while self._recent and (len(self._recent) > _RECENT_MAX
+                                or now - next(iter(self._recent.values())) > _RECENT_SECONDS):
+            self._recent.popitem(last=False)
+        for key, (future, started) in list(self._fetches.items()):
+            if now - started > _KEPT_SECONDS:
+                future.cancel()
+                del self._fetches[key]
+        while len(self._fetches) > _KEPT_PER_REQUEST * limit:
+            _, (future, _) = self._fetches.popitem(last=False)
+            future.cancel()
+
+
+_READ_AHEAD = _ReadAhead()
+
+
+def read_ahead(uris: Iterable[str], profile: ProfileRef) -> None:
+    """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight)."""
+    limit = depth()
+    if limit:
+        _READ_AHEAD.start(uris, profile, limit)
+
+
+def take(uri: str, profile: ProfileRef) -> bytes | None:
+    """The bytes of ``uri`` if it was read ahead (waiting for a fetch under way), else None.
+
+    Every whole-object read asks, so that what was read is not read ahead again.
+    """
+    return _READ_AHEAD.take(uri, profile)
+
+
+def stats() -> dict[str, int]:
+    """This process's read-ahead so far: fetches ``started`` and ``used`` by a read."""
+    return {"started": _READ_AHEAD.started, "used": _READ_AHEAD.used}
