@@ -3,7 +3,13 @@
 from .api import from_cfa, open_cfa, plan_fragments, read_aggregation, to_cfa
 from .dataset import Dataset, Dimension, Group, Variable
 from .plugins import FragmentBudget, StorageProfiles, fragment_stats
+from .archive.refragment import plan_refragment, refragment
+from .archive.aggregate import aggregate, rebuild
+from .archive.info import describe
+from .archive.relocate import relocate
+from .archive.verify import verify
 from .errors import (
+    AggregationError,
     BudgetError,
     CFAError,
     CFAFormatError,
@@ -27,6 +33,8 @@ __all__ = [
     "read_aggregation",
     "to_cfa",
     "plan_fragments",
+    "refragment",
+    "plan_refragment",
     "Dataset",
     "Dimension",
     "Group",
@@ -34,6 +42,12 @@ __all__ = [
     "FragmentBudget",
     "StorageProfiles",
     "fragment_stats",
+    "aggregate",
+    "rebuild",
+    "verify",
+    "relocate",
+    "describe",
+    "AggregationError",
     "BudgetError",
     "CFAError",
     "CFAFormatError",

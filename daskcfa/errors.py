@@ -24,6 +24,7 @@ __all__ = [
     "NotFoundError",
     "UnsafeURIError",
     "BudgetError",
+    "AggregationError",
     "CFAWarning",
     "redact",
 ]
@@ -138,6 +139,10 @@ class UnsafeURIError(CFAError, PermissionError):
 
 class BudgetError(CFAError, MemoryError):
     """A fragment cannot be held within the worker's memory or file-handle budget."""
+
+
+class AggregationError(CFAError, ValueError):
+    """Files cannot be aggregated together (different variables, coordinates or units; gaps, overlaps)."""
 
 
 class CFAWarning(UserWarning):

@@ -6,6 +6,8 @@ xarray's own lazy indexing reaches the fragments (a one-point time series
 reads one HDF5 chunk per fragment). Values are handed over *stored* — the
 variable's ``_FillValue``, packing and time units are decoded by xarray, as
 for any netCDF file. With ``chunks={}`` the dask chunks are the fragments.
+Groups open with ``xr.open_datatree(url, engine="daskcfa")`` (or one group
+with ``group="/grp"``).
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 from xarray import Dataset as XrDataset
+from xarray import DataTree
 from xarray import Variable as XrVariable
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from .api import open_cfa
-from .dataset import Dataset, FileVariableArray, Variable
+from .dataset import Dataset, FileVariableArray, Group, Variable
 from .decode import default_fill_value
 from .graph.read import AggregatedArray
 
-__all__ = ["DaskCFABackendEntrypoint", "open_dataset"]
+__all__ = ["DaskCFABackendEntrypoint", "open_dataset", "open_datatree"]
 
 
 class _LazyArray(BackendArray):
@@ -57,12 +60,27 @@ def _variable(var: Variable, url: str) -> XrVariable:
     return XrVariable(var.dims, data, attrs, encoding)
 
 
-def _to_xarray(ds: Dataset, group: str | None, drop_variables: Iterable[str] | None) -> XrDataset:
-    node = ds if group in (None, "", "/") else ds[group]
-    dropped = set(drop_variables or ())
+def _group(ds: Dataset, group: str | None) -> Group:
+    """The group at ``group`` ("/grp/sub" or "grp/sub"; None or "/" for the root)."""
+    if group in (None, "", "/"):
+        return ds
+    node = ds[group]
+    if not isinstance(node, Group):
+        raise KeyError(f"{group!r} is a variable, not a group, in {ds.url}")
+    return node
+
+
+def _to_xarray(ds: Dataset, node: Group, drop_variables: Iterable[str] | None) -> XrDataset:
+    dropped = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables or ())
     variables = {name: _variable(var, ds.url) for name, var in node.variables.items() if name not in dropped}
     out = XrDataset(variables, attrs=dict(node.attrs))
     return out.set_coords([n for n in variables if n in node.dimensions and variables[n].dims == (n,)])
+
+
+# xarray's CF decoding options, passed through to ``xarray.conventions.decode_cf``
+# (declared so that ``decode_cf=False`` reaches them).
+_DECODERS = ("mask_and_scale", "decode_times", "concat_characters", "decode_coords", "use_cftime",
+             "decode_timedelta")
 
 
 class DaskCFABackendEntrypoint(BackendEntrypoint):
@@ -71,18 +89,38 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
     description = "Open CFA-netCDF aggregations (CF-1.13, CFA-0.4 to 0.6, NCA) with daskcfa"
     url = "https://github.com/daskcfa/daskcfa"
     open_dataset_parameters = ("filename_or_obj", "drop_variables", "group", "storage_options",
-                               "allowed_locations")
+                               "allowed_locations", *_DECODERS)
+    supports_groups = True
 
-    def open_dataset(self, filename_or_obj: Any, *, drop_variables: Iterable[str] | None = None,
+    def open_dataset(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                      group: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                     allowed_locations: Iterable[str] | None = None, **decode_options: Any) -> XrDataset:
+                     allowed_locations: Iterable[str] | None = None, **decoders: Any) -> XrDataset:
         from xarray.conventions import decode_cf
 
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations)
-        return decode_cf(_to_xarray(ds, group, drop_variables), **decode_options)
+        return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables), **decoders)
+
+    def open_groups_as_dict(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
+                            group: str | None = None, storage_options: Mapping[str, Any] | None = None,
+                            allowed_locations: Iterable[str] | None = None,
+                            **decoders: Any) -> dict[str, XrDataset]:
+        """Every group under ``group`` (default: the root), by path relative to it: "/", "/grp", ..."""
+        from xarray.conventions import decode_cf
+
+        ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations)
+        top = _group(ds, group)
+        return {_relative(node.path, top.path): decode_cf(_to_xarray(ds, node, drop_variables), **decoders)
+                for node in top.walk()}
+
+    def open_datatree(self, filename_or_obj: Any, **kwargs: Any) -> DataTree:
+        return DataTree.from_dict(self.open_groups_as_dict(filename_or_obj, **kwargs))
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
         return False  # aggregation files are ordinary netCDF files: ask for engine="daskcfa"
+
+
+def _relative(path: str, top: str) -> str:
+    return path if top == "/" else "/" + path[len(top):].strip("/")
 
 
 def open_dataset(url: str, *, chunks: Any = None, **kwargs: Any) -> XrDataset:
@@ -90,3 +128,10 @@ def open_dataset(url: str, *, chunks: Any = None, **kwargs: Any) -> XrDataset:
     import xarray
 
     return xarray.open_dataset(url, engine=DaskCFABackendEntrypoint, chunks=chunks, **kwargs)
+
+
+def open_datatree(url: str, *, chunks: Any = None, **kwargs: Any) -> DataTree:
+    """``xarray.open_datatree(url, engine="daskcfa", ...)``: every group; ``chunks={}`` as for :func:`open_dataset`."""
+    import xarray
+
+    return xarray.open_datatree(url, engine=DaskCFABackendEntrypoint, chunks=chunks, **kwargs)

@@ -87,3 +87,74 @@ def test_cf_decoded_round_trip_is_identical(tmp_path):
     back = xr.open_dataset(path, engine="daskcfa", chunks={})
     assert back["tas"].chunks == ((5, 5, 2), (4,), (5,))
     xr.testing.assert_identical(ds, back.load())
+
+
+# ---------------------------------------------------------------------------
+# Groups: xr.open_datatree and open_dataset(group=...)
+# ---------------------------------------------------------------------------
+def grouped_archive(directory, dialect):
+    """Aggregated variables in the root, in /grp and in /model/run1 (with its own dimensions),
+    plus an ordinary variable and attributes in /grp."""
+    import netCDF4
+
+    tas = build(dialect, directory, make_truth((6, 4, 5), "f4", seed=11, masked=0.2), DIMS, SIZES)
+    pr = build(dialect, directory, make_truth((6, 4, 5), "f8", seed=12), DIMS, ((6,), (1, 3), (5,)),
+               name="pr", group="grp", append=True)
+    uas = build(dialect, directory, make_truth((6, 4, 5), "f4", seed=13, masked=0.1), DIMS, ((3, 3), (2, 2), (5,)),
+                name="uas", group="model/run1", dims_in_group=True, append=True)
+    orog = np.arange(20, dtype="f4").reshape(4, 5)
+    with netCDF4.Dataset(str(tas.path), "a") as ds:
+        ds["grp"].setncattr("source", "group attribute")
+        var = ds["grp"].createVariable("orog", "f4", ("lat", "lon"))
+        var.units, var[:] = "m", orog
+    return tas, pr, uas, orog
+
+
+@pytest.mark.parametrize("dialect", ("CF-1.13", "cfdm-interim", "cfapyx-interim"))
+def test_datatree_every_group_equals_ground_truth(tmp_path, dialect):
+    tas, pr, uas, orog = grouped_archive(tmp_path, dialect)
+    tree = xr.open_datatree(str(tas.path), engine="daskcfa", chunks={})
+    assert [path for path, _ in tree.subtree_with_keys] == [".", "grp", "model", "model/run1"]
+    for path, built in (("/tas", tas), ("/grp/pr", pr), ("/model/run1/uas", uas)):
+        array = tree[path]
+        assert array.chunks == built.chunks, path  # lazy, one dask chunk per fragment
+        assert_equal_masked(array.values, built.expected)
+    grp = tree["grp"]
+    assert grp.attrs["source"] == "group attribute"
+    assert set(grp.dataset.data_vars) == {"pr", "orog"}  # instruction variables stay hidden
+    np.testing.assert_array_equal(grp["orog"].values, orog)
+    assert grp["orog"].attrs["units"] == "m"
+    np.testing.assert_array_equal(grp["pr"]["lat"].values, tree["lat"].values)  # coordinates inherited from the root
+
+
+def test_datatree_of_a_group_and_open_dataset_of_a_group(tmp_path):
+    tas, pr, uas, orog = grouped_archive(tmp_path, "CF-1.13")
+    sub = daskcfa.xarray_backend.open_datatree(str(tas.path), group="/model")
+    assert [path for path, _ in sub.subtree_with_keys] == [".", "run1"]
+    assert_equal_masked(sub["run1/uas"].values, uas.expected)
+    groups = xr.open_groups(str(tas.path), engine="daskcfa")
+    assert list(groups) == ["/", "/grp", "/model", "/model/run1"]
+    assert_equal_masked(groups["/grp"]["pr"].values, pr.expected)
+    ds = xr.open_dataset(str(tas.path), engine="daskcfa", group="grp", chunks={})
+    assert set(ds.data_vars) == {"pr", "orog"} and ds.attrs["source"] == "group attribute"
+    assert ds["pr"].chunks == pr.chunks
+    assert_equal_masked(ds["pr"].values, pr.expected)
+    with pytest.raises(KeyError, match="not a group"):
+        xr.open_datatree(str(tas.path), engine="daskcfa", group="/grp/pr")
+
+
+def test_datatree_hides_cfa05_instruction_groups(tmp_path):
+    built = build("CFA-0.5", tmp_path, make_truth((6, 4, 5), "f4", seed=14, masked=0.1), DIMS, SIZES)
+    tree = xr.open_datatree(str(built.path), engine="daskcfa")
+    assert [path for path, _ in tree.subtree_with_keys] == ["."]  # no cfa_tas group
+    assert_equal_masked(tree["tas"].values, built.expected)
+
+
+def test_decode_cf_false_hands_over_stored_values(tmp_path):
+    built = build_cf113(tmp_path, make_truth((6, 4, 5), "f4", seed=3, masked=0.1), DIMS, SIZES,
+                        dtype="i2", agg_scale_factor=0.01, agg_add_offset=250.0)
+    raw = xr.open_dataset(str(built.path), engine="daskcfa", decode_cf=False)
+    assert raw["tas"].dtype == np.dtype("i2")
+    assert raw["tas"].attrs["scale_factor"] == pytest.approx(0.01) and raw["tas"].attrs["add_offset"] == 250.0
+    decoded = xr.decode_cf(raw)
+    assert_equal_masked(decoded["tas"].values, built.expected)

@@ -17,7 +17,10 @@ import numpy as np
 
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid
-from .limits import check_fragment_count
+from .limits import check_array_size, check_fragment_count, check_instruction_size
+
+#: Longest string a char-array instruction variable may hold (URIs are far shorter).
+MAX_STRING_LENGTH = 1 << 16
 
 #: Attributes that carry aggregation instructions, never data attributes.
 INSTRUCTION_ATTRS = frozenset(
@@ -106,8 +109,20 @@ def require_variable(group: netCDF4.Group, name: str, *, variable: str, role: st
     return var
 
 
-def read_raw(var: netCDF4.Variable) -> Any:
+def check_size(var: netCDF4.Variable, *, owner: str | None = None) -> None:
+    """Refuse an instruction variable too large for any valid aggregation, before reading it."""
+    shape = tuple(var.shape)
+    where = {"file": source_of(var.group()), "variable": owner or variable_path(var)}
+    if var.dtype != str and np.dtype(var.dtype).kind == "S" and shape:  # char array: last dim is the length
+        if shape[-1] > MAX_STRING_LENGTH:
+            raise CFAFormatError(f"variable {var.name!r} holds strings of {shape[-1]:,} characters", **where)
+        shape = shape[:-1]
+    check_instruction_size(var.name, shape, **where)
+
+
+def read_raw(var: netCDF4.Variable, *, owner: str | None = None) -> Any:
     """All of a variable's values, without netCDF4's automatic masking/scaling."""
+    check_size(var, owner=owner)
     var.set_auto_maskandscale(False)
     try:
         return var[...]
@@ -121,7 +136,7 @@ def read_strings(var: netCDF4.Variable, *, owner: str | None = None) -> np.ndarr
     Handles vlen ``string`` variables and ``char`` arrays whose last dimension
     is the string length (always so in netCDF-3 files).
     """
-    raw = read_raw(var)
+    raw = read_raw(var, owner=owner)
     if var.dtype == str or (isinstance(raw, np.ndarray) and raw.dtype == object):
         out = np.empty(np.shape(raw), dtype=object)
         out[...] = raw
@@ -156,6 +171,7 @@ def read_integers(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.M
             file=source_of(var.group()),
             variable=owner or variable_path(var),
         )
+    check_size(var, owner=owner)
     values = np.ma.asarray(var[...])
     return np.ma.MaskedArray(values.data.astype(np.int64), mask=np.ma.getmaskarray(values))
 
@@ -170,6 +186,8 @@ def split_words(text: Any) -> list[str]:
 
 
 def dimension_sizes(group: netCDF4.Group, names: Iterable[str], *, variable: str) -> list[int]:
+    """The sizes of the aggregated dimensions, refused if they describe an absurd array."""
+    names = list(names)
     sizes = []
     for name in names:
         dim = find_dimension(group, name)
@@ -180,6 +198,7 @@ def dimension_sizes(group: netCDF4.Group, names: Iterable[str], *, variable: str
                 variable=variable,
             )
         sizes.append(len(dim))
+    check_array_size(names, sizes, file=source_of(group), variable=variable)
     return sizes
 
 

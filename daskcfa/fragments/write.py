@@ -26,10 +26,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import netCDF4
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = [
     "SlicedVariable",
     "FragmentSpec",
     "FragmentTarget",
+    "Slabs",
     "encode_values",
     "write_fragment",
 ]
@@ -115,6 +117,19 @@ class FragmentTarget:
     token: str  #: identifies the fragment's content (the same call gives the same token)
 
 
+class Slabs:
+    """A fragment's stored values produced slab by slab (the split graph, for fragments larger than memory).
+
+    Iterating yields ``(where, values)``: slices locating the slab in the
+    fragment and its stored (encoded) values. Nothing is read before the
+    fragment file is open, and one slab at a time is held. A remote fragment
+    is then built in node-local scratch space (``tempfile``) and uploaded.
+    """
+
+    def __iter__(self) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
+        raise NotImplementedError
+
+
 def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
     """Data values as they are stored: packed, missing points set to the fill value, in ``dtype``.
 
@@ -155,7 +170,7 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, slic
 
     ``blocks`` are the fragment's stored values: one array, or nested lists of
     the dask chunks that tile it (assembled here, so aligned chunks need no
-    rechunk task). ``sliced`` holds the values of ``spec.sliced`` for this
+    rechunk task), or :class:`Slabs` written one after the other. ``sliced`` holds the values of ``spec.sliced`` for this
     fragment. ``semaphore`` (a ``distributed.Semaphore``) bounds concurrent
     uploads across a cluster. Any failure is raised as a
     :class:`~daskcfa.errors.CFAError` naming the fragment.
@@ -165,9 +180,14 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, slic
         done = _verified(spec, target)
         if done is not None:
             return done
-        data = np.asarray(concatenate3(blocks) if isinstance(blocks, list) else blocks, dtype=spec.dtype)
+        if isinstance(blocks, Slabs):
+            data: Any = blocks
+        else:
+            data = np.asarray(concatenate3(blocks) if isinstance(blocks, list) else blocks, dtype=spec.dtype)
         if storage.is_local(target.uri):
             nbytes, checksum = _write_local(spec, target, data, sliced)
+        elif isinstance(data, Slabs):
+            nbytes, checksum = _write_remote_from_scratch(spec, target, data, sliced, semaphore)
         else:
             nbytes, checksum = _write_remote(spec, target, data, sliced, semaphore)
         record = FragmentRecord(target.index, target.reference, nbytes, checksum)
@@ -201,7 +221,7 @@ def _estimate(data: np.ndarray, sliced: Sequence[np.ndarray]) -> int:
     return int(data.nbytes + sum(np.asarray(v).nbytes for v in sliced) + _OVERHEAD)
 
 
-def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
+def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
                  sliced: Sequence[np.ndarray]) -> tuple[int, str]:
     """netCDF-C writes a temporary file beside the final one, which is then renamed into place."""
     final = storage.local_path(target.uri)
@@ -209,12 +229,7 @@ def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
     os.makedirs(directory or ".", exist_ok=True)
     partial = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.part")
     try:
-        with HDF5_LOCK:
-            nc = netCDF4.Dataset(partial, "w", format=spec.file_format)
-            try:
-                _fill(nc, spec, target, data, sliced)
-            finally:
-                nc.close()
+        _write_file(partial, spec, target, data, sliced)
         nbytes = os.path.getsize(partial)  # resume checks size and mtime: no read-back
         storage.commit(partial, final, spec.profile)
     except BaseException:
@@ -222,6 +237,43 @@ def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
             storage.delete(partial)
         raise
     return nbytes, ""
+
+
+def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
+                sliced: Sequence[np.ndarray]) -> None:
+    """Write the fragment file at the local ``path``; slabs are read between writes, outside the lock."""
+    with HDF5_LOCK:
+        nc = netCDF4.Dataset(path, "w", format=spec.file_format)
+    try:
+        slabs = isinstance(data, Slabs)
+        with HDF5_LOCK:
+            var = _fill(nc, spec, target, None if slabs else data, sliced)
+        if slabs:
+            for where, values in data:
+                with HDF5_LOCK:
+                    var[where] = values
+    finally:
+        with HDF5_LOCK:
+            nc.close()
+
+
+def _write_remote_from_scratch(spec: FragmentSpec, target: FragmentTarget, slabs: Slabs,
+                               sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
+    """Build the file in node-local scratch space, then upload it (streamed: memory stays one slab)."""
+    handle, scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-fragment-")
+    os.close(handle)
+    try:
+        _write_file(scratch, spec, target, slabs, sliced)
+        digest = hashlib.md5(usedforsecurity=False)
+        with open(scratch, "rb") as f:
+            for block in iter(lambda: f.read(8 << 20), b""):
+                digest.update(block)
+        fs, path = storage.filesystem(target.uri, spec.profile)
+        with semaphore if semaphore is not None else nullcontext():
+            storage._with_retries(target.uri, fs.put_file, scratch, path)
+        return os.path.getsize(scratch), digest.hexdigest()
+    finally:
+        os.unlink(scratch)
 
 
 def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray, sliced: Sequence[np.ndarray],
@@ -243,9 +295,10 @@ def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray, 
     return len(payload), checksum
 
 
-def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray,
-          sliced: Sequence[np.ndarray]) -> None:
-    """Define and write the fragment's contents (caller holds the netCDF lock)."""
+def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | None,
+          sliced: Sequence[np.ndarray]) -> netCDF4.Variable:
+    """Define and write the fragment's contents (caller holds the netCDF lock); ``data=None``
+    leaves the aggregated variable to be written later. Returns that variable."""
     nc.setncatts(spec.global_attrs)
     for dim, size in zip(spec.dims, target.shape):
         nc.createDimension(dim, size)
@@ -253,19 +306,22 @@ def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data:
         nc.createDimension(dim, size)
     for var, values in zip(spec.sliced, sliced):
         _variable(nc, var.name, var.dims, var.dtype, var.attrs, np.asarray(values), {})
-    _variable(nc, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, spec.compression)
+    return _variable(nc, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, spec.compression)
 
 
 def _variable(nc: netCDF4.Dataset, name: str, dims: tuple[str, ...], dtype: np.dtype, attrs: dict[str, Any],
-              values: np.ndarray, compression: dict[str, Any]) -> None:
+              values: np.ndarray | None, compression: dict[str, Any]) -> netCDF4.Variable:
     attrs = dict(attrs)
     fill = attrs.pop("_FillValue", None)
     text = dtype.kind in "OU"
     var = nc.createVariable(name, str if text else dtype, dims, fill_value=fill, **compression)
     var.setncatts(attrs)
     var.set_auto_maskandscale(False)
+    if values is None:
+        return var
     if dims:
         var[...] = values
     else:
         var.assignValue(values)
+    return var
 

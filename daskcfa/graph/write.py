@@ -57,12 +57,15 @@ __all__ = [
     "MODES",
     "WriteRequest",
     "WriteSource",
+    "FragmentSource",
+    "fragment_grid",
     "request_from_array",
     "request_from_dataset",
     "request_from_xarray",
     "request_for_update",
     "write_graph",
     "commit_aggregation",
+    "put_aggregation",
     "fragment_name",
     "marker_name",
 ]
@@ -75,12 +78,28 @@ _STORAGE_ATTRS = frozenset({*_PACKING, "_FillValue", "missing_value", "valid_min
                             "_Unsigned"})
 
 
+class FragmentSource:
+    """Data that produce each fragment's values themselves, instead of dask chunks.
+
+    The split graph (:mod:`daskcfa.graph.split`) reads each target fragment's
+    region straight from the source, slab by slab. It is a dask collection
+    (its graph holds any tasks the fragment tasks depend on) whose
+    :meth:`fragment_blocks` gives the ``blocks`` argument of one fragment task.
+    """
+
+    name: str  #: identifies the data (part of the fragments' resume tokens)
+
+    def fragment_blocks(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+
 @dataclass
 class WriteSource:
     """One variable to aggregate."""
 
     name: str  #: path, e.g. ``"/tas"``
-    data: Any  #: dask or numpy array of the values (decoded, or stored when ``encoded``)
+    #: dask or numpy array of the values (decoded, or stored when ``encoded``), or a FragmentSource
+    data: Any
     dims: tuple[str, ...]
     dtype: np.dtype  #: stored dtype
     attrs: dict[str, Any]
@@ -357,15 +376,11 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
                     layers: dict, references: set[str]) -> tuple[AggregatedVariable, list, da.Array]:
     """Plan one variable, add its fragment tasks to ``layers``; its model entry, task keys and input."""
     full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
-    if source.existing is not None:
-        grid = source.existing.fragments.grid
-    else:
-        grid = plan_fragments(full, source.dtype, source.dims, fragment_shape=_shape_for(options.fragment_shape, source),
-                              max_fragment_size=options.max_fragment_size, axes=_axes(model, source))
+    grid = fragment_grid(source, model, options.fragment_shape, options.max_fragment_size)
     start, stop = _bounds(source, full, grid)
     positions = [grid.fragments_between(d, a, b) for d, (a, b) in enumerate(zip(start, stop))]
     sub_sizes = tuple(tuple(grid.sizes[d][i] for i in r) for d, r in enumerate(positions))
-    x = _aligned(source, sub_sizes)
+    x = source.data if isinstance(source.data, FragmentSource) else _aligned(source, sub_sizes)
 
     sliced, extra_dims = _sliced_variables(model, source)
     for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
@@ -381,7 +396,7 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
                          [values for _, values in sliced], options.fragment_name)
     write_name = f"cfa-write-{source.basename}-{var_token}"
     slice_name = f"cfa-slice-{source.basename}-{var_token}"
-    chunk_offsets = [np.cumsum((0,) + c) for c in x.chunks]
+    chunk_offsets = [np.cumsum((0,) + c) for c in x.chunks] if isinstance(x, da.Array) else []
     written = {}
     keys = []
     for n, local in enumerate(np.ndindex(*[len(p) for p in positions])):
@@ -397,7 +412,10 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
             marker=storage.resolve(marker_name(stem, source.name, index), url),
             token=tokenize(var_token, index, reference),
         )
-        blocks = _block_keys(x, chunk_offsets, [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
+        if isinstance(x, FragmentSource):
+            blocks = x.fragment_blocks(grid, index)
+        else:
+            blocks = _block_keys(x, chunk_offsets, [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
         slice_keys = []
         for k, (var, values) in enumerate(sliced):
             where = tuple(frag_slices[source.dims.index(d)] if d in source.dims else slice(None) for d in var.dims)
@@ -413,6 +431,16 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         fragments=_fragments(source, grid, written), dialect=options.format, source=url,
     )
     return aggregated, keys, x
+
+
+def fragment_grid(source: WriteSource, model: AggregationDataset, fragment_shape: Any,
+                  max_fragment_size: int | str) -> FragmentGrid:
+    """The fragment grid ``source`` is written on: the existing one (``r+``), else the plan."""
+    if source.existing is not None:
+        return source.existing.fragments.grid
+    full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
+    return plan_fragments(full, source.dtype, source.dims, fragment_shape=_shape_for(fragment_shape, source),
+                          max_fragment_size=max_fragment_size, axes=_axes(model, source))
 
 
 def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str, Any]]:
@@ -483,20 +511,28 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
     return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
 
 
+def put_aggregation(url: str, payload: bytes, mode: str, profile: storage.ProfileRef) -> None:
+    """Put an encoded aggregation file in place: written under a temporary name, then moved.
+
+    ``mode="w-"`` refuses a file that exists by now (it may have appeared
+    since the caller last looked).
+    """
+    if mode == "w-" and storage.exists(url, profile):
+        raise FileExistsError(f"{redact(url)} exists (mode='w-' never overwrites)")
+    head, _, name = url.rpartition("/")
+    partial = f"{head}/.{name}.{uuid.uuid4().hex}.part"
+    storage.put_bytes(partial, payload, profile)
+    try:
+        storage.commit(partial, url, profile)
+    except BaseException:
+        if storage.exists(partial, profile):
+            storage.delete(partial, profile)
+        raise
+
+
 def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]]) -> str:
     """Put the aggregation file in place (every fragment has succeeded), then the manifest."""
-    if commit.mode == "w-" and storage.exists(commit.url, commit.profile):
-        raise FileExistsError(f"{redact(commit.url)} appeared while its fragments were written "
-                              "(mode='w-' never overwrites)")
-    head, _, name = commit.url.rpartition("/")
-    partial = f"{head}/.{name}.{uuid.uuid4().hex}.part"
-    storage.put_bytes(partial, commit.payload, commit.profile)
-    try:
-        storage.commit(partial, commit.url, commit.profile)
-    except BaseException:
-        if storage.exists(partial, commit.profile):
-            storage.delete(partial, commit.profile)
-        raise
+    put_aggregation(commit.url, commit.payload, commit.mode, commit.profile)
     fragments: dict[str, dict[str, Any]] = {}
     if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
         try:

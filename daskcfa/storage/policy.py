@@ -18,6 +18,7 @@ confines reads to one tree (symbolic links are followed before checking).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Iterable
 from urllib.parse import unquote
@@ -31,6 +32,8 @@ from .uri import is_local, normalise, scheme_of, to_local_path
 __all__ = ["LocationPolicy"]
 
 DEFAULT = "default"
+#: Characters no fragment URI may hold, whatever the rule.
+_CONTROL = re.compile(r"[\x00\r\n]")
 
 
 def _origin(uri: str) -> str:
@@ -73,7 +76,9 @@ class LocationPolicy:
         if not self.allows(uri):
             where = "local disk" if is_local(self.base) else _origin(self.base)
             shown = repr(uri)
-            if is_local(uri):
+            if any(_CONTROL.search(f) for f in [uri, *_forms(uri)]):
+                shown += " (it holds a NUL, CR or LF character, perhaps percent-encoded)"
+            elif is_local(uri):
                 real = os.path.realpath(to_local_path(uri))
                 if real != normalise(uri):
                     shown += f" (which resolves to {real!r})"
@@ -88,6 +93,8 @@ class LocationPolicy:
         # percent-encoded dots or slashes (``%2e%2e``, ``..%2f``, even encoded
         # twice) are decoded by servers before they resolve dot segments.
         forms = _forms(uri)
+        if any(_CONTROL.search(f) for f in [uri, *forms]):
+            return False  # NUL cuts paths short in C libraries; CR/LF inject HTTP headers
         return any(all(self._default_allows(f) if p == DEFAULT else _under(f, p) for f in forms)
                    for p in self.allowed)
 

@@ -1,0 +1,262 @@
+"""Aggregation files over existing netCDF files, without copying data.
+
+:func:`aggregate` turns files that tile a larger dataset (120 five-year CMIP
+files, or lat/lon tiles) into one CF aggregation file whose fragments are
+those files; :func:`rebuild` recovers a lost aggregation file from the
+self-describing fragments that :func:`daskcfa.to_cfa` writes. Both plan with
+:func:`~daskcfa.archive.scan.scan` (parallel metadata scan and consistency
+checks) and write with the same encoder and atomic commit as ``to_cfa``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+from urllib.parse import quote
+
+import numpy as np
+
+from .. import storage
+from ..errors import AggregationError
+from ..formats.encode import encode_aggregation
+from ..graph.write import put_aggregation
+from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
+from .scan import FileInfo, expand_sources, plan_aggregation, same_values, scan, scan_files, sources_profile
+
+__all__ = ["scan", "aggregate", "rebuild"]
+
+_MODES = ("w-", "w")
+
+
+def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequence[str] | None = None,
+              variables: Sequence[str] | None = None, format: str = "CF-1.13", absolute_uris: bool = False,
+              storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
+    """Write an aggregation file at ``target`` over existing netCDF files (no data are copied).
+
+    The concatenation dimensions and the order of the files are inferred
+    from their coordinates (or given with ``concat_dims``); time coordinates
+    in different units, reference dates included, are compared and
+    concatenated in the earliest file's units. The files must agree (same
+    variables with the same dimensions, compatible dtypes and convertible
+    units, equal coordinates elsewhere) and tile the domain without gaps or
+    overlaps; otherwise :class:`~daskcfa.errors.AggregationError` names the
+    files. Variables spanning a concatenation dimension become aggregated
+    variables with one fragment per file; the others (and the coordinates)
+    are stored in the aggregation file. Global attributes are those every
+    file has with the same value (``history``, ``creation_date``,
+    ``tracking_id``... differ per file and are dropped).
+
+    ``sources``: file URLs, directories, globs or a list of these (see
+    :func:`~daskcfa.archive.scan.scan`). Fragment URIs are stored relative to
+    the aggregation file when both are on the same storage (same bucket), else
+    absolute; ``absolute_uris=True`` always stores absolute URIs. ``mode``:
+    ``"w-"`` refuses an existing target, ``"w"`` overwrites it. The file is
+    written under a temporary name and moved into place. Returns its URL.
+    """
+    url, profile = prepare_target(target, storage_options, mode)
+    model = scan(sources, concat_dims=concat_dims, variables=variables, storage_options=storage_options)
+    return _write(model, url, profile, format=format, absolute_uris=absolute_uris, mode=mode)
+
+
+def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.13",
+            storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
+    """Reconstruct a lost aggregation file from the self-describing fragments ``to_cfa`` wrote.
+
+    ``fragments``: the fragment directory (``tas/`` beside ``tas.nca``), an S3
+    prefix, a glob or a list of fragment URLs. Fragments are grouped by the
+    variable they hold (the writer's names ``{stem}.{var}.{index}.nc`` give
+    the variable and the fragment's place; files named otherwise are placed by
+    their coordinates); every variable becomes an aggregated variable of the
+    one aggregation file, with the coordinates recovered from the fragments.
+    Hidden files (the writer's ``.daskcfa/`` markers, unfinished ``.part``
+    files) are ignored. Ordinary variables that were never copied into
+    fragments (neither coordinates nor named by a ``coordinates`` attribute)
+    cannot be recovered.
+    """
+    url, profile = prepare_target(target, storage_options, mode)
+    source_profile = sources_profile(fragments, storage_options)
+    infos = scan_files(expand_sources(fragments, source_profile, recursive=True), source_profile)
+    models = []
+    for path, (members, positions) in _by_variable(infos).items():
+        group, name = posixpath.split(path)
+        model = plan_aggregation(members, variables=[name], positions=positions, profile=source_profile)
+        models.append(_in_group(model, group))
+    return _write(_merge(models), url, profile, format=format, absolute_uris=False, mode=mode)
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+
+def prepare_target(target: str, storage_options: Mapping[str, Any] | None, mode: str
+                   ) -> tuple[str, storage.ProfileRef]:
+    """The normalised target URL and its storage profile; ``mode`` checked, an existing target refused for "w-"."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    url = storage.normalise(target)
+    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
+    if mode == "w-" and storage.exists(url, profile):
+        raise FileExistsError(f"{url} exists; use mode='w' to overwrite it")
+    return url, profile
+
+
+def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, format: str, absolute_uris: bool,
+           mode: str) -> str:
+    """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit."""
+    model.aggregated = [_referenced(av, url, absolute_uris, format) for av in model.aggregated]
+    payload = encode_aggregation(model, format=format)  # every rule checked before anything is written
+    put_aggregation(url, payload, mode, profile)
+    return url
+
+
+def _referenced(av: AggregatedVariable, url: str, absolute: bool, format: str) -> AggregatedVariable:
+    uris = av.fragments.uris
+    stored = np.frompyfunc(lambda u: _absolute(u) if absolute else reference(u, url), 1, 1)(uris).astype(object)
+    return replace(av, fragments=replace(av.fragments, uris=stored), source=url, dialect=format)
+
+
+def reference(uri: str, base: str) -> str:
+    """How the aggregation file at ``base`` refers to the file at ``uri``.
+
+    A relative reference when both are on the same storage (the same local
+    tree below the root, the same bucket or host), so that the dataset can
+    be moved as a whole; an absolute URI otherwise.
+    """
+    if storage.is_local(uri) and storage.is_local(base):
+        path, directory = storage.local_path(uri), os.path.dirname(storage.local_path(base))
+        if os.path.commonpath([path, directory]) == os.path.abspath(os.sep):
+            return _absolute(uri)
+        return quote(os.path.relpath(path, directory).replace(os.sep, "/"))
+    if storage.is_local(uri) or storage.is_local(base):
+        return _absolute(uri)
+    scheme, _, rest = uri.partition("://")
+    base_scheme, _, base_rest = base.partition("://")
+    authority, _, path = rest.partition("/")
+    base_authority, _, base_path = base_rest.partition("/")
+    if (scheme, authority) != (base_scheme, base_authority):
+        return uri
+    return posixpath.relpath("/" + path, posixpath.dirname("/" + base_path))
+
+
+def _absolute(uri: str) -> str:
+    return "file://" + quote(storage.local_path(uri)) if storage.is_local(uri) else uri
+
+
+# --------------------------------------------------------------------------
+# Rebuild: fragments grouped by variable
+# --------------------------------------------------------------------------
+
+
+def _by_variable(infos: Sequence[FileInfo]) -> dict[str, tuple[list[FileInfo], dict[str, dict[str, int]]]]:
+    """Variable path -> its fragment files and their places ({dim: index}) where the names tell them."""
+    groups: dict[str, tuple[list[FileInfo], dict[str, dict[str, int]]]] = {}
+    stems: dict[str, str] = {}
+    for info in infos:
+        stem, path, index = _fragment_of(info)
+        if stem is not None:
+            stems.setdefault(stem, info.uri)
+        members, positions = groups.setdefault(path, ([], {}))
+        members.append(info)
+        if index is not None:
+            dims = info.variables[posixpath.basename(path)].dims
+            positions[info.uri] = dict(zip(dims, index))
+    if len(stems) > 1:
+        raise AggregationError(f"fragments of {len(stems)} aggregations were found (stems {', '.join(sorted(stems))}): "
+                               "rebuild one aggregation at a time", file=next(iter(stems.values())))
+    for path, (members, positions) in groups.items():
+        if positions and len(positions) != len(members):
+            unnamed = [m.uri for m in members if m.uri not in positions]
+            raise AggregationError(f"fragments of {path!r} are named inconsistently: {', '.join(unnamed[:6])} do not "
+                                   "follow the writer's {stem}.{var}.{index}.nc names", file=unnamed[0])
+    return groups
+
+
+def _fragment_of(info: FileInfo) -> tuple[str | None, str, tuple[int, ...] | None]:
+    """(aggregation stem, variable path, fragment index) of one fragment file.
+
+    The writer names fragments ``{stem}/{stem}.{var}.{index}.nc`` (``{var}``
+    joins groups with dots); files named otherwise hold one data variable
+    and have no known index.
+    """
+    candidates = _data_variables(info)
+    directory, name = posixpath.split(info.uri.rstrip("/"))
+    stem = posixpath.basename(directory)
+    parts = re.sub(r"\.nc4?$", "", name).split(".")
+    if stem and parts[: len(stem.split("."))] == stem.split("."):
+        parts = parts[len(stem.split(".")):]
+        for var in candidates:
+            dims = info.variables[var].dims
+            ndim = max(len(dims), 1)
+            if len(parts) <= ndim or not all(p.isdigit() for p in parts[-ndim:]):
+                continue
+            dotted = ".".join(parts[:-ndim])
+            if dotted == var:
+                path = f"/{var}"
+            elif dotted.endswith("." + var):
+                path = "/" + dotted.replace(".", "/")
+            else:
+                continue
+            return stem, path, tuple(int(p) for p in parts[-ndim:]) if dims else None
+    if len(candidates) != 1:
+        raise AggregationError(f"cannot tell which variable the fragment holds (candidates: "
+                               f"{', '.join(candidates) or 'none'})", file=info.uri)
+    return None, f"/{candidates[0]}", None
+
+
+def _data_variables(info: FileInfo) -> list[str]:
+    """Variables that are neither coordinates, their bounds, nor named by a ``coordinates`` attribute."""
+    auxiliary = set()
+    for var in info.variables.values():
+        auxiliary |= set(str(var.attrs.get("coordinates", "")).split())
+        if var.dims == (var.name,):
+            auxiliary |= {str(var.attrs[k]) for k in ("bounds", "climatology") if k in var.attrs}
+    return [n for n, v in info.variables.items() if v.dims != (n,) and n not in auxiliary and v.is_numeric]
+
+
+def _in_group(model: AggregationDataset, group: str) -> AggregationDataset:
+    """The same aggregation with every dimension and variable inside ``group``."""
+    if group in ("", "/"):
+        return model
+
+    def moved(path: str) -> str:
+        return posixpath.join(group, path.lstrip("/"))
+
+    return AggregationDataset(
+        attrs=model.attrs,
+        dimensions=[replace(d, name=moved(d.name)) for d in model.dimensions],
+        variables=[replace(v, name=moved(v.name)) for v in model.variables],
+        aggregated=[replace(a, name=moved(a.name)) for a in model.aggregated],
+    )
+
+
+def _merge(models: list[AggregationDataset]) -> AggregationDataset:
+    """One aggregation from the per-variable ones: shared dimensions and coordinates must agree."""
+    merged = AggregationDataset(attrs={k: v for k, v in models[0].attrs.items()
+                                       if all(k in m.attrs and same_values(m.attrs[k], v) for m in models)})
+    dims: dict[str, Dimension] = {}
+    plain: dict[str, PlainVariable] = {}
+    for model in models:
+        for dim in model.dimensions:
+            known = dims.setdefault(dim.name, dim)
+            if known.size != dim.size:
+                raise AggregationError(f"dimension {dim.name!r} has size {dim.size} in the fragments of "
+                                       f"{_names(model)} but {known.size} in others")
+        for var in model.variables:
+            known_var = plain.setdefault(var.name, var)
+            if known_var is not var and not same_values(known_var.data, var.data):
+                raise AggregationError(f"variable {var.name!r} differs between the fragments of {_names(model)} "
+                                       "and of other variables", variable=var.name)
+        merged.aggregated += model.aggregated
+    merged.dimensions = list(dims.values())
+    merged.variables = list(plain.values())
+    return merged
+
+
+def _names(model: AggregationDataset) -> str:
+    return ", ".join(a.name for a in model.aggregated)
+
+

@@ -1,0 +1,365 @@
+"""Re-fragment netCDF files or a CFA dataset into a new CFA dataset with another fragment layout.
+
+:func:`refragment` turns, say, one file per time slice into spatial tiles
+(cheap time series) or the reverse, in parallel on any dask scheduler, with
+every task under ``max_mem``. This module brings every kind of source to one
+form -- the aggregation model of what to write (dimensions, attributes,
+ordinary variables copied into the aggregation file) plus, per variable to
+re-fragment, the aggregated variable to read -- and plans each variable with
+:func:`~daskcfa.graph.split_plan.plan_split`. Writing is the writer's own
+graph (:func:`daskcfa.graph.write.write_graph`: markers, resume, atomic
+commit), fed by :class:`~daskcfa.graph.split.SplitSource`.
+
+Sources: a CFA aggregation file (any dialect), one plain netCDF file (each
+variable with dimensions that is not a coordinate is re-fragmented; the file
+is its single fragment), several files (a list, a glob, a directory or
+prefix: combined first with :func:`daskcfa.archive.scan.scan`) or an open
+:class:`daskcfa.Dataset`.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import dask
+import numpy as np
+from dask.delayed import Delayed, delayed
+from dask.utils import format_bytes, parse_bytes
+
+from .. import storage
+from ..dataset import Dataset
+from ..errors import CFAError, FragmentReadError, NotFoundError, VariableNotFoundError
+from ..fragments.files import open_fragment
+from ..graph.read import AggregatedArray
+from ..graph.split import SplitSource, remove_staging, staging_root
+from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
+from ..graph.write import WriteRequest, WriteSource, _dataset_model, fragment_grid, write_graph
+from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid
+from ..storage.access import Access
+from ..storage.policy import LocationPolicy
+
+__all__ = ["refragment", "plan_refragment", "RefragmentPlan"]
+
+_MODES = ("w-", "w")
+#: CF attributes naming variables that describe others (they are copied, never re-fragmented).
+_REFERENCING = ("coordinates", "bounds", "climatology", "ancillary_variables", "cell_measures", "grid_mapping")
+
+
+@dataclass
+class RefragmentPlan:
+    """What :func:`refragment` will do: per variable its target fragments, stages, tasks,
+    peak memory per task and read amplification. ``str()`` is a readable report."""
+
+    source: str
+    max_mem: int
+    variables: dict[str, VariablePlan]
+    copied: list[str] = field(default_factory=list)  #: ordinary variables copied into the aggregation file
+
+    @property
+    def peak_memory(self) -> int:
+        """The largest estimated memory of any task."""
+        return max((p.peak_memory for p in self.variables.values()), default=0)
+
+    @property
+    def tasks(self) -> int:
+        return sum(p.tasks for p in self.variables.values())
+
+    @property
+    def amplification(self) -> dict[str, float]:
+        """Read amplification per variable (bytes decoded from the source / bytes needed)."""
+        return {name: p.amplification for name, p in self.variables.items()}
+
+    def __str__(self) -> str:
+        lines = [f"re-fragment {self.source} with max_mem={format_bytes(self.max_mem)}: "
+                 f"{len(self.variables)} variable(s), {self.tasks} tasks, peak task memory "
+                 f"{format_bytes(self.peak_memory)}"]
+        lines += [str(p) for p in self.variables.values()]
+        if self.copied:
+            lines.append(f"copied into the aggregation file: {', '.join(self.copied)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Variable:
+    """One variable to re-fragment: what to write (``source``), what to read, and its plan."""
+
+    source: WriteSource
+    aggregation: AggregatedVariable
+    access: Access
+    plan: VariablePlan | None = None
+
+
+def plan_refragment(source: Any, *, variables: Sequence[str] | None = None,
+                    fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
+                    max_fragment_size: int | str = "50MB", max_mem: int | str = "1GiB", format: str = "CF-1.13",
+                    fragment_format: str = "NETCDF4", compression: str | Mapping[str, Any] | None = None,
+                    storage_options: Mapping[str, Any] | None = None) -> RefragmentPlan:
+    """Plan :func:`refragment` without writing anything (reads only metadata).
+
+    ``format``, ``fragment_format`` and ``compression`` do not change the plan;
+    they are accepted so that a plan and its refragment take the same keywords.
+    """
+    del format, fragment_format, compression
+    return _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options)[0]
+
+
+def refragment(source: Any, target: str, *, variables: Sequence[str] | None = None,
+               fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
+               max_fragment_size: int | str = "50MB", max_mem: int | str = "1GiB", format: str = "CF-1.13",
+               fragment_format: str = "NETCDF4", compression: str | Mapping[str, Any] | None = None,
+               storage_options: Mapping[str, Any] | None = None, mode: str = "w-",
+               compute: bool = True) -> str | Delayed:
+    """Copy ``source`` into a new CFA dataset at ``target`` with a new fragment layout.
+
+    Parameters
+    ----------
+    source
+        A CFA aggregation file URL (any dialect), one netCDF file URL (its
+        variables with dimensions, coordinates and bounds aside, are
+        re-fragmented), several netCDF files (a list of URLs, a glob, a
+        directory or prefix: combined with :func:`daskcfa.archive.scan.scan`),
+        or a :class:`daskcfa.Dataset`.
+    target
+        The new aggregation file (local path or URL); fragments go beside it,
+        named as :func:`daskcfa.to_cfa` names them.
+    variables
+        The data variables to re-fragment (default: all). Coordinates and
+        other ordinary variables are always copied into the aggregation file.
+    fragment_shape, max_fragment_size, format, fragment_format, compression
+        As for :func:`daskcfa.to_cfa`: the target fragment layout (e.g.
+        ``{"time": 1000, "lat": 128, "lon": 128}`` for spatial tiles), the
+        aggregation dialect and the fragment files' format and compression.
+    max_mem
+        Most memory one task may use (bytes, or a string such as
+        ``"256MiB"``). Fragments larger than that are written slab by slab;
+        when direct reads would decode compressed source chunks many times,
+        reads are consolidated through an intermediate store (see
+        :mod:`daskcfa.graph.split_plan`). Raises
+        :class:`~daskcfa.errors.BudgetError` before anything is written when
+        no task can fit. Give each worker a ``memory_limit`` above it.
+    storage_options
+        fsspec/s3fs options for the source and the target (flat, or keyed by
+        protocol); they never enter the task graph.
+    mode
+        ``"w-"`` (default) refuses an existing target; ``"w"`` overwrites it.
+        Re-running an interrupted call resumes it: finished fragments (and
+        staged blocks) are not written again.
+    compute
+        ``False`` returns a :class:`dask.delayed.Delayed` doing the work.
+
+    Returns the target aggregation file's URL (or the delayed). The
+    aggregation file is written last, atomically, once every fragment is
+    stored. The intermediate store of a staged plan lives beside the
+    fragments (``<stem>/.daskcfa/staging/``; dask config
+    ``daskcfa.refragment.staging`` moves it, e.g. to fast node-local disk on a
+    single-node cluster) and is removed after the commit. Dask config
+    ``daskcfa.refragment.strategy`` (``auto``, ``direct``, ``staged``)
+    overrides the planner's choice.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    url = storage.normalise(target)
+    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
+    if mode == "w-" and storage.exists(url, profile):
+        raise FileExistsError(f"{url} exists; use mode='w' to overwrite it")
+    plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options)
+    root = staging_root(url, dask.config.get("daskcfa.refragment.staging", None))
+    staged = []
+    for var in chosen:
+        assert var.plan is not None
+        array = AggregatedArray(var.aggregation, access=var.access)
+        var.source.data = SplitSource(var.plan, array, var.source.attrs, var.source.dtype, root, profile)
+        if var.plan.strategy == "staged":
+            staged.append(var.source.data.staging)
+    request = WriteRequest(model, [v.source for v in chosen])
+    result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
+                         format=format, fragment_format=fragment_format, compression=compression, mode=mode,
+                         profile=profile)
+    if staged:
+        result = delayed(remove_staging, pure=True)(result, staged, profile)
+    return result.compute() if compute else result
+
+
+# --------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------
+
+
+def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, max_fragment_size: int | str,
+             max_mem: int | str, storage_options: Mapping[str, Any] | None
+             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Variable]]:
+    """The model to write, the variables to re-fragment, each planned."""
+    budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
+    strategy = dask.config.get("daskcfa.refragment.strategy", "auto")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"dask config daskcfa.refragment.strategy must be one of {', '.join(STRATEGIES)}, "
+                         f"got {strategy!r}")
+    model, found, description = _open_source(source, variables, storage_options)
+    chosen = _select(found, variables, description)
+    for var in chosen:
+        target = fragment_grid(var.source, model, fragment_shape, max_fragment_size)
+        itemsize = AggregatedArray(var.aggregation, access=var.access).dtype.itemsize
+        var.plan = plan_split(var.source.name, _layout(var.aggregation, var.access), target, itemsize, budget,
+                              strategy=strategy)
+    plan = RefragmentPlan(description, budget, {v.source.name: v.plan for v in chosen if v.plan is not None},
+                          copied=[v.name for v in model.variables])
+    return plan, model, chosen
+
+
+def _open_source(source: Any, variables: Sequence[str] | None, storage_options: Mapping[str, Any] | None
+                 ) -> tuple[AggregationDataset, list[_Variable], str]:
+    if isinstance(source, Dataset):
+        return (*_from_dataset(source), source.url)
+    if isinstance(source, (list, tuple)) or _is_pattern(source):
+        return (*_from_files(source, variables, storage_options), _describe(source))
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a URL, a list of URLs, a glob or a daskcfa.Dataset, not "
+                        f"{type(source).__name__}")
+    from ..api import open_cfa
+
+    url = storage.normalise(source)
+    if not storage.is_opendap(url) and _is_directory(url):
+        return (*_from_files(url, variables, storage_options), url)
+    ds = open_cfa(url, storage_options=storage_options)
+    if not ds.aggregated_variables:  # a plain netCDF file: it is the one fragment of each data variable
+        for var in _data_variables(ds):
+            var.aggregation = _single_file(var, url)
+    return (*_from_dataset(ds), url)
+
+
+def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Variable]]:
+    model, aggregated = _dataset_model(ds)
+    found = [_Variable(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
+                       v._access) for v in aggregated]
+    return model, found
+
+
+def _from_files(sources: Any, variables: Sequence[str] | None,
+                storage_options: Mapping[str, Any] | None) -> tuple[AggregationDataset, list[_Variable]]:
+    from .scan import scan
+
+    model = scan(sources, variables=variables, storage_options=storage_options)
+    aggregated, model.aggregated = model.aggregated, []
+    found = []
+    for av in aggregated:
+        # The files were named by the caller: each may be read, wherever it is.
+        places = sorted({posixpath.dirname(u) + "/" for u in av.fragments.locations()})
+        policy = LocationPolicy.for_aggregation(av.source, ["default", *places])
+        access = Access(storage.register(storage_options, protocol=storage.scheme_of(av.source)), policy)
+        found.append(_Variable(WriteSource(av.name, None, av.dims, np.dtype(av.dtype), dict(av.attrs)), av, access))
+    return model, found
+
+
+def _select(found: list[_Variable], variables: Sequence[str] | None, description: str) -> list[_Variable]:
+    if not found:
+        raise VariableNotFoundError("nothing to re-fragment: the source has no data variable with dimensions",
+                                    file=description)
+    if variables is None:
+        return found
+    by_path = {v.source.name: v for v in found}
+    wanted = [n if n.startswith("/") else f"/{n}" for n in variables]
+    unknown = [n for n in wanted if n not in by_path]
+    if unknown:
+        raise VariableNotFoundError(f"variables {unknown} are not data variables of the source; data variables: "
+                                    f"{', '.join(sorted(by_path))}", file=description)
+    return [by_path[n] for n in wanted]
+
+
+def _data_variables(ds: Dataset) -> list[Any]:
+    """The variables of a plain file to re-fragment: numeric, with dimensions, not describing others."""
+    referenced: set[str] = set()
+    for group in ds.walk():
+        for var in group.variables.values():
+            for key in _REFERENCING:
+                value = var.attrs.get(key)
+                if isinstance(value, str):
+                    referenced.update(w for w in value.replace(":", " ").split())
+    found = []
+    for group in ds.walk():
+        for var in group.variables.values():
+            coordinate = len(var.dims) == 1 and var.dims[0] == var.name
+            if var.ndim and var.dtype.kind in "biuf" and not coordinate and var.name not in referenced:
+                found.append(var)
+    return found
+
+
+def _single_file(var: Any, url: str) -> AggregatedVariable:
+    """``var`` of a plain file as an aggregation with one fragment: the file itself.
+
+    The aggregation describes the values as the read path delivers them
+    (the file's own packing and missing values applied, in canonical form):
+    the unpacked dtype, without storage attributes but the fill value.
+    """
+    from ..decode import Encoding
+
+    encoding = Encoding.from_attrs(var.attrs, var.dtype)
+    attrs = {k: v for k, v in var.attrs.items()
+             if k not in ("scale_factor", "add_offset", "_Unsigned", "valid_min", "valid_max", "valid_range",
+                          "missing_value", "_FillValue")}
+    if encoding.is_packed or encoding.unsigned:
+        dtype = np.dtype(encoding.decoded_dtype)
+    else:
+        dtype = np.dtype(var.dtype)
+        if "_FillValue" in var.attrs:
+            attrs["_FillValue"] = var.attrs["_FillValue"]
+    grid = FragmentGrid(tuple((n,) for n in var.shape))
+    uris = np.full(grid.grid_shape, url, dtype=object)
+    fragments = Fragments(grid, uris=uris, identifiers=np.array(var.path, dtype=object))
+    return AggregatedVariable(name=var.path, dims=tuple(var.dims), dtype=dtype, attrs=attrs, fragments=fragments,
+                              dialect="netCDF", source=url)
+
+
+def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
+    """The source's fragment grid and the storage chunks of its first stored fragment.
+
+    Only that fragment's metadata are read (an HDF5 header, through the
+    fragment file manager): the chunks decide read amplification, and
+    fragments of one variable are nearly always written alike. Anything that
+    cannot be told cheaply (netCDF-3, transposed fragments) counts as
+    contiguous storage, read exactly.
+    """
+    grid = aggregation.fragments.grid
+    ref = next((r for r in aggregation.fragments if r.uris), None)
+    if ref is None or ref.axes is not None:
+        return SourceLayout(grid)
+    uri = storage.resolve(ref.uris[0], aggregation.source)
+    name = ref.identifier or aggregation.basename
+    try:
+        access.policy.check(uri)
+        with open_fragment(uri, name, profile=access.profile, fraction=0.0, expected_nbytes=1 << 62) as var:
+            stored = var._var  # the engine's variable: the direct HDF5 reader knows the layout
+            chunks = getattr(stored, "chunks", None)
+            filters = getattr(stored, "_filters", ())
+            dims = tuple(var.dims)
+    except CFAError as exc:
+        if isinstance(exc, (NotFoundError, FragmentReadError)):
+            return SourceLayout(grid)  # reading will report the fragment properly
+        raise
+    if chunks is None:
+        return SourceLayout(grid)
+    by_dim = dict(zip(dims, chunks))
+    if not set(by_dim) <= set(aggregation.dims):
+        return SourceLayout(grid)
+    shape = tuple(int(by_dim.get(d, 1)) for d in aggregation.dims)  # dimensions a fragment omits have size 1
+    return SourceLayout(grid, shape, compressed=bool(filters))
+
+
+def _is_pattern(source: Any) -> bool:
+    return isinstance(source, str) and any(c in source for c in "*?[")
+
+
+def _is_directory(url: str) -> bool:
+    """A directory (or a prefix, written with a trailing slash) holds the files to combine."""
+    if storage.is_local(url):
+        return os.path.isdir(storage.local_path(url))
+    return url.endswith("/")
+
+
+def _describe(sources: Any) -> str:
+    if isinstance(sources, str):
+        return sources
+    sources = list(sources)
+    return sources[0] if len(sources) == 1 else f"{sources[0]} and {len(sources) - 1} more files"

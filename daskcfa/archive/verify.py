@@ -1,0 +1,231 @@
+"""Check that every fragment of an aggregation is there and fits: :func:`verify`.
+
+Each fragment is checked by the read path itself
+(:func:`daskcfa.fragments.canonical.read_fragment`), so verification means
+exactly what reading means: the file exists (or one of its alternatives),
+opens, holds the named variable with a shape that fits its place (missing
+size-1 dimensions allowed), a numeric type and units convertible to the
+aggregation's. The quick check reads an empty selection, which costs the
+file's metadata only; ``deep=True`` then reads every value, which is what
+finds corrupt compressed chunks.
+
+The checks are a dask graph (batches of fragments per task), so they run in
+parallel on whatever scheduler is current, a ``distributed`` cluster
+included; tasks carry fragment references and an opaque storage profile,
+never credentials. Every problem is reported, not just the first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import dask
+import numpy as np
+from dask.delayed import Delayed
+
+from .. import storage
+from ..dataset import Dataset
+from ..errors import (
+    BudgetError,
+    CFAError,
+    FragmentReadError,
+    FragmentShapeError,
+    MissingFragmentError,
+    NotFoundError,
+    StorageError,
+    UnitsError,
+    UnsafeURIError,
+    VariableNotFoundError,
+    redact,
+)
+from ..fragments.canonical import Target, read_fragment
+from ..graph.read import AggregatedArray
+from ..model import AggregatedVariable, FragmentRef
+from ..storage.access import Access
+
+__all__ = ["Problem", "VerifyReport", "verify", "KINDS"]
+
+#: What can be wrong with a fragment (see :class:`Problem`).
+KINDS = ("missing", "unsafe", "unreadable", "shape", "units", "corrupt", "storage", "budget", "error")
+
+#: At most this many check tasks per verification (fragments are batched beyond it).
+MAX_TASKS = 10_000
+#: Deep checks read a fragment in slabs of at most this many bytes (bounded memory per task).
+SLAB_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one fragment.
+
+    ``kind`` is one of :data:`KINDS`: ``missing`` (no file at any of its
+    URIs), ``unsafe`` (outside the locations the aggregation may reference),
+    ``unreadable`` (not netCDF, damaged header, variable absent or not
+    numeric), ``shape``, ``units``, ``corrupt`` (opens, but its data cannot be
+    read: found by deep checks), ``storage`` (access denied, unreachable),
+    ``budget`` or ``error``. ``uri`` and ``message`` never hold credentials.
+    """
+
+    variable: str
+    index: tuple[int, ...]
+    uri: str
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        index = ",".join(map(str, self.index)) or "scalar"
+        return f"{self.variable} [{index}] {self.kind}: {self.uri}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of :func:`verify`: how many fragments were checked and what is wrong."""
+
+    url: str
+    deep: bool
+    checked: int
+    variables: tuple[str, ...] = ()
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        how = "deep" if self.deep else "quick"
+        head = (f"{redact(self.url)}: {self.checked} fragment(s) of {len(self.variables)} variable(s) checked ({how}): "
+                + ("OK" if self.ok else f"{len(self.problems)} problem(s)"))
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+
+def verify(
+    url: str,
+    *,
+    deep: bool = False,
+    variables: Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    allowed_locations: Iterable[str] | None = None,
+    compute: bool = True,
+) -> VerifyReport | Delayed:
+    """Check every fragment of every aggregated variable of ``url`` (or of ``variables``).
+
+    ``deep=True`` also reads all the data. Problems are collected, never
+    raised: the report's ``ok`` says whether there were any. An aggregation
+    file that cannot be opened or parsed raises, as :func:`daskcfa.open_cfa`
+    does. ``compute=False`` returns a :class:`dask.delayed.Delayed` computing
+    the report (for progress bars, or to run with other work).
+    """
+    url = storage.normalise(url)
+    access = Access.for_aggregation(url, storage_options, allowed_locations)
+    chosen = select_aggregated(Dataset.open(url, access=access), variables, url)
+    batches = []
+    checked = 0
+    total = sum(len(av.fragments) for av in chosen)
+    per_task = max(1, math.ceil(total / MAX_TASKS))
+    for av in chosen:
+        target = AggregatedArray(av, access=access).target
+        refs = [ref for ref in av.fragments if ref.uris]
+        checked += len(refs)
+        for start in range(0, len(refs), per_task):
+            batch = refs[start:start + per_task]
+            batches.append(dask.delayed(check_fragments, pure=True)(batch, target, deep,
+                                                                    dask_key_name=_key(url, av, batch, deep)))
+    report = dask.delayed(_report, pure=True)(url, deep, checked, tuple(av.name for av in chosen), *batches)
+    return report.compute() if compute else report
+
+
+def select_aggregated(ds: Dataset, variables: Sequence[str] | None, url: str) -> list[AggregatedVariable]:
+    """The aggregated variables of ``ds`` named in ``variables`` (``tas`` or ``/grp/tas``; None: all)."""
+    found = {path: var.aggregation for path, var in ds.aggregated_variables.items()}
+    if variables is None:
+        return list(found.values())
+    chosen = []
+    for name in variables:
+        path = name if name.startswith("/") else f"/{name}"
+        if path not in found:
+            raise VariableNotFoundError(f"{name!r} is not an aggregated variable; aggregated variables: "
+                                        f"{', '.join(sorted(found)) or 'none'}", file=url)
+        chosen.append(found[path])
+    return chosen
+
+
+def _key(url: str, av: AggregatedVariable, batch: list[FragmentRef], deep: bool) -> str:
+    first = ".".join(map(str, batch[0].index)) or "0"
+    return f"verify-{av.basename}-{first}-{dask.base.tokenize(url, av.name, batch, deep)}"
+
+
+def _report(url: str, deep: bool, checked: int, variables: tuple[str, ...], *batches: list[Problem]) -> VerifyReport:
+    problems = [p for batch in batches for p in batch]
+    problems.sort(key=lambda p: (p.variable, p.index))
+    return VerifyReport(url=url, deep=deep, checked=checked, variables=variables, problems=problems)
+
+
+def check_fragments(refs: Sequence[FragmentRef], target: Target, deep: bool) -> list[Problem]:
+    """Check fragments of one variable (a task of the verification graph)."""
+    problems = []
+    for ref in refs:
+        problem = check_fragment(ref, target, deep)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def check_fragment(ref: FragmentRef, target: Target, deep: bool) -> Problem | None:
+    """What is wrong with one fragment, if anything."""
+    empty = tuple(slice(0, 0, 1) for _ in ref.shape)
+    try:
+        read_fragment(ref, empty, target)
+    except Exception as exc:  # every failure is a finding, reported with the others
+        return _problem(ref, target, exc, _kind(exc))
+    if not deep:
+        return None
+    try:
+        for key in _slabs(ref.shape, target.dtype.itemsize):
+            read_fragment(ref, key, target)
+    except Exception as exc:
+        kind = _kind(exc)
+        return _problem(ref, target, exc, "corrupt" if kind in ("unreadable", "error") else kind)
+    return None
+
+
+def _slabs(shape: tuple[int, ...], itemsize: int) -> Iterable[tuple[slice, ...]]:
+    """Keys covering a fragment in slabs along its first dimension, each at most :data:`SLAB_BYTES`."""
+    if not shape:
+        yield ()
+        return
+    row = itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    step = max(1, SLAB_BYTES // max(row, 1))
+    rest = tuple(slice(0, n, 1) for n in shape[1:])
+    for start in range(0, shape[0], step):
+        yield (slice(start, min(start + step, shape[0]), 1), *rest)
+
+
+def _kind(exc: BaseException) -> str:
+    for cls, kind in (
+        ((MissingFragmentError, NotFoundError), "missing"),
+        (UnsafeURIError, "unsafe"),
+        (FragmentShapeError, "shape"),
+        (UnitsError, "units"),
+        (FragmentReadError, "unreadable"),
+        (BudgetError, "budget"),
+        (StorageError, "storage"),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "error"
+
+
+def _problem(ref: FragmentRef, target: Target, exc: BaseException, kind: str) -> Problem:
+    if isinstance(exc, CFAError):
+        message, uri = exc.reason, exc.file
+    else:
+        message, uri = f"{type(exc).__name__}: {exc}", None
+    if uri is None or uri == redact(target.source):
+        uri = storage.resolve(ref.uris[0], target.source)
+    return Problem(variable=target.variable, index=ref.index, uri=redact(uri), kind=kind,
+                   message=redact(str(message)))
