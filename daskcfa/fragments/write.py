@@ -129,6 +129,9 @@ class Slabs:
     def __iter__(self) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
         raise NotImplementedError
 
+    def recorded(self) -> None:
+        """Called once the fragment is stored and its marker written: what fed it may go."""
+
 
 def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
     """Data values as they are stored: packed, missing points set to the fill value, in ``dtype``.
@@ -195,6 +198,8 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, slic
         marker = {"token": target.token, "uri": target.reference, "nbytes": nbytes, "md5": checksum,
                   "version": version}
         storage.put_bytes(target.marker, json.dumps(marker).encode(), spec.profile)
+        if isinstance(data, Slabs):
+            data.recorded()
         return record
     except CFAError as exc:
         raise exc.located(**where)

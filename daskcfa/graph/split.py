@@ -94,6 +94,17 @@ class PieceSlabs(Slabs):
                 out[_local(piece, corner)] = _load(uri, self.profile)
             yield _local(cell, self.origin), out
 
+    def recorded(self) -> None:
+        # Each piece feeds one fragment: once that is recorded (a re-run skips
+        # it), its pieces go at once, usually before the page cache writes them
+        # to disk. Whatever remains goes with the store after the commit.
+        for _, pieces in self.slabs:
+            for uri, _ in pieces:
+                try:
+                    storage.delete(uri, self.profile)
+                except CFAError:
+                    pass
+
 
 def _save(uri: str, values: np.ndarray, profile: storage.ProfileRef) -> None:
     if storage.is_local(uri):
