@@ -31,7 +31,7 @@ from ..errors import CFAError, FragmentReadError, NotFoundError
 from ..storage.profiles import ProfileRef
 from . import readahead
 from .manager import manager
-from .netcdf import NetCDF4File
+from .netcdf import NetCDF4File, check_netcdf3_length
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _READS = itertools.count()  #: distinct keys for handles that are never shared
@@ -274,6 +274,7 @@ def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None) -> FragmentFi
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):
         raise FragmentReadError("not a netCDF file (unknown signature)")
+    check_netcdf3_length(data, len(data))  # before netcdf_memory pads it
     direct = None
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
         view = memoryview(data)
