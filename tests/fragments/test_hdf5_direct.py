@@ -429,6 +429,27 @@ def test_corrupt_chunks_are_detected(tmp_path):
                 var.read((slice(None),))
 
 
+def test_a_deflated_chunk_is_inflated_only_up_to_the_selection(tmp_path):
+    # The tail of the chunk's zlib stream is damaged: a selection near the start
+    # never inflates that far (and reads right); one reaching the end fails.
+    path = tmp_path / "f.nc"
+    values = np.arange(1000, dtype="<i4")
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("x", 1000)
+        create(nc, "zip", "i4", ("x",), zlib=True, shuffle=False, chunksizes=(1000,))[:] = values
+    with h5py.File(path) as f:
+        info = f["zip"].id.get_chunk_info_by_coord((0,))
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + info.size - 6)
+        fh.write(b"\xff" * 6)
+    with HDF5File(path) as f:
+        var = f.variable("zip")
+        assert var.read((7,)) == 7
+        np.testing.assert_array_equal(var.read((slice(10, 500, 3),)), values[10:500:3])
+        with pytest.raises(OSError, match="corrupt"):
+            var.read((999,))
+
+
 def test_truncated_files_raise_os_error(tmp_path):
     path = tmp_path / "f.nc"
     with netCDF4.Dataset(path, "w") as nc:
