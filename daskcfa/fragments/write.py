@@ -273,9 +273,8 @@ def _write_remote_from_scratch(spec: FragmentSpec, target: FragmentTarget, slabs
         with open(scratch, "rb") as f:
             for block in iter(lambda: f.read(8 << 20), b""):
                 digest.update(block)
-        fs, path = storage.filesystem(target.uri, spec.profile)
         with semaphore if semaphore is not None else nullcontext():
-            storage._with_retries(target.uri, fs.put_file, scratch, path)
+            storage.put_file(target.uri, scratch, spec.profile)
         return os.path.getsize(scratch), digest.hexdigest()
     finally:
         os.unlink(scratch)

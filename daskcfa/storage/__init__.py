@@ -47,6 +47,7 @@ __all__ = [
     "fetch_soon",
     "open_file",
     "put_bytes",
+    "put_file",
     "listdir",
     "delete",
     "commit",
@@ -295,6 +296,12 @@ def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
     if is_local(uri):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     _with_retries(uri, fs.pipe_file, path, data)
+
+
+def put_file(uri: str, local: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Upload the local file ``local`` as the object ``uri`` (streamed: large files need not fit in memory)."""
+    fs, path = filesystem(uri, profile)
+    _with_retries(uri, fs.put_file, local, path)
 
 
 def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
