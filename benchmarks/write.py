@@ -54,6 +54,7 @@ import numpy as np
 from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_note
 
 from benchmarks import s3 as s3mod
+from daskcfa.testing.memory import peak_rss
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -575,24 +576,13 @@ class WorkerMemory:
         self._stop.set()
         self._thread.join()
 
-    @staticmethod
-    def hwm(pid: int) -> int | None:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
     def summary(self) -> dict:
         mb = 1 / 1e6
         return {
             "before_mb": [round(v * mb) for v in self.before.values()],
             "sampled_peak_mb": [round(v * mb) for v in self.peak.values()],
             "sampled_peak_sum_mb": round(self.peak_sum * mb),
-            "hwm_mb": [round((self.hwm(p) or 0) * mb) for p in self.pids.values()],
+            "hwm_mb": [round((peak_rss(p) or 0) * mb) for p in self.pids.values()],
         }
 
 

@@ -36,14 +36,14 @@ from ..fragments.files import open_fragment
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
-from ..graph.write import WriteRequest, WriteSource, _dataset_model, fragment_grid, write_graph
+from ..graph.write import WriteRequest, WriteSource, dataset_model, fragment_grid, write_graph
 from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
+from .aggregate import prepare_target
 
 __all__ = ["refragment", "plan_refragment", "RefragmentPlan"]
 
-_MODES = ("w-", "w")
 #: CF attributes naming variables that describe others (they are copied, never re-fragmented).
 _REFERENCING = ("coordinates", "bounds", "climatology", "ancillary_variables", "cell_measures", "grid_mapping")
 
@@ -159,12 +159,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     ``daskcfa.refragment.strategy`` (``auto``, ``direct``, ``staged``)
     overrides the planner's choice.
     """
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
-    url = storage.normalise(target)
-    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    if mode == "w-" and storage.exists(url, profile):
-        raise FileExistsError(f"{url} exists; use mode='w' to overwrite it")
+    url, profile = prepare_target(target, storage_options, mode)
     plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options)
     root = staging_root(url, dask.config.get("daskcfa.refragment.staging", None))
     staged = []
@@ -231,7 +226,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
 
 
 def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Variable]]:
-    model, aggregated = _dataset_model(ds)
+    model, aggregated = dataset_model(ds)
     found = [_Variable(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
                        v._access) for v in aggregated]
     return model, found

@@ -53,7 +53,7 @@ from .. import storage
 from ..dataset import Dataset
 from ..errors import CFAFormatError, CFAWarning, NotFoundError, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation
-from ..graph.write import _dataset_model, put_aggregation
+from ..graph.write import dataset_model, put_aggregation
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable
 from ..storage.access import Access
@@ -107,7 +107,7 @@ def relocate(
             finally:
                 nc.close()
         with dask.config.set(scheduler="sync"):  # (a local temporary file: no cluster can read it)
-            model, aggregated = _dataset_model(Dataset.open(local, access=Access.default(local)))
+            model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]
     format = format or _common_format(variables, url)
     model.aggregated = [_relocated(av, rules, url, new_url, local) for av in variables]

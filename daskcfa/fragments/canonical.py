@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +21,17 @@ import numpy as np
 
 from ..decode import Encoding
 from ..errors import (CFAError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
-                      MissingFragmentError, NotFoundError, UnitsError)
+                      MissingFragmentError, NotFoundError, UnitsError, redact)
 from ..model import FragmentRef
 from .. import storage
 from ..storage.policy import LocationPolicy
 from .files import open_fragment
 
 __all__ = ["Target", "read_fragment"]
+
+#: What HDF5, netCDF-C, h5py and the decompressors raise on a damaged file.
+_LIBRARY_ERRORS = (OSError, ValueError, OverflowError, RuntimeError, IndexError, KeyError, EOFError, MemoryError,
+                   zlib.error)
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,9 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
             continue
         except CFAError as exc:
             raise exc.located(file=uri, variable=target.variable, fragment=ref.index)
+        except _LIBRARY_ERRORS as exc:  # a damaged file can upset the libraries below in many ways
+            raise FragmentReadError(f"cannot read the fragment ({redact(f'{type(exc).__name__}: {exc}')[:300]})",
+                                    file=uri, variable=target.variable, fragment=ref.index) from None
     tried = "" if len(candidates) == 1 else f" (alternatives tried: {', '.join(candidates)})"
     raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
                                fragment=ref.index)
@@ -194,6 +202,13 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
                 f"fragment variable {var.name!r} has shape {found}, expected "
                 f"{tuple(expected[a] for a in axes)} (dimensions {tuple(target.dims[a] for a in axes)})"
             )
+        order = tuple(target.dims[a] for a in axes)
+        dims = tuple(var.dims)
+        if dims != order and sorted(dims) == sorted(order):
+            # Fragment dimensions may be named differently, but the aggregation's own
+            # names in another order mean a transposed fragment: reading it would scramble it.
+            raise FragmentShapeError(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated "
+                                     f"dimensions in another order (expected {order})")
         return axes
     if len(found) < len(expected) and ref_is_plain(axes):
         dims = tuple(var.dims)

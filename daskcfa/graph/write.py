@@ -61,6 +61,7 @@ __all__ = [
     "fragment_grid",
     "request_from_array",
     "request_from_dataset",
+    "dataset_model",
     "request_from_xarray",
     "request_for_update",
     "write_graph",
@@ -202,7 +203,7 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
 
 def request_from_dataset(ds: Any) -> WriteRequest:
     """A :class:`daskcfa.Dataset`: aggregated variables re-fragmented, ordinary ones copied."""
-    model, aggregated = _dataset_model(ds)
+    model, aggregated = dataset_model(ds)
     sources = [WriteSource(v.path, v.data, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)) for v in aggregated]
     return WriteRequest(model, sources)
 
@@ -213,7 +214,7 @@ def request_for_update(url: str, storage_options: Mapping[str, Any] | None, data
     from ..api import open_cfa
 
     existing = open_cfa(url, storage_options=storage_options)
-    model, aggregated = _dataset_model(existing)
+    model, aggregated = dataset_model(existing)
     by_path = {v.path: v for v in aggregated}
     if variable is None:
         if len(by_path) != 1:
@@ -265,7 +266,7 @@ def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
     return WriteRequest(model, sources)
 
 
-def _dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
+def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
     """The aggregation file's contents but the aggregated variables, and those variables."""
     model = AggregationDataset(attrs=dict(ds.attrs))
     aggregated = []

@@ -24,9 +24,10 @@ __all__ = ["WorkerPeakMemory"]
 _SAMPLERS: dict[str, Any] = {}
 
 
-def _vmhwm() -> int | None:
+def peak_rss(pid: int | str = "self") -> int | None:
+    """The kernel's record of a process's peak resident memory (``VmHWM``, Linux), in bytes."""
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
@@ -64,7 +65,7 @@ def _stop(dask_worker: Any = None) -> dict[str, Any]:
     state["stop"].set()
     state["thread"].join()
     peak = max(state["peak"], psutil.Process().memory_info().rss)
-    hwm = _vmhwm() if state["kernel"] else None
+    hwm = peak_rss() if state["kernel"] else None
     if hwm is not None:
         peak = max(peak, hwm)
     return {"baseline": state["baseline"], "peak": peak, "kernel": hwm is not None}
