@@ -203,7 +203,10 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
                 f"{tuple(expected[a] for a in axes)} (dimensions {tuple(target.dims[a] for a in axes)})"
             )
         order = tuple(target.dims[a] for a in axes)
-        dims = tuple(var.dims)
+        sizes = [n for n in found if n > 1]
+        # (only dimensions of equal size can swap without changing the shape:
+        # the names are looked up only then, as that costs a metadata read)
+        dims = tuple(var.dims) if len(set(sizes)) < len(sizes) else order
         if dims != order and sorted(dims) == sorted(order):
             # Fragment dimensions may be named differently, but the aggregation's own
             # names in another order mean a transposed fragment: reading it would scramble it.
