@@ -89,25 +89,28 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
     description = "Open CFA-netCDF aggregations (CF-1.13, CFA-0.4 to 0.6, NCA) with daskcfa"
     url = "https://github.com/daskcfa/daskcfa"
     open_dataset_parameters = ("filename_or_obj", "drop_variables", "group", "storage_options",
-                               "allowed_locations", *_DECODERS)
+                               "allowed_locations", "missing", *_DECODERS)
     supports_groups = True
 
     def open_dataset(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                      group: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                     allowed_locations: Iterable[str] | None = None, **decoders: Any) -> XrDataset:
+                     allowed_locations: Iterable[str] | None = None, missing: str = "raise",
+                     **decoders: Any) -> XrDataset:
         from xarray.conventions import decode_cf
 
-        ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations)
+        ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
+                      missing=missing)
         return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables), **decoders)
 
     def open_groups_as_dict(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                             group: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                            allowed_locations: Iterable[str] | None = None,
+                            allowed_locations: Iterable[str] | None = None, missing: str = "raise",
                             **decoders: Any) -> dict[str, XrDataset]:
         """Every group under ``group`` (default: the root), by path relative to it: "/", "/grp", ..."""
         from xarray.conventions import decode_cf
 
-        ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations)
+        ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
+                      missing=missing)
         top = _group(ds, group)
         return {_relative(node.path, top.path): decode_cf(_to_xarray(ds, node, drop_variables), **decoders)
                 for node in top.walk()}

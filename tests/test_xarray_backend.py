@@ -49,6 +49,19 @@ def test_missing_fragments_read_as_nan(tmp_path):
     assert np.isnan(ds["tas"].values[2:5, :, 2:5]).all()
 
 
+def test_missing_fill_reads_an_unreadable_fragment_as_nan(tmp_path):
+    truth = make_truth((6, 4, 5), "f4", seed=5)
+    built = build("CF-1.13", tmp_path, truth, DIMS, SIZES)
+    broken = sorted(p for p in tmp_path.rglob("*.nc") if p != built.path)[0]
+    broken.write_bytes(b"not a netCDF file")
+    with pytest.raises(daskcfa.FragmentReadError):
+        xr.open_dataset(str(built.path), engine="daskcfa")["tas"].values
+    with pytest.warns(daskcfa.CFAWarning, match="missing data"):
+        values = xr.open_dataset(str(built.path), engine="daskcfa", missing="fill")["tas"].values
+    assert np.isnan(values).sum() == 2 * 4 * 2  # fragment (0, 0, 0): 2 times x 4 lats x 2 lons
+    assert not np.isnan(values[2:]).any()
+
+
 def test_lazy_point_series_reads_little(tmp_path):
     built = chunked_archive(tmp_path)
     ds = xr.open_dataset(str(built.path), engine="daskcfa")

@@ -20,7 +20,7 @@ import cf_units
 import numpy as np
 
 from ..decode import Encoding
-from ..errors import (CFAError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
+from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
                       MissingFragmentError, NotFoundError, UnitsError, redact)
 from ..model import FragmentRef
 from .. import storage
@@ -87,7 +87,10 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
         return np.ma.masked_all(shape, dtype=target.dtype)
     if not ref.uris:
         return _filled(ref.value, shape, target, where)
-    candidates = [storage.resolve(u, target.source) for u in ref.uris]
+    try:
+        candidates = [storage.resolve(u, target.source) for u in ref.uris]
+    except ValueError as exc:  # e.g. file://otherhost/...: no reader could open it
+        raise CFAFormatError(f"unusable fragment URI: {exc}", **where) from None
     if target.policy is not None:
         for uri in candidates:
             try:
@@ -105,7 +108,7 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
         except _LIBRARY_ERRORS as exc:  # a damaged file can upset the libraries below in many ways
             raise FragmentReadError(f"cannot read the fragment ({redact(f'{type(exc).__name__}: {exc}')[:300]})",
                                     file=uri, variable=target.variable, fragment=ref.index) from None
-    tried = "" if len(candidates) == 1 else f" (alternatives tried: {', '.join(candidates)})"
+    tried = "" if len(candidates) == 1 else f" (alternatives tried: {redact(', '.join(candidates))})"
     raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
                                fragment=ref.index)
 

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import tempfile
-import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
@@ -204,7 +203,10 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, slic
     except CFAError as exc:
         raise exc.located(**where)
     except Exception as exc:
-        raise FragmentError(f"cannot write fragment ({type(exc).__name__}: {exc})", **where) from exc
+        # netCDF-C reports a full disk as "HDF error" or even "Permission denied": say how much room is left
+        free = storage.free_space(target.uri)
+        room = f"; {free:,} bytes free on its filesystem" if free is not None else ""
+        raise FragmentError(f"cannot write fragment ({type(exc).__name__}: {exc}{room})", **where) from exc
 
 
 def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | None:
@@ -230,9 +232,8 @@ def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | 
                  sliced: Sequence[np.ndarray]) -> tuple[int, str]:
     """netCDF-C writes a temporary file beside the final one, which is then renamed into place."""
     final = storage.local_path(target.uri)
-    directory, name = os.path.split(final)
-    os.makedirs(directory or ".", exist_ok=True)
-    partial = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.part")
+    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    partial = storage.temporary_name(final)
     try:
         _write_file(partial, spec, target, data, sliced)
         nbytes = os.path.getsize(partial)  # resume checks size and mtime: no read-back

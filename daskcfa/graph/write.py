@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import uuid
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Mapping, Sequence
@@ -520,19 +519,18 @@ def put_aggregation(url: str, payload: bytes, mode: str, profile: storage.Profil
     """
     if mode == "w-" and storage.exists(url, profile):
         raise FileExistsError(f"{redact(url)} exists (mode='w-' never overwrites)")
-    head, _, name = url.rpartition("/")
-    partial = f"{head}/.{name}.{uuid.uuid4().hex}.part"
-    storage.put_bytes(partial, payload, profile)
-    try:
-        storage.commit(partial, url, profile)
-    except BaseException:
-        if storage.exists(partial, profile):
-            storage.delete(partial, profile)
-        raise
+    storage.put_atomic(url, payload, profile)
 
 
 def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]]) -> str:
-    """Put the aggregation file in place (every fragment has succeeded), then the manifest."""
+    """Put the aggregation file in place (every fragment has succeeded), then the manifest.
+
+    Temporary files that writers killed mid-fragment left beside these
+    fragments are removed first: every fragment is now in place, so no
+    writer of them can still be running.
+    """
+    storage.remove_stale_temporaries(
+        [commit.url, *(storage.resolve(rec.uri, commit.url) for recs in records for rec in recs)], commit.profile)
     put_aggregation(commit.url, commit.payload, commit.mode, commit.profile)
     fragments: dict[str, dict[str, Any]] = {}
     if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
@@ -545,7 +543,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]]) -> 
         for rec in recs:
             entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
     manifest = {**commit.header, "fragments": fragments}
-    storage.put_bytes(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
+    storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
     return commit.url
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import io
 import os
 import re
 import time
+import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -51,6 +53,10 @@ __all__ = [
     "listdir",
     "delete",
     "commit",
+    "temporary_name",
+    "put_atomic",
+    "remove_stale_temporaries",
+    "free_space",
     "open_netcdf",
     "memory_label",
     "config_bytes",
@@ -173,8 +179,16 @@ _TRANSIENT_NAMES = {
 }
 
 
+#: What s3fs makes of S3's "InternalError" (500) and "SlowDown"/"ServiceUnavailable" (503): try again.
+_RETRY_ERRNOS = {getattr(errno, "EREMOTEIO", errno.EIO), errno.EBUSY}
+
+
 def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _TRANSIENT) or any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__)
+    if isinstance(exc, _TRANSIENT) or any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS:
+        return True
+    return _http_status(exc) in (500, 502, 503, 504)  # a server restarting, overloaded or behind a failing proxy
 
 
 def _with_retries(uri: str, operation: Any, *args: Any) -> Any:
@@ -328,6 +342,77 @@ def commit(temporary: str, final: str, profile: ProfileRef = NO_PROFILE) -> None
         return
     _with_retries(final, fs.copy, src, dst)
     _with_retries(temporary, fs.rm_file, src)
+
+
+#: ``.<name>.<32 hex digits>.part``: what :func:`temporary_name` makes of ``<name>``.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.part$")
+
+
+def temporary_name(uri: str) -> str:
+    """A unique hidden name beside ``uri``, to write it under before moving it into place."""
+    head, sep, name = uri.rpartition("/")
+    return f"{head}{sep}.{name}.{uuid.uuid4().hex}.part"
+
+
+def put_atomic(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
+    """Write an object so that it appears whole or not at all: under a temporary
+    name, then moved into place; the temporary is removed if anything fails."""
+    partial = temporary_name(uri)
+    try:
+        put_bytes(partial, data, profile)
+        commit(partial, uri, profile)
+    except BaseException:
+        try:
+            if exists(partial, profile):
+                delete(partial, profile)
+        except CFAError:
+            pass  # the original failure is the one to report
+        raise
+
+
+def remove_stale_temporaries(uris: Sequence[str], profile: ProfileRef = NO_PROFILE) -> list[str]:
+    """Delete the temporaries of ``uris`` that writers killed mid-write left behind.
+
+    Only local files have them (objects are uploaded in one request). Call it
+    only when no other writer of these URIs can be running. Returns what was
+    removed.
+    """
+    wanted: dict[str, set[str]] = {}
+    for uri in uris:
+        if is_local(uri):
+            directory, name = os.path.split(local_path(uri))
+            wanted.setdefault(directory, set()).add(name)
+    removed = []
+    for directory, names in wanted.items():
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            match = _TEMPORARY.match(entry.name)
+            if match and match.group("name") in names:
+                with _translated(entry.path):
+                    try:
+                        os.remove(entry.path)
+                    except FileNotFoundError:
+                        continue
+                removed.append(entry.path)
+    return removed
+
+
+def free_space(uri: str) -> int | None:
+    """Bytes free for writing on the filesystem of a local URI (its nearest existing
+    directory); None for remote URIs or when it cannot be told."""
+    if not is_local(uri):
+        return None
+    path = os.path.dirname(local_path(uri))
+    while path and not os.path.isdir(path):
+        path = os.path.dirname(path)
+    try:
+        stats = os.statvfs(path or ".")
+    except (OSError, ValueError):
+        return None
+    return stats.f_bavail * stats.f_frsize
 
 
 def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 import dask.config
 
-from ..errors import UnsafeURIError
+from ..errors import UnsafeURIError, redact
 from .profiles import s3nc_config
 from .uri import is_local, normalise, scheme_of, to_local_path
 
@@ -75,7 +75,7 @@ class LocationPolicy:
         """Raise :class:`UnsafeURIError` unless ``uri`` is allowed."""
         if not self.allows(uri):
             where = "local disk" if is_local(self.base) else _origin(self.base)
-            shown = repr(uri)
+            shown = repr(redact(uri))
             if any(_CONTROL.search(f) for f in [uri, *_forms(uri)]):
                 shown += " (it holds a NUL, CR or LF character, perhaps percent-encoded)"
             elif is_local(uri):
@@ -129,8 +129,7 @@ def _prefix(location: str) -> str:
     if is_local(location):
         path = os.path.realpath(to_local_path(location))
         return path if path.endswith(os.sep) else path + os.sep
-    norm = normalise(location)
-    return norm if norm.endswith("/") else norm + "/"
+    return normalise(location)  # "s3://b/archive/": that prefix; "s3://b/x.nc": that object, or under it
 
 
 def _under(uri: str, prefix: str) -> bool:
@@ -138,4 +137,6 @@ def _under(uri: str, prefix: str) -> bool:
         return False
     if is_local(uri):
         return os.path.realpath(to_local_path(uri)).startswith(prefix)
-    return uri.startswith(prefix) or uri + "/" == prefix
+    if prefix.endswith("/"):
+        return uri.startswith(prefix)  # (s3://b/archive, named like the prefix, is not in s3://b/archive/)
+    return uri == prefix or uri.startswith(prefix + "/")
