@@ -110,8 +110,10 @@ def wait_for_workers(client: Client, n: int, timeout: float, log_directory: str)
         client.wait_for_workers(n, timeout=timeout)
     except TimeoutError:
         tails = [path.read_text()[-2000:] for path in sorted(Path(log_directory).glob("*.err"))]
-        raise SystemExit(f"{n} workers did not connect within {timeout:.0f} s; job logs in {log_directory}:\n"
-                         + "\n".join(tails)) from None
+        queue = subprocess.run(["squeue", "--format", "%i %j %T %R"], capture_output=True, text=True,
+                               timeout=10).stdout  # the reason a job still waits, if one does
+        raise SystemExit(f"{n} workers did not connect within {timeout:.0f} s; squeue:\n{queue}"
+                         f"job logs in {log_directory}:\n" + "\n".join(tails)) from None
 
 
 def same_values(source: str, target: str) -> bool:

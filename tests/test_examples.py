@@ -124,10 +124,10 @@ def test_slurm_refragment(tmp_path, slurm):
     job_name = f"daskcfa-test-{os.getpid()}"
     args = [sys.executable, str(EXAMPLES / "slurm_refragment.py"), source, target, "--jobs", "2",
             "--fragment-shape", "time=120,lat=15,lon=30", "--max-mem", "64MiB", "--memory", "1GiB",
-            "--job-name", job_name, "--workdir", str(tmp_path), "--timeout", "40"]
+            "--job-name", job_name, "--workdir", str(tmp_path), "--timeout", "90"]
     proc = subprocess.Popen(args, cwd=tmp_path, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     running: set[str] = set()  # watched from here too, independently of the example's own watch
-    deadline = time.monotonic() + 50
+    deadline = time.monotonic() + 150
     while proc.poll() is None and time.monotonic() < deadline:
         rows = subprocess.run(["squeue", "--noheader", "--name", job_name, "--format", "%i %T"], env=slurm,
                               capture_output=True, text=True, timeout=10).stdout.split("\n")

@@ -411,6 +411,10 @@ class S3Server(_ServerBase):
             "-s3.allowDeleteBucketNotEmpty=false",
             "-s3.autoCreateBucket=false",
             "-volume.preStopSeconds=0",  # no cluster to drain: stop in 1 s, not 2
+            # Every bucket is a collection with volumes of its own; the default
+            # limit (derived from free disk) refuses puts after ~64 buckets with
+            # "InternalError", and a test suite makes a bucket per test.
+            "-volume.max=4000",
             *self.extra_args,
         ]
 
@@ -563,9 +567,11 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             self.server.owner._track(self.connection, False)
 
     def do_GET(self):
+        time.sleep(self.server.owner.latency)
         self._respond(body=True)
 
     def do_HEAD(self):
+        time.sleep(self.server.owner.latency)
         self._respond(body=False)
 
     # -- helpers ----------------------------------------------------------
@@ -709,7 +715,8 @@ class HTTPServer(_WebServer):
     HTTP/1.1 keep-alive.
 
     With ``username``/``password`` every request needs basic auth (401 with
-    ``WWW-Authenticate`` otherwise).
+    ``WWW-Authenticate`` otherwise). ``latency`` (seconds) delays every
+    response, like a distant object store's time to first byte.
 
     Counters (thread-safe, include refused requests): ``requests`` (number of
     requests), ``bytes_sent`` (body bytes), ``log`` (list of
@@ -720,8 +727,10 @@ class HTTPServer(_WebServer):
     basic-auth header); ``url_for(relpath)``.
     """
 
-    def __init__(self, directory, *, username: str | None = None, password: str | None = None):
+    def __init__(self, directory, *, username: str | None = None, password: str | None = None,
+                 latency: float = 0.0):
         self.root = Path(directory).resolve()
+        self.latency = float(latency)
         if not self.root.is_dir():
             raise NotADirectoryError(str(directory))
         if (username is None) != (password is None):
