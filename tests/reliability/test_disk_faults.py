@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import dask
@@ -46,7 +47,14 @@ def _write(x, target, **kw):
 def _assert_nothing_half_done(directory: Path, target: Path) -> int:
     """No aggregation file, no temporaries; every fragment with a marker reads back. Returns how many."""
     assert not target.exists(), "an aggregation file was committed"
-    leftovers = [p for p in directory.rglob("*") if p.name.endswith(".part")]
+    # dask raises the first task error while other fragment tasks may still be
+    # running (and failing, then removing their temporaries): give them time
+    deadline = time.monotonic() + 30
+    while True:
+        leftovers = [p for p in directory.rglob("*") if p.name.endswith(".part")]
+        if not leftovers or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert not leftovers, leftovers
     markers = list(directory.rglob(".daskcfa/*.json"))
     for marker in markers:
