@@ -25,7 +25,10 @@ times:
   (:class:`daskcfa.testing.memory.WorkerPeakMemory`: sampled RSS and the
   kernel's ``VmHWM``, reset before the run) and compared with the budget.
 
-After the clock (untimed) the output is checked: every tile read back with
+Both clocks start after and stop after an ``os.sync()``: a copy is done when
+its bytes are on disk, and the page cache's write-back of one run must not
+land in the next one's time (without it the raw copy's time varied 1.6-4.9 s
+between identical runs). After the clock (untimed) the output is checked: every tile read back with
 ``daskcfa.from_cfa`` equals :func:`benchmarks.generate.values` bit for bit
 (the raw copy: its last file). The ratio reported is the throughput of
 daskcfa over the raw copy's (raw seconds / daskcfa seconds) per repeat, and
@@ -83,6 +86,7 @@ def raw_copy(variant: str, quick: bool) -> dict:
 
     data = generate.Dataset.load(generate.ensure(_spec(variant, quick), verbose=False))
     out = _workdir(variant, "raw-copy")
+    os.sync()  # earlier runs' dirty pages are not this run's cost
     t0 = time.perf_counter()
     for src in data.fragments:
         with netCDF4.Dataset(src) as s, netCDF4.Dataset(os.path.join(out, os.path.basename(src)), "w") as d:
@@ -101,6 +105,7 @@ def raw_copy(variant: str, quick: bool) -> dict:
                 new.setncatts(attrs)
                 new.set_auto_maskandscale(False)
                 new[...] = var[...]
+    os.sync()  # a copy is done when it is on disk
     seconds = time.perf_counter() - t0
     nt, ny, nx = data.frag_shape
     with netCDF4.Dataset(os.path.join(out, os.path.basename(data.fragments[-1]))) as d:
@@ -133,8 +138,10 @@ def daskcfa_refragment(variant: str, quick: bool) -> dict:
         plan = daskcfa.plan_refragment(source, fragment_shape=shape, max_mem=MAX_MEM)
         target = os.path.join(out, "tiles.nca")
         with WorkerPeakMemory(client) as memory:
+            os.sync()
             t0 = time.perf_counter()
             daskcfa.refragment(source, target, fragment_shape=shape, max_mem=MAX_MEM, compression=compression)
+            os.sync()
             seconds = time.perf_counter() - t0
     ok = _check_tiles(target, data)
     shutil.rmtree(out)
