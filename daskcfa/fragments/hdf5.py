@@ -151,9 +151,8 @@ class HDF5File:
 
     def close(self) -> None:
         self._fd = None
-        with h5py._objects.phil:
-            if self._fid.valid:
-                self._fid.close()
+        if self._fid.valid:
+            self._fid.close()
 
     def __enter__(self) -> HDF5File:
         return self
