@@ -90,22 +90,18 @@ class AggregatedArray:
 
     def _assemble(self, dims: list) -> np.ma.MaskedArray:
         """Read every fragment piece the index touches, in canonical (stored) form."""
-        fragments = self.variable.fragments
         shape = output_shape(dims)
         combos = list(itertools.product(*(d.pieces for d in dims)))
         if not combos:
             return np.ma.MaskedArray(np.empty(shape, self.target.dtype))
         if len(combos) == 1:
             self._read_ahead(combos[0])
+            return self._piece(combos[0])
         # values and mask assembled apart: masked-array item assignment costs ~3x a copy
         values = np.empty(shape, self.target.dtype)
         mask = np.ma.nomask
         for pieces in combos:
-            ref = fragments[tuple(p.fragment for p in pieces)]
-            block = read_fragment(ref, tuple(p.local for p in pieces), self.target)
-            block = _take(block, pieces)
-            if len(combos) == 1:
-                return block
+            block = self._piece(pieces)
             where = _placement(pieces)
             values[where] = np.ma.getdata(block)
             block_mask = np.ma.getmask(block)
@@ -114,6 +110,11 @@ class AggregatedArray:
                     mask = np.zeros(shape, bool)
                 mask[where] = block_mask
         return np.ma.MaskedArray(values, mask=mask, copy=False)
+
+    def _piece(self, pieces: tuple) -> np.ma.MaskedArray:
+        """One fragment's part of the index, in canonical form."""
+        ref = self.variable.fragments[tuple(p.fragment for p in pieces)]
+        return _take(read_fragment(ref, tuple(p.local for p in pieces), self.target), pieces)
 
     def _read_ahead(self, pieces: tuple) -> None:
         """When reads walk along one fragment axis (a time series, say), start
