@@ -31,7 +31,7 @@ from ..errors import CFAError, FragmentReadError, NotFoundError
 from ..storage.profiles import ProfileRef
 from . import readahead
 from .manager import manager
-from .netcdf import NetCDF4File, check_netcdf3_length
+from .netcdf import NetCDF4File
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _READS = itertools.count()  #: distinct keys for handles that are never shared
@@ -274,12 +274,11 @@ def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None) -> FragmentFi
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):
         raise FragmentReadError("not a netCDF file (unknown signature)")
-    check_netcdf3_length(data, len(data))  # before netcdf_memory pads it
     direct = None
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
         view = memoryview(data)
         direct = _hdf5(io.BytesIO(data), read_ranges=lambda ranges: [view[o:o + n] for o, n in ranges], label=uri)
-    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=storage.netcdf_memory(data)))
+    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data))
 
 
 def _head_of(fileobj: Any) -> bytes:

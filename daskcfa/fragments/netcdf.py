@@ -10,6 +10,7 @@ import netCDF4
 import numpy as np
 
 from ..errors import FragmentReadError
+from ..storage import netcdf_memory
 from ..locks import HDF5_LOCK
 
 
@@ -42,8 +43,9 @@ class NetCDF4File:
     """
 
     def __init__(self, path: str, *, memory: bytes | None = None) -> None:
-        if memory is not None:
+        if memory is not None:  # a whole object's bytes, as stored
             check_netcdf3_length(memory, len(memory))
+            memory = netcdf_memory(memory)
         elif os.path.isfile(path):
             with open(path, "rb") as f:
                 check_netcdf3_length(f, os.fstat(f.fileno()).st_size)
