@@ -50,6 +50,11 @@ class Target:
     policy: LocationPolicy | None = None
     #: "raise" a fragment's error, or "fill": read an absent or unreadable fragment as missing data
     missing: str = "raise"
+    #: the aggregation variable's masking, when the caller applies it (with
+    #: netCDF4's rules) to the assembled values: a fragment stored with the
+    #: same dtype and masking and no packing is then passed on as stored, and
+    #: its values are compared with the fill value once rather than twice
+    masked_as: Encoding | None = None
 
     @property
     def default_identifier(self) -> str:
@@ -139,10 +144,22 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
         # attributes are read lazily, so only while the file is open
         encoding = Encoding.from_attrs(var.attrs, var.dtype)
         units = {k: var.attrs[k] for k in ("units", "calendar") if k in var.attrs}
-    data = encoding.decode(raw)
-    data = post(data)
+    if not _masked_later(encoding, units, ref, target):
+        raw = encoding.decode(raw)
+    data = post(raw)
     data = _convert_units(data, units, ref, target)
     return _cast(data, target, name)
+
+
+def _masked_later(encoding: Encoding, attrs: dict, ref: FragmentRef, target: Target) -> bool:
+    """Whether the fragment's own decoding may be left to the aggregation's
+    (identical masking, no packing on either side, no units to convert)."""
+    if target.masked_as is None or encoding.is_packed or target.masked_as.is_packed:
+        return False
+    units = ref.units or attrs.get("units")
+    if target.units is not None and units is not None and str(units) != str(target.units):
+        return False
+    return encoding == target.masked_as
 
 
 def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):

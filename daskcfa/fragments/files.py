@@ -16,7 +16,6 @@ metadata, through a block cache).
 from __future__ import annotations
 
 import errno
-import io
 import itertools
 import os
 import threading
@@ -243,11 +242,12 @@ def _remote_handle(uri: str, profile: ProfileRef, fraction: float, expected_nbyt
     whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
     if whole and expected_nbytes <= 2 * storage.part_size():
         return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, None), nbytes=expected_nbytes, label=uri, keep=False)
+                        lambda: _open_whole(uri, profile, None, expected_nbytes), nbytes=expected_nbytes, label=uri,
+                        keep=False)
     nbytes, version = storage.stat(uri, profile)
     if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
         return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, nbytes), nbytes=nbytes, label=uri, keep=False)
+                        lambda: _open_whole(uri, profile, nbytes, nbytes), nbytes=nbytes, label=uri, keep=False)
     cache = storage.block_size() * storage.BLOCKS_CACHED
     return mgr.open(("remote", uri, profile.name, nbytes, version), lambda: _open_ranged(uri, profile, nbytes),
                     nbytes=cache, label=uri)
@@ -258,7 +258,7 @@ def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
     label = storage.memory_label(uri)
     if _head_of(fileobj) != HDF5_SIGNATURE:
         fileobj.close()
-        return _open_whole(uri, profile, nbytes)
+        return _open_whole(uri, profile, nbytes, nbytes)
     direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile), label=uri)
     file = FragmentFile(uri, direct=direct,
                         netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile)))
@@ -266,18 +266,17 @@ def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
     return file
 
 
-def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None) -> FragmentFile:
+def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None, size_hint: int) -> FragmentFile:
     data = readahead.take(uri, profile)
     if data is None:
-        data = storage.read_bytes(uri, profile, known_size=nbytes)
+        data = storage.read_buffer(uri, profile, known_size=nbytes, size_hint=size_hint)
     head = bytes(data[:8])
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):
         raise FragmentReadError("not a netCDF file (unknown signature)")
     direct = None
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
-        view = memoryview(data)
-        direct = _hdf5(io.BytesIO(data), read_ranges=lambda ranges: [view[o:o + n] for o, n in ranges], label=uri)
+        direct = _hdf5(data, label=uri, lend=True)  # (this handle serves one read)
     return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data))
 
 

@@ -20,6 +20,7 @@ A netCDF-3 file is not HDF5: opening one raises :class:`OSError` (from h5py).
 from __future__ import annotations
 
 import functools
+import io
 import itertools
 import math
 import os
@@ -93,6 +94,45 @@ _PARTIAL_INFLATE = 0.8
 _WALK_RATIO = 16
 
 
+#: Files in memory up to this size are handed to HDF5 as a file image (it
+#: copies them); larger ones are read through a Python file object.
+_IMAGE_BYTES = 1 << 20
+_IMAGES = itertools.count()
+
+
+def _slices(view: memoryview, ranges: list[tuple[int, int]]) -> list[memoryview]:
+    return [view[offset:offset + length] for offset, length in ranges]
+
+
+class _BufferFile(io.RawIOBase):
+    """A read-only file over a buffer in memory, which it does not copy (io.BytesIO copies all but bytes)."""
+
+    def __init__(self, buffer: Buffer) -> None:
+        super().__init__()
+        self._view = memoryview(buffer).cast("B")
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        chunk = self._view[self._position:self._position + len(memoryview(target).cast("B"))]
+        memoryview(target).cast("B")[:len(chunk)] = chunk
+        self._position += len(chunk)
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+
 def _inflate_head(raw: Buffer, nbytes: int) -> bytes:
     """The first ``nbytes`` of a zlib stream, inflating no further."""
     return _decompressobj().decompress(raw, nbytes)
@@ -110,25 +150,39 @@ class HDF5File:
     file (missing, not HDF5, ...) propagate as the :class:`OSError` raised.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, read_ranges: ReadRanges | None = None,
-                 label: str | None = None) -> None:
-        # ``source`` is a path, or a file object (a remote object behind a block
-        # cache, or bytes in memory) that HDF5 reads metadata through; then
-        # ``read_ranges`` must fetch the data bytes and ``label`` names it.
-        # h5py's low-level API is used throughout: its high-level File and
-        # Dataset objects cost more to open and close than HDF5 itself (File.close
-        # walks every object open in the process), which shows on 1,000s of files.
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO | Buffer, *,
+                 read_ranges: ReadRanges | None = None, label: str | None = None, lend: bool = False) -> None:
+        # ``source`` is a path, a whole file's bytes in memory, or a file object
+        # (a remote object behind a block cache) that HDF5 reads metadata
+        # through; then ``read_ranges`` must fetch the data bytes. ``label``
+        # names what is not a path. ``lend``: a writable buffer in memory is
+        # this file's to give away, so that a read of all of a contiguous
+        # variable returns a view of it rather than a copy (read each variable
+        # once, then). h5py's low-level API is used throughout: its
+        # high-level File and Dataset objects cost more to open and close than
+        # HDF5 itself (File.close walks every object open in the process), which
+        # shows on 1,000s of files.
         is_path = isinstance(source, (str, os.PathLike))
-        if not is_path and read_ranges is None:
+        in_memory = isinstance(source, (bytes, bytearray, memoryview, np.ndarray))
+        if not (is_path or in_memory) and read_ranges is None:
             raise ValueError("read_ranges is required when reading from a file object")
         self.path = os.fspath(source) if is_path else (label or repr(source))
         fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
         fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)  # closing the file closes its objects
         if is_path:
             name = os.fsencode(self.path)
+        elif in_memory and memoryview(source).nbytes <= _IMAGE_BYTES:
+            # HDF5 reads metadata from its own copy of a small file: no Python
+            # callback per metadata read, which matters when threads contend for the GIL
+            fapl.set_fapl_core(backing_store=False)
+            fapl.set_file_image(source)
+            name = f"daskcfa-image-{next(_IMAGES)}".encode()
         else:
-            fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, source)
+            fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, _BufferFile(source) if in_memory else source)
             name = f"daskcfa-{id(source):x}".encode()
+        if in_memory and read_ranges is None:
+            view = memoryview(source).cast("B")
+            read_ranges = functools.partial(_slices, view if lend else view.toreadonly())
         self._fid = h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl)
         self._fd: int | None = None
         if read_ranges is None:

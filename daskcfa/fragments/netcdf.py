@@ -13,6 +13,9 @@ from ..errors import FragmentReadError
 from ..storage import netcdf_memory
 from ..locks import HDF5_LOCK
 
+#: What a file in memory may be held in.
+_IN_MEMORY = (bytes, bytearray, memoryview, np.ndarray)
+
 
 class NetCDF4Variable:
     """One variable of an open fragment; :meth:`read` returns raw stored values."""
@@ -98,7 +101,7 @@ class _Header:
         end = self._pos + n
         if end > len(self._buffer):
             want = max(end, 2 * len(self._buffer), 1 << 16)
-            if isinstance(self._source, (bytes, bytearray, memoryview)):
+            if isinstance(self._source, _IN_MEMORY):
                 self._buffer = bytes(self._source[:want])
             else:
                 self._source.seek(0)
@@ -131,9 +134,9 @@ class _Header:
             self.skip(size * self.count())
 
 
-def check_netcdf3_length(source: bytes | BinaryIO, length: int) -> None:
+def check_netcdf3_length(source: bytes | np.ndarray | BinaryIO, length: int) -> None:
     """Raise :class:`FragmentReadError` if a netCDF-3 file is shorter than its header says."""
-    head = bytes(source[:4]) if isinstance(source, (bytes, bytearray, memoryview)) else source.read(4)
+    head = bytes(source[:4]) if isinstance(source, _IN_MEMORY) else source.read(4)
     if head[:3] != b"CDF" or head[3:] not in (b"\x01", b"\x02", b"\x05"):
         return
     try:

@@ -9,10 +9,11 @@ to the tasks that need them, so that up to ``daskcfa.io.readahead`` requests
 (default 8; 0 turns read-ahead off) are in flight per process.
 
 Only objects that would be fetched whole anyway are read ahead (small ones:
-at most ``daskcfa.io.small-object`` bytes), and an object read in the last
-:data:`_RECENT_SECONDS` is not fetched again, so read-ahead adds no bytes
-except at the end of a walk. Fetched objects wait for their reader at most
-:data:`_KEPT_SECONDS`; memory is bounded by :data:`_KEPT_PER_REQUEST` times the
+at most ``daskcfa.io.small-object`` bytes), and an object among the last
+:data:`_RECENT_READS` read is not fetched again (a thread ahead of the others
+read it), so read-ahead adds no bytes except at the end of a walk. A walk
+done again reads ahead again, unless it is shorter than that window. Fetched
+objects wait for their reader at most :data:`_KEPT_SECONDS`; memory is bounded by :data:`_KEPT_PER_REQUEST` times the
 depth times the small-object size. A fetch that fails is forgotten: the task
 that needs the object fetches it again, with the usual retries and errors.
 """
@@ -38,9 +39,9 @@ _WAIT_SECONDS = 30.0
 _KEPT_SECONDS = 30.0
 #: Fetched objects kept waiting for their readers, per request allowed in flight.
 _KEPT_PER_REQUEST = 4
-#: An object read this recently is not read ahead again (the walk has passed it).
-_RECENT_SECONDS = 30.0
-_RECENT_MAX = 1 << 14
+#: An object among this many read last is not read ahead again: a thread ahead
+#: of the others has read it (threads overtake each other by about their number).
+_RECENT_READS = 256
 
 _Key = tuple[str, "str | None"]
 
@@ -56,18 +57,19 @@ class _ReadAhead:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fetches: OrderedDict[_Key, tuple[concurrent.futures.Future, float]] = OrderedDict()
-        self._recent: OrderedDict[_Key, float] = OrderedDict()
+        self._recent: OrderedDict[_Key, None] = OrderedDict()
         self.started = 0  # fetches started ahead
         self.used = 0  # of which handed to the read that needed them
 
     def start(self, uris: Iterable[str], profile: ProfileRef, limit: int) -> None:
-        for uri in uris:
-            key = (uri, profile.name)
-            with self._lock:  # held while starting: a read must not begin between check and start
-                self._expire(time.monotonic(), limit)
+        with self._lock:  # held while starting: a read must not begin between check and start
+            self._expire(time.monotonic(), limit)
+            in_flight = sum(not f.done() for f, _ in self._fetches.values())
+            for uri in uris:
+                key = (uri, profile.name)
                 if key in self._fetches or key in self._recent:
                     continue
-                if sum(not f.done() for f, _ in self._fetches.values()) >= limit:
+                if in_flight >= limit:
                     return
                 try:
                     future = storage.fetch_soon(uri, profile)  # schedules; does not wait
@@ -77,13 +79,16 @@ class _ReadAhead:
                     return
                 self._fetches[key] = (future, time.monotonic())
                 self.started += 1
+                in_flight += 1
 
-    def take(self, uri: str, profile: ProfileRef) -> bytes | None:
+    def take(self, uri: str, profile: ProfileRef) -> storage.Buffer | None:
         key = (uri, profile.name)
         with self._lock:
             entry = self._fetches.pop(key, None)
-            self._recent[key] = time.monotonic()
+            self._recent[key] = None
             self._recent.move_to_end(key)
+            while len(self._recent) > _RECENT_READS:
+                self._recent.popitem(last=False)
         if entry is None:
             return None
         try:
@@ -91,16 +96,11 @@ class _ReadAhead:
         except Exception:
             entry[0].cancel()
             return None
-        if not isinstance(data, (bytes, bytearray)):
-            return None
         with self._lock:
             self.used += 1
-        return data
+        return storage.joined(data)
 
     def _expire(self, now: float, limit: int) -> None:
-        while self._recent and (len(self._recent) > _RECENT_MAX
-                                or now - next(iter(self._recent.values())) > _RECENT_SECONDS):
-            self._recent.popitem(last=False)
         for key, (future, started) in list(self._fetches.items()):
             if now - started > _KEPT_SECONDS:
                 future.cancel()
@@ -120,7 +120,7 @@ def read_ahead(uris: Iterable[str], profile: ProfileRef) -> None:
         _READ_AHEAD.start(uris, profile, limit)
 
 
-def take(uri: str, profile: ProfileRef) -> bytes | None:
+def take(uri: str, profile: ProfileRef) -> storage.Buffer | None:
     """The bytes of ``uri`` if it was read ahead (waiting for a fetch under way), else None.
 
     Every whole-object read asks, so that what was read is not read ahead again.

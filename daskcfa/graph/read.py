@@ -56,8 +56,10 @@ class AggregatedArray:
             profile=access.profile,
             policy=access.policy,
             missing=access.missing,
+            masked_as=self.encoding if decode and mask else None,
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
+        self._ahead_uris: dict[tuple[int, ...], str | None] = {}
 
     def __repr__(self) -> str:
         return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
@@ -129,24 +131,36 @@ class AggregatedArray:
             return
         axis = moved[0]
         step = 1 if index[axis] > last[axis] else -1
-        fragments = self.variable.fragments
-        small = small_object_size()
         uris = []
         for k in range(1, depth + 1):
             position = index[axis] + k * step
-            if not 0 <= position < fragments.grid.grid_shape[axis]:
+            if not 0 <= position < self.variable.fragments.grid.grid_shape[axis]:
                 break
-            ref = fragments[index[:axis] + (position,) + index[axis + 1:]]
-            if ref.is_missing or not ref.uris:
-                continue
-            uri = storage.resolve(ref.uris[0], self.target.source)
-            if storage.is_local(uri) or storage.is_opendap(uri):
-                return
-            if int(np.prod(ref.shape, dtype=np.int64)) * self.target.dtype.itemsize > small:
-                return  # larger objects are fetched in concurrent parts by their own task
-            if self.target.policy is None or self.target.policy.allows(uri):
+            uri = self._ahead_uri(index[:axis] + (position,) + index[axis + 1:])
+            if uri is None:
+                break
+            if uri:
                 uris.append(uri)
         readahead.read_ahead(uris, self.target.profile)
+
+    def _ahead_uri(self, index: tuple[int, ...]) -> str | None:
+        """What read-ahead may fetch for the fragment at ``index``: its URI, ""
+        to pass over it (missing, or not allowed), or None to stop there (a
+        local, OPeNDAP or large fragment). Remembered: a walk asks ``depth`` times."""
+        known = self._ahead_uris.get(index, False)
+        if known is not False:
+            return known
+        ref = self.variable.fragments[index]
+        uri: str | None = ""
+        if not ref.is_missing and ref.uris:
+            uri = storage.resolve(ref.uris[0], self.target.source)
+            nbytes = int(np.prod(ref.shape, dtype=np.int64)) * self.target.dtype.itemsize
+            if storage.is_local(uri) or storage.is_opendap(uri) or nbytes > small_object_size():
+                uri = None  # (larger objects are fetched in concurrent parts by their own task)
+            elif self.target.policy is not None and not self.target.policy.allows(uri):
+                uri = ""
+        self._ahead_uris[index] = uri
+        return uri
 
 
 def _take(block: np.ma.MaskedArray, pieces: tuple) -> np.ma.MaskedArray:

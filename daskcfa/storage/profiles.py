@@ -31,6 +31,7 @@ import os
 import pickle
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
@@ -250,17 +251,32 @@ class S3ncConfig:
         return "s3://" + rest, options
 
 
+_NO_S3NC = S3ncConfig({}, {})
+
+
 def _config_path() -> str:
     return os.environ.get("S3_NC_CONFIG") or os.path.join(os.path.expanduser("~"), ".s3nc.json")
 
 
+#: The configuration file is looked at again at most this often (every URI
+#: normalised asks for it, thousands of times in a read of many fragments).
+_S3NC_RECHECK_SECONDS = 1.0
+_s3nc_checked: dict[str, tuple[float, int | None]] = {}
+
+
 def s3nc_config() -> S3ncConfig:
     path = _config_path()
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError:
-        return S3ncConfig({}, {})
-    return _load_s3nc(path, stamp)
+    now = time.monotonic()
+    checked = _s3nc_checked.get(path)
+    if checked is None or now - checked[0] > _S3NC_RECHECK_SECONDS:
+        try:
+            stamp: int | None = os.stat(path).st_mtime_ns
+        except OSError:
+            stamp = None
+        checked = _s3nc_checked[path] = (now, stamp)
+    if checked[1] is None:
+        return _NO_S3NC
+    return _load_s3nc(path, checked[1])
 
 
 @lru_cache(maxsize=4)

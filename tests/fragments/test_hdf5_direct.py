@@ -519,3 +519,50 @@ def test_unsupported_storage(tmp_path):
         for name in ["lzf", "scaleoffset", "compact", "nodims"]:
             with pytest.raises(DirectReadUnsupported):
                 f.variable(name)
+
+
+# ---------------------------------------------------------------------------
+# Files in memory (whole remote objects): a file image when small, a zero-copy file object when large
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["contiguous", "zlib"])
+@pytest.mark.parametrize("size", ["small", "large"])  # either side of the file-image threshold (1 MiB)
+def test_file_in_memory_reads_like_the_file_on_disk(tmp_path, layout, size):
+    shape = (8, 16, 20) if size == "small" else (16, 128, 160)
+    data = np.random.default_rng(0).normal(size=shape).astype("f4")
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        for d, n in zip("tyx", shape):
+            nc.createDimension(d, n)
+        create(nc, "v", "f4", tuple("tyx"), **({"contiguous": True} if layout == "contiguous"
+                                                else {"chunksizes": (2, 16, 20), "zlib": True}))[...] = data
+    raw = path.read_bytes()
+    assert (len(raw) > 1 << 20) == (size == "large")
+    for source in (raw, bytearray(raw), np.frombuffer(raw, np.uint8).copy()):
+        with HDF5File(source, label="in memory") as f:
+            var = f.variable("v")
+            assert var.dims == ("t", "y", "x")
+            for key in [(slice(None),) * 3, (1, slice(2, 9, 3), slice(None)), (7, 15, 19)]:
+                np.testing.assert_array_equal(var.read(key), data[key])
+
+
+def test_file_in_memory_lends_its_buffer_only_when_told(tmp_path):
+    """A whole contiguous variable read from a buffer the file may give away is a view of it
+    (no copy); otherwise, and from read-only bytes, the result is a writable copy."""
+    data = np.arange(4 * 300 * 300, dtype="f4").reshape(4, 300, 300)
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        for d, n in zip("tyx", data.shape):
+            nc.createDimension(d, n)
+        create(nc, "v", "f4", tuple("tyx"), contiguous=True)[...] = data
+    everything = (slice(None),) * 3
+    buffer = np.frombuffer(path.read_bytes(), np.uint8).copy()
+    with HDF5File(buffer, label="lent", lend=True) as f:
+        lent = f.variable("v").read(everything)
+    assert np.shares_memory(lent, buffer) and lent.flags.writeable
+    np.testing.assert_array_equal(lent, data)
+    for source, lend in ((buffer, False), (path.read_bytes(), True)):
+        with HDF5File(source, label="kept", lend=lend) as f:
+            got = f.variable("v").read(everything)
+        assert not np.shares_memory(got, buffer) and got.flags.writeable
+        got[0, 0, 0] = -1  # the caller's to change
+        np.testing.assert_array_equal(got[1:], data[1:])
