@@ -546,18 +546,10 @@ def test_whole_object_gets_ask_for_one_request():
     assert storage._one_get(fsspec.filesystem("file")) == {}
 
 
-def test_joined_blocks_make_one_writable_buffer():
-    blocks = [b"ab", b"", b"cde", b"f"]
-    out = storage.joined(blocks)
-    assert bytes(out) == b"abcdef" and out.flags.writeable
-    only = b"xyz"
-    assert storage.joined([only]) is only
-
-
 @pytest.mark.parametrize("layout", ["contiguous", "chunked"])
 def test_s3_large_objects_are_streamed_whole(tmp_path, s3_server, s3_bucket, s3fs_fs, layout, monkeypatch):
-    """Fragments of a few MiB come down as one streamed GET each (no HEAD); a full read of a
-    contiguous one is then a view of the received bytes, and still the caller's to change."""
+    """Fragments of a few MiB come down as one streamed GET each (no HEAD), kept as blocks;
+    every read returns arrays of its own."""
     rng = np.random.default_rng(6)
     data = rng.random((2 * 24, 128, 128), dtype="f4")  # 1.5 MiB per fragment
     for k in range(2):

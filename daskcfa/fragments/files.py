@@ -269,15 +269,15 @@ def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
 def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None, size_hint: int) -> FragmentFile:
     data = readahead.take(uri, profile)
     if data is None:
-        data = storage.read_buffer(uri, profile, known_size=nbytes, size_hint=size_hint)
-    head = bytes(data[:8])
+        data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint)
+    head = bytes(data.read(0, 8))
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):
         raise FragmentReadError("not a netCDF file (unknown signature)")
     direct = None
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
-        direct = _hdf5(data, label=uri, lend=True)  # (this handle serves one read)
-    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data))
+        direct = _hdf5(data, label=uri)
+    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()))
 
 
 def _head_of(fileobj: Any) -> bytes:

@@ -36,14 +36,14 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fall
     _inflate = zlib.decompress
     _decompressobj = zlib.decompressobj
     _INFLATE_ERRORS = (zlib.error,)
-from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, Union
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
 
-__all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges"]
+from ..storage.blocks import Blocks, Buffer
 
-Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
+__all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges"]
 
 #: Fetches ``[(offset, length), ...]`` from a file and returns the bytes of
 #: every range, in order. Given all ranges of a read at once, so that remote
@@ -100,16 +100,16 @@ _IMAGE_BYTES = 1 << 20
 _IMAGES = itertools.count()
 
 
-def _slices(view: memoryview, ranges: list[tuple[int, int]]) -> list[memoryview]:
-    return [view[offset:offset + length] for offset, length in ranges]
+def _read_blocks(blocks: Blocks, ranges: list[tuple[int, int]]) -> list[Buffer]:
+    return [blocks.read(offset, length) for offset, length in ranges]
 
 
-class _BufferFile(io.RawIOBase):
-    """A read-only file over a buffer in memory, which it does not copy (io.BytesIO copies all but bytes)."""
+class _BlocksFile(io.RawIOBase):
+    """A read-only file over :class:`Blocks` in memory, which it does not copy whole."""
 
-    def __init__(self, buffer: Buffer) -> None:
+    def __init__(self, blocks: Blocks) -> None:
         super().__init__()
-        self._view = memoryview(buffer).cast("B")
+        self._blocks = blocks
         self._position = 0
 
     def readable(self) -> bool:
@@ -119,13 +119,12 @@ class _BufferFile(io.RawIOBase):
         return True
 
     def readinto(self, target: Any) -> int:
-        chunk = self._view[self._position:self._position + len(memoryview(target).cast("B"))]
-        memoryview(target).cast("B")[:len(chunk)] = chunk
-        self._position += len(chunk)
-        return len(chunk)
+        done = self._blocks.readinto(self._position, target)
+        self._position += done
+        return done
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._blocks)}[whence]
         self._position = max(0, base + offset)
         return self._position
 
@@ -150,20 +149,19 @@ class HDF5File:
     file (missing, not HDF5, ...) propagate as the :class:`OSError` raised.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO | Buffer, *,
-                 read_ranges: ReadRanges | None = None, label: str | None = None, lend: bool = False) -> None:
-        # ``source`` is a path, a whole file's bytes in memory, or a file object
-        # (a remote object behind a block cache) that HDF5 reads metadata
-        # through; then ``read_ranges`` must fetch the data bytes. ``label``
-        # names what is not a path. ``lend``: a writable buffer in memory is
-        # this file's to give away, so that a read of all of a contiguous
-        # variable returns a view of it rather than a copy (read each variable
-        # once, then). h5py's low-level API is used throughout: its
-        # high-level File and Dataset objects cost more to open and close than
-        # HDF5 itself (File.close walks every object open in the process), which
-        # shows on 1,000s of files.
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO | Blocks | Buffer, *,
+                 read_ranges: ReadRanges | None = None, label: str | None = None) -> None:
+        # ``source`` is a path, a whole file in memory (Blocks, or one buffer),
+        # or a file object (a remote object behind a block cache) that HDF5
+        # reads metadata through; then ``read_ranges`` must fetch the data
+        # bytes. ``label`` names what is not a path. h5py's low-level API is
+        # used throughout: its high-level File and Dataset objects cost more to
+        # open and close than HDF5 itself (File.close walks every object open in
+        # the process), which shows on 1,000s of files.
         is_path = isinstance(source, (str, os.PathLike))
-        in_memory = isinstance(source, (bytes, bytearray, memoryview, np.ndarray))
+        if isinstance(source, (bytes, bytearray, memoryview, np.ndarray)):
+            source = Blocks([source])
+        in_memory = isinstance(source, Blocks)
         if not (is_path or in_memory) and read_ranges is None:
             raise ValueError("read_ranges is required when reading from a file object")
         self.path = os.fspath(source) if is_path else (label or repr(source))
@@ -171,18 +169,18 @@ class HDF5File:
         fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)  # closing the file closes its objects
         if is_path:
             name = os.fsencode(self.path)
-        elif in_memory and memoryview(source).nbytes <= _IMAGE_BYTES:
+        elif in_memory and len(source) <= _IMAGE_BYTES:
             # HDF5 reads metadata from its own copy of a small file: no Python
             # callback per metadata read, which matters when threads contend for the GIL
             fapl.set_fapl_core(backing_store=False)
-            fapl.set_file_image(source)
+            fapl.set_file_image(source.tobytes())
             name = f"daskcfa-image-{next(_IMAGES)}".encode()
         else:
-            fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, _BufferFile(source) if in_memory else source)
+            fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, _BlocksFile(source) if in_memory else source)
             name = f"daskcfa-{id(source):x}".encode()
         if in_memory and read_ranges is None:
-            view = memoryview(source).cast("B")
-            read_ranges = functools.partial(_slices, view if lend else view.toreadonly())
+            # (a range within one block is a read-only view of it; one across blocks, a fresh array)
+            read_ranges = functools.partial(_read_blocks, source)
         self._fid = h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl)
         self._fd: int | None = None
         if read_ranges is None:

@@ -81,7 +81,7 @@ class _ReadAhead:
                 self.started += 1
                 in_flight += 1
 
-    def take(self, uri: str, profile: ProfileRef) -> storage.Buffer | None:
+    def take(self, uri: str, profile: ProfileRef) -> storage.Blocks | None:
         key = (uri, profile.name)
         with self._lock:
             entry = self._fetches.pop(key, None)
@@ -98,7 +98,7 @@ class _ReadAhead:
             return None
         with self._lock:
             self.used += 1
-        return storage.joined(data)
+        return data
 
     def _expire(self, now: float, limit: int) -> None:
         for key, (future, started) in list(self._fetches.items()):
@@ -120,7 +120,7 @@ def read_ahead(uris: Iterable[str], profile: ProfileRef) -> None:
         _READ_AHEAD.start(uris, profile, limit)
 
 
-def take(uri: str, profile: ProfileRef) -> storage.Buffer | None:
+def take(uri: str, profile: ProfileRef) -> storage.Blocks | None:
     """The bytes of ``uri`` if it was read ahead (waiting for a fetch under way), else None.
 
     Every whole-object read asks, so that what was read is not read ahead again.

@@ -21,17 +21,17 @@ import re
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence
 
 import dask.config
 import fsspec
 import fsspec.asyn
 import netCDF4
-import numpy as np
 from dask.utils import parse_bytes
 
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..locks import HDF5_LOCK
+from .blocks import Blocks
 from .profiles import ProfileRef, register, resolve_options
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
 
@@ -49,8 +49,8 @@ __all__ = [
     "exists",
     "size",
     "read_bytes",
-    "read_buffer",
-    "joined",
+    "read_whole",
+    "Blocks",
     "read_ranges",
     "fetch_soon",
     "open_file",
@@ -239,35 +239,32 @@ def part_size() -> int:
     return max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
 
 
-def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> bytes | bytearray:
-    """A whole object's bytes (see :func:`read_buffer`)."""
-    data = read_buffer(uri, profile, known_size=known_size)
-    return data if isinstance(data, (bytes, bytearray)) else data.tobytes()
+def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> bytes:
+    """A whole object's bytes, in one buffer (see :func:`read_whole`)."""
+    return read_whole(uri, profile, known_size=known_size).tobytes()
 
 
-def read_buffer(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-                size_hint: int | None = None) -> Buffer:
-    """A whole object in memory, for readers that take any buffer: one GET, or
-    -- when ``known_size`` says it is large -- concurrent ranged GETs of
-    :func:`part_size` bytes. ``size_hint`` is about how large the object is
-    expected to be: large objects are received as a stream of blocks. Buffers
-    not received whole are assembled into a fresh, writable numpy byte array
-    (see :func:`joined`)."""
+def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+               size_hint: int | None = None) -> Blocks:
+    """A whole object in memory: one GET, or -- when ``known_size`` says it is
+    large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
+    is about how large the object is expected to be: large S3 objects are
+    received as a stream of blocks, kept as they came (see :mod:`.blocks`)."""
     fs, path = filesystem(uri, profile)
     if is_local(uri) or known_size is None or known_size <= 2 * part_size():
         if not _streams(fs) or (known_size or size_hint or 0) < _STREAM_FROM:
-            return _with_retries(uri, fs.cat_file, path, **_one_get(fs))
-        return joined(_with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
+            return Blocks([_with_retries(uri, fs.cat_file, path, **_one_get(fs))])
+        return Blocks(_with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
     part = part_size()
     starts = list(range(0, known_size, part))
-    return joined(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile))
+    return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile))
 
 
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE) -> concurrent.futures.Future | None:
     """Start fetching a whole (small) remote object in the background (on
-    fsspec's event loop), without waiting: the future's result is a list of
-    blocks of its bytes (:func:`joined` makes one buffer of them). None when the
-    object's filesystem has no event loop to run it on (local files)."""
+    fsspec's event loop), without waiting: the future's result is its bytes,
+    as :class:`Blocks`. None when the object's filesystem has no event loop to
+    run it on (local files)."""
     if is_local(uri) or is_opendap(uri):
         return None
     fs, path = filesystem(uri, profile)
@@ -276,8 +273,6 @@ def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE) -> concurrent.futures
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path), fs.loop)
 
 
-Buffer = Union[bytes, bytearray, np.ndarray]
-
 #: Most bytes taken from a streamed response body at a time (a read returns what has arrived).
 _STREAM_READ = 16 << 20
 #: Objects expected to be smaller are received whole: joining a few blocks costs less than streaming them.
@@ -285,17 +280,16 @@ _STREAM_FROM = 1 << 20
 
 
 def _streams(fs: Any) -> bool:
-    """Whether whole objects of ``fs`` are read as a stream of blocks (S3) rather
-    than with ``cat_file``, whose client joins the blocks into one ``bytes`` on
-    the event loop: a copy of every byte, holding the GIL, on the one thread
-    all transfers share."""
+    """Whether whole objects of ``fs`` are received as a stream of blocks (S3)
+    rather than with ``cat_file``, whose client joins the blocks into one
+    ``bytes`` on the event loop (see :mod:`.blocks`)."""
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return "s3" in protocols and getattr(fs, "loop", None) is not None
 
 
-async def _get_whole(fs: Any, path: str) -> list[bytes]:
-    """One GET of a whole (small) object, as a list of one block."""
-    return [await fs._cat_file(path, **_one_get(fs))]
+async def _get_whole(fs: Any, path: str) -> Blocks:
+    """One GET of a whole (small) object."""
+    return Blocks([await fs._cat_file(path, **_one_get(fs))])
 
 
 async def _get_blocks(fs: Any, path: str) -> list[bytes]:
@@ -313,19 +307,6 @@ async def _get_blocks(fs: Any, path: str) -> list[bytes]:
     return blocks
 
 
-def joined(blocks: Sequence[bytes]) -> Buffer:
-    """One buffer of these blocks: the only block as it is, else a fresh,
-    writable byte array filled by numpy, whose copies release the GIL."""
-    if len(blocks) == 1:
-        return blocks[0]
-    out = np.empty(sum(len(b) for b in blocks), np.uint8)
-    position = 0
-    for block in blocks:
-        out[position:position + len(block)] = np.frombuffer(block, np.uint8)
-        position += len(block)
-    return out
-
-
 @functools.lru_cache(maxsize=None)
 def _one_get_options(kind: type) -> tuple[tuple[str, Any], ...]:
     if "max_concurrency" in inspect.signature(getattr(kind, "_cat_file", kind.cat_file)).parameters:
@@ -336,7 +317,7 @@ def _one_get_options(kind: type) -> tuple[tuple[str, Any], ...]:
 def _one_get(fs: Any) -> dict[str, Any]:
     """Options that make ``cat_file`` fetch a whole object in one GET: s3fs
     otherwise asks for the object's size first (a HEAD before every GET) to
-    split large objects into concurrent ranged GETs, which :func:`read_buffer`
+    split large objects into concurrent ranged GETs, which :func:`read_whole`
     does itself when it knows the size."""
     return dict(_one_get_options(type(fs)))
 
