@@ -2,8 +2,10 @@
 
 Used twice on every read: on each fragment with the fragment's own attributes
 (before the values enter the aggregation), and on the assembled data with the
-aggregation variable's attributes. Keeping this in one place is what makes
-``from_cfa(...)`` return exactly what netCDF4-python would.
+aggregation variable's attributes -- once only when a fragment's encoding is
+the aggregation's and neither packs (the second pass would find nothing new).
+Keeping this in one place is what makes ``from_cfa(...)`` return exactly what
+netCDF4-python would.
 """
 
 from __future__ import annotations
