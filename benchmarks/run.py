@@ -72,6 +72,7 @@ TOOL_LABEL = {
     "raw-bytes": "raw: os.read of every fragment file (context)",
     "raw-s3-cat": "raw: parallel s3fs cat of every fragment object",
     "raw-s3-serial": "raw: serial S3 download + netCDF4 decode loop",
+    "raw-s3-serial-one-get": "raw: the same loop, one GET per object (no s3fs HEAD)",
     "daskcfa": "daskcfa (threads)",
     "daskcfa-processes": "daskcfa (scheduler='processes')",
     "daskcfa-distributed": "daskcfa (distributed LocalCluster 2x1)",

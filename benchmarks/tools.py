@@ -420,9 +420,11 @@ def tool_raw_s3_cat(kind, ds):
     return run, lambda v, p: {"bytes": int(v)}, None
 
 
-def tool_raw_s3_serial(kind, ds):
+def tool_raw_s3_serial(kind, ds, one_get=False):
     """Serial loop: download a fragment object whole (``cat_file``), open the
-    bytes with ``netCDF4.Dataset(memory=...)``, read, next fragment."""
+    bytes with ``netCDF4.Dataset(memory=...)``, read, next fragment. With
+    ``one_get``, ``cat_file(..., max_concurrency=1)``: s3fs (2025+) otherwise
+    sends a HEAD before each GET, which a user who knows may avoid."""
     s3 = _on_s3(ds)
     if s3 is None:
         raise CannotDo("not applicable (S3 scenarios only)")
@@ -435,7 +437,7 @@ def tool_raw_s3_serial(kind, ds):
         fs = s3.filesystem()
         out = []
         for url in urls:
-            buf = fs.cat_file(url)
+            buf = fs.cat_file(url, **({"max_concurrency": 1} if one_get else {}))
             with netCDF4.Dataset("fragment.nc", memory=buf) as nc:
                 v = nc.variables["tas"]
                 v.set_auto_maskandscale(False)
@@ -460,9 +462,10 @@ TOOLS = {
     "xarray-mfdataset": tool_xarray_mfdataset,
     "raw-s3-cat": tool_raw_s3_cat,
     "raw-s3-serial": tool_raw_s3_serial,
+    "raw-s3-serial-one-get": lambda kind, ds: tool_raw_s3_serial(kind, ds, one_get=True),
 }
 
-S3_TOOLS = ("raw-s3-cat", "raw-s3-serial", "daskcfa", "daskcfa-distributed", "cfdm", "cfapyx",
+S3_TOOLS = ("raw-s3-cat", "raw-s3-serial", "raw-s3-serial-one-get", "daskcfa", "daskcfa-distributed", "cfdm", "cfapyx",
             "xarray-mfdataset")
 
 
@@ -470,7 +473,7 @@ def applicable(tool: str, scenario: str) -> bool:
     kind = SCENARIO_KIND[scenario]
     if scenario in S3_SCENARIOS:
         return tool in S3_TOOLS
-    if tool in ("raw-s3-cat", "raw-s3-serial"):
+    if tool in ("raw-s3-cat", "raw-s3-serial", "raw-s3-serial-one-get"):
         return False
     if kind == "open":
         return tool not in ("raw-loop", "raw-bytes", "daskcfa-processes", "daskcfa-distributed")
