@@ -85,6 +85,28 @@ def test_read_rides_out_a_server_restart(s3_dataset):
     assert_matches(got, built.expected)  # exactly the truth: never wrong data
 
 
+def test_streamed_read_of_large_objects_rides_out_a_server_restart(tmp_path, s3_server_private):
+    """Objects over 1 MiB come down as a stream of blocks: a kill mid-read is retried whole."""
+    from daskcfa import storage
+
+    server = s3_server_private
+    expected = truth((8, 600, 600), seed=29)  # 1.4 MB per one-step fragment
+    built = build_cf113(tmp_path / "ds", expected, ("time", "lat", "lon"), ((1,) * 8, (600,), (600,)))
+    bucket = server.new_bucket("streamed")
+    server.filesystem().put(str(tmp_path / "ds") + "/", f"{bucket}/ds/", recursive=True)
+    assert server.filesystem().size(f"{bucket}/ds/{built.fragment_uris[(0, 0, 0)][0]}") > storage._STREAM_FROM
+    restarts = []
+    kill = KillAfter("cfa-", 3, lambda: restarts.append(threading.Thread(target=server.restart, daemon=True)) or
+                     restarts[-1].start())
+    with dask.config.set({"daskcfa.storage.retries": 12, "scheduler": "threads", "num_workers": 4}):
+        x = daskcfa.from_cfa(f"s3://{bucket}/ds/{built.path.name}", "tas", storage_options=_options(server, 2))
+        with kill:
+            got = x.compute()
+    assert kill.fired.is_set() and kill.finished == 8
+    restarts[0].join(120)
+    assert_matches(got, built.expected)
+
+
 def test_read_without_retries_fails_clearly_then_recovers(s3_dataset):
     server, url, built = s3_dataset
     with dask.config.set({"daskcfa.storage.retries": 0, "scheduler": "threads", "num_workers": 4}):
