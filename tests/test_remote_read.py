@@ -606,3 +606,20 @@ def test_no_read_ahead_on_distributed_workers_by_default(walk_dataset):
     assert_matches(got, built.expected[:, 2, 3])
     gets = {p: n for p, n in _fragment_gets(http).items() if not p.endswith(built.path.name)}
     assert len(gets) == WALK and set(gets.values()) == {1}
+
+
+def test_read_ahead_state_stays_in_its_process(walk_dataset):
+    """What an array learnt walking here (its last fragment, the URIs ahead) is not pickled
+    with it: a worker that receives the array starts its own walk."""
+    import pickle
+
+    from daskcfa.graph.read import AggregatedArray
+
+    built, http, x = walk_dataset
+    with dask.config.set({"daskcfa.io.readahead": 4, "scheduler": "synchronous"}):
+        x[:, 2, 3].compute()
+    (array,) = [v for v in dict(x.__dask_graph__()).values() if isinstance(v, AggregatedArray)]
+    assert array._last_read is not None and array._ahead_uris
+    copy = pickle.loads(pickle.dumps(array))
+    assert copy._last_read is None and copy._ahead_uris == {}
+    assert_matches(copy[(slice(0, 3), 2, 3)], built.expected[:3, 2, 3])

@@ -14,8 +14,9 @@ at most ``daskcfa.io.small-object`` bytes), and an object among the last
 :data:`_RECENT_READS` read is not fetched again (a thread ahead of the others
 read it), so read-ahead adds no bytes except at the end of a walk. A walk
 done again reads ahead again, unless it is shorter than that window. Fetched
-objects wait for their reader at most :data:`_KEPT_SECONDS`; memory is bounded by :data:`_KEPT_PER_REQUEST` times the
-depth times the small-object size. A fetch that fails is forgotten: the task
+objects wait for their reader at most :data:`_KEPT_SECONDS`; memory is
+bounded by :data:`_KEPT_PER_REQUEST` times the depth times the small-object
+size. A fetch that fails is forgotten: the task
 that needs the object fetches it again, with the usual retries and errors.
 """
 

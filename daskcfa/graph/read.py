@@ -29,6 +29,9 @@ from .indexing import array_axis_move, output_shape, split_key
 
 __all__ = ["AggregatedArray", "Access", "to_dask", "merged_chunks"]
 
+#: Fragments whose read-ahead URI an array remembers at most.
+_AHEAD_REMEMBERED = 4096
+
 
 class AggregatedArray:
     """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
@@ -63,6 +66,10 @@ class AggregatedArray:
 
     def __repr__(self) -> str:
         return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def __getstate__(self) -> dict:
+        # what read-ahead learnt in this process stays here (a worker starts afresh)
+        return {**self.__dict__, "_last_read": None, "_ahead_uris": {}}
 
     def __dask_tokenize__(self) -> tuple:
         source = self.variable.source
@@ -159,6 +166,8 @@ class AggregatedArray:
                 uri = None  # (larger objects are fetched in concurrent parts by their own task)
             elif self.target.policy is not None and not self.target.policy.allows(uri):
                 uri = ""
+        if len(self._ahead_uris) >= _AHEAD_REMEMBERED:  # (a walk needs those near it only)
+            self._ahead_uris.clear()
         self._ahead_uris[index] = uri
         return uri
 
