@@ -355,6 +355,14 @@ def tool_raw_agg(kind, ds):
     return run, describe, None
 
 
+def _raw_values(nc, kind, point):
+    """What a raw loop takes from one open fragment: the mean of each time step
+    (read scenarios) or the point (time series), as stored."""
+    v = nc.variables["tas"]
+    v.set_auto_maskandscale(False)
+    return v[...].mean(axis=(1, 2)) if kind == "read" else v[:, point[0], point[1]]
+
+
 def tool_raw_loop(kind, ds):
     """Serial netCDF4-python loop over the fragment files (the raw limit)."""
     if kind == "open":
@@ -362,18 +370,12 @@ def tool_raw_loop(kind, ds):
     import netCDF4
 
     files = ds.fragments
-    py, px = ds.point
 
     def run():
         out = []
         for path in files:
             with netCDF4.Dataset(path) as nc:
-                v = nc.variables["tas"]
-                v.set_auto_maskandscale(False)
-                if kind == "read":
-                    out.append(v[...].mean(axis=(1, 2)))
-                else:
-                    out.append(v[:, py, px])
+                out.append(_raw_values(nc, kind, ds.point))
         return np.concatenate(out)
 
     return run, lambda v, p: _array_result(kind, v), None
@@ -431,7 +433,6 @@ def tool_raw_s3_serial(kind, ds, one_get=False):
     import netCDF4
 
     urls = s3.fragment_urls
-    py, px = ds.point
 
     def run():
         fs = s3.filesystem()
@@ -439,12 +440,7 @@ def tool_raw_s3_serial(kind, ds, one_get=False):
         for url in urls:
             buf = fs.cat_file(url, **({"max_concurrency": 1} if one_get else {}))
             with netCDF4.Dataset("fragment.nc", memory=buf) as nc:
-                v = nc.variables["tas"]
-                v.set_auto_maskandscale(False)
-                if kind == "read":
-                    out.append(v[...].mean(axis=(1, 2)))
-                else:
-                    out.append(v[:, py, px])
+                out.append(_raw_values(nc, kind, ds.point))
         return np.concatenate(out)
 
     return run, lambda v, p: _array_result(kind, v), None
