@@ -47,16 +47,11 @@ FRAG_DIR = "frag"
 
 
 @dataclass(frozen=True)
-class DatasetSpec:
-    """What to generate. Fragments tile the time axis only."""
+class TimeTiles:
+    """``nfrag`` float32 fragments of ``frag_shape`` tiling the time axis."""
 
     nfrag: int
     frag_shape: tuple[int, int, int]  # (time, lat, lon) of one fragment
-    zlib: bool = False
-    complevel: int = 1
-    chunks: tuple[int, int, int] | None = None  # HDF5 chunk shape; None = contiguous
-    shuffle: bool = False
-    name: str | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -66,6 +61,17 @@ class DatasetSpec:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * 4
+
+
+@dataclass(frozen=True)
+class DatasetSpec(TimeTiles):
+    """What to generate. Fragments tile the time axis only."""
+
+    zlib: bool = False
+    complevel: int = 1
+    chunks: tuple[int, int, int] | None = None  # HDF5 chunk shape; None = contiguous
+    shuffle: bool = False
+    name: str | None = None
 
     @property
     def dirname(self) -> str:

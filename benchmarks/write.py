@@ -54,6 +54,7 @@ import numpy as np
 from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_note
 
 from benchmarks import s3 as s3mod
+from benchmarks.generate import TimeTiles
 from daskcfa.testing.memory import peak_rss
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -76,19 +77,7 @@ COORD_ATTRS = {
 
 
 @dataclass(frozen=True)
-class WriteSpec:
-    nfrag: int
-    frag_shape: tuple[int, int, int]
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        nt, ny, nx = self.frag_shape
-        return (self.nfrag * nt, ny, nx)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * 4
-
+class WriteSpec(TimeTiles):
     @property
     def frag_nbytes(self) -> int:
         return int(np.prod(self.frag_shape)) * 4
