@@ -307,16 +307,22 @@ def _flip_in_chunk(data: bytes, built) -> bytes:
     return bytes(damaged)
 
 
-@pytest.mark.parametrize("strategy", ["whole", "ranges"])
+@pytest.mark.parametrize("strategy", ["whole", "streamed", "ranges"])
 @pytest.mark.parametrize("damage", sorted(REMOTE_DAMAGE))
-def test_damaged_fragment_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, strategy, damage):
+def test_damaged_fragment_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, strategy, damage, monkeypatch):
+    if strategy == "streamed":  # as large objects are read: streamed into Blocks, HDF5 through a file object
+        from daskcfa import storage
+        from daskcfa.fragments import hdf5
+
+        monkeypatch.setattr(storage, "_STREAM_FROM", 0)
+        monkeypatch.setattr(hdf5, "_IMAGE_BYTES", 0)
     built = _dataset(tmp_path, {"zlib": True, "chunksizes": (1, 2, 2)})
     victim = _victim(built)
     replace_file(victim, REMOTE_DAMAGE[damage](victim.read_bytes(), built))
     base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "ds")
     url = f"{base}/{built.path.name}"
-    config = ({"daskcfa.io.whole-fragment-fraction": 0.0, "daskcfa.io.small-object": 0} if strategy == "whole"
-              else {"daskcfa.io.whole-fragment-fraction": 1.1, "daskcfa.io.small-object": 0})
+    config = ({"daskcfa.io.whole-fragment-fraction": 1.1, "daskcfa.io.small-object": 0} if strategy == "ranges"
+              else {"daskcfa.io.whole-fragment-fraction": 0.0, "daskcfa.io.small-object": 0})
     with dask.config.set(config):
         x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
         with pytest.raises(daskcfa.CFAError) as info:
