@@ -18,7 +18,7 @@ import numpy as np
 from . import storage
 from .errors import CFAError, CFAFormatError
 from .formats import aggregated_variables, walk
-from .formats._netcdf import find_dimension, group_path
+from .formats._netcdf import data_dtype, find_dimension, group_path
 from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable, Fragments
@@ -282,8 +282,7 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
             else:
                 dims, shape, attrs = tuple(var.dimensions), tuple(var.shape), _attrs(var)
                 used_dims.update(id(d) for d in var.get_dims())
-            dtype = np.dtype(object) if var.dtype is str else np.dtype(var.dtype)
-            group.variables[var.name] = Variable(var.name, var_path, dims, shape, dtype, attrs, aggregation=agg, url=url,
+            group.variables[var.name] = Variable(var.name, var_path, dims, shape, data_dtype(var), attrs, aggregation=agg, url=url,
                                                  access=access)
     for path, group in groups.items():
         nc_group = ds if path == "/" else ds[path.rstrip("/")]

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import netCDF4
 import numpy as np
 
-__all__ = ["Encoding", "default_fill_value"]
+__all__ = ["Encoding", "chars_to_strings", "default_fill_value"]
 
 
 def default_fill_value(dtype: np.dtype) -> Any:
@@ -27,6 +27,17 @@ def default_fill_value(dtype: np.dtype) -> Any:
     if key not in netCDF4.default_fillvals:
         return None
     return np.array(netCDF4.default_fillvals[key]).astype(dtype)[()]
+
+
+def chars_to_strings(chars: np.ndarray) -> np.ndarray:
+    """A ``char`` array's trailing string-length axis joined into whole ``str``
+    (an object array, never a fixed width): netCDF4-python's ``chartostring``
+    with UTF-8, trailing NULs dropped."""
+    chars = np.asarray(chars)
+    if chars.ndim == 0:
+        chars = chars.reshape(1)
+    joined = np.asarray(netCDF4.chartostring(chars, encoding="utf-8")) if chars.size else np.empty(chars.shape[:-1], "U1")
+    return joined.astype(object)
 
 
 def _scalar(value: Any) -> Any:
@@ -156,9 +167,7 @@ class Encoding:
         ``extra_mask`` marks points already known to be missing (for example a
         missing fragment); with ``mask=False`` they hold the fill value.
         """
-        raw = np.asarray(raw)
-        if self.unsigned:
-            raw = raw.view(self.stored_dtype)
+        raw = self.as_stored(np.asarray(raw))
         if not mask:
             if extra_mask is not None and np.any(extra_mask):
                 raw = np.where(extra_mask, self.output_fill, raw)
@@ -169,6 +178,12 @@ class Encoding:
         if missing is not None and not missing.any():
             missing = None
         out = self.unpack(raw)
+        if out.dtype.kind in "OS":  # strings: never masked by value (as netCDF4-python); the empty string beneath
+            if missing is not None:
+                out = np.where(missing, self.output_fill, out)
+            result = np.ma.MaskedArray(out, mask=np.ma.nomask if missing is None else missing, copy=False)
+            result.set_fill_value(self.output_fill)
+            return result
         result = np.ma.MaskedArray(out, mask=np.ma.nomask if missing is None else missing, copy=False)
         if self.fill_value is not None and out.dtype.kind in "biuf":
             with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -176,9 +191,16 @@ class Encoding:
                 result.set_fill_value(np.asarray(self.fill_value).astype(out.dtype))
         return result
 
+    def as_stored(self, raw: np.ndarray) -> np.ndarray:
+        """Raw values as :attr:`stored_dtype` (``_Unsigned`` integers viewed as unsigned)."""
+        return raw.view(self.stored_dtype) if self.unsigned and raw.dtype != self.stored_dtype else raw
+
     @property
     def output_fill(self) -> Any:
-        """What a missing point holds when values are not masked: the fill value, else 0."""
+        """What a missing point holds when values are not masked: the fill value,
+        else 0 (numbers) or the empty string (netCDF's default fill of strings)."""
         if self.fill_value is not None:
             return self.fill_value
+        if self.dtype.kind == "O":
+            return ""
         return np.zeros((), self.stored_dtype)[()]

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 import netCDF4
 import numpy as np
 
+from ..decode import chars_to_strings
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid
 from .limits import check_array_size, check_fragment_count, check_instruction_size
@@ -161,6 +162,36 @@ def read_strings(var: netCDF4.Variable, *, owner: str | None = None) -> np.ndarr
     for i, v in enumerate(flat_in):
         flat[i] = (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)).rstrip("\x00").strip()
     return out
+
+
+def data_dtype(var: netCDF4.Variable) -> np.dtype:
+    """The dtype of a variable's data as netCDF4-python returns them: vlen strings
+    are ``object`` (whole ``str``, never a fixed width), ``char`` stays ``S1``."""
+    return np.dtype(object) if var.dtype is str else np.dtype(var.dtype)
+
+
+def read_values(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.MaskedArray:
+    """A data-valued instruction variable (``unique_values``), masked where missing.
+
+    Numbers are masked as netCDF4-python masks them. Strings (vlen, or ``char``
+    with the string length last) become whole ``str``; a string equal to the
+    variable's ``_FillValue``/``missing_value``, else to netCDF's default
+    string fill ``""``, is missing.
+    """
+    if var.dtype is not str and np.dtype(var.dtype).kind != "S":
+        check_size(var, owner=owner)
+        return np.ma.asarray(var[...])
+    raw = read_raw(var, owner=owner)
+    if var.dtype is str:
+        strings = np.empty(np.shape(raw), dtype=object)
+        strings[...] = raw
+        strings[strings == None] = ""  # noqa: E711 (element-wise)
+    else:
+        strings = chars_to_strings(raw)
+    attrs = var.ncattrs()
+    missing = {str(var.getncattr(a)) for a in ("_FillValue", "missing_value")
+               if a in attrs and isinstance(var.getncattr(a), str)} or {""}
+    return np.ma.MaskedArray(strings, mask=np.isin(strings, list(missing)))
 
 
 def read_integers(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.MaskedArray:

@@ -140,7 +140,7 @@ def parse(var: netCDF4.Variable, source: str) -> AggregatedVariable:
     return AggregatedVariable(
         name=path,
         dims=dims,
-        dtype=np.dtype(var.dtype),
+        dtype=nc.data_dtype(var),
         attrs=nc.data_attributes(var),
         fragments=fragments,
         dialect=dialect.name,
@@ -202,8 +202,7 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
 
     unique_values = None
     if "values" in roles:
-        nc.check_size(roles["values"], owner=where["variable"])
-        values = np.ma.asarray(roles["values"][...])
+        values = nc.read_values(roles["values"], owner=where["variable"])
         _check_shape(roles["values"], values, grid, "unique values", where, scalar_ok=grid.ndim == 0)
         unique_values = np.ma.MaskedArray(values).reshape(grid.grid_shape)
 

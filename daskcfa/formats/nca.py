@@ -29,6 +29,7 @@ from ..model import AggregatedVariable, Fragments
 from ._netcdf import (
     Where,
     data_attributes,
+    data_dtype,
     dimension_sizes,
     find_variable,
     is_netcdf_format,
@@ -106,7 +107,7 @@ def parse_json_partitions(
     return AggregatedVariable(
         name=where.variable,
         dims=tuple(dims),
-        dtype=np.dtype(var.dtype),
+        dtype=data_dtype(var),
         attrs=data_attributes(var),
         fragments=fragments,
         dialect=dialect,

@@ -21,6 +21,7 @@ from ..model import AggregatedVariable, Fragments
 from ._netcdf import (
     Where,
     data_attributes,
+    data_dtype,
     dimension_sizes,
     find_group,
     is_netcdf_format,
@@ -101,7 +102,7 @@ def parse_cfa05(var: netCDF4.Variable, source: str) -> AggregatedVariable:
     return AggregatedVariable(
         name=where.variable,
         dims=tuple(dims),
-        dtype=np.dtype(var.dtype),
+        dtype=data_dtype(var),
         attrs=data_attributes(var),
         fragments=fragments,
         dialect="CFA-0.5",

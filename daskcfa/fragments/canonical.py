@@ -19,7 +19,7 @@ from typing import Any
 import cf_units
 import numpy as np
 
-from ..decode import Encoding
+from ..decode import Encoding, chars_to_strings
 from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
                       MissingFragmentError, NotFoundError, UnitsError, redact)
 from ..model import FragmentRef
@@ -41,6 +41,8 @@ class Target:
     variable: str
     source: str
     dims: tuple[str, ...]
+    #: the canonical dtype: the aggregated dtype as stored (``_Unsigned`` integers
+    #: as unsigned, vlen strings as ``object``)
     dtype: np.dtype
     units: str | None = None
     calendar: str | None = None
@@ -82,16 +84,26 @@ def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedA
         if target.missing != "fill" or isinstance(exc, UnitsError):
             raise
         warnings.warn(f"reading fragment {ref.index} as missing data: {exc}", CFAWarning, stacklevel=2)
-        return np.ma.masked_all(_selection_shape(key), dtype=target.dtype)
+        return _missing(_selection_shape(key), target.dtype)
+
+
+def _missing(shape: tuple[int, ...], dtype: np.dtype) -> np.ma.MaskedArray:
+    """Wholly missing data: masked; strings hold the empty string beneath (netCDF's default string fill)."""
+    if dtype.kind in "OS":
+        return np.ma.MaskedArray(np.full(shape, "" if dtype.kind == "O" else b"", dtype), mask=True)
+    return np.ma.masked_all(shape, dtype=dtype)
 
 
 def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
     where = {"file": target.source, "variable": target.variable, "fragment": ref.index}
     shape = _selection_shape(key)
     if ref.is_missing:
-        return np.ma.masked_all(shape, dtype=target.dtype)
+        return _missing(shape, target.dtype)
     if not ref.uris:
-        return _filled(ref.value, shape, target, where)
+        try:
+            return _filled(ref.value, shape, target)
+        except CFAError as exc:
+            raise exc.located(**where)
     try:
         candidates = [storage.resolve(u, target.source) for u in ref.uris]
     except ValueError as exc:  # e.g. file://otherhost/...: no reader could open it
@@ -123,32 +135,60 @@ def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
     return 1.0 if total == 0 else int(np.prod(selected, dtype=np.int64)) / total
 
 
-def _filled(value: Any, shape: tuple[int, ...], target: Target, where: dict) -> np.ma.MaskedArray:
-    try:
-        data = np.full(shape, value, dtype=target.dtype) if np.ndim(value) == 0 else None
-    except (TypeError, ValueError, OverflowError):
-        data = None
-    if data is None:
-        raise CFAError(f"unique value {value!r} cannot be stored as {target.dtype}", **where)
-    return np.ma.MaskedArray(data)
+def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedArray:
+    """A fragment given by its unique value: the value goes through the rule a
+    fragment file's values go through (:func:`_cast`), so it is never wrapped."""
+    value = np.asarray(value)
+    if value.ndim != 0:
+        raise FragmentReadError(f"the unique value {value!r} is not a single value")
+    value = _check_kind(value, target, "the fragment's unique value")
+    one = _cast(np.ma.MaskedArray(value), target, "the fragment's unique value")
+    return np.ma.MaskedArray(np.full(shape, np.ma.getdata(one)[()], target.dtype))
 
 
 def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
     name = ref.identifier or target.default_identifier
     expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
     with open_fragment(uri, name, profile=target.profile, fraction=fraction, expected_nbytes=expected) as var:
-        if np.dtype(var.dtype).kind not in "biuf":
-            raise FragmentReadError(f"fragment variable {name!r} has non-numeric type {var.dtype}")
+        if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
+            var = _CharStrings(var)  # a char array's last dimension is the string length
+        _check_kind(np.empty(0, var.dtype), target, f"fragment variable {name!r}")
         file_key, post = _file_selection(var, ref, key, target)
         raw = var.read(file_key)
         # attributes are read lazily, so only while the file is open
         encoding = Encoding.from_attrs(var.attrs, var.dtype)
         units = {k: var.attrs[k] for k in ("units", "calendar") if k in var.attrs}
-    if not _masked_later(encoding, units, ref, target):
-        raw = encoding.decode(raw)
+    raw = encoding.as_stored(raw) if _masked_later(encoding, units, ref, target) else encoding.decode(raw)
     data = post(raw)
     data = _convert_units(data, units, ref, target)
-    return _cast(data, target, name)
+    return _cast(data, target, f"fragment variable {name!r}")
+
+
+class _CharStrings:
+    """A ``char`` fragment variable read as whole strings: its trailing
+    string-length dimension is joined (width from the file, never guessed)."""
+
+    def __init__(self, var: Any) -> None:
+        self._var = var
+        self.name, self.attrs = var.name, var.attrs
+        self.shape, self.dtype = tuple(var.shape)[:-1], np.dtype(object)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(self._var.dims)[:-1]
+
+    def read(self, key: tuple) -> np.ndarray:
+        return chars_to_strings(self._var.read(key + (slice(0, self._var.shape[-1], 1),)))
+
+
+def _check_kind(values: np.ndarray, target: Target, what: str) -> np.ndarray:
+    """Refuse text for numbers and numbers for text (no rule converts them);
+    returns the values, text as ``str`` objects for a vlen string aggregation."""
+    text, wanted = values.dtype.kind in "OSU", target.dtype.kind in "OS"
+    if text != wanted:
+        raise FragmentReadError(f"{what} has type {values.dtype}, but the aggregated variable holds "
+                                f"{'strings' if wanted else 'numbers'} ({target.dtype})")
+    return values.astype(object) if target.dtype.kind == "O" else values
 
 
 def _masked_later(encoding: Encoding, attrs: dict, ref: FragmentRef, target: Target) -> bool:
@@ -285,29 +325,40 @@ def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Targ
     return np.ma.MaskedArray(converted, mask=mask)
 
 
-def _cast(data: np.ndarray, target: Target, name: str) -> np.ma.MaskedArray:
+def _cast(data: np.ndarray, target: Target, what: str) -> np.ma.MaskedArray:
+    """Values as the canonical dtype; what that dtype cannot hold is refused, never wrapped."""
     mask = np.ma.getmask(data)
     values = np.ma.getdata(data)
     if values.dtype != target.dtype:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             if mask is not np.ma.nomask:
-                values = np.where(mask, 0, values)
+                values = np.where(mask, np.zeros((), values.dtype), values)
             if target.dtype.kind in "iub" and values.dtype.kind == "f":
                 values = np.rint(values)
-            _check_fits(values, target.dtype, name)
+            if target.dtype.kind == "S" and values.dtype.kind in "OU":
+                values = np.char.encode(values.astype(str), "utf-8")
+            _check_fits(values, target.dtype, what)
             values = values.astype(target.dtype)
     return np.ma.MaskedArray(values, mask=mask, copy=False)
 
 
-def _check_fits(values: np.ndarray, dtype: np.dtype, name: str) -> None:
-    """Refuse values an integer aggregated dtype cannot hold: the cast would wrap them into garbage."""
-    if dtype.kind not in "iu" or values.size == 0 or np.can_cast(values.dtype, dtype):
+def _check_fits(values: np.ndarray, dtype: np.dtype, what: str) -> None:
+    """Refuse values an integer aggregated dtype cannot hold (the cast would wrap
+    them into garbage) and text longer than a ``char`` aggregation's width."""
+    if values.size == 0 or np.can_cast(values.dtype, dtype):
+        return
+    if dtype.kind == "S":
+        longest = int(np.char.str_len(values).max())
+        if longest > dtype.itemsize:
+            raise FragmentReadError(f"{what} holds text of {longest} bytes, longer than the aggregated type {dtype}")
+        return
+    if dtype.kind not in "iu":
         return
     low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
     if values.dtype.kind == "f" and not np.isfinite(values).all():
-        raise FragmentReadError(f"fragment variable {name!r} holds NaN or infinite values that are not marked "
+        raise FragmentReadError(f"{what} holds NaN or infinite values that are not marked "
                                 f"missing, which the aggregated type {dtype} cannot hold")
     if values.min() < low or values.max() > high:
-        raise FragmentReadError(f"fragment variable {name!r} holds values from {values.min()} to {values.max()}, "
+        raise FragmentReadError(f"{what} holds values from {values.min()} to {values.max()}, "
                                 f"outside the range of the aggregated type {dtype}")

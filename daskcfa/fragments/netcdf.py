@@ -29,13 +29,16 @@ class NetCDF4Variable:
         self.attrs: dict[str, Any] = {k: var.getncattr(k) for k in var.ncattrs()}
 
     def read(self, key: tuple) -> np.ndarray:
+        """Stored values: no masking, scaling or ``_Unsigned`` view; ``char`` arrays
+        as characters (even with ``_Encoding``), vlen strings as ``object``."""
         with HDF5_LOCK:
             self._var.set_auto_maskandscale(False)
             self._var.set_always_mask(False)
+            self._var.set_auto_chartostring(False)
             if self.shape == ():
-                return np.asarray(self._var.getValue())
+                return np.asarray(self._var.getValue(), dtype=self.dtype)
             data = self._var[key]
-        return np.asarray(data)
+        return np.asarray(data, dtype=self.dtype)
 
 
 class NetCDF4File:

@@ -53,7 +53,7 @@ class AggregatedArray:
             variable=variable.name,
             source=variable.source,
             dims=variable.dims,
-            dtype=np.dtype(variable.dtype),
+            dtype=self.encoding.stored_dtype,
             units=None if attrs.get("units") is None else str(attrs["units"]),
             calendar=None if attrs.get("calendar") is None else str(attrs["calendar"]),
             profile=access.profile,
@@ -86,9 +86,10 @@ class AggregatedArray:
         stored = self._assemble(dims)
         raw = np.ma.getdata(stored)
         missing = np.ma.getmask(stored)
-        if not self.decode:
+        if not self.decode:  # stored values, in the variable's own type (xarray applies _Unsigned)
             result = raw if missing is np.ma.nomask else np.where(
                 missing, np.asarray(self.encoding.output_fill).astype(raw.dtype), raw)
+            result = result.view(self.dtype) if result.dtype != self.dtype else result
         else:
             result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
