@@ -88,8 +88,8 @@ class Encoding:
 
         fill = as_stored(attrs["_FillValue"]) if "_FillValue" in attrs else None
         explicit = fill is not None
-        if fill is None:  # netCDF4-python: the default fill of the type the values are read as
-            fill = default_fill_value(view)
+        if fill is None:  # netCDF's default fill of the stored type (its bytes, for an _Unsigned one)
+            fill = default_fill_value(view) if not unsigned else np.asarray(default_fill_value(dtype)).view(view)
         missing = ()
         if "missing_value" in attrs:
             cast = as_stored(attrs["missing_value"])
@@ -140,7 +140,8 @@ class Encoding:
         is_float = raw.dtype.kind == "f"
         for mv in self.missing_values:
             add(np.isnan(raw) if is_float and np.isnan(mv) else raw == mv)
-        if self.fill_value is not None:
+        # (netCDF4-python compares _Unsigned values with the signed default fill: never equal)
+        if self.fill_value is not None and (self.explicit_fill or not self.unsigned):
             fv = self.fill_value
             add(np.isnan(raw) if is_float and np.isnan(fv) else raw == fv)
         if self.valid_min is not None:

@@ -82,3 +82,23 @@ def test_default_fill_is_masked(dtype):
     fill = netCDF4.default_fillvals[np.dtype(dtype).str[1:]]
     got = Encoding.from_attrs({}, np.dtype(dtype)).decode(np.array([fill, 1], dtype))
     assert got.mask.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("dtype", ["i1", "i2", "i4"])
+def test_unsigned_without_fill_value_masks_nothing_like_netcdf4(tmp_path, dtype):
+    """netCDF4-python compares _Unsigned values with the signed default fill: no value is masked."""
+    unsigned = np.dtype(dtype.replace("i", "u"))
+    default = np.array(netCDF4.default_fillvals[dtype], dtype)
+    data = np.array([1, np.iinfo(unsigned).max, default.view(unsigned), 3], unsigned).view(dtype)
+    path = tmp_path / "v.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", data.size)
+        var = ds.createVariable("v", dtype, ("x",))
+        var._Unsigned = "true"
+        var[:] = data
+    with netCDF4.Dataset(path) as ds:
+        expected = ds["v"][:]
+    got = Encoding.from_attrs({"_Unsigned": "true"}, np.dtype(dtype)).decode(data)
+    assert got.dtype == expected.dtype == unsigned
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+    np.testing.assert_array_equal(np.ma.getdata(got), np.ma.getdata(expected))

@@ -368,13 +368,18 @@ def test_unsigned_aggregation(tmp_path, where, engine, agg_dtype):
 
 
 def test_unsigned_masking_follows_netcdf4(tmp_path):
-    """Without a _FillValue the default fill of the unsigned type is missing, as netCDF4-python masks it."""
+    """Without a _FillValue nothing is masked by value: netCDF4-python compares
+    ``_Unsigned`` values with the signed default fill (-127), which never matches."""
     d = tmp_path / "unsigned-default"
     d.mkdir()
-    values = np.array([1, 255, 200, 3], "u1")
-    write_fragment(d / "frag0.nc", "v", {"time": 4}, values.view("i1"), dtype="i1", attrs={"_Unsigned": "true"})
+    values = np.array([1, 255, 200, 129], "u1")  # (129: the bytes of the default fill -127)
+    write_fragment(d / "frag0.nc", "v", {"time": 4}, values.astype("i2"), dtype="i2")
     write_aggregation(d / "agg.nc", "v", "i1", {"time": 4}, [[4]], uris=["frag0.nc"], attrs={"_Unsigned": "true"})
-    expected = np.ma.MaskedArray(values, mask=[False, True, False, False])
+    expected = np.ma.MaskedArray(values, mask=False)
+    plain = write_fragment(tmp_path / "plain.nc", "v", {"time": 4}, values.view("i1"), dtype="i1",
+                           attrs={"_Unsigned": "true"})
+    with netCDF4.Dataset(str(plain)) as ds:  # the truth agrees with netCDF4-python's reading of it
+        np.testing.assert_array_equal(np.ma.getmaskarray(ds["v"][...]), expected.mask)
     got = daskcfa.from_cfa(str(d / "agg.nc"), "v").compute()
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(np.ma.getmaskarray(got), expected.mask)
