@@ -425,3 +425,39 @@ def test_local_cluster_with_bounded_uploads(tmp_path, s3_server, s3_bucket):
         local = write(da.from_array(x, chunks=(3, 2, 6)), tmp_path / "t.nc")
     assert_matches(daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute(), x)
     assert_matches(daskcfa.from_cfa(local).compute(), x)
+
+
+# ---------------------------------------------------------------------------
+# String arrays: written whole as vlen strings (NETCDF4 fragments), or refused
+# ---------------------------------------------------------------------------
+STRINGS = np.array([["a1b2", "c3d4 a longer one ", ""], ["é-ü", "x" * 500, "  z"]], dtype=object)
+
+
+@pytest.mark.parametrize("place", ["local", "s3"])
+@pytest.mark.parametrize("fmt", sorted(WRITE_FORMATS))
+@pytest.mark.parametrize("kind", ["object", "unicode", "dask"])
+def test_string_array_round_trip(tmp_path, request, place, fmt, kind):
+    data = {"object": STRINGS, "unicode": STRINGS.astype(str),
+            "dask": da.from_array(STRINGS, chunks=(1, 2))}[kind]
+    url, options = str(tmp_path / "s.nc"), {}
+    if place == "s3":
+        server = request.getfixturevalue("s3_server")
+        url, options = f"s3://{request.getfixturevalue('s3_bucket')}/s.nc", {"storage_options": server.storage_options}
+    daskcfa.to_cfa(data, url, variable="code", dims=("y", "x"), fragment_shape=(1, 2), format=fmt, **options)
+    x = daskcfa.from_cfa(url, "code", **options)
+    assert x.dtype == object and x.chunks == ((1, 1), (2, 1))
+    got = x.compute()
+    assert got.dtype == object and not np.ma.getmaskarray(got).any()
+    assert np.ma.getdata(got).tolist() == STRINGS.tolist()
+
+
+def test_string_arrays_refused_where_they_cannot_be_stored(tmp_path):
+    with pytest.raises(TypeError, match="only NETCDF4 fragments store"):
+        daskcfa.to_cfa(STRINGS, str(tmp_path / "a.nc"), variable="code", dims=("y", "x"),
+                       fragment_format="NETCDF3_64BIT_DATA")
+    assert not list(tmp_path.iterdir())
+    masked = np.ma.MaskedArray(STRINGS, mask=[[False, True, False], [False, False, False]])
+    for data in (masked, da.from_array(masked, chunks=(1, 3), asarray=False)):
+        with pytest.raises(daskcfa.FragmentError, match="1 string values are masked"):
+            daskcfa.to_cfa(data, str(tmp_path / "b.nc"), variable="code", dims=("y", "x"))
+        assert not (tmp_path / "b.nc").exists()

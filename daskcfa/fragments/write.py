@@ -140,10 +140,14 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
     integer types), so that values read by daskcfa (or netCDF4-python) and
     written back are stored bit for bit as they were. Masked points, and NaN
     where the stored type is an integer, become the fill value (``_FillValue``,
-    else netCDF's default). Non-numeric values pass through unchanged.
+    else netCDF's default). Strings pass through unchanged; masked strings are
+    refused, as netCDF has no missing value for them (writing would unmask them).
     """
     dtype = np.dtype(dtype)
     if dtype.kind not in "biuf":
+        if np.ma.getmask(values) is not np.ma.nomask and np.ma.getmask(values).any():
+            raise FragmentError(f"{int(np.ma.getmask(values).sum()):,} string values are masked, which netCDF "
+                                "cannot store (strings have no missing value): fill them first, e.g. with \"\"")
         return np.asarray(values)
     encoding = Encoding.from_attrs(attrs, dtype)
     data = np.ma.getdata(values)

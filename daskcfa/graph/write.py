@@ -312,7 +312,11 @@ def _storable(dtype: np.dtype, name: str) -> np.dtype:
 
 def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
     """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types."""
-    if file_format in ("NETCDF3_64BIT_DATA", "NETCDF4"):
+    if file_format == "NETCDF4":
+        return
+    if dtype.kind in "OU" or (dtype.kind == "S" and dtype.itemsize > 1):
+        raise TypeError(f"{name!r} holds strings, which only NETCDF4 fragments store (vlen strings)")
+    if file_format == "NETCDF3_64BIT_DATA":
         return
     if dtype.str[1:] not in ("i1", "i2", "i4", "f4", "f8", "S1"):
         raise TypeError(f"{name!r} has dtype {dtype}, which {file_format} fragments cannot hold "
