@@ -19,6 +19,8 @@ from ..errors import CFAFormatError
 DEFAULT_MAX_FRAGMENTS = 100_000_000
 #: 10^14 elements: 400 TB of 4-byte values in one variable, beyond any archive's single variable.
 DEFAULT_MAX_ELEMENTS = 10**14
+#: Characters of one string in a ``char`` fragment (its string-length dimension): 1 MiB.
+DEFAULT_MAX_STRING_LENGTH = 1 << 20
 
 
 def max_fragments() -> int:
@@ -27,6 +29,10 @@ def max_fragments() -> int:
 
 def max_elements() -> int:
     return int(dask.config.get("daskcfa.limits.max-elements", DEFAULT_MAX_ELEMENTS))
+
+
+def max_string_length() -> int:
+    return int(dask.config.get("daskcfa.limits.max-string-length", DEFAULT_MAX_STRING_LENGTH))
 
 
 def check_fragment_count(counts: Sequence[int] | np.ndarray, **where: Any) -> None:

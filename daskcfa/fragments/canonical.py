@@ -22,6 +22,7 @@ import numpy as np
 from ..decode import Encoding, chars_to_strings
 from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
                       MissingFragmentError, NotFoundError, UnitsError, redact)
+from ..formats.limits import max_string_length
 from ..model import FragmentRef
 from .. import storage
 from ..storage.policy import LocationPolicy
@@ -169,6 +170,11 @@ class _CharStrings:
     string-length dimension is joined (width from the file, never guessed)."""
 
     def __init__(self, var: Any) -> None:
+        width = int(var.shape[-1]) if var.shape else 1
+        if width > max_string_length():  # (a tiny file may declare it: reading fills every character)
+            raise FragmentReadError(f"fragment variable {var.name!r} holds strings of {width:,} characters, more "
+                                    f"than the limit of {max_string_length():,} (dask config "
+                                    "'daskcfa.limits.max-string-length')")
         self._var = var
         self.name, self.attrs = var.name, var.attrs
         self.shape, self.dtype = tuple(var.shape)[:-1], np.dtype(object)

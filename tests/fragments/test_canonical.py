@@ -259,6 +259,24 @@ def test_string_fragments_missing_read_as_empty_and_masked(tmp_path, where):
     assert np.asarray(filled).tolist() == WORDS[:5].tolist() + ["", ""]
 
 
+def test_char_fragment_longer_than_the_string_limit_is_refused(tmp_path, where):
+    """A tiny netCDF-4 file may declare an enormous string length (never written:
+    reading would fill every character): refused before reading."""
+    d = tmp_path / "long"
+    d.mkdir()
+    with netCDF4.Dataset(str(d / "frag0.nc"), "w") as ds:
+        ds.createDimension("time", 2)
+        ds.createDimension("strlen", 5000)
+        ds.createVariable("name", "S1", ("time", "strlen"), chunksizes=(1, 5000), zlib=True)
+    write_aggregation(d / "agg.nc", "name", str, {"time": 2}, [[2]], uris=["frag0.nc"])
+    with dask.config.set({"daskcfa.limits.max-string-length": 4096}):
+        with pytest.raises(daskcfa.FragmentReadError, match="strings of 5,000 characters") as info:
+            read(where, d, "name").compute()
+    assert info.value.fragment == (0,)
+    got = read(where, d, "name").compute()  # within the default limit: empty strings, as never written
+    assert np.ma.getdata(got).tolist() == ["", ""]
+
+
 def test_numbers_in_a_string_aggregation_are_refused(tmp_path):
     d = tmp_path / "numfrag"
     d.mkdir()
