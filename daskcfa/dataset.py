@@ -282,8 +282,8 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
             else:
                 dims, shape, attrs = tuple(var.dimensions), tuple(var.shape), _attrs(var)
                 used_dims.update(id(d) for d in var.get_dims())
-            group.variables[var.name] = Variable(var.name, var_path, dims, shape, data_dtype(var), attrs, aggregation=agg, url=url,
-                                                 access=access)
+            group.variables[var.name] = Variable(var.name, var_path, dims, shape, data_dtype(var), attrs,
+                                                 aggregation=agg, url=url, access=access)
     for path, group in groups.items():
         nc_group = ds if path == "/" else ds[path.rstrip("/")]
         for name, dim in nc_group.dimensions.items():

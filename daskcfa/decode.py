@@ -36,8 +36,9 @@ def chars_to_strings(chars: np.ndarray) -> np.ndarray:
     chars = np.asarray(chars)
     if chars.ndim == 0:
         chars = chars.reshape(1)
-    joined = np.asarray(netCDF4.chartostring(chars, encoding="utf-8")) if chars.size else np.empty(chars.shape[:-1], "U1")
-    return joined.astype(object)
+    if not chars.size:
+        return np.full(chars.shape[:-1], "", dtype=object)
+    return np.asarray(netCDF4.chartostring(chars, encoding="utf-8")).astype(object)
 
 
 def _scalar(value: Any) -> Any:

@@ -461,3 +461,48 @@ def test_string_arrays_refused_where_they_cannot_be_stored(tmp_path):
         with pytest.raises(daskcfa.FragmentError, match="1 string values are masked"):
             daskcfa.to_cfa(data, str(tmp_path / "b.nc"), variable="code", dims=("y", "x"))
         assert not (tmp_path / "b.nc").exists()
+
+
+def test_unsigned_aggregation_rewritten(tmp_path):
+    """``byte`` data with ``_Unsigned`` written by ``to_cfa``, then re-fragmented, read back as uint8."""
+    values = np.array([0, 1, 127, 128, 200, 254, 7, 255], "u1")
+    expected = np.ma.MaskedArray(values, mask=values == 7)  # 7: the _FillValue
+    daskcfa.to_cfa(values.view("i1"), str(tmp_path / "a.nc"), variable="v", dims=("t",),
+                   attrs={"_Unsigned": "true", "_FillValue": np.int8(7)}, fragment_shape=(3,))
+    with daskcfa.open_cfa(str(tmp_path / "a.nc")) as ds:
+        daskcfa.to_cfa(ds, str(tmp_path / "b.nc"), fragment_shape={"t": 5})
+    for name in ("a.nc", "b.nc"):
+        got = daskcfa.from_cfa(str(tmp_path / name), "v").compute()
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(np.ma.getmaskarray(got), expected.mask)
+        np.testing.assert_array_equal(np.ma.getdata(got)[~expected.mask], values[~expected.mask])
+
+
+def test_masked_unsigned_without_fill_value_refused(tmp_path):
+    """Without a _FillValue, netCDF4-python reads no value of an _Unsigned variable as
+    missing: masked points (here a missing fragment) are refused, not unmasked."""
+    frag = tmp_path / "f0.nc"
+    with netCDF4.Dataset(str(frag), "w") as ds:
+        ds.createDimension("t", 2)
+        v = ds.createVariable("v", "u1", ("t",), fill_value=False)
+        v[:] = [200, 3]
+    agg = tmp_path / "agg.nc"
+    with netCDF4.Dataset(str(agg), "w") as ds:
+        ds.createDimension("t", 4)
+        ds.createDimension("f_t", 2)
+        ds.createDimension("i", 1)
+        m = ds.createVariable("m", "i4", ("i", "f_t"))
+        m[...] = [[2, 2]]
+        u = ds.createVariable("u", str, ("f_t",))
+        u[...] = np.array(["f0.nc", "absent.nc"], object)
+        ident = ds.createVariable("ident", str, ())
+        ident[0] = "v"
+        v = ds.createVariable("v", "i1", ())
+        v._Unsigned = "true"
+        v.aggregated_dimensions = "t"
+        v.aggregated_data = "map: m uris: u identifiers: ident"
+    with pytest.warns(daskcfa.CFAWarning), daskcfa.open_cfa(str(agg), missing="fill") as ds:
+        assert ds["v"][...].tolist() == [200, 3, None, None]
+        with pytest.raises(daskcfa.FragmentError, match="_Unsigned variable without _FillValue"):
+            daskcfa.to_cfa(ds, str(tmp_path / "out.nc"))
+    assert not (tmp_path / "out.nc").exists()

@@ -184,7 +184,8 @@ class _CharStrings:
         return tuple(self._var.dims)[:-1]
 
     def read(self, key: tuple) -> np.ndarray:
-        return chars_to_strings(self._var.read(key + (slice(0, self._var.shape[-1], 1),)))
+        length = (slice(0, self._var.shape[-1], 1),) if self._var.shape else ()  # (a scalar char: one character)
+        return chars_to_strings(self._var.read(key + length))
 
 
 def _check_kind(values: np.ndarray, target: Target, what: str) -> np.ndarray:

@@ -164,6 +164,9 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
         if nan.any():
             mask = nan if mask is np.ma.nomask else (mask | nan)
     if mask is not np.ma.nomask and mask.any():
+        if encoding.unsigned and not encoding.explicit_fill:
+            raise FragmentError("masked values of an _Unsigned variable without _FillValue cannot be stored: "
+                                "netCDF4-python would read netCDF's default fill as a value (set a _FillValue)")
         data = np.where(mask, encoding.fill_value, data)
     with np.errstate(invalid="ignore"):
         out = np.asarray(data).astype(encoding.stored_dtype, copy=False)

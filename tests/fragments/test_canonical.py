@@ -230,6 +230,21 @@ def test_string_fragments_every_storage(tmp_path, where, engine):
     assert x[-1].compute() == "q" * 300
 
 
+def test_string_fragments_on_a_local_cluster(tmp_path):
+    """Worker processes read string fragments; the object chunks come back whole."""
+    from distributed import Client, LocalCluster
+
+    d = tmp_path / "cluster"
+    d.mkdir()
+    sizes = [1, 2, 1, 1, 2]
+    uris = string_fragments(d, FRAGMENT_STYLES, sizes)
+    write_aggregation(d / "agg.nc", "name", str, {"time": 7}, [sizes], uris=uris)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster):
+        got = daskcfa.from_cfa(str(d / "agg.nc"), "name").compute()
+    assert_strings(got, np.ma.MaskedArray(WORDS))
+
+
 def test_char_fragment_with_encoding_attribute(tmp_path, engine):
     """``_Encoding`` makes netCDF4-python join chars itself: the result must not change."""
     d = tmp_path / "enc"
