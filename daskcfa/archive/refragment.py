@@ -196,9 +196,10 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
     chosen = _select(found, variables, description)
     for var in chosen:
         target = fragment_grid(var.source, model, fragment_shape, max_fragment_size)
-        itemsize = AggregatedArray(var.aggregation, access=var.access).dtype.itemsize
-        var.plan = plan_split(var.source.name, _layout(var.aggregation, var.access), target, itemsize, budget,
-                              strategy=strategy)
+        dtype = AggregatedArray(var.aggregation, access=var.access).dtype
+        # (staged pieces are .npy files, which hold no Python objects without pickle: strings go direct)
+        var.plan = plan_split(var.source.name, _layout(var.aggregation, var.access), target, dtype.itemsize, budget,
+                              strategy="direct" if dtype.kind == "O" and strategy == "auto" else strategy)
     plan = RefragmentPlan(description, budget, {v.source.name: v.plan for v in chosen if v.plan is not None},
                           copied=[v.name for v in model.variables])
     return plan, model, chosen

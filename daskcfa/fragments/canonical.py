@@ -153,6 +153,10 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
     with open_fragment(uri, name, profile=target.profile, fraction=fraction, expected_nbytes=expected) as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
             var = _CharStrings(var)  # a char array's last dimension is the string length
+        elif target.dtype.kind == "S" and len(var.shape) == len(ref.shape) + 1:
+            raise FragmentShapeError(f"fragment variable {name!r} holds strings (its last dimension is their "
+                                     "length), but the char aggregation variable holds characters: its "
+                                     "aggregated_dimensions must include the string length (or be a vlen string)")
         _check_kind(np.empty(0, var.dtype), target, f"fragment variable {name!r}")
         file_key, post = _file_selection(var, ref, key, target)
         raw = var.read(file_key)

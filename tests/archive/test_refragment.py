@@ -243,3 +243,15 @@ def test_memory_budget_holds_on_a_local_cluster(tmp_path):
                 assert len(memory.growth) == 2
                 assert all(0 <= g < max_mem for g in memory.growth.values()), (strategy, memory.results)
                 np.testing.assert_array_equal(read_back(out), truth)
+
+
+@pytest.mark.parametrize("fragment_shape", [(1, 2), (2, 1), (2, 3)])
+def test_string_variable_refragmented(tmp_path, fragment_shape):
+    """Strings (object arrays) are re-fragmented by direct reads: staged pieces
+    are .npy files, which cannot hold Python objects without pickle."""
+    words = np.array([["a1b2", "c3d4 long ", ""], ["é", "x" * 300, " z"]], dtype=object)
+    src = daskcfa.to_cfa(words, str(tmp_path / "src.nc"), variable="code", dims=("y", "x"), fragment_shape=(1, 3))
+    out = daskcfa.refragment(src, str(tmp_path / "out.nc"), fragment_shape=fragment_shape)
+    x = daskcfa.from_cfa(out, "code")
+    assert x.dtype == object and x.chunksize == tuple(min(a, b) for a, b in zip(fragment_shape, words.shape))
+    assert np.ma.getdata(x.compute(scheduler="sync")).tolist() == words.tolist()

@@ -322,6 +322,18 @@ def test_char_aggregation_returns_characters_like_netcdf4(tmp_path, where, fmt, 
     assert not np.ma.getmaskarray(got).any()
 
 
+def test_strings_into_a_char_aggregation_without_their_length_are_refused(tmp_path):
+    """``char`` aggregated data without the string-length dimension are characters,
+    one per element (as netCDF4-python reads such a variable): strings do not fit."""
+    d = tmp_path / "charlen"
+    d.mkdir()
+    uris = string_fragments(d, [("char", "NETCDF3_CLASSIC"), ("char", "NETCDF3_CLASSIC")], [3, 4])
+    write_aggregation(d / "agg.nc", "name", "S1", {"time": 7}, [[3, 4]], uris=uris, fmt="NETCDF3_CLASSIC")
+    with pytest.raises(daskcfa.FragmentShapeError, match="must include the string length") as info:
+        daskcfa.from_cfa(str(d / "agg.nc"), "name")[:3].compute()
+    assert info.value.fragment == (0,)
+
+
 def test_cfa06_string_aggregated_data(tmp_path, where):
     """CFA-0.6.2: char instruction variables, a vlen/char mix of string fragments, one wholly missing."""
     d = tmp_path / "cfa06"
