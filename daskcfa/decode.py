@@ -52,6 +52,9 @@ def _scalar(value: Any) -> Any:
 def _safe_cast(value: Any, dtype: np.dtype) -> np.ndarray | None:
     """``value`` as ``dtype`` if that loses nothing (netCDF4's ``_check_safecast``)."""
     arr = np.asarray(value)
+    if dtype.kind == "S" and arr.dtype.kind in "SU":  # a char variable's fill value: one character
+        arr = np.char.encode(arr, "utf-8") if arr.dtype.kind == "U" else arr
+        return arr.astype(dtype) if arr.size and np.char.str_len(arr).max() <= dtype.itemsize else None
     if arr.dtype.kind not in "biuf":
         return None
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -129,8 +132,10 @@ class Encoding:
         return np.dtype(f"u{self.dtype.itemsize}") if self.unsigned else self.dtype
 
     def missing_mask(self, raw: np.ndarray) -> np.ndarray | None:
-        """Where ``raw`` (already in :attr:`stored_dtype`) holds missing values, or None."""
-        if raw.dtype.kind not in "biuf":
+        """Where ``raw`` (already in :attr:`stored_dtype`) holds missing values, or None
+        (characters equal to the fill value are missing, as netCDF4-python masks them;
+        vlen strings never are)."""
+        if raw.dtype.kind not in "biufS":
             return None
         mask = None
 

@@ -102,3 +102,21 @@ def test_unsigned_without_fill_value_masks_nothing_like_netcdf4(tmp_path, dtype)
     assert got.dtype == expected.dtype == unsigned
     np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
     np.testing.assert_array_equal(np.ma.getdata(got), np.ma.getdata(expected))
+
+
+@pytest.mark.parametrize("fill", [None, "-"])
+def test_char_masking_like_netcdf4(tmp_path, fill):
+    """Characters equal to the fill value (default NUL) are masked, as netCDF4-python masks them."""
+    chars = np.array([[b"a", b"b", b"", b""], [b"-", b"-", b"x", b""]], "S1")
+    path = tmp_path / "c.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("n", 2)
+        ds.createDimension("s", 4)
+        var = ds.createVariable("c", "S1", ("n", "s"), fill_value=fill)
+        var[...] = chars
+    with netCDF4.Dataset(path) as ds:
+        expected = ds["c"][...]
+        attrs = {k: ds["c"].getncattr(k) for k in ds["c"].ncattrs()}
+    got = Encoding.from_attrs(attrs, np.dtype("S1")).decode(chars)
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+    np.testing.assert_array_equal(np.ma.filled(got), np.ma.filled(expected))
