@@ -336,6 +336,30 @@ def test_strings_into_a_char_aggregation_without_their_length_are_refused(tmp_pa
     assert info.value.fragment == (0,)
 
 
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF4"])
+def test_strings_through_the_xarray_backend(tmp_path, fmt):
+    """xarray joins a char aggregation's characters as it joins an ordinary file's;
+    a vlen string aggregation reaches it as whole strings."""
+    xr = pytest.importorskip("xarray")
+    d = tmp_path / "xr"
+    d.mkdir()
+    chars = netCDF4.stringtochar(np.array([b"abc", b"de", b"", b"fghi"], "S4"))
+    for i, (lo, hi) in enumerate([(0, 1), (1, 4)]):
+        write_fragment(d / f"frag{i}.nc", "code", {"n": hi - lo, "strlen": 4}, chars[lo:hi], dtype="S1", fmt=fmt)
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 4, "strlen": 4}, [[1, 3], [4]],
+                      uris=[["frag0.nc"], ["frag1.nc"]], fmt=fmt)
+    write_fragment(tmp_path / "plain.nc", "code", {"n": 4, "strlen": 4}, chars, dtype="S1", fmt=fmt)
+    with xr.open_dataset(d / "agg.nc", engine="daskcfa") as got, xr.open_dataset(tmp_path / "plain.nc") as want:
+        xr.testing.assert_identical(got["code"].load(), want["code"].load())
+        assert got["code"].values.tolist() == [b"abc", b"de", b"", b"fghi"]
+    e = tmp_path / "vlen"
+    e.mkdir()
+    sizes = [1, 2, 1, 1, 2]
+    write_aggregation(e / "agg.nc", "name", str, {"time": 7}, [sizes], uris=string_fragments(e, FRAGMENT_STYLES, sizes))
+    with xr.open_dataset(e / "agg.nc", engine="daskcfa") as got:
+        assert got["name"].dtype == object and got["name"].values.tolist() == WORDS.tolist()
+
+
 def test_cfa06_string_aggregated_data(tmp_path, where):
     """CFA-0.6.2: char instruction variables, a vlen/char mix of string fragments, one wholly missing."""
     d = tmp_path / "cfa06"
