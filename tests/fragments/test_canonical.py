@@ -383,6 +383,31 @@ def test_cfa06_string_aggregated_data(tmp_path, where):
     assert_strings(read(where, d, "name").compute(), expected)
 
 
+def test_cfa04_string_aggregated_data(tmp_path, where):
+    """CFA-0.4 (S3netCDF4's JSON): a vlen string master variable over char and vlen
+    sub-arrays, one partition never written (missing)."""
+    import json
+
+    d = tmp_path / "cfa04"
+    d.mkdir()
+    uris = string_fragments(d, [("char", "NETCDF3_CLASSIC"), ("vlen", "NETCDF4")], [3, 2])
+    partitions = [{"index": [i], "location": [[lo, hi - 1]],
+                   "subarray": {"ncvar": "name", "file": uri, "format": "NETCDF4", "shape": [hi - lo]}}
+                  for i, (uri, lo, hi) in enumerate(zip(uris, (0, 3), (3, 5)))]
+    with netCDF4.Dataset(str(d / "agg.nc"), "w") as ds:
+        ds.Conventions = "CF-1.6 CFA-0.4"
+        ds.createDimension("time", 7)
+        var = ds.createVariable("name", str, ())
+        var.cf_role = "cfa_variable"
+        var.cfa_dimensions = "time"
+        var.cfa_array = json.dumps({"pmshape": [3], "pmdimensions": ["time"], "Partitions": partitions})
+    expected = np.ma.MaskedArray(WORDS.copy())
+    expected[5:] = np.ma.masked
+    x = read(where, d, "name")
+    assert x.dtype == object
+    assert_strings(x.compute(), expected)
+
+
 # ---------------------------------------------------------------------------
 # 3. _Unsigned: the aggregation's type is unsigned, as netCDF4-python reads it
 # ---------------------------------------------------------------------------
