@@ -139,7 +139,7 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
     with open_fragment(uri, name, profile=target.profile, fraction=fraction, expected_nbytes=expected) as var:
         if np.dtype(var.dtype).kind not in "biuf":
             raise FragmentReadError(f"fragment variable {name!r} has non-numeric type {var.dtype}")
-        file_key, post = _file_selection(var, ref, key, target)
+        file_key, post = _file_selection(var, ref, key, target, uri)
         raw = var.read(file_key)
         # attributes are read lazily, so only while the file is open
         encoding = Encoding.from_attrs(var.attrs, var.dtype)
@@ -162,7 +162,7 @@ def _masked_later(encoding: Encoding, attrs: dict, ref: FragmentRef, target: Tar
     return encoding == target.masked_as
 
 
-def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
+def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target, uri: str):
     """Translate an aggregated-order key into the fragment file's own key.
 
     Returns the file key and a function that turns what was read into the
@@ -172,6 +172,9 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
     expected = ref.shape
     axes = ref.axes if ref.axes is not None else tuple(range(len(expected)))
     present = _present_axes(var, expected, axes, target)
+    if len(present) == len(expected):
+        _warn_if_permuted(var, tuple(target.dims[a] for a in present), f"file {redact(uri)!r}, variable "
+                          f"{target.variable!r}, fragment {ref.index}")
     reversed_ = ref.reversed or (False,) * len(expected)
     file_key: list = []
     steps: dict[int, int] = {}
@@ -214,7 +217,15 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
 
 
 def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], target: Target) -> tuple[int, ...]:
-    """Which aggregated axes the file variable has, in file order."""
+    """Which aggregated axes the file variable has, in file order.
+
+    Fragment dimension names are not significant: CF and CFA define the
+    canonical form by position, so a fragment is matched by its shape alone,
+    whatever its dimensions are called. One that lacks some size-1 dimensions
+    has its dimensions matched left to right to the first aggregated ones of
+    the same sizes (the others must be size 1): every such match re-inserts
+    only size-1 dimensions around the same values, so none reads differently.
+    """
     found = tuple(var.shape)
     if len(found) == len(expected):
         if tuple(expected[a] for a in axes) != found:
@@ -222,23 +233,8 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
                 f"fragment variable {var.name!r} has shape {found}, expected "
                 f"{tuple(expected[a] for a in axes)} (dimensions {tuple(target.dims[a] for a in axes)})"
             )
-        order = tuple(target.dims[a] for a in axes)
-        sizes = [n for n in found if n > 1]
-        # (only dimensions of equal size can swap without changing the shape:
-        # the names are looked up only then, as that costs a metadata read)
-        dims = tuple(var.dims) if len(set(sizes)) < len(sizes) else order
-        if dims != order and sorted(dims) == sorted(order):
-            # Fragment dimensions may be named differently, but the aggregation's own
-            # names in another order mean a transposed fragment: reading it would scramble it.
-            raise FragmentShapeError(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated "
-                                     f"dimensions in another order (expected {order})")
         return axes
     if len(found) < len(expected) and ref_is_plain(axes):
-        dims = tuple(var.dims)
-        if dims and all(d in target.dims for d in dims):
-            by_name = tuple(target.dims.index(d) for d in dims)
-            if _valid_subset(by_name, expected, found):
-                return by_name
         for subset in itertools.combinations(range(len(expected)), len(found)):
             if _valid_subset(subset, expected, found):
                 return subset
@@ -246,6 +242,21 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
         f"fragment variable {var.name!r} has shape {found} (dimensions {tuple(var.dims)}), "
         f"which does not fit the expected fragment shape {expected} (dimensions {target.dims})"
     )
+
+
+def _warn_if_permuted(var: Any, order: tuple[str, ...], where: str) -> None:
+    """Warn when a fragment whose shape fits by position names the aggregated dimensions in
+    another order (it is read by position, as CF asks, but it may have been written transposed).
+    Only dimensions of equal size can swap unseen, so the names (a metadata read) are looked
+    up only then."""
+    sizes = [n for n in var.shape if n > 1]
+    if len(set(sizes)) == len(sizes):
+        return
+    dims = tuple(var.dims)
+    if dims != order and sorted(dims) == sorted(order):
+        warnings.warn(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated dimensions "
+                      f"{order} in another order: read by position, as CF and CFA define it ({where})",
+                      CFAWarning, stacklevel=2)
 
 
 def ref_is_plain(axes: tuple[int, ...]) -> bool:
