@@ -151,7 +151,8 @@ def parse(var: netCDF4.Variable, source: str) -> AggregatedVariable:
 
 def _grid(map_var: netCDF4.Variable, shape: list[int], dims: tuple[str, ...], where: dict) -> FragmentGrid:
     """Fragment sizes from a ``map`` (CFA-0.6: ``location``): one row per dimension,
-    padded with missing or non-positive values."""
+    padded with missing or negative values. 0 is a size: a zero-length dimension
+    has one fragment of size 0 (a row of padding alone is read as no fragments)."""
     values = nc.read_integers(map_var, owner=where["variable"])
     ndim = len(shape)
     if ndim == 0:
@@ -164,21 +165,25 @@ def _grid(map_var: netCDF4.Variable, shape: list[int], dims: tuple[str, ...], wh
         raise CFAFormatError(
             f"map {map_var.name!r} has shape {values.shape}; expected ({ndim}, n) for dimensions {dims}", **where
         )
-    valid = ~np.ma.getmaskarray(values) & (values.filled(0) > 0)
-    counts = valid.sum(axis=1)
-    check_fragment_count(counts, **where)
+    rows = values.filled(-1)
+    valid = rows >= 0
+    check_fragment_count(valid.sum(axis=1), **where)
     sizes = []
-    for d, (row, ok) in enumerate(zip(values.filled(0), valid)):
+    for d, (row, ok) in enumerate(zip(rows, valid)):
         row_sizes = row[ok]
+        problem = f"map {map_var.name!r} row {d} (dimension {dims[d]!r}, size {shape[d]})"
         if not ok[: len(row_sizes)].all():
-            raise CFAFormatError(f"map row {d} (dimension {dims[d]!r}) has padding before its last size", **where)
+            raise CFAFormatError(f"{problem} has padding before its last size", **where)
+        if len(row_sizes) and row_sizes.max() > shape[d]:
+            raise CFAFormatError(f"{problem} lists a fragment size {int(row_sizes.max())} larger than the dimension",
+                                 **where)
         if len(row_sizes) == 0 and shape[d] > 0:
-            raise CFAFormatError(f"map row {d} (dimension {dims[d]!r}) lists no fragment sizes", **where)
-        if int(row_sizes.sum()) != shape[d]:
-            raise CFAFormatError(
-                f"map row {d} sums to {int(row_sizes.sum())} but dimension {dims[d]!r} has size {shape[d]}", **where
-            )
-        sizes.append(row_sizes.tolist())
+            raise CFAFormatError(f"{problem} lists no fragment sizes", **where)
+        # (exact: every size is at most the dimension's, but many of them may overflow int64)
+        total = int(row_sizes.sum()) if len(row_sizes) * shape[d] < 2**63 else sum(row_sizes.tolist())
+        if total != shape[d]:
+            raise CFAFormatError(f"{problem} sums to {total}", **where)
+        sizes.append(row_sizes)
     return FragmentGrid.from_sizes(sizes)
 
 
@@ -189,8 +194,11 @@ def _check_shape(var: netCDF4.Variable, values: np.ndarray, grid: FragmentGrid, 
         return
     if shape == grid.grid_shape or (extra_axis and shape[:-1] == grid.grid_shape and len(shape) == grid.ndim + 1):
         return
+    zeros = any(0 in row[1:] for row in grid.sizes)
+    hint = " (a 0 in the map is a fragment size, not padding: pad with missing or negative values)" if zeros else ""
     raise CFAFormatError(
-        f"{role} variable {var.name!r} has shape {shape} but the fragment grid has shape {grid.grid_shape}", **where
+        f"{role} variable {var.name!r} has shape {shape} but the fragment grid has shape {grid.grid_shape}{hint}",
+        **where,
     )
 
 
