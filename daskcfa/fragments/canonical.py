@@ -103,9 +103,9 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
             except CFAError as exc:
                 raise exc.located(**where)
     fraction = _fraction(shape, ref.shape)
-    for uri in candidates:  # alternative locations of the same fragment, in order
+    for position, uri in enumerate(candidates):  # alternative locations of the same fragment, in order
         try:
-            return _read_file(uri, ref, key, target, fraction)
+            return _read_file(uri, ref.at_alternative(position), key, target, fraction)
         except NotFoundError:
             continue
         except CFAError as exc:

@@ -250,3 +250,128 @@ def test_any_map_reads_exactly_or_is_a_format_error(tmp_path_factory, data):
     for axis, row in enumerate(sizes):
         truth = np.repeat(truth, row, axis=axis)
     assert_matches(daskcfa.from_cfa(str(path), "tas").compute(), truth)
+
+
+# ---------------------------------------------------------------------------
+# CFA-0.6.2 address over the alternative-URI dimension
+# ---------------------------------------------------------------------------
+ALT_SIZES = ((2, 3), (4,), (2, 3))  # a 2 x 1 x 2 grid
+
+
+def write_cfa062_alternatives(directory: Path, truth: np.ma.MaskedArray, address: str, fmt: str) -> Path:
+    """CFA-0.6.2 from the spec: ``file`` with a trailing dimension of 2 alternative URIs.
+
+    Fragment (0, 0, 0): first URI absent, second present holding the data as ``tas_b``;
+    (0, 0, 1): one URI, padded; (1, 0, 0): first URI present (``tas_a``), the second
+    would hold other values under ``tas_b``; (1, 0, 1): inside the aggregation file.
+    ``address``: "alternatives" (over file's dimensions, padded with missing values),
+    "per-fragment" (names must then agree) or "scalar".
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    offsets = [np.cumsum((0,) + row) for row in ALT_SIZES]
+
+    def block(index):
+        return truth[tuple(slice(o[i], o[i + 1]) for o, i in zip(offsets, index))]
+
+    one_name = address != "alternatives"
+    a, b = ("tas", "tas") if one_name else ("tas_a", "tas_b")
+    files = np.full((2, 1, 2, 2), "", dtype=object)
+    names = np.full((2, 1, 2, 2), "", dtype=object)
+    files[0, 0, 0], names[0, 0, 0] = ["gone/nowhere.nc", "f000.nc"], ["tas_gone", b]
+    files[0, 0, 1], names[0, 0, 1] = ["f001.nc", ""], [a, ""]
+    files[1, 0, 0], names[1, 0, 0] = ["f100.nc", "f100_decoy.nc"], [a, b]
+    names[1, 0, 1] = ["in_file_tas", ""]
+    fill = np.float32(-999.0)
+    for index, (name, uri) in {(0, 0, 0): (b, "f000.nc"), (0, 0, 1): (a, "f001.nc"), (1, 0, 0): (a, "f100.nc"),
+                               }.items():
+        write_fragment_file(directory / uri, name, DIMS, block(index).filled(fill), {"units": "K", "_FillValue": fill})
+    write_fragment_file(directory / "f100_decoy.nc", b, DIMS, np.full(block((1, 0, 0)).shape, 1e6, "f4"),
+                        {"units": "K"})
+    with netCDF4.Dataset(str(directory / "agg.nc"), "w") as ds:
+        ds.Conventions = "CF-1.11 CFA-0.6.2"
+        for d, row in zip(DIMS, ALT_SIZES):
+            ds.createDimension(d, sum(row))
+        for d, n in zip(("f_time", "f_lat", "f_lon", "f_alt", "i", "j"), (2, 1, 2, 2, 3, 2)):
+            ds.createDimension(d, n)
+        location = ds.createVariable("cfa_location", "i8", ("i", "j"))
+        location[...] = np.ma.masked_equal([[2, 3], [4, -1], [2, 3]], -1)
+        for d, n in zip(("x", "y", "z"), block((1, 0, 1)).shape):  # the in-file fragment's own dimensions
+            ds.createDimension(d, n)
+        inner = ds.createVariable("in_file_tas", "f4", ("x", "y", "z"), fill_value=fill)
+        inner.units = "K"
+        inner[...] = block((1, 0, 1))
+        file_dims = ("f_time", "f_lat", "f_lon", "f_alt")
+        write_strings(ds, "cfa_file", file_dims, files)
+        if address == "alternatives":
+            write_strings(ds, "cfa_address", file_dims, names)
+        elif address == "per-fragment":
+            write_strings(ds, "cfa_address", file_dims[:-1], np.where(names[..., 0] == "tas_gone", "tas",
+                                                                       names[..., 0]))
+        else:
+            write_strings(ds, "cfa_address", (), "tas")
+        if fmt == "alternatives":
+            write_strings(ds, "cfa_format", file_dims, np.where(files != "", "nc", ""))
+        else:
+            write_strings(ds, "cfa_format", (), "nc")
+        var = ds.createVariable("tas", "f4", ())
+        var.units = "K"
+        var.aggregated_dimensions = " ".join(DIMS)
+        var.aggregated_data = "location: cfa_location file: cfa_file format: cfa_format address: cfa_address"
+    return directory / "agg.nc"
+
+
+@pytest.mark.parametrize("fmt", ["scalar", "alternatives"])
+@pytest.mark.parametrize("address", ["alternatives", "per-fragment"])
+def test_cfa062_address_of_the_alternative_read(tmp_path, placed, address, fmt):
+    truth = make_truth((5, 4, 5), seed=12, masked=0.1)
+    path = write_cfa062_alternatives(tmp_path / "ds", truth, address, fmt)
+    url, options = placed(path)
+    x = daskcfa.from_cfa(url, "tas", storage_options=options)
+    assert_matches(x.compute(), truth)
+    assert_matches(x[1:4, 2, 1:4].compute(), truth[1:4, 2, 1:4])
+    assert not daskcfa.verify(url, deep=True, storage_options=options).problems
+
+
+def test_cfa062_scalar_address_with_alternatives(tmp_path):
+    """cf-python writes a scalar address beside alternatives: every URI holds that name
+    (the in-file fragment of the fixture then has no name of its own: it is dropped)."""
+    truth = make_truth((5, 4, 5), seed=13)
+    path = write_cfa062_alternatives(tmp_path / "ds", truth, "scalar", "scalar")
+    with netCDF4.Dataset(str(path), "a") as ds:
+        ds["cfa_file"][1, 0, 1, 0] = "f101.nc"
+    write_fragment_file(tmp_path / "ds" / "f101.nc", "tas", DIMS, np.asarray(truth[2:5, :, 2:5]), {"units": "K"})
+    assert_matches(daskcfa.from_cfa(str(path), "tas").compute(), truth)
+
+
+@pytest.mark.parametrize("variable, shape", [("cfa_address", (2, 1, 2, 3)), ("cfa_address", (2, 1)),
+                                             ("cfa_format", (2, 1, 2, 3)), ("cfa_format", (1, 1, 2))])
+def test_cfa062_address_or_format_of_another_shape_is_refused(tmp_path, variable, shape):
+    path = write_cfa062_alternatives(tmp_path / "ds", make_truth((5, 4, 5)), "alternatives", "scalar")
+    with netCDF4.Dataset(str(path), "a") as ds:
+        dims = []
+        for k, n in enumerate(shape):
+            ds.createDimension(f"bad{k}", n)
+            dims.append(f"bad{k}")
+        write_strings(ds, "bad", dims, np.full(shape, "nc" if variable == "cfa_format" else "tas", dtype=object))
+        ds["tas"].aggregated_data = ds["tas"].aggregated_data.replace(variable, "bad")
+    expect_format_error(str(path), None, "'bad'", str(shape))
+
+
+def test_cfa062_fragment_format_that_is_not_netcdf_is_refused(tmp_path):
+    path = write_cfa062_alternatives(tmp_path / "ds", make_truth((5, 4, 5)), "alternatives", "alternatives")
+    with netCDF4.Dataset(str(path), "a") as ds:
+        ds["cfa_format"][1, 0, 0, 1] = "um"
+    err = expect_format_error(str(path), None, "'um'", "not netCDF")
+    assert err.fragment == (1, 0, 0)
+
+
+def test_cfa062_alternative_addresses_survive_relocation(tmp_path):
+    """relocate re-encodes CFA-0.6.2: the address of each alternative is kept, the file spec-conformant."""
+    truth = make_truth((5, 4, 5), seed=14, masked=0.1)
+    path = write_cfa062_alternatives(tmp_path / "ds", truth, "alternatives", "scalar")
+    out = daskcfa.relocate(str(path), {"gone/": "still-gone/"}, target=str(tmp_path / "ds" / "new.nc"))
+    with netCDF4.Dataset(out) as ds:
+        address = [v for v in ds.variables if v.endswith("_address")][0]
+        file = [v for v in ds.variables if v.endswith("_file")][0]
+        assert ds[address].dimensions == ds[file].dimensions
+    assert_matches(daskcfa.from_cfa(out, "tas").compute(), truth)
