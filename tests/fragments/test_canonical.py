@@ -15,6 +15,8 @@ import dask
 import netCDF4
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import daskcfa
 from builders import Frag, assert_matches, build_cf113, make_truth, write_fragment_file
@@ -101,3 +103,29 @@ def test_shape_that_fits_no_position_is_still_refused(tmp_path, engine):
     with dask.config.set({"daskcfa.io.engine": engine}), pytest.raises(daskcfa.FragmentShapeError) as info:
         daskcfa.from_cfa(str(built.path), "tas").compute()
     assert info.value.fragment == (1, 0, 0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_naming_of_a_fitting_fragment_reads_by_position(tmp_path_factory, data):
+    """Hostile namings: any names (the aggregated ones shuffled, repeated elsewhere, unrelated),
+    size-1 dimensions dropped or kept: the values are always those of the position."""
+    shape = tuple(data.draw(st.lists(st.sampled_from([1, 1, 2, 3]), min_size=1, max_size=4), label="shape"))
+    dims = tuple(f"d{k}" for k in range(len(shape)))
+    truth = make_truth((2 * shape[0],) + shape[1:], seed=data.draw(st.integers(0, 99)), masked=0.2)
+    built = build_cf113(tmp_path_factory.mktemp("naming"), truth, dims, ((shape[0], shape[0]),) + tuple(
+        (n,) for n in shape[1:]))
+    keep = [k for k, n in enumerate(shape) if n > 1 or data.draw(st.booleans(), label=f"keep {k}")]
+    pool = list(dims) + ["x", "y", "z", "w"]
+    names = data.draw(st.permutations(pool), label="names")[: len(keep)]
+    path = built.fragment_files[(1,) + (0,) * (len(shape) - 1)]
+    with netCDF4.Dataset(str(path)) as ds:
+        var = ds["tas"]
+        var.set_auto_maskandscale(False)
+        values, attrs = var[...], {k: var.getncattr(k) for k in var.ncattrs()}
+    path.unlink()
+    write_fragment_file(path, "tas", names, np.asarray(values).reshape(tuple(shape[k] for k in keep)), attrs)
+    engine = data.draw(st.sampled_from(ENGINES), label="engine")
+    with warnings.catch_warnings(), dask.config.set({"daskcfa.io.engine": engine}):
+        warnings.simplefilter("ignore", daskcfa.CFAWarning)
+        assert_matches(daskcfa.from_cfa(str(built.path), "tas").compute(), built.expected)
