@@ -176,6 +176,7 @@ def read_integers(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.M
     if var.dtype == str or np.dtype(var.dtype).kind not in "iu":
         raise CFAFormatError(f"variable {var.name!r} must be of integer type, not {var.dtype}", **where)
     raw = np.asarray(read_raw(var, owner=owner))
+    raw = raw.astype(raw.dtype.newbyteorder("="), copy=False)  # (viewed as unsigned below)
     encoding = Encoding.from_attrs({k: var.getncattr(k) for k in var.ncattrs()}, raw.dtype)
     raw = raw.view(encoding.stored_dtype)
     mask = encoding.missing_mask(raw)

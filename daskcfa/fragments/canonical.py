@@ -173,8 +173,8 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target, uri:
     axes = ref.axes if ref.axes is not None else tuple(range(len(expected)))
     present = _present_axes(var, expected, axes, target)
     if len(present) == len(expected):
-        _warn_if_permuted(var, tuple(target.dims[a] for a in present), f"file {redact(uri)!r}, variable "
-                          f"{target.variable!r}, fragment {ref.index}")
+        _warn_if_permuted(var, tuple(target.dims[a] for a in present),
+                          {"file": uri, "variable": target.variable, "fragment": ref.index})
     reversed_ = ref.reversed or (False,) * len(expected)
     file_key: list = []
     steps: dict[int, int] = {}
@@ -244,7 +244,7 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
     )
 
 
-def _warn_if_permuted(var: Any, order: tuple[str, ...], where: str) -> None:
+def _warn_if_permuted(var: Any, order: tuple[str, ...], where: dict) -> None:
     """Warn when a fragment whose shape fits by position names the aggregated dimensions in
     another order (it is read by position, as CF asks, but it may have been written transposed).
     Only dimensions of equal size can swap unseen, so the names (a metadata read) are looked
@@ -254,9 +254,9 @@ def _warn_if_permuted(var: Any, order: tuple[str, ...], where: str) -> None:
         return
     dims = tuple(var.dims)
     if dims != order and sorted(dims) == sorted(order):
-        warnings.warn(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated dimensions "
-                      f"{order} in another order: read by position, as CF and CFA define it ({where})",
-                      CFAWarning, stacklevel=2)
+        located = CFAError(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated dimensions "
+                           f"{order} in another order: read by position, as CF and CFA define it", **where)
+        warnings.warn(str(located), CFAWarning, stacklevel=2)
 
 
 def ref_is_plain(axes: tuple[int, ...]) -> bool:
