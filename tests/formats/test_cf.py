@@ -258,15 +258,17 @@ def test_any_map_reads_exactly_or_is_a_format_error(tmp_path_factory, data):
 ALT_SIZES = ((2, 3), (4,), (2, 3))  # a 2 x 1 x 2 grid
 
 
-def write_cfa062_alternatives(directory: Path, truth: np.ma.MaskedArray, address: str, fmt: str) -> Path:
+def write_cfa062_alternatives(directory: Path, truth: np.ma.MaskedArray, address: str, fmt: str,
+                              file_format: str = "NETCDF4") -> Path:
     """CFA-0.6.2 from the spec: ``file`` with a trailing dimension of 2 alternative URIs.
 
     Fragment (0, 0, 0): first URI absent, second present holding the data as ``tas_b``;
     (0, 0, 1): one URI, padded; (1, 0, 0): first URI present (``tas_a``), the second
     would hold other values under ``tas_b``; (1, 0, 1): inside the aggregation file.
     ``address``: "alternatives" (over file's dimensions, padded with missing values),
-    "per-fragment" (names must then agree) or "scalar".
+    "per-fragment" (names must then agree) or "scalar". netCDF-3 files hold strings as char arrays.
     """
+    style = "char" if file_format.startswith("NETCDF3") else "vlen"
     directory.mkdir(parents=True, exist_ok=True)
     offsets = [np.cumsum((0,) + row) for row in ALT_SIZES]
 
@@ -287,13 +289,13 @@ def write_cfa062_alternatives(directory: Path, truth: np.ma.MaskedArray, address
         write_fragment_file(directory / uri, name, DIMS, block(index).filled(fill), {"units": "K", "_FillValue": fill})
     write_fragment_file(directory / "f100_decoy.nc", b, DIMS, np.full(block((1, 0, 0)).shape, 1e6, "f4"),
                         {"units": "K"})
-    with netCDF4.Dataset(str(directory / "agg.nc"), "w") as ds:
+    with netCDF4.Dataset(str(directory / "agg.nc"), "w", format=file_format) as ds:
         ds.Conventions = "CF-1.11 CFA-0.6.2"
         for d, row in zip(DIMS, ALT_SIZES):
             ds.createDimension(d, sum(row))
         for d, n in zip(("f_time", "f_lat", "f_lon", "f_alt", "i", "j"), (2, 1, 2, 2, 3, 2)):
             ds.createDimension(d, n)
-        location = ds.createVariable("cfa_location", "i8", ("i", "j"))
+        location = ds.createVariable("cfa_location", "i4", ("i", "j"))
         location[...] = np.ma.masked_equal([[2, 3], [4, -1], [2, 3]], -1)
         for d, n in zip(("x", "y", "z"), block((1, 0, 1)).shape):  # the in-file fragment's own dimensions
             ds.createDimension(d, n)
@@ -301,18 +303,18 @@ def write_cfa062_alternatives(directory: Path, truth: np.ma.MaskedArray, address
         inner.units = "K"
         inner[...] = block((1, 0, 1))
         file_dims = ("f_time", "f_lat", "f_lon", "f_alt")
-        write_strings(ds, "cfa_file", file_dims, files)
+        write_strings(ds, "cfa_file", file_dims, files, style=style)
         if address == "alternatives":
-            write_strings(ds, "cfa_address", file_dims, names)
+            write_strings(ds, "cfa_address", file_dims, names, style=style)
         elif address == "per-fragment":
             write_strings(ds, "cfa_address", file_dims[:-1], np.where(names[..., 0] == "tas_gone", "tas",
-                                                                       names[..., 0]))
+                                                                       names[..., 0]), style=style)
         else:
-            write_strings(ds, "cfa_address", (), "tas")
+            write_strings(ds, "cfa_address", (), "tas", style=style)
         if fmt == "alternatives":
-            write_strings(ds, "cfa_format", file_dims, np.where(files != "", "nc", ""))
+            write_strings(ds, "cfa_format", file_dims, np.where(files != "", "nc", ""), style=style)
         else:
-            write_strings(ds, "cfa_format", (), "nc")
+            write_strings(ds, "cfa_format", (), "nc", style=style)
         var = ds.createVariable("tas", "f4", ())
         var.units = "K"
         var.aggregated_dimensions = " ".join(DIMS)
@@ -320,11 +322,12 @@ def write_cfa062_alternatives(directory: Path, truth: np.ma.MaskedArray, address
     return directory / "agg.nc"
 
 
-@pytest.mark.parametrize("fmt", ["scalar", "alternatives"])
+@pytest.mark.parametrize("fmt, file_format", [("scalar", "NETCDF4"), ("alternatives", "NETCDF4"),
+                                              ("alternatives", "NETCDF3_CLASSIC")])
 @pytest.mark.parametrize("address", ["alternatives", "per-fragment"])
-def test_cfa062_address_of_the_alternative_read(tmp_path, placed, address, fmt):
+def test_cfa062_address_of_the_alternative_read(tmp_path, placed, address, fmt, file_format):
     truth = make_truth((5, 4, 5), seed=12, masked=0.1)
-    path = write_cfa062_alternatives(tmp_path / "ds", truth, address, fmt)
+    path = write_cfa062_alternatives(tmp_path / "ds", truth, address, fmt, file_format)
     url, options = placed(path)
     x = daskcfa.from_cfa(url, "tas", storage_options=options)
     assert_matches(x.compute(), truth)
