@@ -372,7 +372,13 @@ def test_cfa062_alternative_addresses_survive_relocation(tmp_path):
     """relocate re-encodes CFA-0.6.2: the address of each alternative is kept, the file spec-conformant."""
     truth = make_truth((5, 4, 5), seed=14, masked=0.1)
     path = write_cfa062_alternatives(tmp_path / "ds", truth, "alternatives", "scalar")
-    out = daskcfa.relocate(str(path), {"gone/": "still-gone/"}, target=str(tmp_path / "ds" / "new.nc"))
+    import shutil
+
+    shutil.copytree(tmp_path / "ds", tmp_path / "moved")
+    for name in ("f000.nc", "f001.nc", "f100.nc", "f100_decoy.nc"):
+        (tmp_path / "ds" / name).unlink()
+    out = daskcfa.relocate(str(path), {f"{tmp_path / 'ds'}/": f"{tmp_path / 'moved'}/"},
+                           target=str(tmp_path / "ds" / "new.nc"))
     with netCDF4.Dataset(out) as ds:
         address = [v for v in ds.variables if v.endswith("_address")][0]
         file = [v for v in ds.variables if v.endswith("_file")][0]
