@@ -9,6 +9,7 @@ per fragment, so that aggregations with a million fragments stay cheap.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -90,6 +91,9 @@ class FragmentRef:
     shape: tuple[int, ...]
     uris: tuple[str, ...] = ()
     identifier: str | None = None
+    #: the variable name in each of ``uris``, where they differ (CFA-0.6.2
+    #: addresses one per alternative URI); empty: ``identifier`` in all
+    identifiers: tuple[str | None, ...] = ()
     value: Any = None
     units: str | None = None
     #: Fragment-file dimension order, as positions of aggregated dimensions
@@ -102,6 +106,12 @@ class FragmentRef:
     def is_missing(self) -> bool:
         return not self.uris and self.value is None
 
+    def at_alternative(self, position: int) -> "FragmentRef":
+        """This fragment as found at its ``position``-th URI (whose own variable name it takes)."""
+        if not self.identifiers or self.identifiers[position] == self.identifier:
+            return self
+        return dataclasses.replace(self, identifier=self.identifiers[position])
+
 
 @dataclass(frozen=True)
 class Fragments:
@@ -110,7 +120,9 @@ class Fragments:
     ``uris`` has the grid's shape plus one trailing axis of alternative
     locations (tried in order); empty strings or ``None`` pad it. The optional
     columns broadcast against the grid shape: a 0-d ``identifiers`` means
-    "the same variable name in every fragment".
+    "the same variable name in every fragment". ``identifiers`` may also have
+    the shape of ``uris``: one name per alternative URI (CFA-0.6.2), where a
+    missing one means the fragment's first name.
     """
 
     grid: FragmentGrid
@@ -135,8 +147,17 @@ class Fragments:
     def __getitem__(self, index: tuple[int, ...]) -> FragmentRef:
         index = tuple(int(i) for i in index)
         uris: tuple[str, ...] = ()
+        names = self._cell(self.identifiers, index)
+        identifier = _str_or_none(names) if np.ndim(names) == 0 else None
+        identifiers: tuple[str | None, ...] = ()
+        kept: list[int] = []
         if self.uris is not None:
-            uris = tuple(str(u) for u in self.uris[index] if u is not None and str(u) != "")
+            kept = [i for i, u in enumerate(self.uris[index]) if u is not None and str(u) != ""]
+            uris = tuple(str(self.uris[index][i]) for i in kept)
+        if np.ndim(names) == 1:  # one name per alternative URI; a missing one: the first name given
+            fallback = next(filter(None, map(_str_or_none, names)), None)
+            identifiers = tuple(_str_or_none(names[i]) or fallback for i in kept)
+            identifier = identifiers[0] if identifiers else _str_or_none(names[0]) or fallback
         value = None
         if self.unique_values is not None:
             cell = self.unique_values[index]
@@ -146,7 +167,8 @@ class Fragments:
             index=index,
             shape=self.grid.fragment_shape(index),
             uris=uris,
-            identifier=_str_or_none(self._cell(self.identifiers, index)),
+            identifier=identifier,
+            identifiers=identifiers,
             value=value,
             units=_str_or_none(self._cell(self.units, index)),
             axes=_tuple_or_none(self._cell(self.axes, index)),

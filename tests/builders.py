@@ -623,10 +623,12 @@ def _write_map(g, lay: _Layout, name: str, rows_dim: str, cols_dim: str, *, dtyp
     if pad == "default":
         padv = netCDF4.default_fillvals[np.dtype(dtype).str[1:]]
         fill = False
-    elif pad == "zero":
-        padv, fill = 0, False
-    elif pad == "fillvalue":
-        padv, fill = -1, -1
+    elif pad == "negative":  # (0 is a size, not padding)
+        padv, fill = -1, False
+    elif pad == "fillvalue":  # positive: padding only because it is the _FillValue
+        padv, fill = 99, 99
+    elif pad == "missing_value":
+        padv, fill = 77, False
     else:
         raise ValueError(pad)
     m = _map_array(lay.sizes, padv).astype(dtype)
@@ -639,6 +641,8 @@ def _write_map(g, lay: _Layout, name: str, rows_dim: str, cols_dim: str, *, dtyp
     _ensure_dim(g, cols_dim, m.shape[1])
     v = g.createVariable(name, dtype, (rows_dim, cols_dim), fill_value=fill)
     v.set_auto_maskandscale(False)
+    if pad == "missing_value":
+        v.missing_value = np.array(padv, dtype=dtype)
     v[...] = m
     return v
 

@@ -127,3 +127,24 @@ def opendap_dir(opendap_server, request):
     name = re.sub(r"[^A-Za-z0-9_]+", "_", request.node.name)[:40]
     directory = Path(tempfile.mkdtemp(prefix=name + "-", dir=opendap_server.root))
     return directory, opendap_server.url_for(directory.name)
+
+
+@pytest.fixture(params=["local", "s3"])
+def placed(request):
+    """Read a test's dataset where it was built, or from a copy on the session's S3 server.
+
+    ``placed(aggregation_path)`` -> ``(url, storage_options)``; on S3 the
+    aggregation file's whole directory is uploaded (relative fragment URIs
+    keep working).
+    """
+    if request.param == "local":
+        return lambda path: (str(path), None)
+    server = request.getfixturevalue("s3_server")
+    fs, bucket = server.filesystem(), server.new_bucket()
+
+    def place(path):
+        path = Path(path)
+        fs.put(str(path.parent) + "/", f"{bucket}/ds/", recursive=True)
+        return f"s3://{bucket}/ds/{path.name}", server.storage_options
+
+    return place

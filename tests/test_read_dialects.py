@@ -636,7 +636,7 @@ def test_multiline_aggregated_data(tmp_path, dialect):
 
 
 @pytest.mark.parametrize("map_dtype", ["i4", "i8", "i2"])
-@pytest.mark.parametrize("map_pad", ["default", "zero", "fillvalue"])
+@pytest.mark.parametrize("map_pad", ["default", "negative", "fillvalue", "missing_value"])
 def test_map_dtypes_and_padding(tmp_path, map_dtype, map_pad):
     b = build_cf113(tmp_path, truth(), DIMS, SIZES, map_dtype=map_dtype, map_pad=map_pad)
     check_read(b)
@@ -1039,7 +1039,7 @@ def aggregations(draw):
             opts["strings"] = draw(st.sampled_from(["vlen", "char"]))
     if dialect in CF_LIKE:
         opts["multiline"] = draw(st.booleans())
-        opts["map_pad"] = draw(st.sampled_from(["default", "zero", "fillvalue"]))
+        opts["map_pad"] = draw(st.sampled_from(["default", "negative", "fillvalue", "missing_value"]))
         if opts["fmt"] == "NETCDF4" and draw(st.booleans()):
             opts["group"] = "grp"
     if dialect == "CFA-0.6":

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import netCDF4
 import numpy as np
 
-from ..decode import chars_to_strings
+from ..decode import Encoding, chars_to_strings
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid
 from .limits import check_array_size, check_fragment_count, check_instruction_size
@@ -195,16 +195,26 @@ def read_values(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.Mas
 
 
 def read_integers(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.MaskedArray:
-    """An integer instruction variable, masked where values are missing."""
+    """An integer instruction variable as int64, masked where values are missing.
+
+    Missing values follow netCDF4-python (``_FillValue``, ``missing_value``,
+    the valid range, else the type's default fill); packing attributes are
+    not applied (sizes and indices are never packed). Unsigned values beyond
+    int64 are malformed, not wrapped into negative ones.
+    """
+    where = {"file": source_of(var.group()), "variable": owner or variable_path(var)}
     if var.dtype == str or np.dtype(var.dtype).kind not in "iu":
-        raise CFAFormatError(
-            f"variable {var.name!r} must be of integer type, not {var.dtype}",
-            file=source_of(var.group()),
-            variable=owner or variable_path(var),
-        )
-    check_size(var, owner=owner)
-    values = np.ma.asarray(var[...])
-    return np.ma.MaskedArray(values.data.astype(np.int64), mask=np.ma.getmaskarray(values))
+        raise CFAFormatError(f"variable {var.name!r} must be of integer type, not {var.dtype}", **where)
+    raw = np.asarray(read_raw(var, owner=owner))
+    raw = raw.astype(raw.dtype.newbyteorder("="), copy=False)  # (viewed as unsigned below)
+    encoding = Encoding.from_attrs({k: var.getncattr(k) for k in var.ncattrs()}, raw.dtype)
+    raw = raw.view(encoding.stored_dtype)
+    mask = encoding.missing_mask(raw)
+    mask = np.zeros(raw.shape, bool) if mask is None else mask
+    if raw.dtype == np.uint64 and (~mask & (raw > np.iinfo(np.int64).max)).any():
+        value = raw[~mask & (raw > np.iinfo(np.int64).max)][0]
+        raise CFAFormatError(f"variable {var.name!r} holds {value}, beyond the 64-bit integer range", **where)
+    return np.ma.MaskedArray(raw.astype(np.int64), mask=mask)
 
 
 def data_attributes(var: netCDF4.Variable) -> dict[str, Any]:

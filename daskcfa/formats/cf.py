@@ -151,7 +151,8 @@ def parse(var: netCDF4.Variable, source: str) -> AggregatedVariable:
 
 def _grid(map_var: netCDF4.Variable, shape: list[int], dims: tuple[str, ...], where: dict) -> FragmentGrid:
     """Fragment sizes from a ``map`` (CFA-0.6: ``location``): one row per dimension,
-    padded with missing or non-positive values."""
+    padded with missing or negative values. 0 is a size: a zero-length dimension
+    has one fragment of size 0 (a row of padding alone is read as no fragments)."""
     values = nc.read_integers(map_var, owner=where["variable"])
     ndim = len(shape)
     if ndim == 0:
@@ -164,33 +165,40 @@ def _grid(map_var: netCDF4.Variable, shape: list[int], dims: tuple[str, ...], wh
         raise CFAFormatError(
             f"map {map_var.name!r} has shape {values.shape}; expected ({ndim}, n) for dimensions {dims}", **where
         )
-    valid = ~np.ma.getmaskarray(values) & (values.filled(0) > 0)
-    counts = valid.sum(axis=1)
-    check_fragment_count(counts, **where)
+    rows = values.filled(-1)
+    valid = rows >= 0
+    check_fragment_count(valid.sum(axis=1), **where)
     sizes = []
-    for d, (row, ok) in enumerate(zip(values.filled(0), valid)):
+    for d, (row, ok) in enumerate(zip(rows, valid)):
         row_sizes = row[ok]
+        problem = f"map {map_var.name!r} row {d} (dimension {dims[d]!r}, size {shape[d]})"
         if not ok[: len(row_sizes)].all():
-            raise CFAFormatError(f"map row {d} (dimension {dims[d]!r}) has padding before its last size", **where)
+            raise CFAFormatError(f"{problem} has padding before its last size", **where)
+        if len(row_sizes) and row_sizes.max() > shape[d]:
+            raise CFAFormatError(f"{problem} lists a fragment size {int(row_sizes.max())} larger than the dimension",
+                                 **where)
         if len(row_sizes) == 0 and shape[d] > 0:
-            raise CFAFormatError(f"map row {d} (dimension {dims[d]!r}) lists no fragment sizes", **where)
-        if int(row_sizes.sum()) != shape[d]:
-            raise CFAFormatError(
-                f"map row {d} sums to {int(row_sizes.sum())} but dimension {dims[d]!r} has size {shape[d]}", **where
-            )
-        sizes.append(row_sizes.tolist())
+            raise CFAFormatError(f"{problem} lists no fragment sizes", **where)
+        # (exact: every size is at most the dimension's, but many of them may overflow int64)
+        total = int(row_sizes.sum()) if len(row_sizes) * shape[d] < 2**63 else sum(row_sizes.tolist())
+        if total != shape[d]:
+            raise CFAFormatError(f"{problem} sums to {total}", **where)
+        sizes.append(row_sizes)
     return FragmentGrid.from_sizes(sizes)
 
 
 def _check_shape(var: netCDF4.Variable, values: np.ndarray, grid: FragmentGrid, role: str, where: dict,
-                 *, extra_axis: bool = False, scalar_ok: bool = False) -> None:
+                 *, extra_axis: bool = False, scalar_ok: bool = False, also: tuple[int, ...] | None = None) -> None:
     shape = np.shape(values)
-    if scalar_ok and shape == ():
+    if (scalar_ok and shape == ()) or shape == also:
         return
     if shape == grid.grid_shape or (extra_axis and shape[:-1] == grid.grid_shape and len(shape) == grid.ndim + 1):
         return
+    zeros = any(0 in row[1:] for row in grid.sizes)
+    hint = " (a 0 in the map is a fragment size, not padding: pad with missing or negative values)" if zeros else ""
     raise CFAFormatError(
-        f"{role} variable {var.name!r} has shape {shape} but the fragment grid has shape {grid.grid_shape}", **where
+        f"{role} variable {var.name!r} has shape {shape} but the fragment grid has shape {grid.grid_shape}{hint}",
+        **where,
     )
 
 
@@ -207,20 +215,28 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
         unique_values = np.ma.MaskedArray(values).reshape(grid.grid_shape)
 
     uris = identifiers = None
+    file_shape = None  # CFA-0.6.2: address and format may span the dimensions of file
     if "uris" in roles:
         uris = nc.read_strings(roles["uris"], owner=where["variable"])
         _check_shape(roles["uris"], uris, grid, "URI", where, extra_axis=dialect is CFA_0_6, scalar_ok=grid.ndim == 0)
         uris = _substitute(roles["uris"], uris, where)
+        file_shape = uris.shape if dialect is CFA_0_6 else None
         if uris.ndim == grid.ndim:
             uris = uris[..., np.newaxis]
     if "identifiers" in roles:
         identifiers = nc.read_strings(roles["identifiers"], owner=where["variable"])
-        _check_shape(roles["identifiers"], identifiers, grid, "identifier", where, scalar_ok=True)
+        _check_shape(roles["identifiers"], identifiers, grid, "identifier", where, scalar_ok=True, also=file_shape)
+    if "format" in roles and dialect is CFA_0_6:
+        _check_formats(roles["format"], grid, file_shape, uris, where)
 
     if dialect is CFA_0_6 and identifiers is not None:
-        # No file but an address: the fragment is a variable of the aggregation file itself.
+        if identifiers.ndim == grid.ndim + 1:
+            identifiers = _per_alternative(identifiers, uris)
+        # No file but an address: the fragment is a variable of the aggregation file itself
+        # (whose address is the first one).
         no_file = np.ones(grid.grid_shape, bool) if uris is None else ~(uris != "").any(axis=-1)
-        has_address = np.broadcast_to(identifiers != "", grid.grid_shape)
+        first = identifiers[..., 0] if identifiers.ndim == grid.ndim + 1 else identifiers
+        has_address = np.broadcast_to(first != "", grid.grid_shape)
         in_file = no_file & has_address
         if in_file.any():
             if uris is None:
@@ -232,6 +248,37 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
             index = tuple(int(i) for i in np.argwhere(empty)[0])
             raise CFAFormatError("a fragment has an empty URI", fragment=index, **where)
     return Fragments(grid, uris=uris, identifiers=identifiers, unique_values=unique_values)
+
+
+def _per_alternative(addresses: np.ndarray, uris: np.ndarray) -> np.ndarray:
+    """CFA-0.6.2 addresses given one per alternative URI: one per fragment where all its
+    alternatives name the same variable, as they almost always do; else as given."""
+    used = (addresses != "") & (uris != "")
+    if not used.any():
+        return addresses[..., 0]
+    first = np.take_along_axis(addresses, np.argmax(used, axis=-1)[..., np.newaxis], axis=-1)[..., 0]
+    if ((addresses != first[..., np.newaxis]) & used).any():
+        return addresses
+    return np.where(used.any(axis=-1), first, addresses[..., 0])
+
+
+def _check_formats(var: netCDF4.Variable, grid: FragmentGrid, file_shape: tuple[int, ...] | None,
+                   uris: np.ndarray | None, where: dict) -> None:
+    """CFA-0.6.2 ``format``: scalar, per fragment or over the dimensions of ``file``; netCDF wherever a
+    fragment is in a file (no other fragment format can be read)."""
+    formats = nc.read_strings(var, owner=where["variable"])
+    _check_shape(var, formats, grid, "format", where, scalar_ok=True, also=file_shape)
+    if uris is None:
+        return
+    if formats.ndim == grid.ndim:
+        formats = formats[..., np.newaxis]
+    present = np.broadcast_to(uris != "", np.broadcast_shapes(uris.shape, formats.shape))
+    formats = np.broadcast_to(formats, present.shape)
+    bad = present & ~np.frompyfunc(nc.is_netcdf_format, 1, 1)(formats).astype(bool)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise CFAFormatError(f"fragment format {formats[at]!r} is not netCDF (only netCDF fragments can be read)",
+                             fragment=at[: grid.ndim], **where)
 
 
 def _substitute(var: netCDF4.Variable, uris: np.ndarray, where: dict) -> np.ndarray:

@@ -26,8 +26,9 @@ Instruction names (``<v>`` is the aggregated variable's name; a ``_1``,
   and ``i``). Dimensions are shared between variables wherever the sizes
   agree.
 * CFA-0.6.2: variables ``<v>_location``, ``<v>_file``, ``<v>_format``,
-  ``<v>_address`` over the same dimensions, plus ``f_alternatives`` when
-  fragments have alternative URIs.
+  ``<v>_address`` over the same dimensions; when fragments have alternative
+  URIs, ``<v>_file`` and (unless one name serves all) ``<v>_address`` span
+  ``f_alternatives`` too, one address per URI.
 * CFA-0.5: the group ``cfa_<v>`` beside the variable, its contents named as
   S3netCDF4 names them.
 * netCDF-3 and NETCDF4_CLASSIC files hold strings as ``char`` arrays whose
@@ -326,6 +327,10 @@ def _encode_cfa062(layout: _Layout, av: AggregatedVariable) -> None:
         "format": layout.instruction(group, f"{base}_format", (), object, np.array("nc", dtype=object)),
     }
     ids, id_dims = _identifiers(av, dims, present)
+    if id_dims and uris.shape[-1] > 1:  # not one for all: one address per alternative URI, as file spans
+        by_uri = _names_by_uri(av, uris.shape[-1])
+        ids = by_uri if by_uri is not None else np.where(uris != "", ids[..., np.newaxis], "").astype(object)
+        id_dims = file_dims
     terms["address"] = layout.instruction(group, f"{base}_address", id_dims, object, ids)
     layout.aggregation_variable(av, {
         "aggregated_dimensions": " ".join(av.dims),
@@ -479,9 +484,25 @@ def _uri_table(av: AggregatedVariable) -> np.ndarray:
     return table.reshape(shape + (width,))
 
 
+def _names_by_uri(av: AggregatedVariable, width: int) -> np.ndarray | None:
+    """Names given one per alternative URI (CFA-0.6.2), laid out like :func:`_uri_table`;
+    None when the fragments have one name each."""
+    frags = av.fragments
+    if frags.identifiers is None or np.ndim(frags.identifiers) <= frags.grid.ndim:
+        return None
+    table = np.full(frags.grid.grid_shape + (width,), "", dtype=object)
+    for index in frags.grid.indices():
+        ref = frags[index]
+        for position in range(min(len(ref.uris), width)):
+            table[index + (position,)] = ref.at_alternative(position).identifier or ""
+    return table
+
+
 def _named(av: AggregatedVariable, present: np.ndarray) -> np.ndarray:
-    """The identifiers over the grid (``""`` where absent); every present fragment must have one."""
-    ids = _text(av.fragments.identifiers, av.fragments.grid.grid_shape)
+    """The identifiers over the grid (``""`` where absent; the first URI's, where each alternative
+    has its own); every present fragment must have one."""
+    by_uri = _names_by_uri(av, 1)
+    ids = by_uri[..., 0] if by_uri is not None else _text(av.fragments.identifiers, av.fragments.grid.grid_shape)
     unnamed = present & (ids == "")
     if unnamed.any():
         raise _error(av, "a fragment has a URI but no identifier (variable name)", _first_where(unnamed))

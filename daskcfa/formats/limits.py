@@ -36,10 +36,14 @@ def max_string_length() -> int:
 
 
 def check_fragment_count(counts: Sequence[int] | np.ndarray, **where: Any) -> None:
-    """Refuse a fragment grid larger than ``daskcfa.limits.max-fragments``."""
+    """Refuse a fragment grid larger than ``daskcfa.limits.max-fragments``.
+
+    A dimension without fragments (zero-length) counts as one: it must not
+    let the other dimensions list any number of fragments.
+    """
     total = 1
     for n in counts:
-        total *= int(n)
+        total *= max(int(n), 1)
     if total > max_fragments():
         raise CFAFormatError(
             f"the instructions describe {total:,} fragments, more than the limit of {max_fragments():,} "

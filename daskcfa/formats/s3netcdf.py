@@ -70,14 +70,14 @@ def parse_cfa05(var: netCDF4.Variable, source: str) -> AggregatedVariable:
     npm = len(pm_shape)
     files = read_strings(_member(group, "file", pm_shape, where, strings=True)).reshape(-1)
     ncvars = read_strings(_member(group, "ncvar", pm_shape, where, strings=True)).reshape(-1)
-    location = read_integers(_member(group, "location", pm_shape + (npm, 2), where)).reshape(-1, npm, 2)
     positions = _positions(pm_shape)
-    n = len(positions)
+    n = len(positions)  # (explicit reshapes: n may be 0, along a zero-length dimension)
+    location = read_integers(_member(group, "location", pm_shape + (npm, 2), where)).reshape(n, npm, 2)
     index = np.zeros((n, len(dims)), dtype=np.int64)
     index[:, pm_axes] = positions
     _check_index(group, pm_shape, positions, index, where)
 
-    known = ~np.ma.getmaskarray(location).reshape(n, -1).any(axis=1)
+    known = ~np.ma.getmaskarray(location).reshape(n, 2 * npm).any(axis=1)
     lo, hi = location[..., 0].filled(0), location[..., 1].filled(0)
     counts = _recorded_counts(group, pm_shape, known, where)
     stop_pm = location_stops(lo, hi, counts, index, inclusive=False, where=where)
@@ -175,7 +175,8 @@ def _recorded_counts(group: netCDF4.Group, pm_shape: tuple[int, ...], known: np.
     """Elements each located partition's ``shape`` records (-1 where not recorded)."""
     counts = np.full(len(known), -1, dtype=np.int64)
     if "shape" in group.variables:
-        shapes = read_integers(_member(group, "shape", pm_shape + (len(pm_shape),), where)).reshape(len(known), -1)
+        shapes = read_integers(_member(group, "shape", pm_shape + (len(pm_shape),), where))
+        shapes = shapes.reshape(len(known), len(pm_shape))
         usable = known & ~np.ma.getmaskarray(shapes).any(axis=1)
         counts[usable] = np.prod(shapes.filled(0)[usable], axis=1)
     return counts

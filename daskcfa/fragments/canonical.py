@@ -116,9 +116,9 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
             except CFAError as exc:
                 raise exc.located(**where)
     fraction = _fraction(shape, ref.shape)
-    for uri in candidates:  # alternative locations of the same fragment, in order
+    for position, uri in enumerate(candidates):  # alternative locations of the same fragment, in order
         try:
-            return _read_file(uri, ref, key, target, fraction)
+            return _read_file(uri, ref.at_alternative(position), key, target, fraction)
         except NotFoundError:
             continue
         except CFAError as exc:
@@ -158,7 +158,7 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
                                      "length), but the char aggregation variable holds characters: its "
                                      "aggregated_dimensions must include the string length (or be a vlen string)")
         _check_kind(np.empty(0, var.dtype), target, f"fragment variable {name!r}")
-        file_key, post = _file_selection(var, ref, key, target)
+        file_key, post = _file_selection(var, ref, key, target, uri)
         raw = var.read(file_key)
         # attributes are read lazily, so only while the file is open
         encoding = Encoding.from_attrs(var.attrs, var.dtype)
@@ -213,7 +213,7 @@ def _masked_later(encoding: Encoding, attrs: dict, ref: FragmentRef, target: Tar
     return encoding == target.masked_as
 
 
-def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
+def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target, uri: str):
     """Translate an aggregated-order key into the fragment file's own key.
 
     Returns the file key and a function that turns what was read into the
@@ -223,6 +223,9 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
     expected = ref.shape
     axes = ref.axes if ref.axes is not None else tuple(range(len(expected)))
     present = _present_axes(var, expected, axes, target)
+    if len(present) == len(expected):
+        _warn_if_permuted(var, tuple(target.dims[a] for a in present),
+                          {"file": uri, "variable": target.variable, "fragment": ref.index})
     reversed_ = ref.reversed or (False,) * len(expected)
     file_key: list = []
     steps: dict[int, int] = {}
@@ -265,7 +268,15 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
 
 
 def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], target: Target) -> tuple[int, ...]:
-    """Which aggregated axes the file variable has, in file order."""
+    """Which aggregated axes the file variable has, in file order.
+
+    Fragment dimension names are not significant: CF and CFA define the
+    canonical form by position, so a fragment is matched by its shape alone,
+    whatever its dimensions are called. One that lacks some size-1 dimensions
+    has its dimensions matched left to right to the first aggregated ones of
+    the same sizes (the others must be size 1): every such match re-inserts
+    only size-1 dimensions around the same values, so none reads differently.
+    """
     found = tuple(var.shape)
     if len(found) == len(expected):
         if tuple(expected[a] for a in axes) != found:
@@ -273,23 +284,8 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
                 f"fragment variable {var.name!r} has shape {found}, expected "
                 f"{tuple(expected[a] for a in axes)} (dimensions {tuple(target.dims[a] for a in axes)})"
             )
-        order = tuple(target.dims[a] for a in axes)
-        sizes = [n for n in found if n > 1]
-        # (only dimensions of equal size can swap without changing the shape:
-        # the names are looked up only then, as that costs a metadata read)
-        dims = tuple(var.dims) if len(set(sizes)) < len(sizes) else order
-        if dims != order and sorted(dims) == sorted(order):
-            # Fragment dimensions may be named differently, but the aggregation's own
-            # names in another order mean a transposed fragment: reading it would scramble it.
-            raise FragmentShapeError(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated "
-                                     f"dimensions in another order (expected {order})")
         return axes
     if len(found) < len(expected) and ref_is_plain(axes):
-        dims = tuple(var.dims)
-        if dims and all(d in target.dims for d in dims):
-            by_name = tuple(target.dims.index(d) for d in dims)
-            if _valid_subset(by_name, expected, found):
-                return by_name
         for subset in itertools.combinations(range(len(expected)), len(found)):
             if _valid_subset(subset, expected, found):
                 return subset
@@ -297,6 +293,21 @@ def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], ta
         f"fragment variable {var.name!r} has shape {found} (dimensions {tuple(var.dims)}), "
         f"which does not fit the expected fragment shape {expected} (dimensions {target.dims})"
     )
+
+
+def _warn_if_permuted(var: Any, order: tuple[str, ...], where: dict) -> None:
+    """Warn when a fragment whose shape fits by position names the aggregated dimensions in
+    another order (it is read by position, as CF asks, but it may have been written transposed).
+    Only dimensions of equal size can swap unseen, so the names (a metadata read) are looked
+    up only then."""
+    sizes = [n for n in var.shape if n > 1]
+    if len(set(sizes)) == len(sizes):
+        return
+    dims = tuple(var.dims)
+    if dims != order and sorted(dims) == sorted(order):
+        located = CFAError(f"fragment variable {var.name!r} has dimensions {dims}, the aggregated dimensions "
+                           f"{order} in another order: read by position, as CF and CFA define it", **where)
+        warnings.warn(str(located), CFAWarning, stacklevel=2)
 
 
 def ref_is_plain(axes: tuple[int, ...]) -> bool:

@@ -220,13 +220,18 @@ def merged_chunks(grid: FragmentGrid, itemsize: int, limit: int) -> tuple[tuple[
 def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
     grid = array.variable.fragments.grid
     if isinstance(chunks, str) and chunks == "fragments":
-        return grid.sizes
+        return _dask_chunks(grid.sizes)
     if isinstance(chunks, str) and chunks == "auto":
         chunks = dask.config.get("array.chunk-size")
     if isinstance(chunks, (str, int)) and not isinstance(chunks, bool):
         limit = parse_bytes(chunks) if isinstance(chunks, str) else int(chunks)
-        return merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit)
+        return _dask_chunks(merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit))
     return chunks
+
+
+def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Fragment rows as dask chunks: a zero-length dimension listing no fragments is one empty chunk."""
+    return tuple(row or (0,) for row in rows)
 
 
 def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,

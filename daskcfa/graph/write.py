@@ -501,7 +501,10 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
         if existing.uris is not None:
             uris[...] = np.where(existing.uris == None, "", existing.uris)  # noqa: E711 (element-wise)
         if existing.identifiers is not None:
-            ids[...] = np.broadcast_to(np.asarray(existing.identifiers, dtype=object), grid.grid_shape)
+            names = np.asarray(existing.identifiers, dtype=object)
+            if names.ndim == grid.ndim + 1:  # one per alternative URI (CFA-0.6.2)
+                ids = np.full(grid.grid_shape + names.shape[-1:], source.basename, dtype=object)
+            ids[...] = np.broadcast_to(names, ids.shape)
         if existing.unique_values is not None:
             values = np.ma.array(existing.unique_values, copy=True)
     for index, reference in written.items():

@@ -616,3 +616,45 @@ def test_json_dialects_raise_only_format_errors(parser, tmp_path: Path) -> None:
                 parser(ds["tas"], str(path))
             except CFAFormatError:
                 pass
+
+
+# ---------------------------------------------------------------------------
+# Zero-length dimensions in every partition-matrix dialect
+# ---------------------------------------------------------------------------
+EMPTY_TIME = {"time": 0, "lat": 4, "lon": 6}
+
+
+def _zero_length_aggregation(dialect: str, directory: Path, pm_time: int) -> Path:
+    """An aggregation over a zero-length ``time``: ``pm_time`` 0 (no partition along it) or 1
+    (one partition of size 0, its location [0, 0)); lat and lon split in two along lon."""
+    directory.mkdir(parents=True, exist_ok=True)
+    parts = {} if pm_time == 0 else {
+        (0, 0, j): ([(0, 0), (0, 4), (3 * j, 3 * j + 3)], f"a7/a7.tas.0.0.{j}.nc") for j in range(2)}
+    pm_shape = (pm_time, 1, 2)
+    for _, name in parts.values():
+        (directory / name).parent.mkdir(exist_ok=True)
+        with netCDF4.Dataset(directory / name, "w") as ds:
+            for dim, n in zip(EMPTY_TIME, (0, 4, 3)):
+                ds.createDimension(dim, n)
+            ds.createVariable("tas", "f4", tuple(EMPTY_TIME)).units = "K"
+    if dialect == "CFA-0.5":
+        return write_cfa05(directory / "a.nca", parts, pm_shape, sizes=EMPTY_TIME)
+    if dialect == "CFA-0.4":
+        return write_cfa04(directory / "a.nca", parts, pm_shape, sizes=EMPTY_TIME, fmt="NETCDF4")
+    array = {"pdimensions": list(EMPTY_TIME), "pshape": list(pm_shape),
+             "Partitions": [partition_json(i, loc, f, inclusive=False) for i, (loc, f) in parts.items()]}
+    return write_json_dialect(directory / "a.nca", array, nca=True, sizes=EMPTY_TIME, fmt="NETCDF4")
+
+
+@pytest.mark.parametrize("pm_time", [0, 1])
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4", "NCA"])
+def test_zero_length_dimension_reads_as_an_empty_array(tmp_path: Path, placed, dialect: str, pm_time: int) -> None:
+    import daskcfa
+
+    url, options = placed(_zero_length_aggregation(dialect, tmp_path / "ds", pm_time))
+    x = daskcfa.from_cfa(url, "tas", storage_options=options)
+    assert x.shape == (0, 4, 6) and x.dtype == np.float32
+    got = x.compute()
+    assert got.shape == (0, 4, 6) and got.dtype == np.float32
+    assert x[:, 1:3, 2].compute().shape == (0, 2)
+    assert not daskcfa.verify(url, deep=True, storage_options=options).problems
