@@ -166,6 +166,8 @@ def open_local(uri: str) -> io.BufferedReader:
         raise
 
 
+#: The DAP2 responses netCDF-C asks an endpoint for first (its data come as ``.dods``).
+_DAP_RESPONSES = (".dds", ".das")
 #: HTTP statuses that redirect a request.
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -185,10 +187,19 @@ class _CheckedHops:
     included, goes only where ``policy`` allows, checked before it is sent."""
 
     policy: LocationPolicy
+    #: OPeNDAP probes: the scheme the fragment names its endpoint with; a
+    #: request (``http://h/x.nc.dds``) is judged as the endpoint it asks about
+    #: (``dap2://h/x.nc``)
+    dap_scheme: str | None = None
 
     async def __call__(self, request: Any, handler: Any) -> Any:
+        url = str(request.url)
+        if self.dap_scheme is not None:
+            head = url.split("?", 1)[0]
+            head = next((head[:-len(s)] for s in _DAP_RESPONSES if head.endswith(s)), head)
+            url = self.dap_scheme + head[head.index("://"):]
         try:
-            self.policy.check_redirect(str(request.url))
+            self.policy.check_redirect(url)
         except UnsafeURIError as exc:
             raise _Refused(exc) from None
         response = await handler(request)
@@ -206,15 +217,19 @@ def filesystem(uri: str, profile: ProfileRef = NO_PROFILE, *,
     are followed only where the policy allows: every hop is checked before it
     is requested.
     """
+    return _filesystem(uri, profile, None if policy is None else _CheckedHops(policy))
+
+
+def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tuple[fsspec.AbstractFileSystem, str]:
     if is_local(uri):
         return fsspec.filesystem("file"), local_path(uri)
     target, options = resolve_options(uri, profile)
     protocol = scheme_of(target)
     if protocol == "s3":
         options.setdefault("use_listings_cache", False)
-    if policy is not None and protocol in ("http", "https"):
+    if hops is not None and protocol in ("http", "https"):
         client = dict(options.get("client_kwargs") or {})
-        client["middlewares"] = (*client.get("middlewares", ()), _CheckedHops(policy))
+        client["middlewares"] = (*client.get("middlewares", ()), hops)
         options["client_kwargs"] = client
     try:
         fs = fsspec.filesystem(protocol, **options)
@@ -506,9 +521,10 @@ def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: Locatio
     """
     endpoint = opendap_url(uri).split("#", 1)[0]
     head, query = endpoint.split("?", 1) if "?" in endpoint else (endpoint, "")
-    for suffix in (".dds", ".das"):
+    hops = _CheckedHops(policy, dap_scheme=scheme_of(uri))
+    for suffix in _DAP_RESPONSES:
         probe = head + suffix + (f"?{query}" if query else "")
-        fs, path = filesystem(probe, profile, policy=policy)
+        fs, path = _filesystem(probe, profile, hops)
         try:
             with _translated(uri):
                 fs.exists(path)
