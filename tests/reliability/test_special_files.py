@@ -7,16 +7,15 @@ both read engines, the size and existence checks, verify, aggregate (scan),
 refragment, relocate, info and the aggregation file itself. Links are
 followed before the check.
 
-Each case runs in a thread with a deadline; a case still running then has
-its FIFOs opened for writing and closed (its reader sees end of file), so a
-regression fails the test instead of hanging the suite.
+Each case runs in a forked child process with a deadline, killed if it is
+still running then: a regression fails the test instead of hanging the suite.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import threading
-import time
+import warnings
 from pathlib import Path
 
 import dask
@@ -35,37 +34,39 @@ DEADLINE = 20.0
 FIFO, CHARACTER_DEVICE = "a FIFO", "a character device"
 
 
-def _within_deadline(call, fifos=()):
-    """``call()``'s result or exception, and the seconds it took; fails if it blocked."""
-    outcome: dict = {}
+def _within_deadline(call):
+    """What ``call()`` gave in a forked child: ``("value", v)`` or ``("error", exc)``,
+    and the warnings it issued; fails if it did not finish before the deadline."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
 
-    def run():
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    start = time.monotonic()
-    thread.start()
-    thread.join(DEADLINE)
-    hung = thread.is_alive()
-    rescue = time.monotonic() + 60
-    while thread.is_alive() and time.monotonic() < rescue:  # a writer, then end of file: unblock it
-        for fifo in fifos:
+    def child():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        thread.join(0.2)
-    assert not hung, f"blocked for more than {DEADLINE:.0f} s on a special file"
-    return outcome, time.monotonic() - start
+                outcome = ("value", call())
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                outcome = ("error", exc)
+        try:
+            sender.send((outcome, [str(w.message) for w in caught]))
+        except Exception as exc:  # (an exception that does not pickle)
+            sender.send((("error", RuntimeError(f"{outcome[1]!r} ({exc})")), []))
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    try:
+        if not receiver.poll(DEADLINE):
+            pytest.fail(f"blocked for more than {DEADLINE:.0f} s on a special file")
+        return receiver.recv()
+    finally:
+        process.kill()
+        process.join(10)
 
 
-def _raised(call, fifos=()) -> BaseException:
-    outcome, seconds = _within_deadline(call, fifos)
-    assert "error" in outcome, f"no error: {outcome.get('value')!r}"
-    return outcome["error"]
+def _raised(call) -> BaseException:
+    (kind, value), _ = _within_deadline(call)
+    assert kind == "error", f"no error: {value!r}"
+    return value
 
 
 @pytest.fixture
@@ -83,17 +84,18 @@ def _fifo(path: Path) -> str:
     return str(path)
 
 
-def _make(kind: str, built, root: Path) -> tuple[str, list[str], list[str]]:
-    """Put a special file in place of the victim fragment: (what it is, FIFOs, allowed_locations)."""
+def _make(kind: str, built, root: Path) -> tuple[str, list[str]]:
+    """Put a special file in place of the victim fragment: (what it is, allowed_locations)."""
     victim = built.fragment_files[VICTIM]
     allowed = [str(root)]
     if kind == "fifo":
-        return FIFO, [_fifo(victim)], allowed
+        _fifo(victim)
+        return FIFO, allowed
     if kind == "link-to-fifo":
         fifo = _fifo(root / "pipes" / "p")
         victim.unlink()
         victim.symlink_to(fifo)
-        return FIFO, [fifo], allowed
+        return FIFO, allowed
     device = "/dev/urandom" if kind == "dev-urandom" else "/dev/zero"
     if kind == "link-to-dev-zero":
         victim.unlink()
@@ -101,7 +103,7 @@ def _make(kind: str, built, root: Path) -> tuple[str, list[str], list[str]]:
     else:  # the aggregation names the device itself
         original = built.fragment_uris[VICTIM][0]
         rewrite_uris(built.path, built.names["uris"], lambda u: device if u == original else u)
-    return CHARACTER_DEVICE, [], [*allowed, "/dev"]
+    return CHARACTER_DEVICE, [*allowed, "/dev"]
 
 
 KINDS = ["fifo", "link-to-fifo", "dev-zero", "dev-urandom", "link-to-dev-zero"]
@@ -111,28 +113,28 @@ KINDS = ["fifo", "link-to-fifo", "dev-zero", "dev-urandom", "link-to-dev-zero"]
 @pytest.mark.parametrize("kind", KINDS)
 def test_special_fragment_is_refused_fast(tree, kind, engine):
     built, root = tree
-    what, fifos, allowed = _make(kind, built, root)
+    what, allowed = _make(kind, built, root)
     x = daskcfa.from_cfa(str(built.path), "tas", allowed_locations=allowed)
     with dask.config.set({"daskcfa.io.engine": engine}):
-        err = _raised(lambda: x.compute(scheduler="sync"), fifos)
+        err = _raised(lambda: x.compute(scheduler="sync"))
     assert isinstance(err, daskcfa.FragmentReadError), f"{type(err).__name__}: {err}"
     assert f"not a regular file ({what})" in str(err)
     assert err.fragment == VICTIM and err.variable.lstrip("/") == "tas"
     # missing="fill": an unreadable fragment, read as missing data
     forget_open_files()
     filled = daskcfa.from_cfa(str(built.path), "tas", allowed_locations=allowed, missing="fill")
-    with pytest.warns(daskcfa.CFAWarning, match="not a regular file"):
-        outcome, _ = _within_deadline(lambda: filled.compute(scheduler="sync"), fifos)
+    (kind, value), warned = _within_deadline(lambda: filled.compute(scheduler="sync"))
+    assert any("not a regular file" in w for w in warned), warned
     expected = built.expected.copy()
     expected[2:5, 0:4, 2:5] = np.ma.masked
-    assert_matches(outcome["value"], expected)
+    assert_matches(value, expected)
 
 
 def test_aggregation_file_that_is_a_fifo(tmp_path):
     fifo = _fifo(tmp_path / "agg.nc")
     for call in (lambda: daskcfa.open_cfa(fifo), lambda: daskcfa.describe(fifo),
                  lambda: daskcfa.relocate(fifo, {"a/": "b/"}, target=str(tmp_path / "out.nc"))):
-        err = _raised(call, [fifo])
+        err = _raised(call)
         assert isinstance(err, daskcfa.StorageError) and "not a regular file (a FIFO)" in str(err), err
         assert err.file == fifo
 
@@ -141,7 +143,7 @@ def test_storage_reads_refuse_special_files(tmp_path):
     fifo = _fifo(tmp_path / "p.nc")
     for special in (fifo, "/dev/zero"):
         for call in (storage.read_whole, storage.open_file, storage.stat, storage.local_stat):
-            err = _raised(lambda: call(special), [fifo])
+            err = _raised(lambda: call(special))
             assert isinstance(err, daskcfa.StorageError) and "not a regular file" in str(err), (call, err)
     assert storage.irregular(os.stat(tmp_path).st_mode) == "a directory"
     assert storage.irregular(os.stat(__file__).st_mode) is None
@@ -149,9 +151,8 @@ def test_storage_reads_refuse_special_files(tmp_path):
 
 def test_verify_reports_a_fifo_fragment(tree):
     built, root = tree
-    _, fifos, allowed = _make("fifo", built, root)
-    outcome, _ = _within_deadline(lambda: daskcfa.verify(str(built.path), allowed_locations=allowed), fifos)
-    report = outcome["value"]
+    _, allowed = _make("fifo", built, root)
+    (_, report), _ = _within_deadline(lambda: daskcfa.verify(str(built.path), allowed_locations=allowed))
     assert [(p.index, p.kind) for p in report.problems] == [(VICTIM, "unreadable")], report.problems
     assert "not a regular file (a FIFO)" in report.problems[0].message
 
@@ -166,9 +167,9 @@ def test_sizing_a_fifo_fragment(tree):
 
 def test_refragment_source_with_a_fifo_fragment(tree, tmp_path):
     built, root = tree
-    _, fifos, _ = _make("fifo", built, root)
+    _make("fifo", built, root)
     err = _raised(lambda: daskcfa.refragment(str(built.path), str(tmp_path / "out" / "agg.nc"),
-                                             fragment_shape={"time": 3}), fifos)
+                                             fragment_shape={"time": 3}))
     assert isinstance(err, daskcfa.FragmentReadError) and "not a regular file (a FIFO)" in str(err), err
     assert err.fragment == VICTIM
 
@@ -177,6 +178,6 @@ def test_aggregate_files_with_a_fifo_among_them(tree, tmp_path):
     built, _ = tree
     files = sorted(str(p) for p in built.fragment_files.values())
     fifo = _fifo(tmp_path / "extra.nc")
-    err = _raised(lambda: daskcfa.aggregate([*files, fifo], str(tmp_path / "agg.nc")), [fifo])
+    err = _raised(lambda: daskcfa.aggregate([*files, fifo], str(tmp_path / "agg.nc")))
     assert isinstance(err, daskcfa.AggregationError) and "not a regular file (a FIFO)" in str(err), err
     assert "extra.nc" in str(err)
