@@ -29,6 +29,7 @@ import dask.config
 import fsspec
 import fsspec.asyn
 import netCDF4
+import yarl
 from dask.utils import parse_bytes
 
 from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
@@ -183,29 +184,43 @@ class _Refused(Exception):
 
 @dataclass(frozen=True)
 class _CheckedHops:
-    """aiohttp client middleware: every request, each hop of a redirect
-    included, goes only where ``policy`` allows, checked before it is sent."""
+    """aiohttp client middleware: a redirect is followed only where ``policy``
+    allows, each hop checked before it is requested.
+
+    (The requests themselves are not judged again: their URIs were checked as
+    written, and aiohttp's spelling of them may differ, e.g. ``H:80`` -> ``h``.)
+    """
 
     policy: LocationPolicy
     #: OPeNDAP probes: the scheme the fragment names its endpoint with; a
-    #: request (``http://h/x.nc.dds``) is judged as the endpoint it asks about
+    #: redirect of ``http://h/x.nc.dds`` is judged by the endpoint it leads to
     #: (``dap2://h/x.nc``)
     dap_scheme: str | None = None
 
     async def __call__(self, request: Any, handler: Any) -> Any:
-        url = str(request.url)
-        if self.dap_scheme is not None:
-            head = url.split("?", 1)[0]
-            head = next((head[:-len(s)] for s in _DAP_RESPONSES if head.endswith(s)), head)
-            url = self.dap_scheme + head[head.index("://"):]
-        try:
-            self.policy.check_redirect(url)
-        except UnsafeURIError as exc:
-            raise _Refused(exc) from None
         response = await handler(request)
-        if response.status in _REDIRECTS and not response.headers.get("Location"):
-            response.release()  # (aiohttp would hand the redirect's own body on as the object)
-            raise _Refused(StorageError(f"HTTP {response.status} redirect without a location"))
+        if response.status not in _REDIRECTS:
+            return response
+        location = response.headers.get("Location")
+        try:
+            target = str(request.url.join(yarl.URL(location))) if location else None
+        except ValueError:
+            return response  # (aiohttp refuses to follow it, with its own error)
+        error: CFAError | None = None
+        if target is None:  # aiohttp would hand the redirect's own body on as the object
+            error = StorageError(f"HTTP {response.status} redirect without a location")
+        else:
+            if self.dap_scheme is not None:
+                head = target.split("?", 1)[0]
+                head = next((head[:-len(s)] for s in _DAP_RESPONSES if head.endswith(s)), head)
+                target = self.dap_scheme + head[head.index("://"):]
+            try:
+                self.policy.check_redirect(target)
+            except UnsafeURIError as exc:
+                error = exc
+        if error is not None:
+            response.release()
+            raise _Refused(error)
         return response
 
 
