@@ -268,13 +268,8 @@ def _retries() -> int:
 def _translated(uri: str) -> Iterator[None]:
     """Turn storage exceptions into daskcfa errors naming the URI (secrets removed)."""
     try:
-        try:
+        with _refusals(uri):  # (fsspec reports some failures as "not found": look behind them first)
             yield
-        except Exception as exc:  # (fsspec reports some failures as "not found": look behind them first)
-            refusal = next((e.error for e in _chain(exc) if isinstance(e, _Refused)), None)
-            if refusal is None:
-                raise
-            raise refusal.located(file=uri) from None
     except CFAError:
         raise
     except FileNotFoundError as exc:
@@ -297,6 +292,19 @@ def _translated(uri: str) -> Iterator[None]:
                 raise NotFoundError("not found", file=uri) from None
             raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
         raise
+
+
+@contextmanager
+def _refusals(uri: str) -> Iterator[None]:
+    """Raise the daskcfa error of a refused redirect (or redirect without a
+    location) behind any exception, naming ``uri``."""
+    try:
+        yield
+    except Exception as exc:
+        refusal = next((e.error for e in _chain(exc) if isinstance(e, _Refused)), None)
+        if refusal is None:
+            raise
+        raise refusal.located(file=uri) from None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -522,7 +530,39 @@ def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | N
                                "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
     if known_size is not None:
         options["size"] = int(known_size)
-    return _with_retries(uri, lambda: fs.open(path, "rb", **options))
+    return _RemoteFile(uri, _with_retries(uri, lambda: fs.open(path, "rb", **options)))
+
+
+class _RemoteFile(io.RawIOBase):
+    """A remote file object whose refused redirects surface as daskcfa errors
+    naming its URI, also when h5py reads through it."""
+
+    def __init__(self, uri: str, file: Any) -> None:
+        super().__init__()
+        self._uri = uri
+        self._file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        with _refusals(self._uri):
+            data = self._file.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:

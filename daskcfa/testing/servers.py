@@ -636,13 +636,15 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
         """(status, Location or None) when a redirect rule matches this request."""
         path, _, query = self.path.partition("?")
         ranged = self.headers.get("Range") is not None
-        for rule in self.server.owner.redirects():
+        for index, rule in enumerate(self.server.owner.redirects()):
             if not path.startswith(rule.prefix):
                 continue
             if rule.only in ("HEAD", "GET") and rule.only != self.command:
                 continue
             if rule.only in ("range", "whole") and (self.command != "GET" or ranged != (rule.only == "range")):
                 continue
+            if self.server.owner._passed(index, rule.after):
+                return None
             if rule.location is None:
                 return rule.status, None
             return rule.status, rule.location + path[len(rule.prefix):] + (f"?{query}" if query else "")
@@ -720,7 +722,7 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
 
 
 #: A redirect rule of :meth:`HTTPServer.redirect`.
-Redirect = namedtuple("Redirect", "prefix location status only")
+Redirect = namedtuple("Redirect", "prefix location status only after")
 
 
 class _ThreadingServer(ThreadingHTTPServer):
@@ -774,22 +776,33 @@ class HTTPServer(_WebServer):
         self.bytes_sent = 0
         self.port: int | None = None
         self._redirects: list[Redirect] = []
+        self._matched: dict[int, int] = {}  # requests each rule has matched
 
-    def redirect(self, prefix: str, location: str | None, *, status: int = 302, only: str | None = None) -> None:
+    def redirect(self, prefix: str, location: str | None, *, status: int = 302, only: str | None = None,
+                 after: int = 0) -> None:
         """Answer requests whose path starts with ``prefix`` with ``status`` and
         ``Location: location + the rest of the path (+ query)``; ``location``
         None sends no ``Location``. ``only``: ``"HEAD"``, ``"GET"``, ``"range"``
-        (GETs with a ``Range`` header) or ``"whole"`` (GETs without one).
-        The first matching rule wins; :meth:`clear_redirects` removes them all.
+        (GETs with a ``Range`` header) or ``"whole"`` (GETs without one); the
+        first ``after`` requests the rule matches are served as usual. The
+        first matching rule wins; :meth:`clear_redirects` removes them all.
         """
         if only not in (None, "HEAD", "GET", "range", "whole"):
             raise ValueError(f"only must be None, 'HEAD', 'GET', 'range' or 'whole', not {only!r}")
         with self._lock:
-            self._redirects.append(Redirect(prefix, location, int(status), only))
+            self._redirects.append(Redirect(prefix, location, int(status), only, int(after)))
+
+    def _passed(self, index: int, after: int) -> bool:
+        """Whether rule ``index`` lets this request through (one of its first ``after``)."""
+        with self._lock:
+            seen = self._matched.get(index, 0)
+            self._matched[index] = seen + 1
+            return seen < after
 
     def clear_redirects(self) -> None:
         with self._lock:
             self._redirects = []
+            self._matched = {}
 
     def redirects(self) -> list[Redirect]:
         with self._lock:

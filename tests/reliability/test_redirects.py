@@ -26,7 +26,7 @@ import daskcfa
 from builders import assert_matches, build, make_truth, write_fragment_file
 from daskcfa import storage
 from daskcfa.storage.policy import LocationPolicy
-from remote_helpers import rewrite_uris, upload
+from remote_helpers import rewrite_uris, upload, write_cf113, write_chunked_fragment
 
 from .conftest import DIMS, SIZES, VICTIM, forget_open_files, truth
 
@@ -115,6 +115,31 @@ def test_every_storage_read_checks_every_hop(origins, operation):
     assert other.requests == 0
     home.clear_redirects()
     calls[operation]()  # without the redirect, the same call works
+
+
+def test_redirect_while_h5py_reads_metadata(tmp_path, make_http_server):
+    """Byte ranges redirected only after the first block: h5py meets the refusal
+    while it reads metadata through the remote file object. It must come out as
+    a daskcfa error (or the fragment read whole from its allowed place), never
+    as a bare exception, and never as a request to the other origin."""
+    data = make_truth((64, 32, 32), seed=8).filled(0).astype("f4")
+    write_chunked_fragment(tmp_path / "home" / "big" / "f0.nc", "tas", DIMS, data, chunks=(4, 32, 32))
+    write_cf113(tmp_path / "home" / "agg.nc", "tas", DIMS, ((64,), (32,), (32,)), [["big/f0.nc"]])
+    _plant(tmp_path / "other" / "big" / "f0.nc", shape=(64, 32, 32))
+    home = make_http_server(tmp_path / "home")
+    other = make_http_server(tmp_path / "other")
+    home.redirect("/big/f0.nc", other.url + "/big/f0.nc", status=307, only="range", after=1)
+    x = daskcfa.from_cfa(home.url_for("agg.nc"), "tas")
+    config = {"daskcfa.io.small-object": 0, "daskcfa.io.whole-fragment-fraction": 2.0,
+              "daskcfa.storage.block-size": 1024}
+    try:
+        got = _read(x[3, 5, :7], **config)
+    except daskcfa.UnsafeURIError as exc:
+        assert exc.fragment == (0, 0, 0) and "redirect" in exc.reason
+    else:
+        np.testing.assert_array_equal(got, data[3, 5, :7])
+    assert sum(r.status == 307 for r in home.log) >= 1, "the redirect was not exercised"
+    assert other.requests == 0
 
 
 WALK = 12
