@@ -24,7 +24,8 @@ from dask.utils import format_bytes
 
 from .. import storage
 from ..dataset import Dataset
-from ..errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError, redact
+from ..errors import CFAError, NotFoundError, VariableNotFoundError, redact
+from ..fragments.canonical import allowed_uris
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .verify import select_aggregated
@@ -206,16 +207,9 @@ def _fragment_files(variables: Iterable[Any], access: Access) -> dict[str, tuple
             if not reference:
                 continue
             fragment = tuple(int(i) for i in np.unravel_index(position // uris.shape[-1], uris.shape[:-1]))
-            where = {"file": av.source, "variable": av.name, "fragment": fragment}
-            try:
-                uri = storage.resolve(reference, av.source)
-            except ValueError as exc:  # e.g. file://otherhost/...: nothing could open it
-                raise CFAFormatError(f"unusable fragment URI: {exc}", **where) from None
-            try:
-                access.policy.check(uri)
-            except CFAError as exc:
-                raise exc.located(**where)
-            found.setdefault(uri, (where["variable"], where["fragment"]))
+            uri, = allowed_uris([reference], av.source, access.policy,
+                                {"file": av.source, "variable": av.name, "fragment": fragment})
+            found.setdefault(uri, (av.name, fragment))
     return found
 
 

@@ -14,7 +14,7 @@ import itertools
 import warnings
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import cf_units
 import numpy as np
@@ -27,7 +27,7 @@ from .. import storage
 from ..storage.policy import LocationPolicy
 from .files import open_fragment
 
-__all__ = ["Target", "read_fragment"]
+__all__ = ["Target", "read_fragment", "allowed_uris"]
 
 #: What HDF5, netCDF-C, h5py and the decompressors raise on a damaged file.
 _LIBRARY_ERRORS = (OSError, ValueError, OverflowError, RuntimeError, IndexError, KeyError, EOFError, MemoryError,
@@ -92,16 +92,7 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
         return np.ma.masked_all(shape, dtype=target.dtype)
     if not ref.uris:
         return _filled(ref.value, shape, target, where)
-    try:
-        candidates = [storage.resolve(u, target.source) for u in ref.uris]
-    except ValueError as exc:  # e.g. file://otherhost/...: no reader could open it
-        raise CFAFormatError(f"unusable fragment URI: {exc}", **where) from None
-    if target.policy is not None:
-        for uri in candidates:
-            try:
-                target.policy.check(uri)
-            except CFAError as exc:
-                raise exc.located(**where)
+    candidates = allowed_uris(ref.uris, target.source, target.policy, where)
     fraction = _fraction(shape, ref.shape)
     for uri in candidates:  # alternative locations of the same fragment, in order
         try:
@@ -116,6 +107,24 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
     tried = "" if len(candidates) == 1 else f" (alternatives tried: {redact(', '.join(candidates))})"
     raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
                                fragment=ref.index)
+
+
+def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy | None,
+                 where: Mapping[str, Any]) -> list[str]:
+    """Fragment ``references`` resolved against the aggregation file at
+    ``source``, each allowed by ``policy``; a refusal or an unusable URI raises,
+    located at ``where`` (file, variable, fragment)."""
+    try:
+        uris = [storage.resolve(u, source) for u in references]
+    except ValueError as exc:  # e.g. file://otherhost/...: no reader could open it
+        raise CFAFormatError(f"unusable fragment URI: {exc}", **where) from None
+    if policy is not None:
+        for uri in uris:
+            try:
+                policy.check(uri)
+            except CFAError as exc:
+                raise exc.located(**where)
+    return uris
 
 
 def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
