@@ -210,6 +210,38 @@ def test_http_basic_auth(make_http_server, tmp_path):
     assert [r.status for r in server.log] == [401, 401, 206]
 
 
+def test_http_redirects(http_server):
+    """Redirect rules: status, Location (+ rest of the path and query), method and range filters, ``after``."""
+    import http.client
+
+    (http_server.root / "a.nc").write_bytes(b"0123456789")
+
+    def ask(path, method="GET", headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", http_server.port, timeout=30)
+        try:
+            conn.request(method, path, headers=headers or {})
+            response = conn.getresponse()
+            response.read()
+            return response.status, response.getheader("Location")
+        finally:
+            conn.close()
+
+    http_server.redirect("/a.nc", "http://127.0.0.1:9/b.nc", status=308)
+    assert ask("/a.nc.dds?x[0]") == (308, "http://127.0.0.1:9/b.nc.dds?x[0]")
+    http_server.clear_redirects()
+    http_server.redirect("/a.nc", "http://elsewhere/a.nc", status=301, only="range", after=1)
+    assert ask("/a.nc") == (200, None)  # a whole GET: not matched
+    assert ask("/a.nc", headers={"Range": "bytes=0-3"}) == (206, None)  # the first match passes
+    assert ask("/a.nc", headers={"Range": "bytes=0-3"}) == (301, "http://elsewhere/a.nc")
+    assert ask("/a.nc", method="HEAD") == (200, None)
+    http_server.clear_redirects()
+    http_server.redirect("/", None, status=302, only="HEAD")
+    assert ask("/a.nc", method="HEAD") == (302, None)
+    assert ask("/a.nc") == (200, None)
+    with pytest.raises(ValueError):
+        http_server.redirect("/", "x", only="POST")
+
+
 # ---------------------------------------------------------------------------
 # OPeNDAP (pydap, read with netCDF4's DAP2 client)
 # ---------------------------------------------------------------------------

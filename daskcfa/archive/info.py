@@ -6,7 +6,9 @@ dtypes, fragment grids, the size of the data, the dialect, and where the
 fragments live (schemes, hosts or buckets, directories) with counts.
 ``storage_size=True`` also asks storage for the size of every fragment file
 (in parallel, as a dask graph), to report the bytes stored and the files
-missing.
+missing: under the safe-URI policy that reading obeys, as a hostile
+aggregation file must not make a summary stat local files or send requests
+(with the user's credentials) elsewhere.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import dask
 import numpy as np
@@ -22,7 +24,8 @@ from dask.utils import format_bytes
 
 from .. import storage
 from ..dataset import Dataset
-from ..errors import NotFoundError, VariableNotFoundError, redact
+from ..errors import CFAError, NotFoundError, VariableNotFoundError, redact
+from ..fragments.canonical import allowed_uris
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .verify import select_aggregated
@@ -154,15 +157,18 @@ class DatasetSummary:
         return "\n".join(lines)
 
 
-def describe(url: str, *, storage_options: Mapping[str, Any] | None = None,
-             storage_size: bool = False) -> DatasetSummary:
+def describe(url: str, *, storage_options: Mapping[str, Any] | None = None, storage_size: bool = False,
+             allowed_locations: Iterable[str] | None = None) -> DatasetSummary:
     """Summarise the aggregation file at ``url`` (see :class:`DatasetSummary`).
 
     Only the aggregation file is read, unless ``storage_size`` asks for the
-    size of every fragment file too.
+    size of every fragment file too; then fragment files are sized under the
+    safe-URI policy that reading obeys (``allowed_locations``, as for
+    :func:`daskcfa.open_cfa`): a fragment it refuses raises
+    :class:`~daskcfa.errors.UnsafeURIError`, before any request.
     """
     url = storage.normalise(url)
-    access = Access.for_aggregation(url, storage_options)
+    access = Access.for_aggregation(url, storage_options, allowed_locations)
     ds = Dataset.open(url, access=access)
     dimensions: dict[str, int] = {}
     variables = []
@@ -177,22 +183,45 @@ def describe(url: str, *, storage_options: Mapping[str, Any] | None = None,
     summary = DatasetSummary(url, dimensions, tuple(variables))
     if not storage_size:
         return summary
-    files = sorted({storage.resolve(u, url) for var in ds.aggregated_variables.values()
-                    for u in var.aggregation.fragments.locations()})
-    batches = [dask.delayed(_sizes, pure=True)(files[i:i + STAT_BATCH], access.profile)
+    found = _fragment_files(ds.aggregated_variables.values(), access)
+    files = sorted(found)
+    batches = [dask.delayed(_sizes, pure=True)([(f, *found[f]) for f in files[i:i + STAT_BATCH]], access)
                for i in range(0, len(files), STAT_BATCH)]
     sizes = [s for batch in dask.compute(*batches) for s in batch]
     missing = tuple(redact(f) for f, s in zip(files, sizes) if s is None)
     return DatasetSummary(url, dimensions, tuple(variables), sum(s for s in sizes if s is not None), missing)
 
 
-def _sizes(files: Sequence[str], profile: storage.ProfileRef) -> list[int | None]:
+def _fragment_files(variables: Iterable[Any], access: Access) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every fragment file named, resolved and allowed by the policy, with a
+    variable and fragment naming it (for errors)."""
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for var in variables:
+        av = var.aggregation
+        uris = av.fragments.uris
+        if uris is None:
+            continue
+        names = np.array([str(u) if u is not None else "" for u in uris.ravel()], dtype=object)
+        references, first = np.unique(names, return_index=True)  # (one pass, however many fragments)
+        for reference, position in zip(references, first):
+            if not reference:
+                continue
+            fragment = tuple(int(i) for i in np.unravel_index(position // uris.shape[-1], uris.shape[:-1]))
+            uri, = allowed_uris([reference], av.source, access.policy,
+                                {"file": av.source, "variable": av.name, "fragment": fragment})
+            found.setdefault(uri, (av.name, fragment))
+    return found
+
+
+def _sizes(files: Sequence[tuple[str, str, tuple[int, ...]]], access: Access) -> list[int | None]:
     sizes: list[int | None] = []
-    for uri in files:
+    for uri, variable, fragment in files:
         try:
-            sizes.append(storage.size(uri, profile))
+            sizes.append(storage.size(uri, access.profile, policy=access.policy))
         except NotFoundError:
             sizes.append(None)
+        except CFAError as exc:
+            raise exc.located(file=uri, variable=variable, fragment=fragment)
     return sizes
 
 

@@ -51,7 +51,7 @@ import numpy as np
 
 from .. import storage
 from ..dataset import Dataset
-from ..errors import CFAFormatError, CFAWarning, NotFoundError, redact
+from ..errors import CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation
 from ..graph.write import dataset_model, put_aggregation
 from ..locks import HDF5_LOCK
@@ -167,10 +167,8 @@ def _new_prefix(prefix: str) -> str:
 def _local_copy(url: str, access: Access) -> Iterator[str]:
     """The aggregation file as a local path (a remote file is fetched once, into a temporary directory)."""
     if storage.is_local(url):
-        path = storage.local_path(url)
-        if not os.path.exists(path):
-            raise NotFoundError("file not found", file=url)
-        yield path
+        storage.local_stat(url)  # (it exists, and is a regular file: a FIFO would block netCDF-C)
+        yield storage.local_path(url)
         return
     data = storage.read_bytes(url, access.profile)
     with tempfile.TemporaryDirectory(prefix="daskcfa-relocate-") as directory:

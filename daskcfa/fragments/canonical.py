@@ -14,7 +14,7 @@ import itertools
 import warnings
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import cf_units
 import numpy as np
@@ -28,7 +28,7 @@ from .. import storage
 from ..storage.policy import LocationPolicy
 from .files import open_fragment
 
-__all__ = ["Target", "read_fragment"]
+__all__ = ["Target", "read_fragment", "allowed_uris"]
 
 #: What HDF5, netCDF-C, h5py and the decompressors raise on a damaged file.
 _LIBRARY_ERRORS = (OSError, ValueError, OverflowError, RuntimeError, IndexError, KeyError, EOFError, MemoryError,
@@ -105,16 +105,7 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
             return _filled(ref.value, shape, target)
         except CFAError as exc:
             raise exc.located(**where)
-    try:
-        candidates = [storage.resolve(u, target.source) for u in ref.uris]
-    except ValueError as exc:  # e.g. file://otherhost/...: no reader could open it
-        raise CFAFormatError(f"unusable fragment URI: {exc}", **where) from None
-    if target.policy is not None:
-        for uri in candidates:
-            try:
-                target.policy.check(uri)
-            except CFAError as exc:
-                raise exc.located(**where)
+    candidates = allowed_uris(ref.uris, target.source, target.policy, where)
     fraction = _fraction(shape, ref.shape)
     for position, uri in enumerate(candidates):  # alternative locations of the same fragment, in order
         try:
@@ -129,6 +120,24 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
     tried = "" if len(candidates) == 1 else f" (alternatives tried: {redact(', '.join(candidates))})"
     raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
                                fragment=ref.index)
+
+
+def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy | None,
+                 where: Mapping[str, Any]) -> list[str]:
+    """Fragment ``references`` resolved against the aggregation file at
+    ``source``, each allowed by ``policy``; a refusal or an unusable URI raises,
+    located at ``where`` (file, variable, fragment)."""
+    try:
+        uris = [storage.resolve(u, source) for u in references]
+    except ValueError as exc:  # e.g. file://otherhost/...: no reader could open it
+        raise CFAFormatError(f"unusable fragment URI: {exc}", **where) from None
+    if policy is not None:
+        for uri in uris:
+            try:
+                policy.check(uri)
+            except CFAError as exc:
+                raise exc.located(**where)
+    return uris
 
 
 def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
@@ -150,7 +159,8 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedA
 def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
     name = ref.identifier or target.default_identifier
     expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
-    with open_fragment(uri, name, profile=target.profile, fraction=fraction, expected_nbytes=expected) as var:
+    with open_fragment(uri, name, profile=target.profile, policy=target.policy, fraction=fraction,
+                       expected_nbytes=expected) as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
             var = _CharStrings(var)  # a char array's last dimension is the string length
         elif target.dtype.kind == "S" and len(var.shape) == len(ref.shape) + 1:

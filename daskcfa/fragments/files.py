@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import os
 import threading
 import zlib
 from contextlib import ExitStack, contextmanager
@@ -26,7 +25,8 @@ from typing import Any, Callable, Iterator, Mapping
 import dask.config
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, NotFoundError
+from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError
+from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from . import readahead
 from .manager import manager
@@ -183,34 +183,43 @@ def _hdf5(source: Any, **kwargs: Any) -> Any:
 
 @contextmanager
 def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFILE,
-                  fraction: float = 1.0, expected_nbytes: int = 0) -> Iterator[_Variable]:
+                  policy: LocationPolicy | None = None, fraction: float = 1.0,
+                  expected_nbytes: int = 0) -> Iterator[_Variable]:
     """Variable ``name`` of fragment ``uri``, ready to read raw values.
 
     The file comes from this process's fragment file manager: cached handles
     are reused, and opening respects the file and memory budgets. ``fraction``
     is the share of the fragment's elements the caller wants and
     ``expected_nbytes`` the size of its data; they decide between fetching a
-    whole remote object and fetching byte ranges. Raises
-    :class:`NotFoundError` when the file does not exist.
+    whole remote object and fetching byte ranges. ``policy`` (the URI itself
+    was checked by the caller) decides where HTTP redirects may lead. Raises
+    :class:`NotFoundError` when the file does not exist; only regular local
+    files are opened.
     """
     if storage.is_local(uri):
         path = storage.local_path(uri)
         try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            raise NotFoundError("not found", file=uri) from None
-        except OSError as exc:
-            raise FragmentReadError(f"cannot open ({exc.strerror or exc})") from None
+            stat = storage.local_stat(uri)
+        except NotFoundError:
+            raise
+        except StorageError as exc:  # not a regular file, or not reachable: a fact about the fragment
+            raise FragmentReadError(exc.reason) from None
         key: tuple = ("file", path, stat.st_mtime_ns, stat.st_size, _engine())
         handle = manager().open(key, lambda: _open_local(path), files=1, label=uri)
     elif storage.is_opendap(uri):
-        url = storage.opendap_url(uri)
-        handle = manager().open(("dap", url), lambda: FragmentFile(url, netcdf4=lambda: NetCDF4File(url)),
+        handle = manager().open(("dap", storage.opendap_url(uri), policy), lambda: _open_dap(uri, profile, policy),
                                 files=1, label=uri)
     else:
-        handle = _remote_handle(uri, profile, fraction, expected_nbytes)
+        handle = _remote_handle(uri, profile, policy, fraction, expected_nbytes)
     with handle as (file, _):
         yield file.variable(name)
+
+
+def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:
+    if policy is not None:
+        storage.probe_opendap(uri, profile, policy=policy)
+    url = storage.opendap_url(uri)
+    return FragmentFile(url, netcdf4=lambda: NetCDF4File(url))
 
 
 def _open_local(path: str) -> FragmentFile:
@@ -229,7 +238,8 @@ def _whole_object_wanted(fraction: float, nbytes: int) -> bool:
     return fraction >= threshold or nbytes <= small_object_size()
 
 
-def _remote_handle(uri: str, profile: ProfileRef, fraction: float, expected_nbytes: int) -> Any:
+def _remote_handle(uri: str, profile: ProfileRef, policy: LocationPolicy | None, fraction: float,
+                   expected_nbytes: int) -> Any:
     # Requests per read: when the whole object is wanted (most of it, or a
     # small object), one GET -- concurrent ranged GETs when large -- and the
     # bytes are released after the read (an object may be replaced at any
@@ -237,39 +247,42 @@ def _remote_handle(uri: str, profile: ProfileRef, fraction: float, expected_nbyt
     # HDF5 object: the size and version (HEAD), metadata blocks (which also
     # show the signature) and the chunks' byte ranges; that handle is cached
     # by version, so a later read of the same object costs the HEAD and the
-    # chunks only. A handle opened with some credentials serves only them.
+    # chunks only. A handle opened with some credentials (or policy) serves only them.
     mgr = manager()
     whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
     if whole and expected_nbytes <= 2 * storage.part_size():
         return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, None, expected_nbytes), nbytes=expected_nbytes, label=uri,
-                        keep=False)
-    nbytes, version = storage.stat(uri, profile)
+                        lambda: _open_whole(uri, profile, policy, None, expected_nbytes), nbytes=expected_nbytes,
+                        label=uri, keep=False)
+    nbytes, version = storage.stat(uri, profile, policy=policy)
     if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
         return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, nbytes, nbytes), nbytes=nbytes, label=uri, keep=False)
+                        lambda: _open_whole(uri, profile, policy, nbytes, nbytes), nbytes=nbytes, label=uri,
+                        keep=False)
     cache = storage.block_size() * storage.BLOCKS_CACHED
-    return mgr.open(("remote", uri, profile.name, nbytes, version), lambda: _open_ranged(uri, profile, nbytes),
-                    nbytes=cache, label=uri)
+    return mgr.open(("remote", uri, profile.name, policy, nbytes, version),
+                    lambda: _open_ranged(uri, profile, policy, nbytes), nbytes=cache, label=uri)
 
 
-def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
-    fileobj = storage.open_file(uri, profile, known_size=nbytes)
+def _open_ranged(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nbytes: int) -> FragmentFile:
+    fileobj = storage.open_file(uri, profile, known_size=nbytes, policy=policy)
     label = storage.memory_label(uri)
     if _head_of(fileobj) != HDF5_SIGNATURE:
         fileobj.close()
-        return _open_whole(uri, profile, nbytes, nbytes)
-    direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile), label=uri)
+        return _open_whole(uri, profile, policy, nbytes, nbytes)
+    direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile, policy=policy),
+                   label=uri)
     file = FragmentFile(uri, direct=direct,
-                        netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile)))
+                        netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile, policy=policy)))
     file._stack.callback(fileobj.close)
     return file
 
 
-def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None, size_hint: int) -> FragmentFile:
-    data = readahead.take(uri, profile)
+def _open_whole(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nbytes: int | None,
+                size_hint: int) -> FragmentFile:
+    data = readahead.take(uri, profile, policy)
     if data is None:
-        data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint)
+        data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint, policy=policy)
     head = bytes(data.read(0, 8))
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):

@@ -32,6 +32,7 @@ from typing import Iterable
 import dask.config
 
 from .. import storage
+from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 
 __all__ = ["depth", "read_ahead", "take", "stats"]
@@ -46,7 +47,7 @@ _KEPT_PER_REQUEST = 4
 #: of the others has read it (threads overtake each other by about their number).
 _RECENT_READS = 256
 
-_Key = tuple[str, "str | None"]
+_Key = tuple[str, "str | None", "LocationPolicy | None"]
 
 
 #: Read-ahead depth unless configured, in a process that runs a whole walk (local schedulers).
@@ -88,18 +89,18 @@ class _ReadAhead:
         self.started = 0  # fetches started ahead
         self.used = 0  # of which handed to the read that needed them
 
-    def start(self, uris: Iterable[str], profile: ProfileRef, limit: int) -> None:
+    def start(self, uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None, limit: int) -> None:
         with self._lock:  # held while starting: a read must not begin between check and start
             self._expire(time.monotonic(), limit)
             in_flight = sum(not f.done() for f, _ in self._fetches.values())
             for uri in uris:
-                key = (uri, profile.name)
+                key = (uri, profile.name, policy)
                 if key in self._fetches or key in self._recent:
                     continue
                 if in_flight >= limit:
                     return
                 try:
-                    future = storage.fetch_soon(uri, profile)  # schedules; does not wait
+                    future = storage.fetch_soon(uri, profile, policy=policy)  # schedules; does not wait
                 except Exception:  # best effort: the read itself reports any error
                     return
                 if future is None:
@@ -108,8 +109,8 @@ class _ReadAhead:
                 self.started += 1
                 in_flight += 1
 
-    def take(self, uri: str, profile: ProfileRef) -> storage.Blocks | None:
-        key = (uri, profile.name)
+    def take(self, uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> storage.Blocks | None:
+        key = (uri, profile.name, policy)
         with self._lock:
             entry = self._fetches.pop(key, None)
             self._recent[key] = None
@@ -140,19 +141,23 @@ class _ReadAhead:
 _READ_AHEAD = _ReadAhead()
 
 
-def read_ahead(uris: Iterable[str], profile: ProfileRef) -> None:
-    """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight)."""
+def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None = None) -> None:
+    """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight).
+
+    The URIs must be allowed by ``policy``, which also decides where HTTP redirects may lead.
+    """
     limit = depth()
     if limit:
-        _READ_AHEAD.start(uris, profile, limit)
+        _READ_AHEAD.start(uris, profile, policy, limit)
 
 
-def take(uri: str, profile: ProfileRef) -> storage.Blocks | None:
-    """The bytes of ``uri`` if it was read ahead (waiting for a fetch under way), else None.
+def take(uri: str, profile: ProfileRef, policy: LocationPolicy | None = None) -> storage.Blocks | None:
+    """The bytes of ``uri`` if it was read ahead (with the same credentials and
+    policy; waiting for a fetch under way), else None.
 
     Every whole-object read asks, so that what was read is not read ahead again.
     """
-    return _READ_AHEAD.take(uri, profile)
+    return _READ_AHEAD.take(uri, profile, policy)
 
 
 def stats() -> dict[str, int]:

@@ -149,7 +149,7 @@ class AggregatedArray:
                 break
             if uri:
                 uris.append(uri)
-        readahead.read_ahead(uris, self.target.profile)
+        readahead.read_ahead(uris, self.target.profile, self.target.policy)
 
     def _ahead_uri(self, index: tuple[int, ...]) -> str | None:
         """What read-ahead may fetch for the fragment at ``index``: its URI, ""

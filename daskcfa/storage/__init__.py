@@ -21,17 +21,21 @@ import re
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
+from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISREG, S_ISSOCK
 from typing import Any, Iterator, Mapping, Sequence
 
 import dask.config
 import fsspec
 import fsspec.asyn
 import netCDF4
+import yarl
 from dask.utils import parse_bytes
 
-from ..errors import CFAError, NotFoundError, StorageError, redact
+from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
 from ..locks import HDF5_LOCK
 from .blocks import Blocks
+from .policy import LocationPolicy
 from .profiles import ProfileRef, register, resolve_options
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
 
@@ -45,6 +49,9 @@ __all__ = [
     "is_opendap",
     "to_local_path",
     "local_path",
+    "irregular",
+    "local_stat",
+    "open_local",
     "filesystem",
     "exists",
     "size",
@@ -54,6 +61,7 @@ __all__ = [
     "read_ranges",
     "fetch_soon",
     "open_file",
+    "probe_opendap",
     "put_bytes",
     "put_file",
     "listdir",
@@ -107,14 +115,137 @@ def local_path(uri: str) -> str:
         raise StorageError(str(exc), file=uri) from None
 
 
-def filesystem(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem for ``uri`` (credentials resolved here) and the path within it."""
+_IRREGULAR = ((S_ISDIR, "a directory"), (S_ISFIFO, "a FIFO"), (S_ISCHR, "a character device"),
+              (S_ISBLK, "a block device"), (S_ISSOCK, "a socket"))
+
+
+def irregular(mode: int) -> str | None:
+    """What a local path is when it is not a regular file (``"a FIFO"``...), else None.
+
+    Only regular files are ever opened for reading: opening a FIFO waits for a
+    writer forever, and a device (``/dev/zero``) never ends.
+    """
+    if S_ISREG(mode):
+        return None
+    return next((what for test, what in _IRREGULAR if test(mode)), "a special file")
+
+
+def _refuse_irregular(mode: int, uri: str) -> None:
+    kind = irregular(mode)
+    if kind is not None:
+        raise StorageError(f"not a regular file ({kind}): only regular files are opened", file=uri)
+
+
+def local_stat(uri: str) -> os.stat_result:
+    """``os.stat`` of a local file (links followed), refused unless it is a regular file."""
+    path = local_path(uri)
+    with _translated(uri):
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise NotFoundError("file not found", file=uri) from None
+    _refuse_irregular(info.st_mode, uri)
+    return info
+
+
+def open_local(uri: str) -> io.BufferedReader:
+    """A local regular file opened for reading.
+
+    Checked before opening (a device is never opened) and again on the open
+    file: a FIFO swapped in between is opened without blocking, then refused.
+    """
+    local_stat(uri)
+    path = local_path(uri)
+    with _translated(uri):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _refuse_irregular(os.fstat(fd).st_mode, uri)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+#: The DAP2 responses netCDF-C asks an endpoint for first (its data come as ``.dods``).
+_DAP_RESPONSES = (".dds", ".das")
+#: HTTP statuses that redirect a request.
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class _Refused(Exception):
+    """Carries a refusal out of aiohttp, which would turn an ``OSError`` (as
+    :class:`UnsafeURIError` is) into a connection error, and so a retry."""
+
+    def __init__(self, error: CFAError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True)
+class _CheckedHops:
+    """aiohttp client middleware: a redirect is followed only where ``policy``
+    allows, each hop checked before it is requested.
+
+    (The requests themselves are not judged again: their URIs were checked as
+    written, and aiohttp's spelling of them may differ, e.g. ``H:80`` -> ``h``.)
+    """
+
+    policy: LocationPolicy
+    #: OPeNDAP probes: the scheme the fragment names its endpoint with; a
+    #: redirect of ``http://h/x.nc.dds`` is judged by the endpoint it leads to
+    #: (``dap2://h/x.nc``)
+    dap_scheme: str | None = None
+
+    async def __call__(self, request: Any, handler: Any) -> Any:
+        response = await handler(request)
+        if response.status not in _REDIRECTS:
+            return response
+        location = response.headers.get("Location")
+        try:
+            target = str(request.url.join(yarl.URL(location))) if location else None
+        except ValueError:
+            return response  # (aiohttp refuses to follow it, with its own error)
+        error: CFAError | None = None
+        if target is None:  # aiohttp would hand the redirect's own body on as the object
+            error = StorageError(f"HTTP {response.status} redirect without a location")
+        else:
+            if self.dap_scheme is not None:
+                head = target.split("?", 1)[0]
+                head = next((head[:-len(s)] for s in _DAP_RESPONSES if head.endswith(s)), head)
+                target = self.dap_scheme + head[head.index("://"):]
+            try:
+                self.policy.check_redirect(target)
+            except UnsafeURIError as exc:
+                error = exc
+        if error is not None:
+            response.release()
+            raise _Refused(error)
+        return response
+
+
+def filesystem(uri: str, profile: ProfileRef = NO_PROFILE, *,
+               policy: LocationPolicy | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``uri`` (credentials resolved here) and the path within it.
+
+    With a ``policy`` (reads on behalf of an aggregation file), HTTP redirects
+    are followed only where the policy allows: every hop is checked before it
+    is requested.
+    """
+    return _filesystem(uri, profile, None if policy is None else _CheckedHops(policy))
+
+
+def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tuple[fsspec.AbstractFileSystem, str]:
     if is_local(uri):
         return fsspec.filesystem("file"), local_path(uri)
     target, options = resolve_options(uri, profile)
     protocol = scheme_of(target)
     if protocol == "s3":
         options.setdefault("use_listings_cache", False)
+    if hops is not None and protocol in ("http", "https"):
+        client = dict(options.get("client_kwargs") or {})
+        client["middlewares"] = (*client.get("middlewares", ()), hops)
+        options["client_kwargs"] = client
     try:
         fs = fsspec.filesystem(protocol, **options)
     except (ValueError, ImportError, TypeError) as exc:
@@ -137,7 +268,8 @@ def _retries() -> int:
 def _translated(uri: str) -> Iterator[None]:
     """Turn storage exceptions into daskcfa errors naming the URI (secrets removed)."""
     try:
-        yield
+        with _refusals(uri):  # (fsspec reports some failures as "not found": look behind them first)
+            yield
     except CFAError:
         raise
     except FileNotFoundError as exc:
@@ -162,16 +294,35 @@ def _translated(uri: str) -> Iterator[None]:
         raise
 
 
+@contextmanager
+def _refusals(uri: str) -> Iterator[None]:
+    """Raise the daskcfa error of a refused redirect (or redirect without a
+    location) behind any exception, naming ``uri``."""
+    try:
+        yield
+    except Exception as exc:
+        refusal = next((e.error for e in _chain(exc) if isinstance(e, _Refused)), None)
+        if refusal is None:
+            raise
+        raise refusal.located(file=uri) from None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it (causes, contexts), at most 8."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def _http_status(exc: BaseException) -> int | None:
     """The HTTP error status of the response behind ``exc`` (its cause chain), if any."""
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 8:
+    for current in _chain(exc):
         status = getattr(current, "status", None)
         if isinstance(status, int) and 400 <= status <= 599:
             return status
-        current = current.__cause__ or current.__context__
-        seen += 1
     return None
 
 
@@ -211,23 +362,27 @@ def _with_retries(uri: str, operation: Any, *args: Any, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-def exists(uri: str, profile: ProfileRef = NO_PROFILE) -> bool:
+def exists(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> bool:
     if is_local(uri):
         return os.path.exists(local_path(uri))
     if is_opendap(uri):
         return True  # only opening tells; a missing endpoint fails with a clear error then
-    fs, path = filesystem(uri, profile)
+    fs, path = filesystem(uri, profile, policy=policy)
     return bool(_with_retries(uri, fs.exists, path))
 
 
-def size(uri: str, profile: ProfileRef = NO_PROFILE) -> int:
-    return stat(uri, profile)[0]
+def size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
+    return stat(uri, profile, policy=policy)[0]
 
 
-def stat(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str]:
+def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> tuple[int, str]:
     """An object's size and a token that changes when the object is replaced
-    (ETag, else modification time, else the size), in one request."""
-    fs, path = filesystem(uri, profile)
+    (ETag, else modification time, else the size), in one request. A local
+    file must be a regular file."""
+    if is_local(uri):
+        info = local_stat(uri)
+        return info.st_size, str(info.st_mtime)  # (the token fsspec's local "mtime" gave)
+    fs, path = filesystem(uri, profile, policy=policy)
     info = _with_retries(uri, fs.info, path)
     token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
                   if info.get(k) is not None), "")
@@ -239,35 +394,41 @@ def part_size() -> int:
     return max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
 
 
-def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> bytes:
+def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+               policy: LocationPolicy | None = None) -> bytes:
     """A whole object's bytes, in one buffer (see :func:`read_whole`)."""
-    return read_whole(uri, profile, known_size=known_size).tobytes()
+    return read_whole(uri, profile, known_size=known_size, policy=policy).tobytes()
 
 
 def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-               size_hint: int | None = None) -> Blocks:
+               size_hint: int | None = None, policy: LocationPolicy | None = None) -> Blocks:
     """A whole object in memory: one GET, or -- when ``known_size`` says it is
     large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
     is about how large the object is expected to be: large S3 objects are
-    received as a stream of blocks, kept as they came (see :mod:`.blocks`)."""
-    fs, path = filesystem(uri, profile)
-    if is_local(uri) or known_size is None or known_size <= 2 * part_size():
+    received as a stream of blocks, kept as they came (see :mod:`.blocks`).
+    ``policy``: see :func:`filesystem`."""
+    if is_local(uri):
+        with open_local(uri) as f, _translated(uri):
+            return Blocks([f.read()])
+    fs, path = filesystem(uri, profile, policy=policy)
+    if known_size is None or known_size <= 2 * part_size():
         if not _streams(fs) or (known_size or size_hint or 0) < _STREAM_FROM:
             return Blocks([_with_retries(uri, fs.cat_file, path, **_one_get(fs))])
         return Blocks(_with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
     part = part_size()
     starts = list(range(0, known_size, part))
-    return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile))
+    return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
 
 
-def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE) -> concurrent.futures.Future | None:
+def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *,
+               policy: LocationPolicy | None = None) -> concurrent.futures.Future | None:
     """Start fetching a whole (small) remote object in the background (on
     fsspec's event loop), without waiting: the future's result is its bytes,
     as :class:`Blocks`. None when the object's filesystem has no event loop to
     run it on (local files)."""
     if is_local(uri) or is_opendap(uri):
         return None
-    fs, path = filesystem(uri, profile)
+    fs, path = filesystem(uri, profile, policy=policy)
     if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
         return None
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path), fs.loop)
@@ -328,11 +489,12 @@ def netcdf_memory(data: bytes) -> bytes:
     return bytes(data) + bytes(4096) if bytes(data[:3]) == b"CDF" else data
 
 
-def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef = NO_PROFILE) -> list[bytes]:
+def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef = NO_PROFILE, *,
+                policy: LocationPolicy | None = None) -> list[bytes]:
     """Several ``(offset, length)`` byte ranges of one object, fetched concurrently."""
     if not ranges:
         return []
-    fs, path = filesystem(uri, profile)
+    fs, path = filesystem(uri, profile, policy=policy)
     starts = [int(o) for o, _ in ranges]
     ends = [int(o) + int(n) for o, n in ranges]
 
@@ -355,19 +517,76 @@ def block_size() -> int:
     return config_bytes("daskcfa.storage.block-size", 256 << 10)
 
 
-def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None) -> io.IOBase:
+def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+              policy: LocationPolicy | None = None) -> io.IOBase:
     """A read-only file object (remote ones cache blocks: for h5py's metadata reads).
 
     ``known_size`` (when the caller has just asked) saves asking again.
     """
-    fs, path = filesystem(uri, profile)
-    options: dict[str, Any] = {}
-    if not is_local(uri):
-        options = {"block_size": block_size(),
-                   "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
-        if known_size is not None:
-            options["size"] = int(known_size)
-    return _with_retries(uri, lambda: fs.open(path, "rb", **options))
+    if is_local(uri):
+        return open_local(uri)
+    fs, path = filesystem(uri, profile, policy=policy)
+    options: dict[str, Any] = {"block_size": block_size(),
+                               "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
+    if known_size is not None:
+        options["size"] = int(known_size)
+    return _RemoteFile(uri, _with_retries(uri, lambda: fs.open(path, "rb", **options)))
+
+
+class _RemoteFile(io.RawIOBase):
+    """A remote file object whose refused redirects surface as daskcfa errors
+    naming its URI, also when h5py reads through it."""
+
+    def __init__(self, uri: str, file: Any) -> None:
+        super().__init__()
+        self._uri = uri
+        self._file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        with _refusals(self._uri):
+            data = self._file.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:
+    """Raise :class:`UnsafeURIError` if the OPeNDAP endpoint ``uri`` redirects
+    its DDS or DAS where ``policy`` does not allow.
+
+    netCDF-C's DAP client follows every redirect itself (nothing turns that
+    off), so the responses it asks for first are asked for here, through the
+    client that checks every hop. Any other failure is left for netCDF-C to
+    report. A server that redirects only later requests is not caught.
+    """
+    endpoint = opendap_url(uri).split("#", 1)[0]
+    head, query = endpoint.split("?", 1) if "?" in endpoint else (endpoint, "")
+    hops = _CheckedHops(policy, dap_scheme=scheme_of(uri))
+    for suffix in _DAP_RESPONSES:
+        probe = head + suffix + (f"?{query}" if query else "")
+        fs, path = _filesystem(probe, profile, hops)
+        try:
+            with _translated(uri):
+                fs.exists(path)
+        except UnsafeURIError:
+            raise
+        except Exception:
+            continue
 
 
 def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
@@ -486,11 +705,9 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
     profile = profile if profile is not None else register(storage_options, protocol=scheme_of(url))
     try:
         if is_local(url):
-            path = local_path(url)
-            if not os.path.exists(path):
-                raise NotFoundError("file not found", file=url)
+            local_stat(url)  # (a FIFO would block netCDF-C for ever)
             with HDF5_LOCK:
-                return netCDF4.Dataset(path, "r")
+                return netCDF4.Dataset(local_path(url), "r")
         if is_opendap(url):
             with HDF5_LOCK:
                 return netCDF4.Dataset(opendap_url(url), "r")

@@ -13,6 +13,13 @@ aggregation on S3, or an object in somebody else's bucket). Defaults:
 prefixes; the entry ``"default"`` stands for the default rule, so
 ``["default", "s3://second-bucket/"]`` widens it and ``["/data/archive/"]``
 confines reads to one tree (symbolic links are followed before checking).
+
+The policy judges where bytes come from, not only the names in the file: an
+HTTP redirect of a fragment is followed only to an allowed URL, every hop
+checked before it is requested (``check_redirect``; OPeNDAP endpoints are
+probed first, as netCDF-C follows redirects itself). The aggregation file
+itself was named by the user: its redirects are followed, and its fragments
+stay confined to the URL the user gave.
 """
 
 from __future__ import annotations
@@ -74,19 +81,27 @@ class LocationPolicy:
     def check(self, uri: str) -> None:
         """Raise :class:`UnsafeURIError` unless ``uri`` is allowed."""
         if not self.allows(uri):
-            where = "local disk" if is_local(self.base) else _origin(self.base)
-            shown = repr(redact(uri))
-            if any(_CONTROL.search(f) for f in [uri, *_forms(uri)]):
-                shown += " (it holds a NUL, CR or LF character, perhaps percent-encoded)"
-            elif is_local(uri):
-                real = os.path.realpath(to_local_path(uri))
-                if real != normalise(uri):
-                    shown += f" (which resolves to {real!r})"
-            raise UnsafeURIError(
-                f"refusing to open {shown}: an aggregation file on {where} may not reference it "
-                "(widen with allowed_locations=[...] or dask config 'daskcfa.storage.allowed-locations')",
-                file=self.base,
-            )
+            raise UnsafeURIError(self._refusal(uri, "open"), file=self.base)
+
+    def check_redirect(self, uri: str) -> None:
+        """Raise :class:`UnsafeURIError` unless ``uri``, where an HTTP redirect
+        leads, is allowed: bytes are read only from allowed places, not merely
+        through allowed names. (The error names no file: its caller knows
+        which URI was redirected.)"""
+        if not self.allows(uri):
+            raise UnsafeURIError(self._refusal(uri, "follow an HTTP redirect to"))
+
+    def _refusal(self, uri: str, action: str) -> str:
+        where = "local disk" if is_local(self.base) else _origin(self.base)
+        shown = repr(redact(uri))
+        if any(_CONTROL.search(f) for f in [uri, *_forms(uri)]):
+            shown += " (it holds a NUL, CR or LF character, perhaps percent-encoded)"
+        elif is_local(uri):
+            real = os.path.realpath(to_local_path(uri))
+            if real != normalise(uri):
+                shown += f" (which resolves to {real!r})"
+        return (f"refusing to {action} {shown}: an aggregation file on {where} may not reference it "
+                "(widen with allowed_locations=[...] or dask config 'daskcfa.storage.allowed-locations')")
 
     def allows(self, uri: str) -> bool:
         # A remote URI must be allowed in every form a server might see it in:

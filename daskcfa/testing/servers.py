@@ -12,6 +12,7 @@ manager::
     with HTTPServer(directory) as http:       # byte ranges, counters, basic auth
         fsspec.filesystem("http").cat_file(f"{http.url}/a.nc", start=0, end=8)
         http.requests, http.bytes_sent
+        http.redirect("/a.nc", "http://127.0.0.1:9/b.nc", status=307)  # and redirects
 
     with OPeNDAPServer(directory) as dap:     # pydap's DAP2 server, child process
         netCDF4.Dataset(f"{dap.url}/a.nc")
@@ -22,7 +23,7 @@ manager::
   fault-injection tests.
 * :class:`HTTPServer` is a threaded static-file server in this process with
   ``Range`` support (206, ``Content-Range``, suffix ranges, 416), request and
-  byte counters, and optional basic auth.
+  byte counters, optional basic auth, and redirects on demand.
 * :class:`OPeNDAPServer` serves netCDF files with pydap's DAP2 server in a child
   process (netCDF-C is not thread-safe, so the server must not share a process
   with a netCDF4 client). A thin layer over pydap's netCDF handler fixes what
@@ -631,12 +632,34 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             return None
         return target
 
+    def _redirection(self) -> tuple[int, str | None] | None:
+        """(status, Location or None) when a redirect rule matches this request."""
+        path, _, query = self.path.partition("?")
+        ranged = self.headers.get("Range") is not None
+        for index, rule in enumerate(self.server.owner.redirects()):
+            if not path.startswith(rule.prefix):
+                continue
+            if rule.only in ("HEAD", "GET") and rule.only != self.command:
+                continue
+            if rule.only in ("range", "whole") and (self.command != "GET" or ranged != (rule.only == "range")):
+                continue
+            if self.server.owner._passed(index, rule.after):
+                return None
+            if rule.location is None:
+                return rule.status, None
+            return rule.status, rule.location + path[len(rule.prefix):] + (f"?{query}" if query else "")
+        return None
+
     def _respond(self, body: bool) -> None:
         if not self._authorized():
             return self._simple(
                 401, "authentication required\n", body,
                 [("WWW-Authenticate", 'Basic realm="daskcfa-test", charset="UTF-8"')],
             )
+        redirection = self._redirection()
+        if redirection is not None:
+            status, location = redirection
+            return self._simple(status, "moved\n", body, [("Location", location)] if location else [])
         target = self._resolve()
         if target is None:
             return self._simple(403, "forbidden\n", body)
@@ -698,6 +721,10 @@ class _FileRequestHandler(BaseHTTPRequestHandler):
             self.server.owner._unsent(index, remaining)
 
 
+#: A redirect rule of :meth:`HTTPServer.redirect`.
+Redirect = namedtuple("Redirect", "prefix location status only after")
+
+
 class _ThreadingServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
@@ -717,6 +744,9 @@ class HTTPServer(_WebServer):
     With ``username``/``password`` every request needs basic auth (401 with
     ``WWW-Authenticate`` otherwise). ``latency`` (seconds) delays every
     response, like a distant object store's time to first byte.
+    :meth:`redirect` makes requests under a path prefix answer a redirect
+    (any status, optionally only HEADs, only ranged or only whole GETs: as a
+    hostile server may), for tests of clients that must not follow them.
 
     Counters (thread-safe, include refused requests): ``requests`` (number of
     requests), ``bytes_sent`` (body bytes), ``log`` (list of
@@ -745,6 +775,38 @@ class HTTPServer(_WebServer):
         self.requests = 0
         self.bytes_sent = 0
         self.port: int | None = None
+        self._redirects: list[Redirect] = []
+        self._matched: dict[int, int] = {}  # requests each rule has matched
+
+    def redirect(self, prefix: str, location: str | None, *, status: int = 302, only: str | None = None,
+                 after: int = 0) -> None:
+        """Answer requests whose path starts with ``prefix`` with ``status`` and
+        ``Location: location + the rest of the path (+ query)``; ``location``
+        None sends no ``Location``. ``only``: ``"HEAD"``, ``"GET"``, ``"range"``
+        (GETs with a ``Range`` header) or ``"whole"`` (GETs without one); the
+        first ``after`` requests the rule matches are served as usual. The
+        first matching rule wins; :meth:`clear_redirects` removes them all.
+        """
+        if only not in (None, "HEAD", "GET", "range", "whole"):
+            raise ValueError(f"only must be None, 'HEAD', 'GET', 'range' or 'whole', not {only!r}")
+        with self._lock:
+            self._redirects.append(Redirect(prefix, location, int(status), only, int(after)))
+
+    def _passed(self, index: int, after: int) -> bool:
+        """Whether rule ``index`` lets this request through (one of its first ``after``)."""
+        with self._lock:
+            seen = self._matched.get(index, 0)
+            self._matched[index] = seen + 1
+            return seen < after
+
+    def clear_redirects(self) -> None:
+        with self._lock:
+            self._redirects = []
+            self._matched = {}
+
+    def redirects(self) -> list[Redirect]:
+        with self._lock:
+            return list(self._redirects)
 
     @property
     def storage_options(self) -> dict:
