@@ -97,10 +97,20 @@ class FragmentRef:
     axes: tuple[int, ...] | None = None
     #: Per aggregated dimension, True where the fragment stores it reversed.
     reversed: tuple[bool, ...] | None = None
+    #: Group of the fragment file where a bare ``identifier`` is looked up
+    #: before the root (S3netCDF4 writes a grouped variable at its group path).
+    identifier_group: str | None = None
 
     @property
     def is_missing(self) -> bool:
         return not self.uris and self.value is None
+
+    def variable_names(self, default: str) -> tuple[str, ...]:
+        """The names to look the fragment's variable up by in its file, in order."""
+        name = self.identifier or default
+        if self.identifier_group in (None, "", "/") or "/" in name:
+            return (name,)
+        return (f"{self.identifier_group.rstrip('/')}/{name}", name)
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,8 @@ class Fragments:
     units: np.ndarray | None = None
     axes: np.ndarray | None = None
     reversed: np.ndarray | None = None
+    #: see :attr:`FragmentRef.identifier_group` (one group for every fragment)
+    identifier_group: str | None = None
 
     def __post_init__(self) -> None:
         if self.uris is not None and self.uris.ndim == self.grid.ndim:
@@ -151,6 +163,7 @@ class Fragments:
             units=_str_or_none(self._cell(self.units, index)),
             axes=_tuple_or_none(self._cell(self.axes, index)),
             reversed=_tuple_or_none(self._cell(self.reversed, index)),
+            identifier_group=self.identifier_group,
         )
 
     def __iter__(self) -> Iterator[FragmentRef]:

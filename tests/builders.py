@@ -378,7 +378,7 @@ def write_fragment_file(path: Path, name: str, dims: Sequence[str], stored: np.n
         gpath, _, vname = name.rpartition("/")
         g = _group(ds, gpath) if gpath else ds
         for d, n in zip(dims, stored.shape):
-            _ensure_dim(ds, d, n)
+            _ensure_dim(g, d, n)
         fill = attrs.get("_FillValue")
         endian = {">": "big", "<": "little"}.get(stored.dtype.byteorder, "native")
         v = g.createVariable(vname, stored.dtype, tuple(dims), fill_value=fill if fill is not None else False,
@@ -468,6 +468,7 @@ def _layout(
     fragment_dir: str = "fragments",
     unique: bool = False,
     fragment_global_attrs: Mapping | None = None,
+    fragment_group: str | None = None,
 ) -> _Layout:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -552,7 +553,9 @@ def _layout(
                 frag.path = fpath
                 frag.uris = [_uri_for(fpath, agg_path.parent, uri_style)]
                 if spec.write_file:
-                    write_fragment_file(fpath, ident, fdims, stored_k, fattrs, fmt=spec.format,
+                    # (S3netCDF4 puts a grouped variable at its group path, ``ident`` staying bare)
+                    at = f"{fragment_group.rstrip('/')}/{ident}" if fragment_group else ident
+                    write_fragment_file(fpath, at, fdims, stored_k, fattrs, fmt=spec.format,
                                         global_attrs=fragment_global_attrs, storage=spec.storage)
         fragments[idx] = frag
 
@@ -928,19 +931,25 @@ def build_cfa06(
 # CFA-0.5 (S3netCDF4 v2)
 # --------------------------------------------------------------------------
 def build_cfa05(directory, truth, dims, sizes, *, name: str = "tas", coords: bool = True, fmt: str = "NETCDF4",
-                mutate: Callable | None = None, **layout_kw) -> Built:
-    """CFA-0.5: a ``cfa_<var>`` group holding the partition matrix (end-exclusive locations)."""
+                mutate: Callable | None = None, group: str | None = None, **layout_kw) -> Built:
+    """CFA-0.5: a ``cfa_<var>`` group holding the partition matrix (end-exclusive locations).
+
+    ``group``: the variable (its dimensions and coordinates) in that group, and
+    in each fragment file at the same group path while ``ncvar`` stays bare,
+    as S3netCDF4 writes it.
+    """
     assert fmt == "NETCDF4", "CFA-0.5 needs netCDF-4 groups"
     layout_kw.setdefault("agg_name", "aggregation.nca")
-    lay = _layout(directory, truth, dims, sizes, name=name, **layout_kw)
+    lay = _layout(directory, truth, dims, sizes, name=name, fragment_group=group, **layout_kw)
     ds = _open_agg(lay, "NETCDF4", False)
     try:
         ds.setncattr("Conventions", "CF-1.7 CFA-0.5")
-        _write_dims_and_coords(ds, lay, coords)
+        owner = _group(ds, group) if group else ds
+        _write_dims_and_coords(owner, lay, coords)
         gname = f"cfa_{name}"
-        _write_agg_var(ds, lay, name, {"cf_role": "cfa_variable", "cfa_dimensions": " ".join(lay.dims),
-                                       "cfa_group": gname})
-        g = ds.createGroup(gname)
+        _write_agg_var(owner, lay, name, {"cf_role": "cfa_variable", "cfa_dimensions": " ".join(lay.dims),
+                                          "cfa_group": gname})
+        g = owner.createGroup(gname)
         nd = len(lay.dims)
         for d, k in zip(lay.dims, lay.grid_shape):
             g.createDimension(d, k)
@@ -980,7 +989,7 @@ def build_cfa05(directory, truth, dims, sizes, *, name: str = "tas", coords: boo
             mutate(ds, g, {"group": gname})
     finally:
         ds.close()
-    return _built("CFA-0.5", lay, name, {"group": gname})
+    return _built("CFA-0.5", lay, f"/{group.strip('/')}/{name}" if group else name, {"group": gname})
 
 
 # --------------------------------------------------------------------------
@@ -1003,12 +1012,14 @@ def _partitions(lay: _Layout, inclusive: bool, base: str | None):
 
 def build_cfa04(directory, truth, dims, sizes, *, name: str = "tas", fmt: str = "NETCDF4",
                 dims_attr: str = "cfa_dimensions", base: bool = False, coords: bool = True,
-                json_override: str | None = None, mutate: Callable | None = None, **layout_kw) -> Built:
-    """CFA-0.4: ``cfa_array`` JSON, inclusive location ends, absent partitions = missing."""
+                json_override: str | None = None, mutate: Callable | None = None, group: str | None = None,
+                **layout_kw) -> Built:
+    """CFA-0.4: ``cfa_array`` JSON, inclusive location ends, absent partitions = missing
+    (``group``: as for :func:`build_cfa05`)."""
     layout_kw.setdefault("agg_name", "aggregation.nca")
     if base:
         layout_kw["uri_style"] = "absolute"
-    lay = _layout(directory, truth, dims, sizes, name=name, **layout_kw)
+    lay = _layout(directory, truth, dims, sizes, name=name, fragment_group=group, **layout_kw)
     base_s = str((lay.directory / "fragments").resolve()) + "/" if base else None
     doc: dict[str, Any] = {
         "pmshape": list(lay.grid_shape),
@@ -1024,14 +1035,15 @@ def build_cfa04(directory, truth, dims, sizes, *, name: str = "tas", fmt: str = 
     ds = _open_agg(lay, fmt, False)
     try:
         ds.setncattr("Conventions", "CF-1.7 CFA-0.4")
-        _write_dims_and_coords(ds, lay, coords)
-        _write_agg_var(ds, lay, name, {"cf_role": "cfa_variable", dims_attr: " ".join(lay.dims),
-                                       "cfa_array": json_override if json_override is not None else json.dumps(doc)})
+        owner = _group(ds, group) if group else ds
+        _write_dims_and_coords(owner, lay, coords)
+        _write_agg_var(owner, lay, name, {"cf_role": "cfa_variable", dims_attr: " ".join(lay.dims),
+                                          "cfa_array": json_override if json_override is not None else json.dumps(doc)})
         if mutate is not None:
             mutate(ds, ds, {})
     finally:
         ds.close()
-    return _built("CFA-0.4", lay, name, {})
+    return _built("CFA-0.4", lay, f"/{group.strip('/')}/{name}" if group else name, {})
 
 
 def build_nca(directory, truth, dims, sizes, *, name: str = "tas", fmt: str = "NETCDF4", coords: bool = True,

@@ -13,6 +13,7 @@ import shutil
 
 import dask
 import dask.array as da
+import netCDF4
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1083,3 +1084,32 @@ def test_random_aggregations(tmp_path_factory, agg):
             for cb, fb in zip(_boundaries(merged.chunks), _boundaries(b.sizes)):
                 assert cb <= fb
         assert_matches(merged.compute(), b.expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4"])
+def test_s3netcdf4_variable_in_a_group(tmp_path, dialect):
+    """S3netCDF4 puts /forecast/tas at /forecast/tas of each sub-array file while ``ncvar`` says tas."""
+    b = build(dialect, tmp_path, truth(), DIMS, SIZES, group="forecast")
+    assert b.variable == "/forecast/tas"
+    check_read(b)
+
+
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4"])
+def test_s3netcdf4_group_falls_back_to_the_root_of_the_fragment(tmp_path, dialect):
+    """Sub-array files with the variable at the root still read (the group path is tried first);
+    a fragment holding neither is refused naming both places."""
+    b = build(dialect, tmp_path, truth(), DIMS, SIZES, group="forecast")
+    b.fragment_files[(0, 0, 0)].unlink()
+    with netCDF4.Dataset(b.fragment_files[(0, 0, 0)], "w") as nc:  # the root only, other values
+        for d, n in zip(DIMS, b.expected[:2, :, :2].shape):
+            nc.createDimension(d, n)
+        nc.createVariable("tas", "f4", DIMS)[...] = np.full((2, 4, 2), 7.0, dtype="f4")
+    expected = b.expected.copy()
+    expected[:2, :, :2] = 7.0
+    assert_matches(read(b).compute(), expected)
+    b.fragment_files[(0, 0, 0)].unlink()
+    with netCDF4.Dataset(b.fragment_files[(0, 0, 0)], "w") as nc:
+        nc.createGroup("forecast")
+    with pytest.raises(daskcfa.FragmentReadError, match="'/forecast/tas' or 'tas' not found") as info:
+        read(b).compute()
+    assert info.value.fragment == (0, 0, 0)

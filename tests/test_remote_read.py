@@ -54,6 +54,14 @@ def test_every_dialect_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, dialect):
     assert_matches(x[5, 3, 4].compute(), built.expected[5, 3, 4])
 
 
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4"])
+def test_s3netcdf4_variable_in_a_group_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, dialect):
+    built = build(dialect, tmp_path / "ds", truth(), DIMS, SIZES, group="forecast")
+    base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "grouped")
+    x = daskcfa.from_cfa(f"{base}/{built.path.name}", "/forecast/tas", storage_options=s3_server.storage_options)
+    assert_matches(x.compute(), built.expected)
+
+
 @pytest.mark.parametrize("dialect", ["CF-1.13", "CFA-0.6", "CFA-0.4"])
 def test_open_cfa_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, dialect):
     built = build(dialect, tmp_path / "ds", truth(), DIMS, SIZES, attrs={"long_name": "T"})

@@ -62,8 +62,12 @@ def parse_json_partitions(
     array_attr: str,
     dims_attrs: Sequence[str],
     inclusive_ends: bool,
+    identifier_group: str | None = None,
 ) -> AggregatedVariable:
-    """Read a variable whose partitions are listed in the JSON attribute ``array_attr``."""
+    """Read a variable whose partitions are listed in the JSON attribute ``array_attr``.
+
+    ``identifier_group``: where in the sub-array files a bare ``ncvar`` is looked up first.
+    """
     where = Where(source, variable_path(var))
     dims = legacy_dimensions(var, dims_attrs)
     sizes = dimension_sizes(var.group(), dims, variable=where.variable)
@@ -102,6 +106,7 @@ def parse_json_partitions(
         units=_optional_column(grid_shape, index, [p.units for p in partitions]),
         axes=_optional_column(grid_shape, index, [p.axes for p in partitions]),
         reversed=_optional_column(grid_shape, index, [p.reversed for p in partitions]),
+        identifier_group=identifier_group,
     )
     return AggregatedVariable(
         name=where.variable,

@@ -134,9 +134,10 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target, where: dict) -> 
 
 
 def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
-    name = ref.identifier or target.default_identifier
+    names = ref.variable_names(target.default_identifier)
+    name = names[-1]
     expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
-    with open_fragment(uri, name, profile=target.profile, fraction=fraction, expected_nbytes=expected) as var:
+    with open_fragment(uri, names, profile=target.profile, fraction=fraction, expected_nbytes=expected) as var:
         if np.dtype(var.dtype).kind not in "biuf":
             raise FragmentReadError(f"fragment variable {name!r} has non-numeric type {var.dtype}")
         file_key, post = _file_selection(var, ref, key, target)
