@@ -371,7 +371,7 @@ def _host(key: Any, host: Any) -> tuple[str, str | None]:
         return str(key).removeprefix("s3://"), "not a JSON object"
     alias = str(host.get("alias") or str(key).removeprefix("s3://"))
     url = host.get("url")
-    if not isinstance(url, str) or not re.match(r"^https?://[^/{}\s]+", url):
+    if not isinstance(url, str) or not re.match(r"^https?://[^/{}\s]+", url, re.IGNORECASE):
         return alias, f"'url' {redact(repr(url))} is not an http(s) URL (a template left unfilled?)"
     credentials = host.get("credentials", {})
     if not isinstance(credentials, dict) or not all(isinstance(v, str) for v in credentials.values()):
