@@ -58,7 +58,9 @@ def s3nc_config(path: Path, s3_server=None, alias: str = "tenancy-0") -> Path:
         hosts[f"s3://{alias}"] = {"alias": alias, "url": s3_server.endpoint_url,
                                   "credentials": {"accessKey": s3_server.key, "secretKey": s3_server.secret},
                                   "backend": "s3FileObject", "api": "S3v4"}
-    path.write_text(json.dumps({"version": "9", "hosts": hosts,
+    backend = {"maximum_part_size": "50MB", "maximum_parts": 4, "enable_multipart_download": False,
+               "enable_multipart_upload": False, "connect_timeout": 30.0, "read_timeout": 30.0}
+    path.write_text(json.dumps({"version": "9", "hosts": hosts, "backends": {"s3FileObject": backend},
                                 "resource_allocation": {"memory": "100MB", "filehandles": 20}}))
     return path
 
@@ -106,3 +108,41 @@ def test_s3netcdf4_output_read_by_daskcfa(tmp_path, s3netcdf4, fmt, variable):
     assert daskcfa.read_aggregation(str(path), variable).dialect == fmt
     assert y.chunks == tuple((s,) * (n // s) for n, s in zip(SHAPE, SUBARRAY))
     assert_matches(y.compute(), expected)
+
+
+@pytest.mark.parametrize("variable", VARIABLES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_s3netcdf4_output_on_s3_read_by_daskcfa(tmp_path, s3netcdf4, s3_server, s3_bucket, monkeypatch, fmt,
+                                                 variable):
+    """S3netCDF4 writes through its alias (fragment URIs ``s3://tenancy-0/<bucket>/...``); daskcfa,
+    given the same configuration file, reads through the alias and by the real URL with storage
+    options (the alias's endpoint and bucket are the same location)."""
+    x = truth()
+    np.save(tmp_path / "in.npy", np.ma.filled(x, -999))
+    expected = np.ma.masked_equal(np.ma.filled(x, -999), -999)
+    config = s3nc_config(tmp_path / "s3nc.json", s3_server)
+    alias_url = f"s3://tenancy-0/{s3_bucket}/run/a7.nca"
+    peer(s3netcdf4, config, tmp_path, "write", alias_url, "CFA4", FORMATS[fmt], variable, tmp_path / "in.npy",
+         ",".join(map(str, SUBARRAY)))
+    check_filled(read_by_s3netcdf4(s3netcdf4, config, alias_url, variable, tmp_path), expected, -999)  # (sanity)
+    monkeypatch.setenv("S3_NC_CONFIG", str(config))  # the user's one file, for both tools
+    y = daskcfa.from_cfa(f"s3://{s3_bucket}/run/a7.nca", variable, storage_options=s3_server.storage_options)
+    assert_matches(y.compute(), expected)
+    assert_matches(daskcfa.from_cfa(alias_url, variable).compute(), expected)
+
+
+@pytest.mark.parametrize("variable", VARIABLES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_daskcfa_output_on_s3_read_by_s3netcdf4(tmp_path, s3netcdf4, s3_server, s3_bucket, monkeypatch, fmt,
+                                                 variable):
+    """daskcfa writes through the alias with absolute fragment URIs (S3netCDF4 resolves relative
+    ones against its working directory, never against an S3 aggregation); S3netCDF4 reads them."""
+    x = truth()
+    config = s3nc_config(tmp_path / "s3nc.json", s3_server)
+    monkeypatch.setenv("S3_NC_CONFIG", str(config))
+    url = f"s3://tenancy-0/{s3_bucket}/out/a7.nca"
+    daskcfa.to_cfa(x, url, variable=variable, dims=DIMS, format=fmt, fragment_shape=dict(zip(DIMS, SUBARRAY)),
+                   attrs={"_FillValue": np.float32(-999)},
+                   fragment_name=f"s3://tenancy-0/{s3_bucket}/out/{{stem}}/{{stem}}.{{var}}.{{index}}.nc")
+    check_filled(read_by_s3netcdf4(s3netcdf4, config, url, variable, tmp_path), x, -999)
+    assert_matches(daskcfa.from_cfa(url, variable).compute(), x)
