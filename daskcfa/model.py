@@ -93,13 +93,17 @@ class FragmentRef:
     value: Any = None
     units: str | None = None
     #: Fragment-file dimension order, as positions of aggregated dimensions
-    #: (only NCA partitions may be transposed); ``None`` = same order.
+    #: (only NCA partitions may be transposed; -1: a size-1 file dimension the
+    #: aggregation does not span); ``None`` = same order.
     axes: tuple[int, ...] | None = None
     #: Per aggregated dimension, True where the fragment stores it reversed.
     reversed: tuple[bool, ...] | None = None
     #: Group of the fragment file where a bare ``identifier`` is looked up
     #: before the root (S3netCDF4 writes a grouped variable at its group path).
     identifier_group: str | None = None
+    #: NCA virtual partition: per file dimension, the indices of the file
+    #: variable that make up the fragment (a ``range`` or a tuple); None = all.
+    part: tuple[range | tuple[int, ...], ...] | None = None
 
     @property
     def is_missing(self) -> bool:
@@ -130,6 +134,7 @@ class Fragments:
     units: np.ndarray | None = None
     axes: np.ndarray | None = None
     reversed: np.ndarray | None = None
+    parts: np.ndarray | None = None  #: :attr:`FragmentRef.part` per fragment
     #: see :attr:`FragmentRef.identifier_group` (one group for every fragment)
     identifier_group: str | None = None
 
@@ -164,6 +169,7 @@ class Fragments:
             axes=_tuple_or_none(self._cell(self.axes, index)),
             reversed=_tuple_or_none(self._cell(self.reversed, index)),
             identifier_group=self.identifier_group,
+            part=_tuple_or_none(self._cell(self.parts, index)),
         )
 
     def __iter__(self) -> Iterator[FragmentRef]:

@@ -1101,3 +1101,60 @@ _BUILDERS = {
 def build(dialect: str, directory, truth, dims, sizes, **kw) -> Built:
     """Write an aggregation dataset of ``dialect`` (one of :data:`DIALECTS`)."""
     return _BUILDERS[dialect](directory, truth, dims, sizes, **kw)
+
+
+def build_nca_virtual(directory, truth, *, cf_role: bool = True) -> Built:
+    """NCA as the convention's examples write it (Python-style quotes), over ``truth`` of shape
+    (6, 4, 5) with dims time, lat, lon, a 2 x 1 x 2 partition matrix:
+
+    * (0, 0, 0) and (1, 0, 0): virtual partitions of one file variable ``big`` of
+      shape (8, 4, 5) (``part``: a range; an index list out of order and a
+      decreasing range), the other elements of ``big`` holding decoys;
+    * (0, 0, 1): a file variable with an extra leading size-1 dimension ``height``
+      (``dimensions`` and ``directions``) in its own units (degC);
+    * (1, 0, 1): a private variable of the NCA file itself (no ``file``), stored
+      with ``lat`` reversed (``directions``).
+
+    ``cf_role=False`` leaves out ``cf_role``: ``nca_dimensions``/``nca_array`` alone mark it.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    t = np.ma.filled(np.ma.asarray(truth), np.float32(0)).astype("f4")
+    assert t.shape == (6, 4, 5)
+    big = np.full((8, 4, 5), 9999.0, dtype="f4")
+    big[2:5, :, 0:3] = t[0:3, :, 0:3]  # part [(2, 4, 1), (0, 3, 1), (0, 2, 1)]
+    big[[7, 5, 6], :, 0:3] = t[3:6, ::-1, 0:3]  # part [[7, 5, 6], (3, 0, -1), (0, 2, 1)]
+    write_fragment_file(directory / "sub" / "big.nc", "big", ("t", "y", "x"), big, {"units": "K"})
+    extra = (t[0:3, :, 3:5] - 273.15)[np.newaxis]
+    write_fragment_file(directory / "sub" / "high.nc", "tas", ("height", "time", "lat", "lon"), extra.astype("f4"),
+                        {"units": "degC"})
+    partitions = [
+        {"index": [0, 0], "location": [[0, 3], [0, 4], [0, 3]], "part": "[(2, 4, 1), (0, 3, 1), (0, 2, 1)]",
+         "data": {"file": "sub/big.nc", "ncvar": "big", "shape": [8, 4, 5], "dtype": "float"}},
+        {"index": [1, 0], "location": [[3, 6], [0, 4], [0, 3]], "part": "[[7, 5, 6], (3, 0, -1), (0, 2, 1)]",
+         "data": {"file": "sub/big.nc", "ncvar": "big", "shape": [8, 4, 5], "dtype": "float"}},
+        {"index": [0, 1], "location": [[0, 3], [0, 4], [3, 5]], "units": "degC",
+         "dimensions": ["height", "time", "lat", "lon"], "directions": {"height": True},
+         "data": {"file": "sub/high.nc", "ncvar": "tas", "shape": [1, 3, 4, 2], "dtype": "float"}},
+        {"index": [1, 1], "location": [[3, 6], [0, 4], [3, 5]], "directions": {"lat": False},
+         "data": {"ncvar": "tas_p11", "shape": [3, 4, 2], "dtype": "float"}},
+    ]
+    array = {"pmdimensions": ["time", "lon"], "pmshape": [2, 2], "base": "", "Partitions": partitions}
+    path = directory / "virtual.nca"
+    with netCDF4.Dataset(str(path), "w") as ds:
+        ds.Conventions = "CF-1.5 NCA"
+        for name, size in zip(("time", "lat", "lon"), t.shape):
+            ds.createDimension(name, size)
+        for name, size in zip(("p11_time", "p11_lat", "p11_lon"), (3, 4, 2)):
+            ds.createDimension(name, size)
+        private = ds.createVariable("tas_p11", "f4", ("p11_time", "p11_lat", "p11_lon"))
+        private.cf_role = "nca_private"
+        private[...] = t[3:6, ::-1, 3:5]
+        var = ds.createVariable("tas", "f4")
+        var.units = "K"
+        if cf_role:
+            var.cf_role = "nca_variable"
+        var.nca_dimensions = "time lat lon"
+        var.nca_array = str(array)  # Python style: single quotes, as in the convention's examples
+    return Built(dialect="NCA", path=path, variable="tas", expected=np.ma.asarray(t), dims=("time", "lat", "lon"),
+                 sizes=((3, 3), (4,), (3, 2)), fill_value=None)

@@ -529,7 +529,8 @@ def _check_plain(av: AggregatedVariable) -> None:
     units = av.attrs.get("units")
     if frags.units is not None and any(u is not None and u != units for u in np.asarray(frags.units, object).ravel()):
         raise _error(av, "fragments in their own units cannot be written; convert them first")
-    for column, what in ((frags.axes, "dimension orders"), (frags.reversed, "directions")):
+    for column, what in ((frags.axes, "dimension orders"), (frags.reversed, "directions"),
+                         (frags.parts, "parts of their file variables")):
         if column is not None and any(c is not None for c in np.asarray(column, object).ravel()):
             raise _error(av, f"fragments with their own {what} cannot be written")
 

@@ -172,11 +172,17 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
     """
     expected = ref.shape
     axes = ref.axes if ref.axes is not None else tuple(range(len(expected)))
-    present = _present_axes(var, expected, axes, target)
-    reversed_ = ref.reversed or (False,) * len(expected)
     file_key: list = []
     steps: dict[int, int] = {}
-    for axis in present:
+    gathers: list[np.ndarray] = []
+    virtual = ref.part is not None or min(axes, default=0) < 0
+    if virtual:
+        present, file_key, gathers = _virtual_selection(var, ref, key, axes)
+        reversed_ = (False,) * len(expected)  # (composed into the indices gathered)
+    else:
+        present = _present_axes(var, expected, axes, target)
+        reversed_ = ref.reversed or (False,) * len(expected)
+    for axis in () if virtual else present:
         k = key[axis]
         n = expected[axis]
         if reversed_[axis]:
@@ -192,6 +198,8 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
 
     def post(data: np.ndarray) -> np.ndarray:
         # ``data`` has the kept dims of ``present`` (ints dropped) in file order.
+        for position, indices in enumerate(gathers):
+            data = data.take(indices, axis=position)
         kept = [axis for axis in present if isinstance(key[axis], slice)]
         order = sorted(range(len(kept)), key=lambda i: kept[i])
         if order != list(range(len(kept))):
@@ -212,6 +220,42 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target):
         return data
 
     return tuple(file_key), post
+
+
+def _virtual_selection(var: Any, ref: FragmentRef, key: tuple, axes: tuple[int, ...]
+                       ) -> tuple[tuple[int, ...], list, list[np.ndarray]]:
+    """The file key of an NCA partition that is a part of its file variable (``part``), or whose
+    file variable has size-1 dimensions the aggregation does not span (axes -1).
+
+    Each selected file dimension is read over the bounding range of the indices
+    wanted, which are then gathered (in aggregated order, reversals composed
+    in). Returns the aggregated axes present (file order), the file key, and
+    the indices to gather along each kept dimension.
+    """
+    shape = tuple(var.shape)
+    whole = tuple(1 if a < 0 else ref.shape[a] for a in axes)  # the file variable's shape, unless a part
+    if len(axes) != len(shape) or (ref.part is None and shape != whole):
+        raise FragmentShapeError(f"fragment variable {var.name!r} has shape {shape}, expected {whole} (size 1 "
+                                 "along the dimensions the aggregation does not span)")
+    part = ref.part or tuple(map(range, whole))
+    present, file_key, gathers = [], [], []
+    for axis, indices, size in zip(axes, part, shape):
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= size):
+            raise FragmentShapeError(f"the partition takes indices up to {indices.max()} of fragment variable "
+                                     f"{var.name!r}, which has shape {shape}")
+        if axis < 0:  # (the parser checked that a part takes one element here)
+            file_key.append(int(indices[0]))
+            continue
+        present.append(axis)
+        chosen = (indices[::-1] if ref.reversed and ref.reversed[axis] else indices)[key[axis]]
+        if isinstance(key[axis], slice):
+            low = int(chosen.min()) if chosen.size else 0
+            file_key.append(slice(low, int(chosen.max()) + 1 if chosen.size else 0))
+            gathers.append(chosen - low)
+        else:
+            file_key.append(int(chosen))
+    return tuple(present), file_key, gathers
 
 
 def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], target: Target) -> tuple[int, ...]:
