@@ -303,7 +303,8 @@ def _part(
         else:
             values = tuple(values)
         size = shape[d] if shape is not None and len(shape) == ndim else None
-        if not values or min(values) < 0 or (size is not None and max(values) >= size):
+        ends = (values[0], values[-1]) if isinstance(values, range) and values else values  # (a range: O(1))
+        if not values or min(ends) < 0 or (size is not None and max(ends) >= size):
             raise where.error(f"{label} part {_show(part)}: selection {d} is not a non-empty range or list of "
                               f"indices within the file variable{f' (size {size})' if size is not None else ''}",
                               index)

@@ -240,9 +240,10 @@ def _virtual_selection(var: Any, ref: FragmentRef, key: tuple, axes: tuple[int, 
     part = ref.part or tuple(map(range, whole))
     present, file_key, gathers = [], [], []
     for axis, indices, size in zip(axes, part, shape):
-        indices = np.asarray(indices, dtype=np.int64)
-        if indices.size and (indices.min() < 0 or indices.max() >= size):
-            raise FragmentShapeError(f"the partition takes indices up to {indices.max()} of fragment variable "
+        # (a range stays a range until the indices selected are taken: it may be long)
+        ends = (indices[0], indices[-1]) if isinstance(indices, range) else indices
+        if len(indices) and (min(ends) < 0 or max(ends) >= size):
+            raise FragmentShapeError(f"the partition takes indices up to {max(ends)} of fragment variable "
                                      f"{var.name!r}, which has shape {shape}")
         if axis < 0:  # (the parser checked that a part takes one element here)
             file_key.append(int(indices[0]))
@@ -250,6 +251,7 @@ def _virtual_selection(var: Any, ref: FragmentRef, key: tuple, axes: tuple[int, 
         present.append(axis)
         chosen = (indices[::-1] if ref.reversed and ref.reversed[axis] else indices)[key[axis]]
         if isinstance(key[axis], slice):
+            chosen = np.asarray(chosen, dtype=np.int64)
             low = int(chosen.min()) if chosen.size else 0
             file_key.append(slice(low, int(chosen.max()) + 1 if chosen.size else 0))
             gathers.append(chosen - low)
