@@ -388,6 +388,8 @@ def _python_literal(text: str, what: str, where: Where) -> Any:
 
 def _scalar(kind: str, token: str, what: str, where: Where) -> Any:
     if kind == "string":
+        if "\\" not in token:
+            return token[1:-1]  # (nothing to unescape: by far the common case)
         try:
             return ast.literal_eval(token)  # one string literal: no more memory than the string
         except (ValueError, SyntaxError) as exc:
