@@ -187,7 +187,8 @@ def _read_partition(record: Any, position: int, context: _Context) -> _Partition
     shape = _first(data, ("shape", "pshape"), None)
     if shape is not None:
         shape = _integers(shape, None, f"{label} shape", where, index)
-    axes = _axes(_first(record, ("dimensions", "pdimensions"), None), label, context, index)
+    names = _first(record, ("dimensions", "pdimensions"), None)
+    axes = _axes(names, label, context, index)
     ndim = len(axes) if axes is not None else len(dims)
     part = _part(record.get("part"), ndim, shape, label, where, index)
     calendar = _first(record, ("calendar", "pcalendar"), None)
@@ -212,7 +213,8 @@ def _read_partition(record: Any, position: int, context: _Context) -> _Partition
         in_file=in_file,
         units=_optional_string(_first(record, ("units", "punits"), None), f"{label} units", where, index),
         axes=axes,
-        reversed=_reversed(_first(record, ("directions", "pdirections"), None), label, context, index),
+        reversed=_reversed(_first(record, ("directions", "pdirections"), None), label, context, index,
+                           extra=set(names or ()) - set(dims)),
         part=part,
     )
 
@@ -229,11 +231,13 @@ def _axes(value: Any, label: str, context: _Context, index: list[int]) -> tuple[
     return None if axes == tuple(range(len(context.dims))) else axes
 
 
-def _reversed(value: Any, label: str, context: _Context, index: list[int]) -> tuple[bool, ...] | None:
-    """Per aggregated dimension, whether the partition runs against the aggregated data."""
+def _reversed(value: Any, label: str, context: _Context, index: list[int], *, extra: set[str]
+              ) -> tuple[bool, ...] | None:
+    """Per aggregated dimension, whether the partition runs against the aggregated data
+    (``extra``: the partition's size-1 dimensions the aggregation lacks, which may be named too)."""
     if value is None:
         return None
-    own = _directions(value, None, context.where, index, scalar_ok=not context.dims)
+    own = _directions(value, [*context.dims, *extra], context.where, index, scalar_ok=not context.dims)
     flags = tuple(
         name in own and own[name] != context.directions.get(name, True) for name in context.dims
     )
@@ -241,16 +245,13 @@ def _reversed(value: Any, label: str, context: _Context, index: list[int]) -> tu
 
 
 def _directions(
-    value: Any, dims: Sequence[str] | None, where: Where, index: list[int] | None, *, scalar_ok: bool
+    value: Any, dims: Sequence[str], where: Where, index: list[int] | None, *, scalar_ok: bool
 ) -> dict[str, bool]:
-    """A ``directions`` mapping (dimension -> increasing); scalar data may give one boolean.
-    ``dims``: the dimensions it may name (None: any, as a partition names its size-1 extras too)."""
+    """A ``directions`` mapping (dimension -> increasing); scalar data may give one boolean."""
     if value is None or (scalar_ok and isinstance(value, bool)):
         return {}
-    if not isinstance(value, dict) or not all(
-        (dims is None or name in dims) and isinstance(v, bool) for name, v in value.items()
-    ):
-        raise where.error(f"directions {_show(value)} should map dimensions to true or false", index)
+    if not isinstance(value, dict) or not all(name in dims and isinstance(v, bool) for name, v in value.items()):
+        raise where.error(f"directions {_show(value)} should map dimensions {list(dims)} to true or false", index)
     return value
 
 

@@ -552,6 +552,7 @@ def test_nca_part_selecting_everything_is_accepted(tmp_path: Path) -> None:
         ({"dimensions": ["time", "lat", "height"]}, "leaves out dimension 'lon'"),
         ({"dimensions": ["time", "lat"]}, "leaves out dimension 'lon'"),
         ({"directions": {"time": "up"}}, "directions"),
+        ({"directions": {"height": True}}, r"directions .* should map dimensions \['time', 'lat', 'lon'\]"),
         ({"units": 273.15}, "units"),
     ],
 )
