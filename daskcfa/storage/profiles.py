@@ -31,6 +31,7 @@ import os
 import pickle
 import re
 import secrets
+import stat
 import threading
 import time
 import warnings
@@ -298,6 +299,8 @@ def s3nc_config() -> S3ncConfig:
     return _load_s3nc(path, checked[1])
 
 
+#: A configuration file larger than this is not read (a handful of hosts take a few kB).
+_S3NC_MAX_BYTES = 1 << 20
 #: What daskcfa takes from the file; anything else is named in a warning (never ignored silently).
 _S3NC_KEYS = {"version", "hosts", "resource_allocation"}
 _S3NC_HOST_KEYS = {"alias", "url", "credentials", "api"}
@@ -327,8 +330,13 @@ def _load_s3nc(path: str, stamp: int) -> S3ncConfig:
     """The file, as far as it can be used; one warning lists whatever cannot be (once per version)."""
     problems: list[str] = []
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+            raise ValueError("it is not a regular file")
+        with open(path, "rb") as f:
+            raw = f.read(_S3NC_MAX_BYTES + 1)
+        if len(raw) > _S3NC_MAX_BYTES:
+            raise ValueError(f"it is larger than {_S3NC_MAX_BYTES:,} bytes")
+        data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError("it does not hold a JSON object")
     except (OSError, ValueError, RecursionError) as exc:

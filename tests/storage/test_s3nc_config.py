@@ -8,6 +8,7 @@ URI naming an unusable alias fails (a StorageError naming it, no secret).
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
@@ -114,6 +115,22 @@ def test_malformed_file_gives_one_warning(tmp_path, s3nc_file, content):
         _read_locally(tmp_path)
         s3nc_config()
     assert len(_config_warnings(record)) == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_configuration_that_never_ends_is_not_read(tmp_path, s3nc_file, kind):
+    """A FIFO, /dev/zero or a huge file as the configuration: one warning, no hang, no memory blow-up."""
+    if kind == "fifo":
+        os.mkfifo(s3nc_file)  # nobody writes to it: opening it for reading would block forever
+    elif kind == "device":
+        s3nc_file.symlink_to("/dev/zero")
+    else:
+        s3nc_file.write_text('{"hosts": {}, "pad": "' + "x" * (2 << 20) + '"}')
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _read_locally(tmp_path)
+    found = _config_warnings(record)
+    assert len(found) == 1 and ("not a regular file" in found[0] or "larger than" in found[0])
 
 
 def test_an_unusable_alias_fails_only_when_used(tmp_path, s3nc_file, s3_server, s3_bucket, s3fs_fs):
