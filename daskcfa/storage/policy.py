@@ -57,7 +57,10 @@ def _origin(uri: str) -> str:
 def _endpoint(url: str) -> str:
     """An endpoint URL in one spelling: ``HTTP://Host:80/`` -> ``http://host``."""
     parts = urlsplit(url.strip())
-    port = parts.port
+    try:
+        port = parts.port
+    except ValueError:  # not a port: compared as written
+        return url.strip().lower().rstrip("/")
     default = {"http": 80, "https": 443}.get(parts.scheme.lower())
     netloc = (parts.hostname or "") + ("" if port in (None, default) else f":{port}")
     return f"{parts.scheme.lower()}://{netloc}{parts.path.rstrip('/')}"
