@@ -62,7 +62,8 @@ def _endpoint(url: str) -> str:
     except ValueError:  # not a port: compared as written
         return url.strip().lower().rstrip("/")
     default = {"http": 80, "https": 443}.get(parts.scheme.lower())
-    netloc = (parts.hostname or "") + ("" if port in (None, default) else f":{port}")
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + ("" if port in (None, default) else f":{port}")
     return f"{parts.scheme.lower()}://{netloc}{parts.path.rstrip('/')}"
 
 
