@@ -97,10 +97,17 @@ class FragmentRef:
     value: Any = None
     units: str | None = None
     #: Fragment-file dimension order, as positions of aggregated dimensions
-    #: (only NCA partitions may be transposed); ``None`` = same order.
+    #: (only NCA partitions may be transposed; -1: a size-1 file dimension the
+    #: aggregation does not span); ``None`` = same order.
     axes: tuple[int, ...] | None = None
     #: Per aggregated dimension, True where the fragment stores it reversed.
     reversed: tuple[bool, ...] | None = None
+    #: Group of the fragment file where a bare ``identifier`` is looked up
+    #: before the root (S3netCDF4 writes a grouped variable at its group path).
+    identifier_group: str | None = None
+    #: NCA virtual partition: per file dimension, the indices of the file
+    #: variable that make up the fragment (a ``range`` or a tuple); None = all.
+    part: tuple[range | tuple[int, ...], ...] | None = None
 
     @property
     def is_missing(self) -> bool:
@@ -111,6 +118,13 @@ class FragmentRef:
         if not self.identifiers or self.identifiers[position] == self.identifier:
             return self
         return dataclasses.replace(self, identifier=self.identifiers[position])
+
+    def variable_names(self, default: str) -> tuple[str, ...]:
+        """The names to look the fragment's variable up by in its file, in order."""
+        name = self.identifier or default
+        if self.identifier_group in (None, "", "/") or "/" in name:
+            return (name,)
+        return (f"{self.identifier_group.rstrip('/')}/{name}", name)
 
 
 @dataclass(frozen=True)
@@ -132,6 +146,9 @@ class Fragments:
     units: np.ndarray | None = None
     axes: np.ndarray | None = None
     reversed: np.ndarray | None = None
+    parts: np.ndarray | None = None  #: :attr:`FragmentRef.part` per fragment
+    #: see :attr:`FragmentRef.identifier_group` (one group for every fragment)
+    identifier_group: str | None = None
 
     def __post_init__(self) -> None:
         if self.uris is not None and self.uris.ndim == self.grid.ndim:
@@ -173,6 +190,8 @@ class Fragments:
             units=_str_or_none(self._cell(self.units, index)),
             axes=_tuple_or_none(self._cell(self.axes, index)),
             reversed=_tuple_or_none(self._cell(self.reversed, index)),
+            identifier_group=self.identifier_group,
+            part=_tuple_or_none(self._cell(self.parts, index)),
         )
 
     def __iter__(self) -> Iterator[FragmentRef]:

@@ -378,7 +378,7 @@ def write_fragment_file(path: Path, name: str, dims: Sequence[str], stored: np.n
         gpath, _, vname = name.rpartition("/")
         g = _group(ds, gpath) if gpath else ds
         for d, n in zip(dims, stored.shape):
-            _ensure_dim(ds, d, n)
+            _ensure_dim(g, d, n)
         fill = attrs.get("_FillValue")
         endian = {">": "big", "<": "little"}.get(stored.dtype.byteorder, "native")
         v = g.createVariable(vname, stored.dtype, tuple(dims), fill_value=fill if fill is not None else False,
@@ -468,6 +468,7 @@ def _layout(
     fragment_dir: str = "fragments",
     unique: bool = False,
     fragment_global_attrs: Mapping | None = None,
+    fragment_group: str | None = None,
 ) -> _Layout:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -552,7 +553,9 @@ def _layout(
                 frag.path = fpath
                 frag.uris = [_uri_for(fpath, agg_path.parent, uri_style)]
                 if spec.write_file:
-                    write_fragment_file(fpath, ident, fdims, stored_k, fattrs, fmt=spec.format,
+                    # (S3netCDF4 puts a grouped variable at its group path, ``ident`` staying bare)
+                    at = f"{fragment_group.rstrip('/')}/{ident}" if fragment_group else ident
+                    write_fragment_file(fpath, at, fdims, stored_k, fattrs, fmt=spec.format,
                                         global_attrs=fragment_global_attrs, storage=spec.storage)
         fragments[idx] = frag
 
@@ -932,19 +935,25 @@ def build_cfa06(
 # CFA-0.5 (S3netCDF4 v2)
 # --------------------------------------------------------------------------
 def build_cfa05(directory, truth, dims, sizes, *, name: str = "tas", coords: bool = True, fmt: str = "NETCDF4",
-                mutate: Callable | None = None, **layout_kw) -> Built:
-    """CFA-0.5: a ``cfa_<var>`` group holding the partition matrix (end-exclusive locations)."""
+                mutate: Callable | None = None, group: str | None = None, **layout_kw) -> Built:
+    """CFA-0.5: a ``cfa_<var>`` group holding the partition matrix (end-exclusive locations).
+
+    ``group``: the variable (its dimensions and coordinates) in that group, and
+    in each fragment file at the same group path while ``ncvar`` stays bare,
+    as S3netCDF4 writes it.
+    """
     assert fmt == "NETCDF4", "CFA-0.5 needs netCDF-4 groups"
     layout_kw.setdefault("agg_name", "aggregation.nca")
-    lay = _layout(directory, truth, dims, sizes, name=name, **layout_kw)
+    lay = _layout(directory, truth, dims, sizes, name=name, fragment_group=group, **layout_kw)
     ds = _open_agg(lay, "NETCDF4", False)
     try:
         ds.setncattr("Conventions", "CF-1.7 CFA-0.5")
-        _write_dims_and_coords(ds, lay, coords)
+        owner = _group(ds, group) if group else ds
+        _write_dims_and_coords(owner, lay, coords)
         gname = f"cfa_{name}"
-        _write_agg_var(ds, lay, name, {"cf_role": "cfa_variable", "cfa_dimensions": " ".join(lay.dims),
-                                       "cfa_group": gname})
-        g = ds.createGroup(gname)
+        _write_agg_var(owner, lay, name, {"cf_role": "cfa_variable", "cfa_dimensions": " ".join(lay.dims),
+                                          "cfa_group": gname})
+        g = owner.createGroup(gname)
         nd = len(lay.dims)
         for d, k in zip(lay.dims, lay.grid_shape):
             g.createDimension(d, k)
@@ -984,7 +993,7 @@ def build_cfa05(directory, truth, dims, sizes, *, name: str = "tas", coords: boo
             mutate(ds, g, {"group": gname})
     finally:
         ds.close()
-    return _built("CFA-0.5", lay, name, {"group": gname})
+    return _built("CFA-0.5", lay, f"/{group.strip('/')}/{name}" if group else name, {"group": gname})
 
 
 # --------------------------------------------------------------------------
@@ -1007,12 +1016,14 @@ def _partitions(lay: _Layout, inclusive: bool, base: str | None):
 
 def build_cfa04(directory, truth, dims, sizes, *, name: str = "tas", fmt: str = "NETCDF4",
                 dims_attr: str = "cfa_dimensions", base: bool = False, coords: bool = True,
-                json_override: str | None = None, mutate: Callable | None = None, **layout_kw) -> Built:
-    """CFA-0.4: ``cfa_array`` JSON, inclusive location ends, absent partitions = missing."""
+                json_override: str | None = None, mutate: Callable | None = None, group: str | None = None,
+                **layout_kw) -> Built:
+    """CFA-0.4: ``cfa_array`` JSON, inclusive location ends, absent partitions = missing
+    (``group``: as for :func:`build_cfa05`)."""
     layout_kw.setdefault("agg_name", "aggregation.nca")
     if base:
         layout_kw["uri_style"] = "absolute"
-    lay = _layout(directory, truth, dims, sizes, name=name, **layout_kw)
+    lay = _layout(directory, truth, dims, sizes, name=name, fragment_group=group, **layout_kw)
     base_s = str((lay.directory / "fragments").resolve()) + "/" if base else None
     doc: dict[str, Any] = {
         "pmshape": list(lay.grid_shape),
@@ -1028,14 +1039,15 @@ def build_cfa04(directory, truth, dims, sizes, *, name: str = "tas", fmt: str = 
     ds = _open_agg(lay, fmt, False)
     try:
         ds.setncattr("Conventions", "CF-1.7 CFA-0.4")
-        _write_dims_and_coords(ds, lay, coords)
-        _write_agg_var(ds, lay, name, {"cf_role": "cfa_variable", dims_attr: " ".join(lay.dims),
-                                       "cfa_array": json_override if json_override is not None else json.dumps(doc)})
+        owner = _group(ds, group) if group else ds
+        _write_dims_and_coords(owner, lay, coords)
+        _write_agg_var(owner, lay, name, {"cf_role": "cfa_variable", dims_attr: " ".join(lay.dims),
+                                          "cfa_array": json_override if json_override is not None else json.dumps(doc)})
         if mutate is not None:
             mutate(ds, ds, {})
     finally:
         ds.close()
-    return _built("CFA-0.4", lay, name, {})
+    return _built("CFA-0.4", lay, f"/{group.strip('/')}/{name}" if group else name, {})
 
 
 def build_nca(directory, truth, dims, sizes, *, name: str = "tas", fmt: str = "NETCDF4", coords: bool = True,
@@ -1093,3 +1105,60 @@ _BUILDERS = {
 def build(dialect: str, directory, truth, dims, sizes, **kw) -> Built:
     """Write an aggregation dataset of ``dialect`` (one of :data:`DIALECTS`)."""
     return _BUILDERS[dialect](directory, truth, dims, sizes, **kw)
+
+
+def build_nca_virtual(directory, truth, *, cf_role: bool = True) -> Built:
+    """NCA as the convention's examples write it (Python-style quotes), over ``truth`` of shape
+    (6, 4, 5) with dims time, lat, lon, a 2 x 1 x 2 partition matrix:
+
+    * (0, 0, 0) and (1, 0, 0): virtual partitions of one file variable ``big`` of
+      shape (8, 4, 5) (``part``: a range; an index list out of order and a
+      decreasing range), the other elements of ``big`` holding decoys;
+    * (0, 0, 1): a file variable with an extra leading size-1 dimension ``height``
+      (``dimensions`` and ``directions``) in its own units (degC);
+    * (1, 0, 1): a private variable of the NCA file itself (no ``file``), stored
+      with ``lat`` reversed (``directions``).
+
+    ``cf_role=False`` leaves out ``cf_role``: ``nca_dimensions``/``nca_array`` alone mark it.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    t = np.ma.filled(np.ma.asarray(truth), np.float32(0)).astype("f4")
+    assert t.shape == (6, 4, 5)
+    big = np.full((8, 4, 5), 9999.0, dtype="f4")
+    big[2:5, :, 0:3] = t[0:3, :, 0:3]  # part [(2, 4, 1), (0, 3, 1), (0, 2, 1)]
+    big[[7, 5, 6], :, 0:3] = t[3:6, ::-1, 0:3]  # part [[7, 5, 6], (3, 0, -1), (0, 2, 1)]
+    write_fragment_file(directory / "sub" / "big.nc", "big", ("t", "y", "x"), big, {"units": "K"})
+    extra = (t[0:3, :, 3:5] - 273.15)[np.newaxis]
+    write_fragment_file(directory / "sub" / "high.nc", "tas", ("height", "time", "lat", "lon"), extra.astype("f4"),
+                        {"units": "degC"})
+    partitions = [
+        {"index": [0, 0], "location": [[0, 3], [0, 4], [0, 3]], "part": "[(2, 4, 1), (0, 3, 1), (0, 2, 1)]",
+         "data": {"file": "sub/big.nc", "ncvar": "big", "shape": [8, 4, 5], "dtype": "float"}},
+        {"index": [1, 0], "location": [[3, 6], [0, 4], [0, 3]], "part": "[[7, 5, 6], (3, 0, -1), (0, 2, 1)]",
+         "data": {"file": "sub/big.nc", "ncvar": "big", "shape": [8, 4, 5], "dtype": "float"}},
+        {"index": [0, 1], "location": [[0, 3], [0, 4], [3, 5]], "units": "degC",
+         "dimensions": ["height", "time", "lat", "lon"], "directions": {"height": True},
+         "data": {"file": "sub/high.nc", "ncvar": "tas", "shape": [1, 3, 4, 2], "dtype": "float"}},
+        {"index": [1, 1], "location": [[3, 6], [0, 4], [3, 5]], "directions": {"lat": False},
+         "data": {"ncvar": "tas_p11", "shape": [3, 4, 2], "dtype": "float"}},
+    ]
+    array = {"pmdimensions": ["time", "lon"], "pmshape": [2, 2], "base": "", "Partitions": partitions}
+    path = directory / "virtual.nca"
+    with netCDF4.Dataset(str(path), "w") as ds:
+        ds.Conventions = "CF-1.5 NCA"
+        for name, size in zip(("time", "lat", "lon"), t.shape):
+            ds.createDimension(name, size)
+        for name, size in zip(("p11_time", "p11_lat", "p11_lon"), (3, 4, 2)):
+            ds.createDimension(name, size)
+        private = ds.createVariable("tas_p11", "f4", ("p11_time", "p11_lat", "p11_lon"))
+        private.cf_role = "nca_private"
+        private[...] = t[3:6, ::-1, 3:5]
+        var = ds.createVariable("tas", "f4")
+        var.units = "K"
+        if cf_role:
+            var.cf_role = "nca_variable"
+        var.nca_dimensions = "time lat lon"
+        var.nca_array = str(array)  # Python style: single quotes, as in the convention's examples
+    return Built(dialect="NCA", path=path, variable="tas", expected=np.ma.asarray(t), dims=("time", "lat", "lon"),
+                 sizes=((3, 3), (4,), (3, 2)), fill_value=None)

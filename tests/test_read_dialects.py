@@ -13,6 +13,7 @@ import shutil
 
 import dask
 import dask.array as da
+import netCDF4
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +22,8 @@ from hypothesis.extra import numpy as hnp
 
 import daskcfa
 from builders import DIALECTS, Frag, assert_matches, build, build_cf113, build_cfa04, build_cfa05, build_cfa06
-from builders import build_cfapyx_interim, build_cfdm_interim, build_nca, make_truth, DEFAULT_FILL
+from builders import build_cfapyx_interim, build_cfdm_interim, build_nca, build_nca_virtual, make_truth, DEFAULT_FILL
+from builders import write_fragment_file
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
 
@@ -1083,3 +1085,77 @@ def test_random_aggregations(tmp_path_factory, agg):
             for cb, fb in zip(_boundaries(merged.chunks), _boundaries(b.sizes)):
                 assert cb <= fb
         assert_matches(merged.compute(), b.expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4"])
+def test_s3netcdf4_variable_in_a_group(tmp_path, dialect):
+    """S3netCDF4 puts /forecast/tas at /forecast/tas of each sub-array file while ``ncvar`` says tas."""
+    b = build(dialect, tmp_path, truth(), DIMS, SIZES, group="forecast")
+    assert b.variable == "/forecast/tas"
+    check_read(b)
+
+
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4"])
+def test_s3netcdf4_group_falls_back_to_the_root_of_the_fragment(tmp_path, dialect):
+    """Sub-array files with the variable at the root still read (the group path is tried first);
+    a fragment holding neither is refused naming both places."""
+    b = build(dialect, tmp_path, truth(), DIMS, SIZES, group="forecast")
+    b.fragment_files[(0, 0, 0)].unlink()
+    with netCDF4.Dataset(b.fragment_files[(0, 0, 0)], "w") as nc:  # the root only, other values
+        for d, n in zip(DIMS, b.expected[:2, :, :2].shape):
+            nc.createDimension(d, n)
+        nc.createVariable("tas", "f4", DIMS)[...] = np.full((2, 4, 2), 7.0, dtype="f4")
+    expected = b.expected.copy()
+    expected[:2, :, :2] = 7.0
+    assert_matches(read(b).compute(), expected)
+    b.fragment_files[(0, 0, 0)].unlink()
+    with netCDF4.Dataset(b.fragment_files[(0, 0, 0)], "w") as nc:
+        nc.createGroup("forecast")
+    with pytest.raises(daskcfa.FragmentReadError, match="'/forecast/tas' or 'tas' not found") as info:
+        read(b).compute()
+    assert info.value.fragment == (0, 0, 0)
+
+
+@pytest.mark.parametrize("cf_role", [True, False])
+def test_nca_virtual_partitions_extra_dims_quotes_and_in_file(tmp_path, cf_role):
+    """NCA as its convention writes it: ``part`` ranges and index lists (two partitions of one
+    file variable), a size-1 file dimension the aggregation lacks, own units and directions,
+    a sub-array in the NCA file itself, Python-style quotes; with or without ``cf_role``."""
+    b = build_nca_virtual(tmp_path, truth(masked=0), cf_role=cf_role)
+    x = daskcfa.from_cfa(str(b.path), "tas")
+    assert x.chunks == b.chunks
+    assert_matches(x.compute(), b.expected, rtol=1e-5)
+    # pieces across partitions, reversed and strided selections, single points
+    for key in [(slice(1, 5), slice(None), slice(2, 4)), (slice(None, None, -2), 2, slice(None, None, -1)),
+                (4, slice(3, 0, -1), 4), (slice(2, 5), slice(1, 3), slice(0, 5, 3)), (5, 0, 0)]:
+        assert_matches(x[key].compute(), b.expected[key], rtol=1e-5)
+
+
+def test_nca_bad_virtual_partitions_are_refused(tmp_path):
+    b = build_nca_virtual(tmp_path, truth(masked=0))
+    with netCDF4.Dataset(b.path) as ds:
+        text = ds["tas"].nca_array
+    for old, new, error, match in [
+        ("(2, 4, 1), (0, 3, 1)", "(2, 4, 1), (1, 3, 1)", daskcfa.CFAFormatError, "does not fit the shape"),
+        ("(0, 3, 1), (0, 2, 1)]'", "(0, 1, 1), [0, 1, 2, 0, 1, 2]]'", daskcfa.CFAFormatError,
+         "selects 2 elements along 'lat', but it spans 4"),
+        ("[7, 5, 6]", "[7, 5, 8]", daskcfa.CFAFormatError, "within the file variable"),
+        ("'[(2, 4, 1), (0, 3, 1), (0, 2, 1)]'", "'[(2, 4, 1), (0, 3, 1)]'", daskcfa.CFAFormatError,
+         "one index selection per dimension"),
+        ("(2, 4, 1), (0, 3, 1)", "(2, 4, 0), (0, 3, 1)", daskcfa.CFAFormatError, "not a non-empty range"),
+        ("'shape': [1, 3, 4, 2]", "'shape': [1, 3, 4, 2], 'format': 'PP'", daskcfa.CFAFormatError, "format 'PP'"),
+        ("'tas_p11'", "'nowhere'", daskcfa.CFAFormatError, "no variable 'nowhere'"),
+    ]:
+        assert old in text
+        with netCDF4.Dataset(b.path, "a") as ds:
+            ds["tas"].nca_array = text.replace(old, new, 1)
+        with pytest.raises(error, match=match):
+            daskcfa.from_cfa(str(b.path), "tas").compute()
+    with netCDF4.Dataset(b.path, "a") as ds:
+        ds["tas"].nca_array = text
+    b.path.parent.joinpath("sub", "high.nc").unlink()  # now with two elements along 'height'
+    write_fragment_file(b.path.parent / "sub" / "high.nc", "tas", ("height", "time", "lat", "lon"),
+                        np.zeros((2, 3, 4, 2), dtype="f4"), {"units": "degC"})
+    with pytest.raises(daskcfa.FragmentShapeError, match=r"shape \(2, 3, 4, 2\), expected \(1, 3, 4, 2\)") as info:
+        daskcfa.from_cfa(str(b.path), "tas").compute()
+    assert info.value.fragment == (0, 0, 1)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import DIALECTS, Frag, assert_matches, build, make_truth
+from builders import DIALECTS, Frag, assert_matches, build, build_nca_virtual, make_truth
 from remote_helpers import (
     DIMS,
     SHAPE,
@@ -52,6 +52,22 @@ def test_every_dialect_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, dialect):
     # a slice across fragment boundaries, and a single point
     assert_matches(x[1:5, 2, 1:4].compute(), built.expected[1:5, 2, 1:4])
     assert_matches(x[5, 3, 4].compute(), built.expected[5, 3, 4])
+
+
+@pytest.mark.parametrize("dialect", ["CFA-0.5", "CFA-0.4"])
+def test_s3netcdf4_variable_in_a_group_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, dialect):
+    built = build(dialect, tmp_path / "ds", truth(), DIMS, SIZES, group="forecast")
+    base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "grouped")
+    x = daskcfa.from_cfa(f"{base}/{built.path.name}", "/forecast/tas", storage_options=s3_server.storage_options)
+    assert_matches(x.compute(), built.expected)
+
+
+def test_nca_virtual_partitions_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    built = build_nca_virtual(tmp_path / "ds", truth(masked=0), cf_role=False)
+    base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "nca")
+    x = daskcfa.from_cfa(f"{base}/{built.path.name}", "tas", storage_options=s3_server.storage_options)
+    assert_matches(x.compute(), built.expected, rtol=1e-5)
+    assert_matches(x[4:, ::-1, 1:4].compute(), built.expected[4:, ::-1, 1:4], rtol=1e-5)
 
 
 @pytest.mark.parametrize("dialect", ["CF-1.13", "CFA-0.6", "CFA-0.4"])

@@ -658,3 +658,39 @@ def test_from_options_plugin_payload_does_not_show_the_options():
 
     plugin = StorageProfiles.from_options({"key": "AKIDEXAMPLE", "secret": "from-options-secret-0123456789"})
     assert b"from-options-secret-0123456789" not in cloudpickle.dumps(plugin)
+
+
+def test_s3netcdf4_alias_fragments_read_through_the_real_url(tmp_path, s3_server, s3_bucket, s3fs_fs, monkeypatch):
+    """An archive written through an alias (fragment URIs ``s3://tenancy-0/<bucket>/...``) opened by
+    its real URL: the alias names the same endpoint and bucket, so the same location. An alias
+    reaching another endpoint, or another bucket, is still another location."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: an endpoint elsewhere
+        sock.bind(("127.0.0.1", 0))
+        elsewhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    hosts = {f"s3://{alias}": {"alias": alias, "url": url,
+                               "credentials": {"accessKey": s3_server.key, "secretKey": s3_server.secret}}
+             for alias, url in (("tenancy-0", s3_server.endpoint_url.upper().rstrip("/") + "/"),
+                                ("elsewhere", elsewhere))}
+    path = tmp_path / "s3nc.json"
+    path.write_text(json.dumps({"hosts": hosts}))
+    monkeypatch.setenv("S3_NC_CONFIG", str(path))
+    other = s3_server.new_bucket("other")
+    for reference, error in ((None, None), (f"s3://tenancy-0/{other}/victim.nc", daskcfa.UnsafeURIError),
+                             ("s3://elsewhere/{bucket}/ds/{u}", daskcfa.UnsafeURIError)):
+        def change(index, uri, reference=reference):
+            if reference is None or index != VICTIM:
+                return f"s3://tenancy-0/{s3_bucket}/ds/{uri}"
+            return reference.format(bucket=s3_bucket, u=uri)
+
+        built, url = _s3_dataset(tmp_path / str(error), s3fs_fs, s3_bucket, change=change)
+        s3fs_fs.put(str(built.fragment_files[VICTIM]), f"{other}/victim.nc")
+        x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
+        if error is None:
+            assert_matches(x.compute(), built.expected)
+            continue
+        assert_matches(x[:2].compute(), built.expected[:2])
+        with pytest.raises(error) as info:
+            x.compute()
+        assert info.value.fragment == VICTIM

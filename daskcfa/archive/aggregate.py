@@ -201,6 +201,10 @@ def _fragment_of(info: FileInfo) -> tuple[str | None, str, tuple[int, ...] | Non
             else:
                 continue
             return stem, path, tuple(int(p) for p in parts[-ndim:]) if dims else None
+    if not candidates and info.groups:
+        raise AggregationError(f"the fragment holds its data in groups ({', '.join(info.groups)}), as CFA-0.5 and "
+                               "CFA-0.4 fragments of variables in groups do (S3netCDF4's layout); rebuilding from "
+                               "fragments in groups is not supported", file=info.uri)
     if len(candidates) != 1:
         raise AggregationError(f"cannot tell which variable the fragment holds (candidates: "
                                f"{', '.join(candidates) or 'none'})", file=info.uri)

@@ -322,11 +322,10 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
     if ref is None or ref.axes is not None:
         return SourceLayout(grid)
     uri = storage.resolve(ref.uris[0], aggregation.source)
-    name = ref.identifier or aggregation.basename
     try:
         access.policy.check(uri)
-        with open_fragment(uri, name, profile=access.profile, policy=access.policy, fraction=0.0,
-                           expected_nbytes=1 << 62) as var:
+        with open_fragment(uri, ref.variable_names(aggregation.basename), profile=access.profile,
+                           policy=access.policy, fraction=0.0, expected_nbytes=1 << 62) as var:
             stored = var._var  # the engine's variable: the direct HDF5 reader knows the layout
             chunks = getattr(stored, "chunks", None)
             filters = getattr(stored, "_filters", ())

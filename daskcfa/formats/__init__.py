@@ -27,8 +27,8 @@ def dialect_of(var: netCDF4.Variable) -> str | None:
     role = var.getncattr("cf_role") if "cf_role" in attrs else None
     if role == "cfa_variable":
         return "cfa_group" if "cfa_group" in attrs else "cfa_array"
-    if role == "nca_variable":
-        return "nca_array"
+    if role == "nca_variable" or "nca_array" in attrs:
+        return "nca_array"  # (``nca_array`` marks NCA even without cf_role: never read as a scalar)
     return None
 
 

@@ -30,7 +30,9 @@ Instruction names (``<v>`` is the aggregated variable's name; a ``_1``,
   URIs, ``<v>_file`` and (unless one name serves all) ``<v>_address`` span
   ``f_alternatives`` too, one address per URI.
 * CFA-0.5: the group ``cfa_<v>`` beside the variable, its contents named as
-  S3netCDF4 names them.
+  S3netCDF4 names them. CFA-0.5 and CFA-0.4 variables in a group get their
+  dimensions in that group (copies of ancestors' where needed), where
+  S3netCDF4 looks for them.
 * netCDF-3 and NETCDF4_CLASSIC files hold strings as ``char`` arrays whose
   last dimension is ``strlen<n>``.
 
@@ -253,6 +255,16 @@ class _Layout:
         attrs = {k: v for k, v in av.attrs.items() if k not in INSTRUCTION_ATTRS}
         self.add(av.name, (), av.dtype, None, {**attrs, **instructions})
 
+    def dimensions_in_group(self, av: AggregatedVariable) -> None:
+        """S3netCDF4 looks a variable's dimensions up in its own group only: those defined in an
+        ancestor group get a copy there (same name and size; netCDF scoping finds it first)."""
+        group = _split(av.name)[0]
+        for dim, size in zip(av.dims, av.fragments.grid.shape):
+            path = _join(group, dim)
+            if group != "/" and "/" not in dim and path not in self.sizes:
+                self.flat.dimensions.append(Dimension(path, size))
+                self.sizes[path] = size
+
     def check_dimensions(self, av: AggregatedVariable) -> None:
         """The aggregated dimensions must exist (by netCDF scoping) with the sizes the grid gives."""
         group = _split(av.name)[0]
@@ -348,6 +360,7 @@ def _encode_cfa05(layout: _Layout, av: AggregatedVariable) -> None:
     if not av.dims:
         raise _error(av, "CFA-0.5 cannot describe scalar aggregated data (its partition matrix needs a dimension)")
     parts = _Partitions.of(av)
+    layout.dimensions_in_group(av)
     grid_shape = av.fragments.grid.grid_shape
     ndim = len(grid_shape)
     pm_group = _join(group, layout.name(f"cfa_{base}"))
@@ -396,6 +409,7 @@ def _encode_cfa04(layout: _Layout, av: AggregatedVariable) -> None:
     model, taken to be the aggregation file's (S3netCDF4 writes both alike).
     """
     parts = _Partitions.of(av)
+    layout.dimensions_in_group(av)
     partitions = [
         {
             "index": index,
@@ -536,7 +550,8 @@ def _check_plain(av: AggregatedVariable) -> None:
     units = av.attrs.get("units")
     if frags.units is not None and any(u is not None and u != units for u in np.asarray(frags.units, object).ravel()):
         raise _error(av, "fragments in their own units cannot be written; convert them first")
-    for column, what in ((frags.axes, "dimension orders"), (frags.reversed, "directions")):
+    for column, what in ((frags.axes, "dimension orders"), (frags.reversed, "directions"),
+                         (frags.parts, "parts of their file variables")):
         if column is not None and any(c is not None for c in np.asarray(column, object).ravel()):
             raise _error(av, f"fragments with their own {what} cannot be written")
 

@@ -7,11 +7,17 @@ layout, renamed the attributes and made location ends inclusive. Only listed
 partitions exist; the others read as missing data.
 
 Both dialects' per-partition extras are honoured: own units, dimension order
-and directions. Refused with a CFAFormatError, because no reader could apply
-them and ignoring them would return wrong data: a ``part`` selecting less than
-the whole file variable, non-netCDF fragment formats, a partition calendar
-other than the aggregated variable's, and partition dimensions that are not
-aggregated dimensions (extra size-1 axes).
+and directions, file variables with size-1 dimensions the aggregation does
+not span, and virtual partitions (``part``: the indices of the file variable
+that make up the partition, so several partitions may share one file).
+Refused with a CFAFormatError, because ignoring them would return wrong data:
+non-netCDF fragment formats (PP) and a partition calendar other than the
+aggregated variable's.
+
+The convention's own examples write the JSON, and ``part``, as Python
+literals (single quotes, tuples, True/None): when the text is not JSON it is
+read by a small literal parser (no ``eval``; memory in proportion to the
+text, nesting bounded).
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import netCDF4
 import numpy as np
 
+from ..errors import CFAFormatError
 from ..model import AggregatedVariable, Fragments
 from ._netcdf import (
     Where,
@@ -63,8 +71,12 @@ def parse_json_partitions(
     array_attr: str,
     dims_attrs: Sequence[str],
     inclusive_ends: bool,
+    identifier_group: str | None = None,
 ) -> AggregatedVariable:
-    """Read a variable whose partitions are listed in the JSON attribute ``array_attr``."""
+    """Read a variable whose partitions are listed in the JSON attribute ``array_attr``.
+
+    ``identifier_group``: where in the sub-array files a bare ``ncvar`` is looked up first.
+    """
     where = Where(source, variable_path(var))
     dims = legacy_dimensions(var, dims_attrs)
     sizes = dimension_sizes(var.group(), dims, variable=where.variable)
@@ -103,6 +115,8 @@ def parse_json_partitions(
         units=_optional_column(grid_shape, index, [p.units for p in partitions]),
         axes=_optional_column(grid_shape, index, [p.axes for p in partitions]),
         reversed=_optional_column(grid_shape, index, [p.reversed for p in partitions]),
+        parts=_optional_column(grid_shape, index, [p.part for p in partitions]),
+        identifier_group=identifier_group,
     )
     return AggregatedVariable(
         name=where.variable,
@@ -142,6 +156,7 @@ class _Partition:
     units: str | None
     axes: tuple[int, ...] | None
     reversed: tuple[bool, ...] | None
+    part: tuple[range | tuple[int, ...], ...] | None
 
 
 def _read_partition(record: Any, position: int, context: _Context) -> _Partition:
@@ -170,10 +185,13 @@ def _read_partition(record: Any, position: int, context: _Context) -> _Partition
     if not isinstance(ncvar, str) or not ncvar:
         raise where.error(f"{label} names no variable ('ncvar')", index)
     file = _optional_string(data.get("file"), f"{label} file", where, index)
-    shape = data.get("shape")
+    shape = _first(data, ("shape", "pshape"), None)
     if shape is not None:
         shape = _integers(shape, None, f"{label} shape", where, index)
-    _check_part(record.get("part"), shape, label, where, index)
+    names = _first(record, ("dimensions", "pdimensions"), None)
+    axes = _axes(names, label, context, index)
+    ndim = len(axes) if axes is not None else len(dims)
+    part = _part(record.get("part"), ndim, shape, label, where, index)
     calendar = _first(record, ("calendar", "pcalendar"), None)
     if calendar is not None and _calendar(calendar) != context.calendar:
         raise where.error(f"{label} has its own calendar; partitions in other calendars are not supported", index)
@@ -188,13 +206,17 @@ def _read_partition(record: Any, position: int, context: _Context) -> _Partition
     return _Partition(
         index=index,
         location=location,
-        count=min(math.prod(shape), _HUGE) if shape is not None else -1,  # capped: beyond int64 never fits
+        # (capped: beyond int64 never fits)
+        count=min(math.prod(map(len, part)) if part is not None else math.prod(shape), _HUGE)
+        if part is not None or shape is not None else -1,
         uri=uri,
         identifier=identifier,
         in_file=in_file,
         units=_optional_string(_first(record, ("units", "punits"), None), f"{label} units", where, index),
-        axes=_axes(_first(record, ("dimensions", "pdimensions"), None), label, context, index),
-        reversed=_reversed(_first(record, ("directions", "pdirections"), None), label, context, index),
+        axes=axes,
+        reversed=_reversed(_first(record, ("directions", "pdirections"), None), label, context, index,
+                           extra=set(names or ()) - set(dims)),
+        part=part,
     )
 
 
@@ -203,22 +225,20 @@ def _axes(value: Any, label: str, context: _Context, index: list[int]) -> tuple[
     if value is None:
         return None
     names = _strings(value, f"{label} dimensions", context.where, index)
-    for name in names:
-        if name not in context.dims:
-            raise context.where.error(
-                f"{label} has dimension {name!r}, which is not an aggregated dimension {list(context.dims)}", index
-            )
     if len(set(names)) != len(names):
         raise context.where.error(f"{label} dimensions {names} repeat a dimension", index)
-    axes = tuple(context.dims.index(name) for name in names)
+    # a dimension the aggregation does not span is a size-1 one of the file variable (-1)
+    axes = tuple(context.dims.index(name) if name in context.dims else -1 for name in names)
     return None if axes == tuple(range(len(context.dims))) else axes
 
 
-def _reversed(value: Any, label: str, context: _Context, index: list[int]) -> tuple[bool, ...] | None:
-    """Per aggregated dimension, whether the partition runs against the aggregated data."""
+def _reversed(value: Any, label: str, context: _Context, index: list[int], *, extra: set[str]
+              ) -> tuple[bool, ...] | None:
+    """Per aggregated dimension, whether the partition runs against the aggregated data
+    (``extra``: the partition's size-1 dimensions the aggregation lacks, which may be named too)."""
     if value is None:
         return None
-    own = _directions(value, context.dims, context.where, index, scalar_ok=not context.dims)
+    own = _directions(value, [*context.dims, *extra], context.where, index, scalar_ok=not context.dims)
     flags = tuple(
         name in own and own[name] != context.directions.get(name, True) for name in context.dims
     )
@@ -232,15 +252,23 @@ def _directions(
     if value is None or (scalar_ok and isinstance(value, bool)):
         return {}
     if not isinstance(value, dict) or not all(name in dims and isinstance(v, bool) for name, v in value.items()):
-        raise where.error(f"directions {_show(value)} should map aggregated dimensions to true or false", index)
+        raise where.error(f"directions {_show(value)} should map dimensions {list(dims)} to true or false", index)
     return value
 
 
 def _check_omitted_dims(partition: _Partition, start: np.ndarray, stop: np.ndarray, context: _Context) -> None:
-    """A partition may leave out aggregated dimensions only where it spans one element."""
-    if partition.axes is None:
-        return
-    for axis in set(range(len(context.dims))) - set(partition.axes):
+    """A partition may leave out aggregated dimensions only where it spans one element, and
+    its ``part`` must select as many elements as it spans along each dimension."""
+    axes = partition.axes if partition.axes is not None else tuple(range(len(context.dims)))
+    for axis, selection in zip(axes, partition.part or ()):
+        spans = 1 if axis < 0 else stop[axis] - start[axis]
+        if len(selection) != spans:
+            along = "a dimension the aggregation does not span" if axis < 0 else repr(context.dims[axis])
+            raise context.where.error(
+                f"partition part selects {len(selection)} elements along {along}, but it spans {spans}",
+                partition.index,
+            )
+    for axis in set(range(len(context.dims))) - set(axes):
         if stop[axis] - start[axis] != 1:
             raise context.where.error(
                 f"partition leaves out dimension {context.dims[axis]!r} but spans "
@@ -249,35 +277,41 @@ def _check_omitted_dims(partition: _Partition, start: np.ndarray, stop: np.ndarr
             )
 
 
-def _check_part(part: Any, shape: list[int] | None, label: str, where: Where, index: list[int]) -> None:
-    """Accept a ``part`` only when it selects the whole file variable (and so changes nothing).
+def _part(
+    part: Any, ndim: int, shape: list[int] | None, label: str, where: Where, index: list[int]
+) -> tuple[range | tuple[int, ...], ...] | None:
+    """A virtual partition's ``part``: per file dimension, the indices it takes (None: all).
 
-    ``part`` is a string like ``"[(0, 11, 1), [3, 1, 2]]"``: per file dimension,
-    a ``(start, stop, step)`` range with stop included, or a list of indices.
+    ``part`` is a string like ``"[(2, 6, 1), [1, 3, 4, 7], (0, 12, 2)]"``: a
+    ``(start, stop, step)`` range with stop included, or a list of indices.
     """
     if part is None or (isinstance(part, str) and part.strip() in ("", "[]")):
-        return
+        return None
     try:
-        selections = ast.literal_eval(part) if isinstance(part, str) else None
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        selections = None
-    if not isinstance(selections, list):
-        raise where.error(f"{label} part {_show(part)} is not a list of index selections", index)
-    if shape is None or len(selections) != len(shape) or not all(
-        _selects_all(selection, size) for selection, size in zip(selections, shape)
-    ):
-        raise where.error(
-            f"{label} takes part {_show(part)} of its file variable; partitions holding only part "
-            "of a variable are not supported",
-            index,
-        )
-
-
-def _selects_all(selection: Any, size: int) -> bool:
-    if isinstance(selection, tuple) and len(selection) == 3 and all(type(v) is int for v in selection):
-        start, stop, step = selection
-        return step != 0 and range(start, stop + (1 if step > 0 else -1), step) == range(size)
-    return isinstance(selection, list) and selection == list(range(size))
+        selections = _python_literal(part, f"{label} part", where) if isinstance(part, str) else part
+    except CFAFormatError as exc:
+        raise exc.located(fragment=index) from None
+    if not isinstance(selections, list) or len(selections) != ndim:
+        raise where.error(f"{label} part {_show(part)} should list one index selection per dimension "
+                          f"of its file variable ({ndim})", index)
+    out: list[range | tuple[int, ...]] = []
+    for d, selection in enumerate(selections):
+        values = list(selection) if isinstance(selection, (list, tuple)) else None
+        if values is None or not values or not all(type(v) is int and -_HUGE <= v <= _HUGE for v in values):
+            values = None
+        elif isinstance(selection, tuple):
+            start, stop, step = values if len(values) == 3 else (0, 0, 0)
+            values = range(start, stop + (1 if step > 0 else -1), step) if step else None
+        else:
+            values = tuple(values)
+        size = shape[d] if shape is not None and len(shape) == ndim else None
+        ends = (values[0], values[-1]) if isinstance(values, range) and values else values  # (a range: O(1))
+        if not values or min(ends) < 0 or (size is not None and max(ends) >= size):
+            raise where.error(f"{label} part {_show(part)}: selection {d} is not a non-empty range or list of "
+                              f"indices within the file variable{f' (size {size})' if size is not None else ''}",
+                              index)
+        out.append(values)
+    return tuple(out)
 
 
 def _calendar(value: Any) -> str:
@@ -299,11 +333,88 @@ def _load_json(var: netCDF4.Variable, attr: str, where: Where) -> dict[str, Any]
         raise where.error(f"attribute {attr!r} is missing or not a string")
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise where.error(f"attribute {attr!r} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        value = _python_literal(text, f"attribute {attr!r}", where)
     if not isinstance(value, dict):
         raise where.error(f"attribute {attr!r} should hold a JSON object")
     return value
+
+
+#: Nesting deeper than any partition list needs is refused, not recursed into.
+_MAX_DEPTH = 32
+_TOKEN = re.compile(
+    r"""\s*(?:(?P<open>[\[({])|(?P<close>[\])}])|(?P<comma>,)|(?P<colon>:)"""
+    r"""|(?P<string>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
+    r"""|(?P<number>-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<word>[A-Za-z]+))"""
+)
+_WORDS = {"true": True, "True": True, "false": False, "False": False, "null": None, "None": None}
+_CLOSING = {"[": "]", "(": ")", "{": "}"}
+
+
+def _python_literal(text: str, what: str, where: Where) -> Any:
+    """A JSON or Python literal (dicts, lists, tuples, strings, numbers, True/False/None), read
+    without ``eval``: a loop over tokens with an explicit stack."""
+    stack: list[tuple[str, list]] = []  # open bracket, items so far
+    done: list[Any] = []
+    position, expect_value = 0, True
+    while True:
+        match = _TOKEN.match(text, position)
+        if match is None:
+            if text[position:].strip() == "" and not stack and done:
+                return done[0]
+            raise where.error(f"{what} is neither JSON nor a Python literal (at character {position}: "
+                              f"{_show(text[position:position + 20])})")
+        position, kind, token = match.end(), match.lastgroup, match.group(match.lastgroup)
+        items = stack[-1][1] if stack else done
+        if kind == "open" and expect_value:
+            if len(stack) >= _MAX_DEPTH:
+                raise where.error(f"{what} nests deeper than {_MAX_DEPTH} levels")
+            stack.append((token, []))
+            continue
+        if kind in ("string", "number", "word") and expect_value:
+            items.append(_scalar(kind, token, what, where))
+            expect_value = False
+        elif kind == "close" and stack and _CLOSING[stack[-1][0]] == token and (items or expect_value):
+            bracket, values = stack.pop()
+            value = _container(bracket, values, what, where)
+            (stack[-1][1] if stack else done).append(value)
+            expect_value = False
+        elif kind == "comma" and stack and not expect_value:
+            expect_value = True
+        elif kind == "colon" and stack and stack[-1][0] == "{" and not expect_value and len(items) % 2:
+            expect_value = True
+        else:
+            raise where.error(f"{what} is neither JSON nor a Python literal (unexpected {_show(token)} "
+                              f"at character {match.start(kind)})")
+
+
+def _scalar(kind: str, token: str, what: str, where: Where) -> Any:
+    if kind == "string":
+        if "\\" not in token:
+            return token[1:-1]  # (nothing to unescape: by far the common case)
+        try:
+            return ast.literal_eval(token)  # one string literal: no more memory than the string
+        except (ValueError, SyntaxError) as exc:
+            raise where.error(f"{what} holds a malformed string {_show(token)} ({exc})") from None
+    if kind == "word":
+        if token not in _WORDS:
+            raise where.error(f"{what} holds the bare word {_show(token)}")
+        return _WORDS[token]
+    try:
+        return float(token) if any(c in token for c in ".eE") else int(token)
+    except ValueError as exc:  # (e.g. more digits than int() accepts)
+        raise where.error(f"{what} holds the malformed number {_show(token)} ({exc})") from None
+
+
+def _container(bracket: str, values: list, what: str, where: Where) -> Any:
+    if bracket == "[":
+        return values
+    if bracket == "(":
+        return tuple(values)
+    keys = values[0::2]
+    if len(values) % 2 or not all(isinstance(k, str) for k in keys):
+        raise where.error(f"{what} has an object whose keys are not all strings with values")
+    return dict(zip(keys, values[1::2]))
 
 
 def _first(mapping: Mapping[str, Any], keys: Sequence[str], default: Any) -> Any:

@@ -7,6 +7,10 @@ variables over dimensions sized like the matrix. Partitions never written
 and read as missing data. CFA-0.4 keeps the matrix in the ``cfa_array`` JSON
 attribute, NCA's layout, and is read by the code shared with NCA.
 
+S3netCDF4 writes the sub-array variable of a variable in a group at the same
+group path of each sub-array file, although ``ncvar`` holds the bare name:
+the name is looked up there first, then at the root.
+
 Location ends are exclusive in CFA-0.5 and inclusive in CFA-0.4 as
 documented, but S3netCDF4 versions have written either into CFA-0.5 groups:
 the partition shapes recorded beside the locations decide, with a CFAWarning.
@@ -24,6 +28,7 @@ from ._netcdf import (
     data_dtype,
     dimension_sizes,
     find_group,
+    group_path,
     is_netcdf_format,
     legacy_dimensions,
     location_stops,
@@ -45,7 +50,8 @@ _DIMENSION_ATTRS = ("cfa_dimensions", "cf_dimensions")
 def parse_cfa04(var: netCDF4.Variable, source: str) -> AggregatedVariable:
     """Read a ``cfa_variable`` described by its ``cfa_array`` JSON (location ends inclusive)."""
     return parse_json_partitions(
-        var, source, dialect="CFA-0.4", array_attr="cfa_array", dims_attrs=_DIMENSION_ATTRS, inclusive_ends=True
+        var, source, dialect="CFA-0.4", array_attr="cfa_array", dims_attrs=_DIMENSION_ATTRS, inclusive_ends=True,
+        identifier_group=group_path(var.group()),
     )
 
 
@@ -98,6 +104,7 @@ def parse_cfa05(var: netCDF4.Variable, source: str) -> AggregatedVariable:
         grid,
         uris=scatter(grid_shape, index, uris, ""),
         identifiers=scatter(grid_shape, index, np.where(present, ncvars, None), None),
+        identifier_group=group_path(var.group()),
     )
     return AggregatedVariable(
         name=where.variable,

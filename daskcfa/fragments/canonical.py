@@ -157,9 +157,10 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedA
 
 
 def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
-    name = ref.identifier or target.default_identifier
+    names = ref.variable_names(target.default_identifier)
+    name = names[-1]
     expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
-    with open_fragment(uri, name, profile=target.profile, policy=target.policy, fraction=fraction,
+    with open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=fraction,
                        expected_nbytes=expected) as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
             var = _CharStrings(var)  # a char array's last dimension is the string length
@@ -232,14 +233,20 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target, uri:
     """
     expected = ref.shape
     axes = ref.axes if ref.axes is not None else tuple(range(len(expected)))
-    present = _present_axes(var, expected, axes, target)
-    if len(present) == len(expected):
-        _warn_if_permuted(var, tuple(target.dims[a] for a in present),
-                          {"file": uri, "variable": target.variable, "fragment": ref.index})
-    reversed_ = ref.reversed or (False,) * len(expected)
     file_key: list = []
     steps: dict[int, int] = {}
-    for axis in present:
+    gathers: list[np.ndarray] = []
+    virtual = ref.part is not None or min(axes, default=0) < 0
+    if virtual:
+        present, file_key, gathers = _virtual_selection(var, ref, key, axes)
+        reversed_ = (False,) * len(expected)  # (composed into the indices gathered)
+    else:
+        present = _present_axes(var, expected, axes, target)
+        if len(present) == len(expected):
+            _warn_if_permuted(var, tuple(target.dims[a] for a in present),
+                              {"file": uri, "variable": target.variable, "fragment": ref.index})
+        reversed_ = ref.reversed or (False,) * len(expected)
+    for axis in () if virtual else present:
         k = key[axis]
         n = expected[axis]
         if reversed_[axis]:
@@ -255,6 +262,8 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target, uri:
 
     def post(data: np.ndarray) -> np.ndarray:
         # ``data`` has the kept dims of ``present`` (ints dropped) in file order.
+        for position, indices in enumerate(gathers):
+            data = data.take(indices, axis=position)
         kept = [axis for axis in present if isinstance(key[axis], slice)]
         order = sorted(range(len(kept)), key=lambda i: kept[i])
         if order != list(range(len(kept))):
@@ -275,6 +284,44 @@ def _file_selection(var: Any, ref: FragmentRef, key: tuple, target: Target, uri:
         return data
 
     return tuple(file_key), post
+
+
+def _virtual_selection(var: Any, ref: FragmentRef, key: tuple, axes: tuple[int, ...]
+                       ) -> tuple[tuple[int, ...], list, list[np.ndarray]]:
+    """The file key of an NCA partition that is a part of its file variable (``part``), or whose
+    file variable has size-1 dimensions the aggregation does not span (axes -1).
+
+    Each selected file dimension is read over the bounding range of the indices
+    wanted, which are then gathered (in aggregated order, reversals composed
+    in). Returns the aggregated axes present (file order), the file key, and
+    the indices to gather along each kept dimension.
+    """
+    shape = tuple(var.shape)
+    whole = tuple(1 if a < 0 else ref.shape[a] for a in axes)  # the file variable's shape, unless a part
+    if len(axes) != len(shape) or (ref.part is None and shape != whole):
+        raise FragmentShapeError(f"fragment variable {var.name!r} has shape {shape}, expected {whole} (size 1 "
+                                 "along the dimensions the aggregation does not span)")
+    part = ref.part or tuple(map(range, whole))
+    present, file_key, gathers = [], [], []
+    for axis, indices, size in zip(axes, part, shape):
+        # (a range stays a range until the indices selected are taken: it may be long)
+        ends = (indices[0], indices[-1]) if isinstance(indices, range) else indices
+        if len(indices) and (min(ends) < 0 or max(ends) >= size):
+            raise FragmentShapeError(f"the partition takes indices up to {max(ends)} of fragment variable "
+                                     f"{var.name!r}, which has shape {shape}")
+        if axis < 0:  # (the parser checked that a part takes one element here)
+            file_key.append(int(indices[0]))
+            continue
+        present.append(axis)
+        chosen = (indices[::-1] if ref.reversed and ref.reversed[axis] else indices)[key[axis]]
+        if isinstance(key[axis], slice):
+            chosen = np.asarray(chosen, dtype=np.int64)
+            low = int(chosen.min()) if chosen.size else 0
+            file_key.append(slice(low, int(chosen.max()) + 1 if chosen.size else 0))
+            gathers.append(chosen - low)
+        else:
+            file_key.append(int(chosen))
+    return tuple(present), file_key, gathers
 
 
 def _present_axes(var: Any, expected: tuple[int, ...], axes: tuple[int, ...], target: Target) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ import itertools
 import threading
 import zlib
 from contextlib import ExitStack, contextmanager
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dask.config
 
@@ -141,6 +141,16 @@ class FragmentFile:
             var = self._variables[name] = self._open_variable(name)
         return var
 
+    def first_variable(self, names: Sequence[str]) -> _Variable:
+        """The first of ``names`` the file holds (an error names them all when none is there)."""
+        for name in names:
+            try:
+                return self.variable(name)
+            except _NoSuchVariable:
+                continue
+        shown = " or ".join(map(repr, names))
+        raise FragmentReadError(f"variable {shown} not found in the fragment file")
+
     def _open_variable(self, name: str) -> _Variable:
         if self._direct is not None:
             from .hdf5 import DirectReadUnsupported
@@ -148,16 +158,20 @@ class FragmentFile:
             try:
                 return _Variable(self._direct.variable(name), name, lambda: self._nc())
             except KeyError:
-                raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
+                raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
             except (DirectReadUnsupported, OSError, RuntimeError):
                 pass
         try:
             return _Variable(self._nc().variable(name), name, None)
         except (KeyError, IndexError):
-            raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
+            raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
 
     def close(self) -> None:
         self._stack.close()
+
+
+class _NoSuchVariable(FragmentReadError):
+    """The fragment file has no variable of that name."""
 
 
 def _opened(opener: Any, label: str) -> NetCDF4File:
@@ -182,10 +196,10 @@ def _hdf5(source: Any, **kwargs: Any) -> Any:
 
 
 @contextmanager
-def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFILE,
+def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = storage.NO_PROFILE,
                   policy: LocationPolicy | None = None, fraction: float = 1.0,
                   expected_nbytes: int = 0) -> Iterator[_Variable]:
-    """Variable ``name`` of fragment ``uri``, ready to read raw values.
+    """Variable ``name`` of fragment ``uri`` (the first of several names found), ready to read raw values.
 
     The file comes from this process's fragment file manager: cached handles
     are reused, and opening respects the file and memory budgets. ``fraction``
@@ -212,7 +226,7 @@ def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFI
     else:
         handle = _remote_handle(uri, profile, policy, fraction, expected_nbytes)
     with handle as (file, _):
-        yield file.variable(name)
+        yield file.first_variable([name] if isinstance(name, str) else name)
 
 
 def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:

@@ -60,10 +60,20 @@ class Budget:
     @classmethod
     def parse(cls, *, filehandles: Any, memory: Any) -> "Budget":
         handles = int(filehandles)
-        nbytes = parse_bytes(memory) if isinstance(memory, str) else int(memory)
+        nbytes = _bytes(memory) if isinstance(memory, str) else int(memory)
         if handles < 1 or nbytes < 1:
             raise ValueError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
         return cls(handles, nbytes)
+
+
+def _bytes(text: str) -> int:
+    """dask's sizes (``512MiB``, ``1GB``), else S3netCDF4's (decimal units up to ``YB``)."""
+    from ..storage.profiles import parse_size
+
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        return parse_size(text)
 
 
 @dataclass

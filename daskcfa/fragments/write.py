@@ -102,6 +102,9 @@ class FragmentSpec:
     #: sizes of dimensions of ``sliced`` variables that the aggregated variable does not have
     extra_dims: dict[str, int] = field(default_factory=dict)
     profile: storage.ProfileRef = storage.NO_PROFILE
+    #: group of the fragment file holding the variable, its dimensions and sliced variables
+    #: (S3netCDF4 puts a variable in a group at the same group path of each sub-array file)
+    group: str = "/"
 
 
 @dataclass(frozen=True)
@@ -312,17 +315,20 @@ def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data:
     """Define and write the fragment's contents (caller holds the netCDF lock); ``data=None``
     leaves the aggregated variable to be written later. Returns that variable."""
     nc.setncatts(spec.global_attrs)
+    owner = nc
+    for name in filter(None, spec.group.split("/")):
+        owner = owner.createGroup(name)
     for dim, size in zip(spec.dims, target.shape):
-        nc.createDimension(dim, size)
+        owner.createDimension(dim, size)
     for dim, size in spec.extra_dims.items():
-        nc.createDimension(dim, size)
+        owner.createDimension(dim, size)
     for var, values in zip(spec.sliced, sliced):
-        _variable(nc, var.name, var.dims, var.dtype, var.attrs, np.asarray(values), {})
-    return _variable(nc, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, spec.compression)
+        _variable(owner, var.name, var.dims, var.dtype, var.attrs, np.asarray(values), {})
+    return _variable(owner, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, spec.compression)
 
 
-def _variable(nc: netCDF4.Dataset, name: str, dims: tuple[str, ...], dtype: np.dtype, attrs: dict[str, Any],
-              values: np.ndarray | None, compression: dict[str, Any]) -> netCDF4.Variable:
+def _variable(nc: netCDF4.Dataset | netCDF4.Group, name: str, dims: tuple[str, ...], dtype: np.dtype,
+              attrs: dict[str, Any], values: np.ndarray | None, compression: dict[str, Any]) -> netCDF4.Variable:
     attrs = dict(attrs)
     fill = attrs.pop("_FillValue", None)
     text = dtype.kind in "OU"

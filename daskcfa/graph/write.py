@@ -376,6 +376,11 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     return Delayed(name, graph)
 
 
+#: Dialects whose reference writer (S3netCDF4) puts a variable in a group at the same group
+#: path of each fragment file; readers of the others expect it at the root.
+_S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
+
+
 def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, stem: str, options: _Options,
                     layers: dict, references: set[str]) -> tuple[AggregatedVariable, list, da.Array]:
     """Plan one variable, add its fragment tasks to ``layers``; its model entry, task keys and input."""
@@ -394,6 +399,7 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
         global_attrs=dict(model.attrs), file_format=options.fragment_format, compression=options.compression,
         aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
+        group=source.group if options.format in _S3NETCDF4_FORMATS else "/",
     )
     # What the fragments will hold; not the profile, whose name differs between processes (resuming must not).
     var_token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),

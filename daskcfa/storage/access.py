@@ -38,8 +38,8 @@ class Access:
     def for_aggregation(cls, url: str, storage_options: Mapping[str, Any] | None = None,
                         allowed_locations: Iterable[str] | None = None, missing: str = "raise") -> "Access":
         _check_missing(missing)  # before the options are registered anywhere
-        return cls(register(storage_options, protocol=scheme_of(url)),
-                   LocationPolicy.for_aggregation(url, allowed_locations), missing)
+        profile = register(storage_options, protocol=scheme_of(url))
+        return cls(profile, LocationPolicy.for_aggregation(url, allowed_locations, profile), missing)
 
 
 def _check_missing(missing: str) -> None:

@@ -9,6 +9,10 @@ aggregation on S3, or an object in somebody else's bucket). Defaults:
 - an aggregation file on **local** disk may reference local files anywhere
   and remote objects.
 
+An S3netCDF4 alias URI (``s3://<alias>/<bucket>/...``) is the same location
+as a plain ``s3://<bucket>/...`` URI when the alias's endpoint is the one the
+plain URI reaches with the aggregation's storage options.
+
 ``allowed_locations`` replaces the default with an explicit list of location
 prefixes; the entry ``"default"`` stands for the default rule, so
 ``["default", "s3://second-bucket/"]`` widens it and ``["/data/archive/"]``
@@ -28,12 +32,12 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Iterable
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import dask.config
 
 from ..errors import UnsafeURIError, redact
-from .profiles import s3nc_config
+from .profiles import ProfileRef, resolve_options, s3nc_config
 from .uri import is_local, normalise, scheme_of, to_local_path
 
 __all__ = ["LocationPolicy"]
@@ -57,6 +61,19 @@ def _origin(uri: str) -> str:
     return f"{scheme}://{authority}/"
 
 
+def _endpoint(url: str) -> str:
+    """An endpoint URL in one spelling: ``HTTP://Host:80/`` -> ``http://host``."""
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:  # not a port: compared as written
+        return url.strip().lower().rstrip("/")
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + ("" if port in (None, default) else f":{port}")
+    return f"{parts.scheme.lower()}://{netloc}{parts.path.rstrip('/')}"
+
+
 def _remote_family(scheme: str) -> str:
     # An OPeNDAP endpoint is an http(s) URL; treat http/https/dap as one family.
     return "http" if scheme in ("http", "https", "dap2", "dap4") else scheme
@@ -68,15 +85,18 @@ class LocationPolicy:
 
     base: str
     allowed: tuple[str, ...] = (DEFAULT,)
+    #: the aggregation's storage options (by reference): which endpoint a plain ``s3://`` URI reaches
+    profile: ProfileRef = ProfileRef(None)
 
     @classmethod
-    def for_aggregation(cls, base: str, allowed_locations: Iterable[str] | None = None) -> "LocationPolicy":
+    def for_aggregation(cls, base: str, allowed_locations: Iterable[str] | None = None,
+                        profile: ProfileRef = ProfileRef(None)) -> "LocationPolicy":
         if allowed_locations is None:
             allowed_locations = dask.config.get("daskcfa.storage.allowed-locations", None) or (DEFAULT,)
         if isinstance(allowed_locations, str):
             allowed_locations = (allowed_locations,)
         prefixes = tuple(p if p == DEFAULT else _prefix(p) for p in allowed_locations)
-        return cls(base=normalise(base), allowed=prefixes)
+        return cls(base=normalise(base), allowed=prefixes, profile=profile)
 
     def check(self, uri: str) -> None:
         """Raise :class:`UnsafeURIError` unless ``uri`` is allowed."""
@@ -119,7 +139,27 @@ class LocationPolicy:
         if is_local(uri):
             return False
         same_family = _remote_family(scheme_of(uri)) == _remote_family(scheme_of(self.base))
-        return same_family and _origin(uri).split("://", 1)[1] == _origin(self.base).split("://", 1)[1]
+        if same_family and _origin(uri).split("://", 1)[1] == _origin(self.base).split("://", 1)[1]:
+            return True
+        return scheme_of(uri) == scheme_of(self.base) == "s3" and self._same_bucket(uri)
+
+    def _same_bucket(self, uri: str) -> bool:
+        """Whether an S3netCDF4 alias URI and a plain one (either way round) name the same bucket
+        on the same endpoint: an archive written through an alias, opened by its real URL."""
+        config = s3nc_config()
+        aliased = [config.endpoint(u) for u in (uri, self.base)]
+        if aliased == [None, None]:
+            return False
+        places = []
+        for u, alias in zip((uri, self.base), aliased):
+            if alias is None:
+                options = resolve_options(u, self.profile)[1]
+                endpoint = (options.get("client_kwargs") or {}).get("endpoint_url") or options.get("endpoint_url")
+                alias = (endpoint, u) if endpoint else None
+            if alias is None:
+                return False  # AWS's own endpoint, unknown here: never taken for an alias's
+            places.append((_endpoint(alias[0]), _origin(alias[1])))
+        return places[0] == places[1]
 
 
 def _forms(uri: str) -> list[str]:

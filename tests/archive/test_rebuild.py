@@ -149,3 +149,15 @@ def test_rebuild_variable_in_a_group(tmp_path):
     os.remove(url)
     daskcfa.rebuild(str(tmp_path / "g"), url)
     assert_matches(daskcfa.from_cfa(url, "/grp/v").compute(), truth)
+
+
+@pytest.mark.parametrize("fmt", ["CFA-0.5", "CFA-0.4"])
+def test_rebuild_from_fragments_in_groups_is_refused_clearly(tmp_path, fmt):
+    """CFA-0.5/0.4 fragments of a variable in a group hold it in that group (S3netCDF4's layout):
+    not rebuilt, and the error says why rather than "no candidates"."""
+    url = str(tmp_path / "g.nca")
+    daskcfa.to_cfa(make_truth((6, 4), "f4", seed=5), url, variable="/grp/v", dims=("t", "y"), fragment_shape=(2, 4),
+                   format=fmt)
+    os.remove(url)
+    with pytest.raises(AggregationError, match=r"holds its data in groups \(grp\)"):
+        daskcfa.rebuild(str(tmp_path / "g"), url, format=fmt)

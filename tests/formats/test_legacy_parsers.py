@@ -395,7 +395,7 @@ def test_cfa04_exclusive_ends_written_by_mistake_are_recognised(tmp_path: Path) 
 @pytest.mark.parametrize(
     "array, match",
     [
-        ('{"pmshape": [2, 1, 1], "Partitions": [', "not valid JSON"),
+        ('{"pmshape": [2, 1, 1], "Partitions": [', "neither JSON nor a Python literal"),
         ('["not", "an", "object"]', "JSON object"),
         ({"pmshape": [1, 1, 1], "pmdimensions": list(SIZES)}, "Partitions"),
         ({"pmshape": [2, 1], "pmdimensions": list(SIZES), "Partitions": []}, "pmshape"),
@@ -543,13 +543,16 @@ def test_nca_part_selecting_everything_is_accepted(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "extra, match",
     [
-        ({"part": "[(0, 5, 2), [0, 1, 2, 3], (0, 5, 1)]"}, "part"),
-        ({"part": "[(5, 0, -1), [0, 1, 2, 3], (0, 5, 1)]"}, "part"),
-        ({"part": "[__import__('os')]"}, "part"),
+        ({"part": "[(0, 5, 2), [0, 1, 2, 3], (0, 5, 1)]"}, "does not fit the shape"),
+        ({"part": "[(0, 5, 1), [0, 1, 2, 3]]"}, "one index selection per dimension"),
+        ({"part": "[(0, 5, 1), [0, 1, 2, 4], (0, 5, 1)]"}, r"selection 1 .* within the file variable \(size 4\)"),
+        ({"part": "[__import__('os')]"}, "part is neither JSON nor a Python literal"),
+        ({"format": "PP"}, "only netCDF fragments"),
         ({"calendar": "360_day"}, "calendar"),
-        ({"dimensions": ["time", "lat", "height"]}, "height"),
+        ({"dimensions": ["time", "lat", "height"]}, "leaves out dimension 'lon'"),
         ({"dimensions": ["time", "lat"]}, "leaves out dimension 'lon'"),
         ({"directions": {"time": "up"}}, "directions"),
+        ({"directions": {"height": True}}, r"directions .* should map dimensions \['time', 'lat', 'lon'\]"),
         ({"units": 273.15}, "units"),
     ],
 )
@@ -563,8 +566,24 @@ def test_nca_unsupported_or_malformed_partition(tmp_path: Path, extra: dict, mat
 
 
 def test_nca_bad_json(tmp_path: Path) -> None:
-    path = write_json_dialect(tmp_path / "j.nca", "{'pshape': [2]}", nca=True)
-    format_error(parse_nca, path, match="not valid JSON")
+    path = write_json_dialect(tmp_path / "j.nca", "{'pshape': [2]", nca=True)
+    format_error(parse_nca, path, match="neither JSON nor a Python literal")
+
+
+def test_nca_python_style_json_and_virtual_partitions(tmp_path: Path) -> None:
+    """Single quotes, tuples and None (the convention's own examples); a ``part`` taking the
+    whole file variable backwards; a size-1 file dimension the aggregation does not span."""
+    parts = [
+        partition_json((0,), [(0, 6), (0, 4), (0, 6)], "a.nc", inclusive=False,
+                       part="[(5, 0, -1), [0, 1, 2, 3], (0, 5, 1)]"),
+        partition_json((1,), [(6, 12), (0, 4), (0, 6)], "b.nc", inclusive=False,
+                       dimensions=["height", "time", "lat", "lon"], directions={"height": True}),
+    ]
+    parts[1]["data"]["shape"] = [1, 6, 4, 6]
+    path = write_json_dialect(tmp_path / "p.nca", str({**_nca_array(parts), "base": None}), nca=True)
+    av = parse(parse_nca, path)
+    assert av.fragments[(0, 0, 0)].part == (range(5, -1, -1), (0, 1, 2, 3), range(0, 6))
+    assert av.fragments[(1, 0, 0)].axes == (-1, 0, 1, 2) and av.fragments[(1, 0, 0)].part is None
 
 
 # ---------------------------------------------------------------------------

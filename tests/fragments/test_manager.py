@@ -139,6 +139,10 @@ def test_budget_from_config_and_s3nc(tmp_path, monkeypatch):
     assert Budget.from_config() == Budget(7, 50_000_000)
     with dask.config.set({"daskcfa.budget.filehandles": 3, "daskcfa.budget.memory": "1MiB"}):
         assert Budget.from_config() == Budget(3, 1 << 20)
+    with dask.config.set({"daskcfa.budget.memory": "1EB"}):  # S3netCDF4's units up to YB (dask's stop at PB)
+        assert Budget.from_config() == Budget(7, 10**18)
+    with dask.config.set({"daskcfa.budget.memory": "2 YB"}):
+        assert Budget.from_config() == Budget(7, 2 * 10**24)
 
 
 def test_wait_timeout_raises_budget_error():
