@@ -24,7 +24,7 @@ from .. import storage
 from ..dataset import Dataset
 from ..errors import NotFoundError, VariableNotFoundError, redact
 from ..model import AggregatedVariable
-from ..storage.access import Access
+from ..storage.access import open_aggregation
 from .verify import select_aggregated
 
 __all__ = ["VariableSummary", "DatasetSummary", "describe", "plot_layout"]
@@ -161,8 +161,7 @@ def describe(url: str, *, storage_options: Mapping[str, Any] | None = None,
     Only the aggregation file is read, unless ``storage_size`` asks for the
     size of every fragment file too.
     """
-    url = storage.normalise(url)
-    access = Access.for_aggregation(url, storage_options)
+    url, access = open_aggregation(url, storage_options)
     ds = Dataset.open(url, access=access)
     dimensions: dict[str, int] = {}
     variables = []
@@ -262,8 +261,8 @@ def plot_layout(url: str, output: str, *, variable: str | None = None, dims: Seq
         from matplotlib.colors import ListedColormap
     except ImportError:
         raise ImportError('plotting needs matplotlib: pip install "daskcfa[plot]"') from None
-    url = storage.normalise(url)
-    ds = Dataset.open(url, access=Access.for_aggregation(url, storage_options))
+    url, access = open_aggregation(url, storage_options)
+    ds = Dataset.open(url, access=access)
     av = _one_variable(ds, variable, url)
     rows, cols = _plot_axes(av, dims)
     grid = av.fragments.grid
