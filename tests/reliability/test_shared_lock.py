@@ -27,17 +27,17 @@ from daskcfa import locks
 xarray_locks = pytest.importorskip("xarray.backends.locks")
 
 TRIALS = 20
-PLAIN_FILES = 6
-SHAPE = (48, 40, 30)
+PLAIN_FILES = 8
+SHAPE = (64, 40, 30)
 
-#: One child process: a mixed graph, many small chunks, 8 threads, three times.
+#: One child process: a mixed graph, many small chunks, 8 threads, five times.
 CHILD = """
 import sys, dask, numpy as np, xarray as xr, daskcfa
 d, plain = sys.argv[1], int(sys.argv[2])
 data = np.load(f"{d}/truth.npy")
 with dask.config.set({"daskcfa.io.engine": "netcdf4", "scheduler": "threads", "num_workers": 8}):
-    for _ in range(3):
-        xs = [xr.open_dataset(f"{d}/plain{i}.nc", engine="netcdf4", chunks={"t": 2}, cache=False)["v"].data
+    for _ in range(5):
+        xs = [xr.open_dataset(f"{d}/plain{i}.nc", engine="netcdf4", chunks={"t": 1}, cache=False)["v"].data
               for i in range(plain)]
         agg = daskcfa.from_cfa(f"{d}/agg.nc", "v", chunks=(1, 40, 30))
         sums = dask.compute(*[x.sum(axis=(1, 2)) for x in xs], agg.sum(axis=(1, 2)))
