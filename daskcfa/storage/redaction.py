@@ -21,9 +21,9 @@ __all__ = ["remember", "credential_values"]
 
 #: Option names whose values are credentials (fsspec, s3fs, botocore, aiohttp).
 CREDENTIAL_KEYS = frozenset({
-    "key", "secret", "token", "password", "username", "aws_access_key_id", "aws_secret_access_key",
-    "aws_session_token", "session_token", "access_key", "secret_key", "authorization", "x-amz-security-token",
-    "sas_token", "account_key", "client_secret", "login", "passwd",
+    "key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+    "session_token", "access_key", "secret_key", "authorization", "x-amz-security-token", "sas_token",
+    "account_key", "client_secret", "passwd",
 })
 #: Shorter values are not redacted (they would blank unrelated text).
 _MIN_LENGTH = 6
@@ -43,26 +43,27 @@ def credential_values(options: Any) -> set[str]:
                 found |= credential_values(value)
             elif str(name).lower() in CREDENTIAL_KEYS and value is not None:
                 found |= _forms(str(value))
+    elif isinstance(getattr(options, "password", None), str):  # aiohttp.BasicAuth(login, password) in client_kwargs
+        found.add(options.password)
     elif isinstance(options, (list, tuple)):
         for value in options:
             found |= credential_values(value)
-    elif options is not None and type(options).__name__ == "BasicAuth":  # aiohttp.BasicAuth(login, password)
-        found |= {str(v) for v in options if v}
     return {v for v in found if len(v) >= _MIN_LENGTH}
 
 
 def _forms(value: str) -> set[str]:
-    """``value``, and for an ``Authorization`` header its token and the ``user:password`` it encodes."""
+    """``value``, and for an ``Authorization`` header its token and the password it encodes (not the
+    user name: no secret, and blanking it would blank unrelated words)."""
     forms = {value}
     scheme, _, token = value.partition(" ")
     if token and scheme.lower() in ("basic", "bearer"):
         forms.add(token.strip())
         if scheme.lower() == "basic":
             try:
-                user, _, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+                password = base64.b64decode(token.strip(), validate=True).decode().partition(":")[2]
             except ValueError:
                 return forms
-            forms |= {user, password}
+            forms.add(password)
     return forms
 
 

@@ -30,13 +30,15 @@ TRIALS = 20
 PLAIN_FILES = 8
 SHAPE = (64, 40, 30)
 
-#: One child process: a mixed graph, many small chunks, 8 threads, five times.
+#: One child process: a mixed graph, many small chunks and files, 8 threads, five times.
 CHILD = """
 import sys, dask, numpy as np, xarray as xr, daskcfa
+from daskcfa.fragments.manager import manager
 d, plain = sys.argv[1], int(sys.argv[2])
 data = np.load(f"{d}/truth.npy")
 with dask.config.set({"daskcfa.io.engine": "netcdf4", "scheduler": "threads", "num_workers": 8}):
     for _ in range(5):
+        manager().close_all()  # every round opens its fragments again, beside xarray's opens
         xs = [xr.open_dataset(f"{d}/plain{i}.nc", engine="netcdf4", chunks={"t": 1}, cache=False)["v"].data
               for i in range(plain)]
         agg = daskcfa.from_cfa(f"{d}/agg.nc", "v", chunks=(1, 40, 30))
@@ -77,8 +79,8 @@ def mixed_files(tmp_path_factory) -> Path:
                 ds.createDimension(name, size)
             v = ds.createVariable("v", "f4", ("t", "y", "x"), zlib=True, complevel=1, chunksizes=(2, 40, 30))
             v[:] = data + i
-    daskcfa.to_cfa(da.from_array(data, chunks=(2, 40, 30)), str(directory / "agg.nc"), variable="v",
-                   dims=("t", "y", "x"), fragment_shape=(2, 40, 30))
+    daskcfa.to_cfa(da.from_array(data, chunks=(1, 40, 30)), str(directory / "agg.nc"), variable="v",
+                   dims=("t", "y", "x"), fragment_shape=(1, 40, 30))
     return directory
 
 
