@@ -16,13 +16,15 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-__all__ = ["HDF5_LOCK", "ProcessLock"]
+__all__ = ["HDF5_LOCK"]
 
 
 class _Lock(Protocol):
     def acquire(self, blocking: bool = ...) -> bool: ...
 
     def release(self) -> None: ...
+
+    def locked(self) -> bool: ...
 
 
 def _library_lock() -> _Lock:
@@ -36,7 +38,7 @@ def _library_lock() -> _Lock:
     return combine_locks([NETCDFC_LOCK, XARRAY_HDF5_LOCK])
 
 
-class ProcessLock:
+class _ProcessLock:
     """Reentrant for the thread holding it (daskcfa nests library calls) over
     a non-reentrant lock shared with other libraries.
 
@@ -68,7 +70,8 @@ class ProcessLock:
             self._base.release()
 
     def locked(self) -> bool:
-        return self._owner is not None
+        """Whether the library is locked (by daskcfa, or by xarray on the same locks)."""
+        return self._base.locked()
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -80,7 +83,7 @@ class ProcessLock:
         return "HDF5_LOCK"
 
     def __repr__(self) -> str:
-        return f"<daskcfa.locks.ProcessLock over {self._base!r}>"
+        return f"<daskcfa.locks.HDF5_LOCK over {self._base!r}>"
 
 
-HDF5_LOCK = ProcessLock(_library_lock())
+HDF5_LOCK = _ProcessLock(_library_lock())

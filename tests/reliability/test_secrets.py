@@ -187,6 +187,8 @@ def test_no_credential_field_in_debug_logs_threaded(s3_server, tmp_path, debug_e
     for value in hidden:
         assert value not in everything
     assert "***" in everything
+    print(f"secrets ({field}): {len(hidden)} values searched in {len(debug_everywhere):,} DEBUG lines "
+          f"({len(botocore):,} of botocore), {everything.count('***')} redactions")
 
 
 def _config_texts(dask_worker=None) -> list[str]:
