@@ -32,6 +32,7 @@ _MIN_LENGTH = 6
 _SECRETS: tuple[str, ...] = ()
 _LOCK = threading.Lock()
 _installed: Callable[..., logging.LogRecord] | None = None
+_FORMATTER = logging.Formatter()
 
 
 def credential_values(options: Any) -> set[str]:
@@ -99,6 +100,8 @@ def _redacted(record: logging.LogRecord) -> logging.LogRecord:
     clean = _scrub(message, _SECRETS)
     if clean != message:
         record.msg, record.args = clean, ()
+    if record.exc_info and record.exc_info[0] is not None:  # the traceback, as handlers' formatters would print it
+        record.exc_text = _scrub(_FORMATTER.formatException(record.exc_info), _SECRETS)
     return record
 
 

@@ -40,8 +40,13 @@ def test_records_of_child_loggers_and_later_handlers_are_redacted():
         logger.debug("headers={'X-Amz-Security-Token': %r}", token.encode())
         logger.debug(f"canonical request with {token} inline")
         logger.debug("nothing secret: %d", 42)
+        try:
+            raise PermissionError(f"refused token {token}")
+        except PermissionError:
+            logger.exception("request failed")
     finally:
         logger.removeHandler(handler)
         logger.setLevel(saved)
-    assert len(lines) == 3 and not any(token in line for line in lines)
+    assert len(lines) == 4 and not any(token in line for line in lines)
+    assert "PermissionError: refused token ***" in lines[3]
     assert lines[0].count("***") == 1 and lines[2] == "nothing secret: 42"
