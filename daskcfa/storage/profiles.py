@@ -45,7 +45,8 @@ from ..errors import StorageError
 from . import redaction
 from .uri import scheme_of
 
-__all__ = ["ProfileRef", "register", "split_url_credentials", "install", "encoded", "resolve_options", "S3ncConfig", "s3nc_config"]
+__all__ = ["ProfileRef", "register", "split_url_credentials", "install", "encoded", "resolve_options",
+           "S3ncConfig", "s3nc_config"]
 
 _SALT = secrets.token_bytes(16)
 _REGISTRY: dict[str, dict[str, Any]] = {}

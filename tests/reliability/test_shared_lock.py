@@ -3,7 +3,8 @@
 netCDF-C is not thread-safe. A threaded dask graph reading through xarray's
 netcdf4 engine and through daskcfa's netCDF4 engine at once crashed with
 SIGSEGV (or "NetCDF: HDF error") while each library took its own lock
-(observed before the fix: 5 of the 20 child processes below failed). ``daskcfa.locks.HDF5_LOCK`` is now built on xarray's own lock objects.
+(observed before the fix: 5 of the 20 child processes below failed).
+``daskcfa.locks.HDF5_LOCK`` is now built on xarray's own lock objects.
 """
 
 from __future__ import annotations
