@@ -19,7 +19,7 @@ from .graph.plan import plan_fragments
 from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable
-from .storage.access import Access
+from .storage.access import Access, open_aggregation
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
@@ -46,8 +46,10 @@ def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVa
 def read_aggregation(url: str, variable: str | None = None, *, storage_options: Mapping[str, Any] | None = None,
                      access: Access | None = None) -> AggregatedVariable:
     """Parse one aggregated variable of the file at ``url`` into the model (no fragment I/O)."""
-    url = storage.normalise(url)
-    access = access or Access.for_aggregation(url, storage_options)
+    if access is None:
+        url, access = open_aggregation(url, storage_options)
+    else:
+        url = storage.normalise(url)
     ds = storage.open_netcdf(url, profile=access.profile)
     try:
         with HDF5_LOCK:
@@ -89,8 +91,7 @@ def from_cfa(
     fragment's :class:`~daskcfa.FragmentError`. Storage outages, refused
     credentials, unconvertible units and unsafe URIs always raise.
     """
-    url = storage.normalise(url)
-    access = Access.for_aggregation(url, storage_options, allowed_locations, missing)
+    url, access = open_aggregation(url, storage_options, allowed_locations, missing)
     return to_dask(read_aggregation(url, variable, access=access), chunks=chunks, mask=mask, access=access)
 
 
@@ -103,8 +104,8 @@ def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
     :class:`~daskcfa.CFAWarning`) apply to every aggregated variable, as in
     :func:`from_cfa`.
     """
-    url = storage.normalise(url)
-    return Dataset.open(url, access=Access.for_aggregation(url, storage_options, allowed_locations, missing))
+    url, access = open_aggregation(url, storage_options, allowed_locations, missing)
+    return Dataset.open(url, access=access)
 
 
 def to_cfa(

@@ -468,8 +468,8 @@ def test_secret_absent_from_graph_reprs_and_errors(tmp_path, s3_server, s3_bucke
     assert secret not in repr(ds)
     for name in ("tas", "lat"):
         assert secret.encode() not in _graph_pickles(ds.variables[name].data)
-    # the options are filed in dask config (by design) but nowhere else
-    assert any(secret in repr(v) for v in dask.config.get("daskcfa.storage.registered", {}).values())
+    # never in dask config (copied to workers, dumped with the cluster state)
+    assert secret not in repr(dask.config.config)
     # errors raised at compute time
     s3fs_fs.rm(f"{s3_bucket}/ds/{built.fragment_uris[VICTIM][0]}")
     with pytest.raises(daskcfa.MissingFragmentError) as info:
@@ -597,6 +597,9 @@ def test_distributed_client_created_before_from_cfa(tmp_path, s3_server, s3_buck
 
 
 def test_distributed_cluster_created_after_from_cfa(tmp_path, s3_server, s3_bucket, s3fs_fs, debug_logs):
+    """The options never travel through dask config: a cluster created after
+    from_cfa() does not know them (a clear error saying what to do) until they
+    are shared with it (from_cfa() again, or the plugin registered by hand)."""
     from distributed import Client
 
     built, url = _s3_dataset(tmp_path, s3fs_fs, s3_bucket)
@@ -606,7 +609,11 @@ def test_distributed_cluster_created_after_from_cfa(tmp_path, s3_server, s3_buck
     name = next(iter(_profile_names(x)))
     with _cluster() as cluster, Client(cluster) as client:
         known = client.run(_worker_knows, name)
-        assert all(k["config"] and not k["plugin"] for k in known.values()), known
+        assert not any(k["config"] or k["plugin"] for k in known.values()), known
+        with pytest.raises(daskcfa.StorageError, match="StorageProfiles.from_options") as info:
+            x.compute()
+        _assert_clean(info.value, secret)
+        client.register_plugin(daskcfa.StorageProfiles.from_options(options))
         client.run(_worker_start_capture)
         _check_distributed_run(client, x, built, secret, debug_logs)
     assert secret not in "\n".join(debug_logs)
@@ -620,7 +627,7 @@ def test_distributed_client_connected_after_an_earlier_registration(tmp_path, s3
     built, url = _s3_dataset(tmp_path, s3fs_fs, s3_bucket)
     options = _unique_options(s3_server)
     with _cluster() as cluster:
-        daskcfa.from_cfa(url, "tas", storage_options=options)  # no client yet: config only
+        daskcfa.from_cfa(url, "tas", storage_options=options)  # no client yet: this process only
         with Client(cluster) as client:
             x = daskcfa.from_cfa(url, "tas", storage_options=options)
             name = next(iter(_profile_names(x)))

@@ -27,7 +27,7 @@ from ..dataset import Dataset
 from ..errors import CFAError, NotFoundError, VariableNotFoundError, redact
 from ..fragments.canonical import allowed_uris
 from ..model import AggregatedVariable
-from ..storage.access import Access
+from ..storage.access import Access, open_aggregation
 from .verify import select_aggregated
 
 __all__ = ["VariableSummary", "DatasetSummary", "describe", "plot_layout"]
@@ -167,8 +167,7 @@ def describe(url: str, *, storage_options: Mapping[str, Any] | None = None, stor
     :func:`daskcfa.open_cfa`): a fragment it refuses raises
     :class:`~daskcfa.errors.UnsafeURIError`, before any request.
     """
-    url = storage.normalise(url)
-    access = Access.for_aggregation(url, storage_options, allowed_locations)
+    url, access = open_aggregation(url, storage_options, allowed_locations)
     ds = Dataset.open(url, access=access)
     dimensions: dict[str, int] = {}
     variables = []
@@ -291,8 +290,8 @@ def plot_layout(url: str, output: str, *, variable: str | None = None, dims: Seq
         from matplotlib.colors import ListedColormap
     except ImportError:
         raise ImportError('plotting needs matplotlib: pip install "daskcfa[plot]"') from None
-    url = storage.normalise(url)
-    ds = Dataset.open(url, access=Access.for_aggregation(url, storage_options))
+    url, access = open_aggregation(url, storage_options)
+    ds = Dataset.open(url, access=access)
     av = _one_variable(ds, variable, url)
     rows, cols = _plot_axes(av, dims)
     grid = av.fragments.grid

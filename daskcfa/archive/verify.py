@@ -43,7 +43,7 @@ from ..errors import (
 from ..fragments.canonical import Target, read_fragment
 from ..graph.read import AggregatedArray
 from ..model import AggregatedVariable, FragmentRef
-from ..storage.access import Access
+from ..storage.access import open_aggregation
 
 __all__ = ["Problem", "VerifyReport", "verify", "KINDS"]
 
@@ -120,8 +120,7 @@ def verify(
     does. ``compute=False`` returns a :class:`dask.delayed.Delayed` computing
     the report (for progress bars, or to run with other work).
     """
-    url = storage.normalise(url)
-    access = Access.for_aggregation(url, storage_options, allowed_locations)
+    url, access = open_aggregation(url, storage_options, allowed_locations)
     chosen = select_aggregated(Dataset.open(url, access=access), variables, url)
     batches = []
     checked = 0

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .policy import LocationPolicy
-from .profiles import ProfileRef, register
-from .uri import scheme_of
+from .profiles import ProfileRef, register, split_url_credentials
+from .uri import normalise, scheme_of
 
 #: ``missing=`` choices: raise the fragment's error, or read the fragment as missing data.
 MISSING_CHOICES = ("raise", "fill")
@@ -40,6 +40,16 @@ class Access:
         _check_missing(missing)  # before the options are registered anywhere
         profile = register(storage_options, protocol=scheme_of(url))
         return cls(profile, LocationPolicy.for_aggregation(url, allowed_locations, profile), missing)
+
+
+def open_aggregation(url: str, storage_options: Mapping[str, Any] | None = None,
+                     allowed_locations: Iterable[str] | None = None, missing: str = "raise") -> tuple[str, Access]:
+    """The aggregation file's normalised URL, any ``user:password@`` taken out of it
+    (into the storage profile, so that reprs, graphs and summaries never show
+    it), and the :class:`Access` to read it and its fragments with."""
+    url, storage_options = split_url_credentials(url, storage_options)
+    url = normalise(url)
+    return url, Access.for_aggregation(url, storage_options, allowed_locations, missing)
 
 
 def _check_missing(missing: str) -> None:

@@ -4,8 +4,9 @@ Tasks never carry credentials. ``from_cfa(..., storage_options=...)`` files
 the options in a process-wide registry under an opaque name and the graph
 carries only a :class:`ProfileRef`. Worker processes learn the options from
 the :class:`StorageProfiles` worker plugin (registered automatically on the
-current ``distributed`` client) or from dask config; nothing secret is ever
-part of a task, a repr or an error message.
+current ``distributed`` client), never from dask config (copied to workers,
+dumped with the cluster state); nothing secret is ever part of a task, a
+repr, a log line or an error message.
 
 Options for one URI are merged from, lowest priority first:
 
@@ -23,6 +24,7 @@ Options for one URI are merged from, lowest priority first:
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import hmac
@@ -38,14 +40,16 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import dask.config
 
 from ..errors import CFAWarning, StorageError, redact
+from . import redaction
 from .uri import scheme_of
 
-__all__ = ["ProfileRef", "register", "install", "encoded", "resolve_options", "S3ncConfig", "s3nc_config",
-           "parse_size"]
+__all__ = ["ProfileRef", "register", "split_url_credentials", "install", "encoded", "resolve_options",
+           "S3ncConfig", "s3nc_config", "parse_size"]
 
 _SALT = secrets.token_bytes(16)
 _REGISTRY: dict[str, dict[str, Any]] = {}
@@ -73,20 +77,43 @@ def register(storage_options: Mapping[str, Any] | None, *, protocol: str) -> Pro
     if not storage_options:
         return ProfileRef(None)
     options = dict(storage_options)
+    origins = {k: options.pop(k) for k in list(options) if _is_origin(k)}  # from split_url_credentials
     if not set(options) <= _PROTOCOL_KEYS or not options:
-        options = {_flat_protocol(protocol): options}
+        options = {_flat_protocol(protocol): options} if options else {}
+    options.update(origins)
     name = "p-" + hmac.new(_SALT, _canonical(options), hashlib.sha256).hexdigest()[:20]
+    redaction.remember(options)
     with _LOCK:
         _REGISTRY[name] = copy.deepcopy(options)
-    key = f"daskcfa.storage.registered.{name}"
-    if dask.config.get(key, None) is None:
-        # Worker processes started later (a LocalCluster's nannies copy dask config) ...
-        dask.config.set({key: copy.deepcopy(options)})
-    # ... and those already running: a worker plugin, sent once to each client's
-    # cluster (also when the options were first registered before it connected),
-    # never part of a task.
+    # Never into dask config: it is copied to every worker process, written by
+    # client.dump_cluster_state() and serialised for remote workers. Workers get
+    # the options from a worker plugin, sent once to each client's cluster (also
+    # when they were first registered before it connected; the scheduler hands
+    # it to workers that join later), never as part of a task.
     _share_with_cluster({name: options})
     return ProfileRef(name)
+
+
+def split_url_credentials(url: str, storage_options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+    """``https://user:pw@host/a.nc`` -> (``https://host/a.nc``, options sending that login to that origin only).
+
+    The password then lives where other credentials do (the registry, behind
+    a :class:`ProfileRef`), not in the URL that reprs, graphs and summaries
+    show. Other schemes are left alone (netCDF-C reads a DAP URL's login itself).
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or "@" not in parts.netloc:
+        return url, None if storage_options is None else dict(storage_options)
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    login = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    options = dict(storage_options or {})
+    options[f"{parts.scheme.lower()}://{host.lower()}/"] = {"headers": {"Authorization": f"Basic {login}"}}
+    return urlunsplit(parts._replace(netloc=host)), options
+
+
+def _is_origin(key: str) -> bool:
+    return "://" in key
 
 
 def _flat_protocol(protocol: str) -> str:
@@ -152,8 +179,10 @@ def _plain(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def install(profiles: Mapping[str, Mapping[str, Any]]) -> None:
     """Make profiles known in this process (called by the worker plugin)."""
+    plain = {k: _plain(v) for k, v in profiles.items()}
+    redaction.remember(plain)
     with _LOCK:
-        _REGISTRY.update({k: _plain(v) for k, v in profiles.items()})
+        _REGISTRY.update(plain)
 
 
 def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
@@ -177,24 +206,28 @@ def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
         _SHARED.add(shared)
 
 
-def _per_call(ref: ProfileRef, protocol: str) -> dict[str, Any]:
+def _per_call(ref: ProfileRef, protocol: str, uri: str) -> dict[str, Any]:
     if ref.name is None:
         return {}
     with _LOCK:
         options = _REGISTRY.get(ref.name)
     if options is None:
-        options = dask.config.get(f"daskcfa.storage.registered.{ref.name}", None)
-    if options is None:
         raise StorageError(
             "the storage options given to daskcfa are not known in this process; with a distributed "
-            "cluster created after from_cfa(), register them with "
-            "client.register_plugin(daskcfa.StorageProfiles.from_options(...)) or use dask config profiles"
+            "client created after from_cfa(), call from_cfa() again (it shares them with the current client), "
+            "register them with client.register_plugin(daskcfa.StorageProfiles.from_options(...)) "
+            "or use dask config profiles"
         )
     family = {"s3a": "s3", "https": "http"}
+    found: dict[str, Any] = {}
     for key, value in options.items():
         if key == protocol or family.get(key, key) == family.get(protocol, protocol):
-            return dict(value)
-    return {}
+            found = dict(value)
+            break
+    for origin, value in options.items():  # a login taken out of a URL: for its own origin only
+        if _is_origin(origin) and uri.lower().startswith(origin):
+            found = _merge(found, value)
+    return found
 
 
 def _config_profile(uri: str) -> dict[str, Any]:
@@ -225,9 +258,10 @@ def resolve_options(uri: str, ref: ProfileRef) -> tuple[str, dict[str, Any]]:
     protocol = scheme_of(uri)
     uri, alias_options = s3nc_config().rewrite(uri)
     options = dict(dask.config.get(f"daskcfa.storage.options.{protocol}", {}) or {})
-    options = _merge(options, _per_call(ref, protocol))
+    options = _merge(options, _per_call(ref, protocol, uri))
     options = _merge(options, _config_profile(uri))
     options = _merge(options, alias_options)
+    redaction.remember(options)  # (also credentials from dask config and ~/.s3nc.json)
     return uri, options
 
 

@@ -12,8 +12,10 @@ standard AWS environment variables.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import pickle
+import secrets
 import traceback
 
 import cloudpickle
@@ -127,3 +129,170 @@ def test_secret_in_a_url_is_redacted_from_errors_and_warnings(tmp_path, http_ser
         daskcfa.from_cfa(str(built.path), "tas", missing="fill").compute(scheduler="sync")
     for text in (_text_of(refused.value), _text_of(missing.value), *(str(w.message) for w in record)):
         assert secret not in text and "***" in text
+
+
+# -- every credential field, at DEBUG level (issue 15, items 3-5) ---------------------------------------------
+
+def _s3_aggregation(s3_server, tmp_path, seed: int):
+    """A CF-1.13 aggregation uploaded to a fresh bucket; (its url, numpy ground truth, built, base url)."""
+    from builders import build
+    from remote_helpers import upload
+
+    from .conftest import DIMS, SIZES
+
+    built = build("CF-1.13", tmp_path / "ds", truth(seed=seed), DIMS, SIZES)
+    base = upload(s3_server.filesystem(), tmp_path / "ds", s3_server.new_bucket("secrets"), "ds")
+    return f"{base}/{built.path.name}", built.expected, built, base
+
+
+def _credential_options(s3_server, field: str) -> tuple[dict, list[str]]:
+    """Storage options giving the credentials through ``field``, and the values that must never be seen."""
+    unique = {"config_kwargs": {"read_timeout": 70 + next(_COUNTER) + 0.25}, "use_listings_cache": False}
+    endpoint = {"endpoint_url": s3_server.endpoint_url}
+    if field == "key_secret":
+        return {**unique, "key": s3_server.key, "secret": s3_server.secret, "client_kwargs": endpoint}, \
+            [s3_server.key, s3_server.secret]
+    if field == "client_kwargs":
+        return {**unique, "client_kwargs": {**endpoint, "aws_access_key_id": s3_server.key,
+                                            "aws_secret_access_key": s3_server.secret}}, \
+            [s3_server.key, s3_server.secret]
+    token = f"session-token-{next(_COUNTER)}-{secrets.token_urlsafe(24)}"
+    return {**unique, "key": s3_server.key, "secret": s3_server.secret, "token": token, "client_kwargs": endpoint}, \
+        [s3_server.key, s3_server.secret, token]
+
+
+_COUNTER = itertools.count()
+
+
+@pytest.mark.parametrize("field", ["key_secret", "client_kwargs", "token"])
+def test_no_credential_field_in_debug_logs_threaded(s3_server, tmp_path, debug_everywhere, field):
+    """botocore logs request headers and canonical requests at DEBUG level (the
+    session token, the access key in ``Credential=``): daskcfa redacts every
+    credential it holds from the process's log records."""
+    url, expected, _, _ = _s3_aggregation(s3_server, tmp_path, seed=61)
+    debug_everywhere.clear()  # (the test's own uploads, before daskcfa was given any credentials)
+    options, hidden = _credential_options(s3_server, field)
+    if field == "token":  # SeaweedFS knows no session tokens: refused, clearly
+        with pytest.raises(daskcfa.StorageError) as refused:
+            daskcfa.from_cfa(url, "tas", storage_options=options)
+        texts = [_text_of(refused.value)]
+    else:
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        assert_matches(x.compute(scheduler="threads"), expected)
+        texts = []
+    botocore = [line for line in debug_everywhere if line.startswith(("botocore", "aiobotocore"))]
+    assert any("Authorization" in line or "authorization" in line for line in botocore), \
+        "botocore's DEBUG lines with the request headers were not captured"
+    everything = "\n".join(list(debug_everywhere) + texts)
+    for value in hidden:
+        assert value not in everything
+    assert "***" in everything
+    print(f"secrets ({field}): {len(hidden)} values searched in {len(debug_everywhere):,} DEBUG lines "
+          f"({len(botocore):,} of botocore), {everything.count('***')} redactions")
+
+
+def _config_texts(dask_worker=None) -> list[str]:
+    """This process's dask config as repr and as ``dask.config.serialize`` (what SSH clusters pass on), decoded too."""
+    import dask.config
+
+    serialized = dask.config.serialize(dask.config.config)
+    return [repr(dask.config.config), serialized, repr(dask.config.deserialize(serialized))]
+
+
+def test_credentials_never_in_dask_config_dumps_or_worker_logs(s3_server, tmp_path, debug_everywhere):
+    """Storage options reach workers through the plugin only: not in dask config
+    (client or workers, as repr or serialised), not in a cluster-state dump,
+    not in worker logs at DEBUG, not in pickled graphs -- and workers that
+    join later can still read."""
+    from distributed import Client, LocalCluster
+
+    from remote_helpers import rewrite_uris
+
+    url, expected, built, base = _s3_aggregation(s3_server, tmp_path, seed=67)
+    # the same fragments from a local aggregation file: the token goes to the workers only
+    rewrite_uris(built.path, built.names["uris"], lambda u: f"{base}/{u}")
+    debug_everywhere.clear()  # (the test's own uploads)
+    options, hidden = _credential_options(s3_server, "token")
+    token_options = options
+    options, _ = _credential_options(s3_server, "key_secret")
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None, host="127.0.0.1",
+                      silence_logs=logging.DEBUG) as cluster, Client(cluster) as client:
+        client.run(_worker_start_capture)
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        assert_matches(x.compute(), expected)
+        with pytest.raises(daskcfa.StorageError):  # (refused by the server: SeaweedFS knows no session tokens)
+            daskcfa.from_cfa(str(built.path), "tas", storage_options=token_options,
+                             allowed_locations=[base + "/"]).compute()
+        # a worker started now gets the options from the scheduler's plugin
+        first = set(client.scheduler_info()["workers"])
+        cluster.scale(2)
+        client.wait_for_workers(2, timeout=120)
+        (late,) = set(client.scheduler_info()["workers"]) - first
+        client.run(_worker_start_capture, workers=[late])
+        assert_matches(client.compute(x, workers=[late]).result(), expected)
+        # write through the cluster, with the options, and read it back on the late worker
+        written = daskcfa.to_cfa(da.from_array(expected, chunks=(2, 4, 5)), url.rsplit("/", 2)[0] + "/out/tas.nca",
+                                 variable="tas", dims=("time", "lat", "lon"), fragment_shape=(2, 4, 5),
+                                 storage_options=options)
+        y = daskcfa.from_cfa(written, "tas", storage_options=options)
+        assert_matches(client.compute(y, workers=[late]).result(), expected)
+
+        texts = _config_texts() + [t for ts in client.run(_config_texts).values() for t in ts]
+        dump = tmp_path / "cluster-state"
+        client.dump_cluster_state(str(dump), format="yaml")
+        texts.append((tmp_path / "cluster-state.yaml").read_text())
+        texts += [line for lines in client.run(_worker_lines).values() for line in lines]
+        texts += [msg for records in client.get_worker_logs().values() for _, msg in records]
+        texts += [msg for records in client.get_worker_logs(nanny=True).values() for _, msg in records]
+        texts += [msg for _, msg in client.get_scheduler_logs()]
+        blobs = [_graph_blob(x), _graph_blob(y)]
+    texts += list(debug_everywhere)
+    assert sum(len(t) for t in texts) > 100_000, "too little was searched"
+    everything = "\n".join(texts)
+    for value in hidden:
+        assert value not in everything
+        for blob in blobs:
+            assert value.encode() not in blob
+    print(f"secrets: {len(hidden)} values searched in dask config (client, 2 workers, serialised), a "
+          f"{(tmp_path / 'cluster-state.yaml').stat().st_size:,}-byte cluster dump, "
+          f"{sum(map(len, texts)):,} characters of logs and config, {sum(map(len, blobs)):,} bytes of graphs")
+
+
+def test_password_in_an_http_url_stays_out_of_reprs_graphs_and_info(tmp_path, make_http_server):
+    """``https://user:pw@host/agg.nc``: the login moves into the storage profile
+    (for that origin only); reads still authenticate against a server that
+    requires it; reprs, pickled graphs and ``daskcfa info --json`` never show it."""
+    import json
+    import subprocess
+    import sys
+
+    from builders import build
+
+    from .conftest import DIMS, SIZES
+
+    password = f"url-pw-{secrets.token_urlsafe(18)}"
+    (tmp_path / "www").mkdir()
+    built = build("CF-1.13", tmp_path / "www" / "ds", truth(seed=71), DIMS, SIZES)
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    url = server.url_for("ds/" + built.path.name).replace("://", f"://reader:{password}@", 1)
+
+    x = daskcfa.from_cfa(url, "tas")
+    ds = daskcfa.open_cfa(url)
+    assert_matches(x.compute(scheduler="threads"), built.expected)
+    assert_matches(ds["tas"].data.compute(scheduler="threads"), built.expected)
+    info = subprocess.run([sys.executable, "-m", "daskcfa", "info", url, "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["url"] == server.url_for("ds/" + built.path.name)
+    texts = [repr(x), repr(ds), repr(ds["tas"]), x._repr_html_(), info.stdout, info.stderr,
+             repr(daskcfa.describe(url))]
+    blobs = [_graph_blob(x), _graph_blob(ds["tas"].data), cloudpickle.dumps(ds)]
+    # a wrong password is refused by the server: a daskcfa error, without the password
+    wrong = url.replace(password, password[::-1])
+    with pytest.raises(daskcfa.CFAError) as refused:
+        daskcfa.open_cfa(wrong)
+    texts.append(_text_of(refused.value))
+    for text in texts:
+        assert password not in text and password[::-1] not in text
+    for blob in blobs:
+        assert password.encode() not in blob

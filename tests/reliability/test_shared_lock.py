@@ -1,0 +1,98 @@
+"""netCDF-C beside xarray: one lock for both libraries, or the process crashes.
+
+netCDF-C is not thread-safe. A threaded dask graph reading through xarray's
+netcdf4 engine and through daskcfa's netCDF4 engine at once crashed with
+SIGSEGV (or "NetCDF: HDF error") while each library took its own lock
+(observed before the fix: 5 of the 20 child processes below failed).
+``daskcfa.locks.HDF5_LOCK`` is now built on xarray's own lock objects.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import dask.array as da
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+from daskcfa import locks
+
+xarray_locks = pytest.importorskip("xarray.backends.locks")
+
+TRIALS = 20
+PLAIN_FILES = 8
+SHAPE = (64, 40, 30)
+
+#: One child process: a mixed graph, many small chunks and files, 8 threads, five times.
+CHILD = """
+import sys, dask, numpy as np, xarray as xr, daskcfa
+from daskcfa.fragments.manager import manager
+d, plain = sys.argv[1], int(sys.argv[2])
+data = np.load(f"{d}/truth.npy")
+with dask.config.set({"daskcfa.io.engine": "netcdf4", "scheduler": "threads", "num_workers": 8}):
+    for _ in range(5):
+        manager().close_all()  # every round opens its fragments again, beside xarray's opens
+        xs = [xr.open_dataset(f"{d}/plain{i}.nc", engine="netcdf4", chunks={"t": 1}, cache=False)["v"].data
+              for i in range(plain)]
+        agg = daskcfa.from_cfa(f"{d}/agg.nc", "v", chunks=(1, 40, 30))
+        sums = dask.compute(*[x.sum(axis=(1, 2)) for x in xs], agg.sum(axis=(1, 2)))
+        for i, got in enumerate(sums):
+            offset = i if i < plain else 0
+            np.testing.assert_allclose(got, (data + offset).sum(axis=(1, 2), dtype="f8"), rtol=1e-5)
+print("ok")
+"""
+
+
+def test_daskcfa_lock_is_xarrays_netcdf4_lock():
+    """Holding daskcfa's lock holds both locks xarray's netcdf4 engine takes; reentrant; pickles to itself."""
+    with locks.HDF5_LOCK:
+        assert xarray_locks.NETCDFC_LOCK.locked() and xarray_locks.HDF5_LOCK.locked()
+        with locks.HDF5_LOCK:  # daskcfa nests library calls
+            pass
+        assert xarray_locks.HDF5_LOCK.locked()
+        taken = []
+        other = threading.Thread(target=lambda: taken.append(xarray_locks.NETCDFC_LOCK.acquire(blocking=False)))
+        other.start()
+        other.join()
+        assert taken == [False]
+    assert not xarray_locks.NETCDFC_LOCK.locked() and not xarray_locks.HDF5_LOCK.locked()
+    assert pickle.loads(pickle.dumps(locks.HDF5_LOCK)) is locks.HDF5_LOCK
+    with pytest.raises(RuntimeError):
+        locks.HDF5_LOCK.release()
+
+
+@pytest.fixture(scope="module")
+def mixed_files(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("mixed")
+    data = np.random.default_rng(11).random(SHAPE).astype("f4")
+    np.save(directory / "truth.npy", data)
+    for i in range(PLAIN_FILES):
+        with netCDF4.Dataset(directory / f"plain{i}.nc", "w") as ds:
+            for name, size in zip(("t", "y", "x"), SHAPE):
+                ds.createDimension(name, size)
+            v = ds.createVariable("v", "f4", ("t", "y", "x"), zlib=True, complevel=1, chunksizes=(2, 40, 30))
+            v[:] = data + i
+    daskcfa.to_cfa(da.from_array(data, chunks=(1, 40, 30)), str(directory / "agg.nc"), variable="v",
+                   dims=("t", "y", "x"), fragment_shape=(1, 40, 30))
+    return directory
+
+
+def test_mixed_xarray_and_daskcfa_graph_never_crashes(mixed_files):
+    def trial(_: int) -> tuple[int, str, str]:
+        run = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD, str(mixed_files), str(PLAIN_FILES)],
+                             capture_output=True, text=True, timeout=600)
+        return run.returncode, run.stdout.strip(), run.stderr[-2000:]
+
+    with ThreadPoolExecutor(2) as pool:  # two children at a time: the machine has two cores
+        outcomes = list(pool.map(trial, range(TRIALS)))
+    failed = [o for o in outcomes if o[:2] != (0, "ok")]
+    print(f"mixed xarray+daskcfa graph: {TRIALS - len(failed)} of {TRIALS} child processes ok; exit codes of "
+          f"the others: {sorted(code for code, _, _ in failed)}")
+    assert not failed, f"{len(failed)} of {TRIALS} runs failed (-11: SIGSEGV): {failed[0]}"
