@@ -14,8 +14,8 @@ Writing has two stages, so that nothing is written unless everything can be:
    aggregation variable plus the dialect's instruction variables, dimensions
    and groups, under names that clash with nothing in the dataset. Every rule
    of the dialect and of the netCDF file format is checked here.
-2. :func:`_emit` writes the flat dataset with netCDF4-python, to a file or to
-   memory.
+2. :func:`_emit` writes the flat dataset with netCDF4-python, always to a
+   file (the bytes of a remote target are read back from a temporary one).
 
 Instruction names (``<v>`` is the aggregated variable's name; a ``_1``,
 ``_2``... suffix is added when a name is already used anywhere in the file):
@@ -43,6 +43,7 @@ import json
 import os
 import posixpath
 import re
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +88,7 @@ def write_aggregation(
     target = Path(target)
     partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
     try:
-        with HDF5_LOCK:
-            nc = netCDF4.Dataset(str(partial), "w", clobber=False, format=file_format)
-            try:
-                _emit(nc, layout.flat)
-            finally:
-                nc.close()
+        _write_file(partial, layout, file_format)
         os.replace(partial, target)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -102,22 +98,27 @@ def write_aggregation(
 def encode_aggregation(
     dataset: AggregationDataset, *, format: str = "CF-1.13", file_format: str = "NETCDF4"
 ) -> bytes:
-    """The bytes of the aggregation file :func:`write_aggregation` would write (for remote targets).
+    """The bytes of the aggregation file :func:`write_aggregation` would write (for any target).
 
-    Built in memory by netCDF-C (a diskless dataset whose ``close()`` returns
-    the bytes); nothing touches the disk. netCDF-3 bytes are exactly the file;
-    netCDF-4 bytes may end with unused space that HDF5's in-memory driver
-    allocates, which every reader ignores.
+    Built as a file in a private temporary directory, not in netCDF-C's
+    memory: an in-memory netCDF-4 image has a root group without link
+    creation order, and netCDF-C then refuses to open the file for writing
+    (``NC_ECANTWRITE``), so data-centre staff could not edit its metadata.
     """
     layout = _Layout.of(dataset, format, file_format)
+    with tempfile.TemporaryDirectory(prefix="daskcfa-encode-") as scratch:
+        path = Path(scratch) / "aggregation.nc"
+        _write_file(path, layout, file_format)
+        return path.read_bytes()
+
+
+def _write_file(path: Path, layout: "_Layout", file_format: str) -> None:
     with HDF5_LOCK:
-        # memory=1: the buffer starts minimal and grows, so netCDF-3 images are not padded.
-        nc = netCDF4.Dataset("daskcfa-encode.nc", "w", memory=1, format=file_format)
+        nc = netCDF4.Dataset(str(path), "w", clobber=False, format=file_format)
         try:
             _emit(nc, layout.flat)
         finally:
-            image = nc.close()
-    return bytes(image)
+            nc.close()
 
 
 # --------------------------------------------------------------------------

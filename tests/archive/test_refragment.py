@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import daskcfa
+from builders import assert_editable_by_netcdf_c
 from daskcfa.errors import BudgetError, CFAError, VariableNotFoundError
 
 pytestmark = pytest.mark.usefixtures("sync_dask")
@@ -243,3 +244,13 @@ def test_memory_budget_holds_on_a_local_cluster(tmp_path):
                 assert len(memory.growth) == 2
                 assert all(0 <= g < max_mem for g in memory.growth.values()), (strategy, memory.results)
                 np.testing.assert_array_equal(read_back(out), truth)
+
+
+def test_refragmented_files_are_editable_by_netcdf_c(tmp_path):
+    # issue 13 item 12
+    truth = np.arange(8 * 4 * 6, dtype="f4").reshape(8, 4, 6)
+    src = cfa_source(tmp_path / "src.nca", truth, (2, 4, 6))
+    out = daskcfa.refragment(src, str(tmp_path / "out.nca"), fragment_shape=(8, 2, 6), format="CFA-0.6.2",
+                             max_mem="20MiB")
+    assert_editable_by_netcdf_c(out, *fragment_files(out))
+    np.testing.assert_array_equal(read_back(out), truth)

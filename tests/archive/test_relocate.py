@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, build, make_truth
+from builders import assert_editable_by_netcdf_c, assert_matches, build, make_truth
 from remote_helpers import upload
 
 DIMS = ("time", "lat", "lon")
@@ -197,3 +197,13 @@ def test_moving_only_the_aggregation_file_rebases_relative_references(tmp_path):
         out = daskcfa.relocate(url, {"/unused": "/x"}, target=str(tmp_path / "b" / "t.nc"))
     assert stored_uris(out)[0] == "../a/t/t.tas.0.0.0.nc"
     assert_matches(daskcfa.from_cfa(out).compute(), truth(), rtol=0)
+
+
+@pytest.mark.parametrize("format", ["CF-1.13", "CFA-0.4"])
+def test_relocated_file_is_editable_by_netcdf_c(tmp_path, format):
+    # issue 13 item 12
+    url = write(tmp_path / "a" / "t.nc", format=format)
+    shutil.move(tmp_path / "a" / "t", tmp_path / "moved")
+    daskcfa.relocate(url, {str(tmp_path / "a" / "t"): str(tmp_path / "moved")})
+    assert_editable_by_netcdf_c(url)
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
