@@ -440,3 +440,35 @@ def test_local_cluster_with_bounded_uploads(tmp_path, s3_server, s3_bucket):
         local = write(da.from_array(x, chunks=(3, 2, 6)), tmp_path / "t.nc")
     assert_matches(daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute(), x)
     assert_matches(daskcfa.from_cfa(local).compute(), x)
+
+
+def test_uris_absolute_local_and_s3(tmp_path, s3_server, s3_bucket, other_cwd):
+    # issue 13 item 14: absolute fragment URIs on request; the default stays relative
+    x = truth()
+    url = write(x, tmp_path / "out" / "t.nc", uris="absolute", format="CFA-0.4")
+    uris = sorted(daskcfa.read_aggregation(url).fragments.locations())
+    assert uris[0] == f"file://{tmp_path}/out/t/t.tas.0.0.0.nc", uris
+    (tmp_path / "out" / "t.nc").rename(tmp_path / "elsewhere.nc")  # absolute URIs need no move
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "elsewhere.nc")).compute(), x)
+    options = s3_server.storage_options
+    remote = write(x, f"s3://{s3_bucket}/abs/t.nc", storage_options=options, uris="absolute")
+    assert sorted(daskcfa.read_aggregation(remote, storage_options=options).fragments.locations())[0] == (
+        f"s3://{s3_bucket}/abs/t/t.tas.0.0.0.nc")
+    assert_matches(daskcfa.from_cfa(remote, storage_options=options).compute(), x)
+    with pytest.raises(ValueError, match="uris must be one of"):
+        write(x, tmp_path / "bad.nc", uris="Absolute")
+    assert not (tmp_path / "bad.nc").exists()
+
+
+def test_fragments_declare_plain_cf_conventions(tmp_path):
+    # issue 13 item 14: fragments are plain CF files, whatever dialect the aggregation is in
+    x = truth()
+    write(x, tmp_path / "a.nc")
+    with netCDF4.Dataset(tmp_path / "a" / "a.tas.0.0.0.nc") as nc:
+        assert nc.Conventions == "CF-1.13"
+    converted = write(x, tmp_path / "b.nc", format="CFA-0.5")
+    with daskcfa.open_cfa(converted) as ds:
+        assert "CFA-0.5" in ds.attrs["Conventions"]
+        daskcfa.to_cfa(ds, str(tmp_path / "c.nc"), fragment_shape={"time": 3})
+    with netCDF4.Dataset(tmp_path / "c" / "c.tas.0.0.0.nc") as nc:
+        assert "CFA" not in nc.Conventions and nc.Conventions.startswith("CF-")

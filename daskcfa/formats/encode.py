@@ -57,7 +57,7 @@ from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
 from ._netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
-__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation"]
+__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions"]
 
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")
@@ -579,6 +579,16 @@ def _conventions(existing: Any, format: str) -> str:
     if format in _CONVENTIONS:
         return " ".join([*_CONVENTIONS[format], *(w for w in words if not _VERSION_WORD.match(w))])
     return " ".join([*(w for w in words if not w.startswith("CFA-")), format])
+
+
+def fragment_conventions(existing: Any) -> str:
+    """The ``Conventions`` of a fragment file: the dataset's, without CFA words (a fragment is a
+    plain CF file; S3netCDF4 would take one declaring CFA for an aggregation file), CF-1.13 when
+    it declares no CF version."""
+    words = [w for w in re.split(r"[\s,]+", str(existing or "")) if w and not w.startswith("CFA-")]
+    if not any(w.startswith("CF-") for w in words):
+        words.insert(0, _CONVENTIONS["CF-1.13"][0])
+    return " ".join(words)
 
 
 def _text(column: Any, shape: tuple[int, ...]) -> np.ndarray:

@@ -339,7 +339,7 @@ def test_identical_files_have_nothing_to_concatenate(tmp_path):
 def test_relative_uris_survive_a_move_absolute_uris_do_not_need_one(tmp_path):
     truth, _, _ = cmip_like(tmp_path / "tree" / "data", 3)
     rel = daskcfa.aggregate(str(tmp_path / "tree" / "data"), str(tmp_path / "tree" / "agg" / "rel.nc"))
-    absolute = daskcfa.aggregate(str(tmp_path / "tree" / "data"), str(tmp_path / "abs.nc"), absolute_uris=True)
+    absolute = daskcfa.aggregate(str(tmp_path / "tree" / "data"), str(tmp_path / "abs.nc"), uris="absolute")
     assert daskcfa.read_aggregation(rel).fragments[(0, 0, 0)].uris == ("../data/tas_000.nc",)
     assert daskcfa.read_aggregation(absolute).fragments[(0, 0, 0)].uris[0].startswith("file:///")
     assert_matches(daskcfa.from_cfa(absolute).compute(), truth)

@@ -207,3 +207,17 @@ def test_relocated_file_is_editable_by_netcdf_c(tmp_path, format):
     daskcfa.relocate(url, {str(tmp_path / "a" / "t"): str(tmp_path / "moved")})
     assert_editable_by_netcdf_c(url)
     assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
+
+
+def test_relocate_to_absolute_uris(tmp_path):
+    # issue 13 item 14: in place without a mapping, or while moving
+    url = write(tmp_path / "a" / "t.nc", format="CFA-0.5")
+    with pytest.raises(ValueError, match="needs a mapping"):
+        daskcfa.relocate(url, {})
+    assert daskcfa.relocate(url, {}, uris="absolute") == url
+    assert stored_uris(url)[0] == f"file://{tmp_path}/a/t/t.tas.0.0.0.nc"
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
+    shutil.move(tmp_path / "a" / "t", tmp_path / "moved")
+    daskcfa.relocate(url, {str(tmp_path / "a" / "t"): str(tmp_path / "moved")}, uris="absolute")
+    assert stored_uris(url)[0] == f"file://{tmp_path}/moved/t.tas.0.0.0.nc"
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
