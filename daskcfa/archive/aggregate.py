@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import storage
 from ..errors import AggregationError
-from ..formats.encode import encode_aggregation
+from ..formats.encode import absolute_reference, encode_aggregation
 from ..graph.write import put_aggregation
 from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
 from ..storage.uri import absolute as absolute_uri, check_uri_style
@@ -119,7 +119,8 @@ def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, 
 
 def _referenced(av: AggregatedVariable, url: str, absolute: bool, format: str) -> AggregatedVariable:
     uris = av.fragments.uris
-    stored = np.frompyfunc(lambda u: absolute_uri(u) if absolute else reference(u, url), 1, 1)(uris).astype(object)
+    stored = np.frompyfunc(lambda u: absolute_reference(u, format) if absolute else reference(u, url), 1, 1)(uris)
+    stored = stored.astype(object)
     return replace(av, fragments=replace(av.fragments, uris=stored), source=url, dialect=format)
 
 

@@ -52,13 +52,13 @@ import numpy as np
 from .. import storage
 from ..dataset import Dataset
 from ..errors import CFAFormatError, CFAWarning, NotFoundError, redact
-from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation
+from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
 from ..graph.write import dataset_model, put_aggregation
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
-from ..storage.uri import absolute as absolute_uri, check_uri_style
+from ..storage.uri import check_uri_style
 from .aggregate import reference
 
 __all__ = ["relocate", "WRITABLE_DIALECTS"]
@@ -115,7 +115,7 @@ def relocate(
             model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]
     format = format or _common_format(variables, url)
-    model.aggregated = [_relocated(av, rules, url, new_url, local, absolute) for av in variables]
+    model.aggregated = [_relocated(av, rules, url, new_url, local, format if absolute else None) for av in variables]
     rules.warn_unused(url)
     if in_place and not rules.used and not absolute:
         return url  # nothing matched: the file is left as it is
@@ -201,27 +201,28 @@ def _common_format(variables: list[AggregatedVariable], url: str) -> str:
 
 
 def _relocated(av: AggregatedVariable, rules: _PrefixRules, old_url: str, new_url: str,
-               local: str, absolute: bool) -> AggregatedVariable:
+               local: str, absolute_in: str | None) -> AggregatedVariable:
     """``av`` with every fragment URI mapped (each distinct URI worked out once)."""
     uris = av.fragments.uris
     if uris is None:
         return av
     flat = np.array(["" if u is None else str(u) for u in uris.ravel()], dtype=object)
     distinct, inverse = np.unique(flat, return_inverse=True)
-    moved = np.array([_moved(u, rules, old_url, new_url, local, absolute) for u in distinct], dtype=object)
+    moved = np.array([_moved(u, rules, old_url, new_url, local, absolute_in) for u in distinct], dtype=object)
     new = moved[inverse].reshape(uris.shape)
     return replace(av, fragments=replace(av.fragments, uris=new), source=new_url)
 
 
-def _moved(raw: str, rules: _PrefixRules, old_url: str, new_url: str, local: str, absolute: bool) -> str:
-    """Where fragment reference ``raw`` (as written in the file at ``old_url``) points from ``new_url``."""
+def _moved(raw: str, rules: _PrefixRules, old_url: str, new_url: str, local: str, absolute_in: str | None) -> str:
+    """Where fragment reference ``raw`` (as written in the file at ``old_url``) points from ``new_url``;
+    ``absolute_in``: the dialect whose absolute form to give it (None: relative stays relative)."""
     if raw == "":
         return raw
-    if absolute:
+    if absolute_in is not None:
         if raw == local:  # a CFA-0.6 fragment inside the aggregation file
-            return absolute_uri(new_url)
+            return absolute_reference(new_url, absolute_in)
         resolved = storage.resolve(raw, old_url)
-        return absolute_uri(rules.apply(resolved) or resolved)
+        return absolute_reference(rules.apply(resolved) or resolved, absolute_in)
     if raw == local:  # a CFA-0.6 fragment inside the aggregation file: it moves with the file
         name = new_url.rpartition("/")[2]
         return quote(name) if storage.is_local(new_url) else name

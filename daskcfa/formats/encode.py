@@ -55,9 +55,11 @@ import numpy as np
 from ..errors import CFAFormatError
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
+from ..storage.uri import absolute, is_local, normalise
 from ._netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
-__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions"]
+__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions",
+           "absolute_reference"]
 
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")
@@ -579,6 +581,15 @@ def _conventions(existing: Any, format: str) -> str:
     if format in _CONVENTIONS:
         return " ".join([*_CONVENTIONS[format], *(w for w in words if not _VERSION_WORD.match(w))])
     return " ".join([*(w for w in words if not w.startswith("CFA-")), format])
+
+
+def absolute_reference(uri: str, format: str) -> str:
+    """How an aggregation file in ``format`` names the fragment at ``uri`` absolutely: a
+    ``file://`` URI for a local file, except in S3netCDF4's dialects (CFA-0.5, CFA-0.4), where
+    it is the plain path (S3netCDF4 takes ``file://`` for the name of an S3 host)."""
+    if format in ("CFA-0.5", "CFA-0.4") and is_local(uri):
+        return normalise(uri)
+    return absolute(uri)
 
 
 def fragment_conventions(existing: Any) -> str:

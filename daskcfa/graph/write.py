@@ -38,7 +38,7 @@ from dask.highlevelgraph import HighLevelGraph
 from .. import storage
 from ..decode import Encoding, default_fill_value
 from ..errors import CFAFormatError, NotFoundError, VariableNotFoundError, redact
-from ..formats.encode import encode_aggregation, fragment_conventions
+from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..fragments.write import (
     COMPRESSION_KEYS,
     FRAGMENT_FORMATS,
@@ -50,7 +50,7 @@ from ..fragments.write import (
     write_fragment,
 )
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
-from ..storage.uri import absolute as absolute_uri, check_uri_style
+from ..storage.uri import check_uri_style
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
@@ -411,7 +411,7 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
             raise ValueError(f"fragment_name {options.fragment_name!r} gives two fragments the name {reference!r}")
         references.add(reference)
         uri = storage.resolve(reference, url)
-        written[index] = absolute_uri(uri) if options.uris == "absolute" else reference
+        written[index] = absolute_reference(uri, options.format) if options.uris == "absolute" else reference
         frag_slices = grid.fragment_slices(index)
         target = FragmentTarget(
             index=index, shape=grid.fragment_shape(index), uri=uri, reference=written[index],
