@@ -72,6 +72,7 @@ class DatasetSpec(TimeTiles):
     chunks: tuple[int, int, int] | None = None  # HDF5 chunk shape; None = contiguous
     shuffle: bool = False
     name: str | None = None
+    file_format: str = "NETCDF4"  #: of the fragment files (the aggregation file is always netCDF-4)
 
     @property
     def dirname(self) -> str:
@@ -82,7 +83,8 @@ class DatasetSpec(TimeTiles):
         if self.shuffle:
             comp += "s"
         chunks = "contig" if self.chunks is None else "c" + "x".join(map(str, self.chunks))
-        return f"n{self.nfrag}_f{shape}_{comp}_{chunks}"
+        fmt = "" if self.file_format == "NETCDF4" else "_" + self.file_format.lower()
+        return f"n{self.nfrag}_f{shape}_{comp}_{chunks}{fmt}"
 
     def params(self) -> dict:
         d = asdict(self)
@@ -90,6 +92,8 @@ class DatasetSpec(TimeTiles):
         d["chunks"] = None if self.chunks is None else list(self.chunks)
         d["shape"] = list(self.shape)
         d["generator_version"] = GENERATOR_VERSION
+        if self.file_format == "NETCDF4":  # datasets generated before the field existed stay valid
+            del d["file_format"]
         return d
 
 
@@ -114,6 +118,10 @@ SCENARIO_DATA: dict[str, tuple[DatasetSpec, DatasetSpec]] = {
     "timeseries": (
         DatasetSpec(1000, (1, 180, 360), zlib=True, chunks=(1, 180, 360)),
         DatasetSpec(50, (1, 18, 36), zlib=True, chunks=(1, 18, 36)),
+    ),
+    "read-netcdf3": (
+        DatasetSpec(5000, (1, 18, 36), file_format="NETCDF3_CLASSIC"),
+        DatasetSpec(200, (1, 18, 36), file_format="NETCDF3_CLASSIC"),
     ),
 }
 
@@ -225,20 +233,18 @@ def _write_fragment(path: str, spec: DatasetSpec, i: int, coords) -> np.ndarray:
     nt, ny, nx = spec.frag_shape
     t0 = i * nt
     data = values(*np.ix_(np.arange(t0, t0 + nt), np.arange(ny), np.arange(nx)), ny=ny, nx=nx)
-    with netCDF4.Dataset(path, "w", format="NETCDF4") as nc:
+    with netCDF4.Dataset(path, "w", format=spec.file_format) as nc:
         nc.Conventions = "CF-1.13"
         nc.title = f"daskcfa benchmark fragment {i}"
         nc.createDimension("time", nt)
         nc.createDimension("lat", ny)
         nc.createDimension("lon", nx)
         _write_coords(nc, time_[t0 : t0 + nt], lat, lon)
-        kw = {}
+        kw = {} if spec.file_format.startswith("NETCDF3") else {"contiguous": not spec.zlib}
         if spec.zlib:
             kw.update(zlib=True, complevel=spec.complevel, shuffle=spec.shuffle)
         if spec.chunks is not None:
-            kw.update(chunksizes=spec.chunks)
-        else:
-            kw.update(contiguous=not spec.zlib)
+            kw.update(chunksizes=spec.chunks, contiguous=False)
         v = nc.createVariable(VARNAME, "f4", ("time", "lat", "lon"), fill_value=False, **kw)
         _tas_attrs(v)
         v[...] = data

@@ -76,6 +76,7 @@ TOOL_LABEL = {
     "daskcfa": "daskcfa (threads)",
     "daskcfa-processes": "daskcfa (scheduler='processes')",
     "daskcfa-distributed": "daskcfa (distributed LocalCluster 2x1)",
+    "daskcfa-merged": "daskcfa, chunks='256MiB' (fragments merged)",
     "cfdm": "cfdm",
     "cfapyx": "cfapyx (xarray engine 'CFA')",
     "xarray-mfdataset": "xarray.open_mfdataset",

@@ -49,6 +49,7 @@ SCENARIO_KIND = {
     "read-uncompressed": "read",
     "read-zlib": "read",
     "timeseries": "timeseries",
+    "read-netcdf3": "read",
     "s3-read-uncompressed": "read",
     "s3-read-zlib": "read",
     "s3-timeseries": "timeseries",
@@ -169,7 +170,7 @@ def _xr_describe(kind, ds, value, probe):
 # Tools. Each: setup(kind, ds) -> (run, describe, teardown)
 #   run() is timed and returns a value; describe(value, probe) -> dict.
 # ----------------------------------------------------------------------------
-def tool_daskcfa(kind, ds, scheduler=None):
+def tool_daskcfa(kind, ds, scheduler=None, chunks="fragments"):
     try:
         import daskcfa
     except Exception as e:  # noqa: BLE001
@@ -184,7 +185,7 @@ def tool_daskcfa(kind, ds, scheduler=None):
     open_kw = {"storage_options": s3.storage_options} if s3 else {}
 
     def run():
-        x = from_cfa(url, "tas", **open_kw)
+        x = from_cfa(url, "tas", chunks=chunks, **open_kw)
         return _dask_op(kind, ds, x, **kw)
 
     return run, lambda v, p: _dask_describe(kind, ds, v, p), None
@@ -453,6 +454,8 @@ TOOLS = {
     "daskcfa": tool_daskcfa,
     "daskcfa-processes": tool_daskcfa_processes,
     "daskcfa-distributed": tool_daskcfa_distributed,
+    # neighbouring fragments merged into chunks of up to 256 MiB (README: many small fragments)
+    "daskcfa-merged": lambda kind, ds: tool_daskcfa(kind, ds, chunks="256MiB"),
     "cfdm": tool_cfdm,
     "cfapyx": tool_cfapyx,
     "xarray-mfdataset": tool_xarray_mfdataset,

@@ -127,6 +127,7 @@ def to_cfa(
     compute: bool = True,
     region: Mapping[str, slice] | None = None,
     max_concurrent_uploads: int | None = None,
+    uris: str = "relative",
 ) -> str | Delayed:
     """Write an array or a dataset as a CFA-netCDF aggregation: fragment files plus an aggregation file.
 
@@ -186,7 +187,7 @@ def to_cfa(
         the variable's path with groups joined by dots, ``{index}`` the
         fragment index joined by dots (``0.1.0``). The default is
         S3netCDF4's layout: ``a7.nc`` -> ``a7/a7.tas.0.1.0.nc``. The
-        aggregation file stores these relative references.
+        aggregation file stores these relative references (see ``uris``).
     storage_options
         fsspec/s3fs options, flat or keyed by protocol. They never enter the
         task graph: tasks carry an opaque reference, resolved by each worker.
@@ -216,6 +217,14 @@ def to_cfa(
         With a ``distributed`` client: at most this many fragment uploads run
         at once across the cluster (a ``distributed.Semaphore``), to spare a
         shared object store. Local writes are not limited.
+    uris
+        ``"relative"`` (default): the aggregation file refers to its fragments
+        relative to itself, so the archive can be moved as a whole.
+        ``"absolute"``: absolute URIs (``file:///...``, ``s3://...``), for
+        archives that older tools must read from anywhere: cfdm, CFAPyX and
+        S3netCDF4 resolve relative references against their working
+        directory, so they read relative ones only from the archive's
+        directory.
 
     Returns
     -------
@@ -255,7 +264,7 @@ def to_cfa(
     delayed = _write.write_graph(
         request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
         fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
-        profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url),
+        profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), uris=uris,
     )
     return delayed.compute() if compute else delayed
 

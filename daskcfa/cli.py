@@ -39,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "relocate" and not args.map and args.uris != "absolute":
+        parser.exit(2, f"{PROG} relocate: error: --map OLD=NEW is required (unless --uris absolute)\n")
     try:
         with warnings.catch_warnings(), _scheduler(args.scheduler), _progress(args):
             warnings.showwarning = _one_line_warning
@@ -81,7 +83,7 @@ def _split(args: argparse.Namespace) -> int:
     if args.plan_only:
         _print(str(plan_refragment(source, **options)))
         return 0
-    delayed = refragment(source, args.target, mode=args.mode, compute=False, **options)
+    delayed = refragment(source, args.target, mode=args.mode, compute=False, uris=args.uris, **options)
     _print(_compute(delayed))
     return 0
 
@@ -90,7 +92,7 @@ def _aggregate(args: argparse.Namespace) -> int:
     from .archive.aggregate import aggregate
 
     _print(aggregate(list(args.sources), args.target, concat_dims=args.concat_dims, variables=args.variables,
-                     format=args.format, absolute_uris=args.absolute_uris, storage_options=args.storage_options,
+                     format=args.format, uris=args.uris, storage_options=args.storage_options,
                      mode=args.mode))
     return 0
 
@@ -99,7 +101,8 @@ def _rebuild(args: argparse.Namespace) -> int:
     from .archive.aggregate import rebuild
 
     fragments = args.fragments[0] if len(args.fragments) == 1 else list(args.fragments)
-    _print(rebuild(fragments, args.target, format=args.format, storage_options=args.storage_options, mode=args.mode))
+    _print(rebuild(fragments, args.target, format=args.format, uris=args.uris, storage_options=args.storage_options,
+                   mode=args.mode))
     return 0
 
 
@@ -115,8 +118,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _relocate(args: argparse.Namespace) -> int:
     from .archive.relocate import relocate
 
-    _print(relocate(args.url, dict(args.map), target=args.target, format=args.format, mode=args.mode,
-                    storage_options=args.storage_options))
+    _print(relocate(args.url, dict(args.map or ()), target=args.target, format=args.format, mode=args.mode,
+                    storage_options=args.storage_options, uris=args.uris))
     return 0
 
 
@@ -190,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--compression", type=_compression, metavar="zlib|JSON",
                        help='compression of the new fragments: a name (zlib) or JSON createVariable keywords '
                             '({"zlib": true, "complevel": 1})')
+    _uris_option(split)
     _mode_option(split)
 
     aggregate = command("aggregate", _aggregate, "build an aggregation over existing netCDF files (no copying)",
@@ -200,8 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     aggregate.add_argument("target", metavar="TARGET", help="the aggregation file to write")
     aggregate.add_argument("--concat-dims", metavar="DIM,DIM", type=_names,
                            help="the dimensions to concatenate along (default: inferred)")
-    aggregate.add_argument("--absolute-uris", action="store_true",
-                           help="store absolute fragment URIs (default: relative to the aggregation file)")
+    _uris_option(aggregate)
     _variables_option(aggregate)
     _format_option(aggregate, formats)
     _mode_option(aggregate)
@@ -212,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("fragments", metavar="FRAGMENTS", nargs="+", help="a directory, glob, prefix or files")
     rebuild.add_argument("target", metavar="TARGET", help="the aggregation file to write")
     _format_option(rebuild, formats)
+    _uris_option(rebuild)
     _mode_option(rebuild)
 
     verify = command("verify", _verify, "check every fragment exists, opens and fits (--deep: reads all data)",
@@ -227,11 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "Rewrite the fragment URIs of an aggregation file by prefix (disk to S3, bucket rename), "
                        "without touching the fragments; in place, or to --target.")
     relocate.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
-    relocate.add_argument("--map", metavar="OLD=NEW", type=_mapping, action="append", required=True,
-                          help="replace the URI prefix OLD by NEW (repeat for several)")
+    relocate.add_argument("--map", metavar="OLD=NEW", type=_mapping, action="append",
+                          help="replace the URI prefix OLD by NEW (repeat for several; may be left out with "
+                               "--uris absolute)")
     relocate.add_argument("--target", metavar="URL", help="write the relocated file here instead of in place")
     relocate.add_argument("--format", choices=WRITE_FORMATS,
                           help="convert to this dialect (default: keep the file's own)")
+    _uris_option(relocate)
     _mode_option(relocate)
     return parser
 
@@ -243,6 +249,14 @@ def _variables_option(parser: argparse.ArgumentParser) -> None:
 def _format_option(parser: argparse.ArgumentParser, formats: str) -> None:
     parser.add_argument("--format", default="CF-1.13", metavar="DIALECT",
                         help=f"aggregation dialect: {formats} (default: %(default)s)")
+
+
+def _uris_option(parser: argparse.ArgumentParser) -> None:
+    from .storage.uri import URI_STYLES
+
+    parser.add_argument("--uris", choices=URI_STYLES, default="relative",
+                        help="fragment URIs relative to the aggregation file (default) or absolute, for tools that "
+                             "resolve relative ones against their working directory (cfdm, CFAPyX, S3netCDF4)")
 
 
 def _mode_option(parser: argparse.ArgumentParser) -> None:

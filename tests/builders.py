@@ -169,6 +169,29 @@ def assert_matches(actual, expected, *, rtol=1e-6, atol=0.0, check_mask=True) ->
         )
 
 
+_EDIT_SCRIPT = """
+import sys, netCDF4
+for path in sys.argv[1:]:
+    for step in ("first", "second"):  # add, then change what the first edit added
+        with netCDF4.Dataset(path, "a") as nc:
+            nc.setncattr("comment", f"edited {step}")
+            nc.setncattr(f"added_{step}", 1)
+"""
+
+
+def assert_editable_by_netcdf_c(*paths) -> None:
+    """In a fresh process, netCDF-C opens every file for writing (``ncatted``-style edits:
+    add a global attribute, then change it); the edits persist."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _EDIT_SCRIPT, *map(str, paths)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for path in paths:
+        with netCDF4.Dataset(path) as nc:
+            assert (nc.comment, nc.added_first, nc.added_second) == ("edited second", 1, 1), path
+
+
 # --------------------------------------------------------------------------
 # Low-level netCDF writing
 # --------------------------------------------------------------------------

@@ -196,3 +196,75 @@ def test_cfdm_output_moved_with_its_fragments(tmp_path):
     os.rename(tmp_path / "orig", tmp_path / "moved")
     got = daskcfa.from_cfa(str(tmp_path / "moved" / "agg" / "a.nc"), "tas").compute()
     assert_matches(got, truth)
+
+
+# ---------------------------------------------------------------------------
+# daskcfa writes CF-1.13 -> cfdm and CFAPyX read (issue 13 item 14)
+# ---------------------------------------------------------------------------
+TRUTH_SHAPE = (6, 4, 5)
+COORDS = {"time": (np.arange(6.0), {"units": "days since 2000-01-01", "standard_name": "time"}),
+          "lat": (np.linspace(-45.0, 45.0, 4), {"units": "degrees_north", "standard_name": "latitude"}),
+          "lon": (np.arange(5.0) * 72, {"units": "degrees_east", "standard_name": "longitude"})}
+
+
+def _truth() -> np.ma.MaskedArray:
+    rng = np.random.default_rng(13)
+    values = 250.0 + 0.5 * rng.integers(0, 200, TRUTH_SHAPE)  # exact in float32 and in the packing below
+    return np.ma.MaskedArray(values.astype("f4"), mask=rng.random(TRUTH_SHAPE) < 0.15)
+
+
+def _written(tmp_path: Path, uris: str, packed: bool) -> tuple[str, np.ma.MaskedArray]:
+    truth = _truth()
+    url = str(tmp_path / "archive" / "tas.nc")
+    if packed:  # xarray packs (int16, scale_factor/add_offset): the fragments hold the packed values
+        xr = pytest.importorskip("xarray")
+        da_ = xr.DataArray(truth.astype("f8").filled(np.nan), dims=("time", "lat", "lon"), name="tas",
+                           coords={k: (k, v, a) for k, (v, a) in COORDS.items()}, attrs={"units": "K"})
+        da_.encoding = {"dtype": "int16", "scale_factor": 0.5, "add_offset": 250.0, "_FillValue": np.int16(-32767)}
+        daskcfa.to_cfa(da_.to_dataset(), url, fragment_shape={"time": 2, "lat": 2}, uris=uris)
+    else:
+        daskcfa.to_cfa(truth, url, variable="tas", dims=("time", "lat", "lon"), attrs={"units": "K"}, coords=COORDS,
+                       fragment_shape=(2, 2, 5), uris=uris)
+    return url, truth
+
+
+def _read_with_cfdm(url: str) -> np.ma.MaskedArray:
+    fields = [f for f in cfdm.read(url) if f.nc_get_variable(None) == "tas"]
+    assert len(fields) == 1, fields
+    return np.ma.asarray(fields[0].array)
+
+
+def _read_with_cfapyx(url: str) -> np.ma.MaskedArray:
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("cfapyx", reason="CFAPyX (pip install cfapyx) is needed for this interop test")
+    with xr.open_dataset(url, engine="CFA") as ds:
+        values = np.asarray(ds["tas"].values)
+    return np.ma.masked_invalid(values)
+
+
+READERS = {"cfdm": _read_with_cfdm, "cfapyx": _read_with_cfapyx}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize("packed", [False, True], ids=["float", "packed"])
+@pytest.mark.parametrize("uris, where", [("relative", "archive"), ("absolute", "archive"), ("absolute", "elsewhere")])
+def test_daskcfa_cf113_read_by_peers(tmp_path, monkeypatch, reader, packed, uris, where):
+    url, truth = _written(tmp_path, uris, packed)
+    # the peers resolve relative URIs against the working directory: relative archives only from their own
+    monkeypatch.chdir(Path(url).parent if where == "archive" else tmp_path)
+    got = READERS[reader](url)
+    assert_matches(got, truth, rtol=0)
+    assert_matches(daskcfa.from_cfa(url).compute(), truth, rtol=0)
+
+
+def test_absolute_uris_are_file_uris_and_fragments_declare_conventions(tmp_path):
+    url, _ = _written(tmp_path, "absolute", packed=True)
+    with netCDF4.Dataset(url) as nc:
+        uris = [str(u) for u in np.ravel(nc["tas_uris"][...])]
+        # the fragments' fill value, unpacked type: what CFAPyX leaves at their missing points
+        assert nc["tas"].dtype == np.float64 and nc["tas"]._FillValue == -32767.0
+    assert all(u.startswith("file:///") for u in uris), uris
+    fragment = daskcfa.storage.to_local_path(uris[0])
+    with netCDF4.Dataset(fragment) as nc:
+        assert nc.Conventions.startswith("CF-")
+        assert nc["tas"].dtype == np.int16 and nc["tas"].scale_factor == 0.5

@@ -77,7 +77,7 @@ def test_help_everywhere():
 
 def test_usage_errors_exit_2():
     assert run().returncode == 2
-    proc = run("relocate", "x.nc")  # --map is required
+    proc = run("relocate", "x.nc")  # --map is required (unless --uris absolute)
     assert proc.returncode == 2 and "--map" in proc.stderr
     proc = run("relocate", "x.nc", "--map", "no-equals-sign")
     assert proc.returncode == 2 and "expected OLD=NEW" in proc.stderr
@@ -216,6 +216,22 @@ def test_relocate(tmp_path):
     assert_one_line_error(proc, "relocate", "exists")
     assert run("relocate", url, "--map", f"{tmp_path}/moved={tmp_path}/x", "--target", target,
                "--overwrite").returncode == 0
+
+
+def test_uris_absolute_in_aggregate_and_relocate(tmp_path):
+    # issue 13 item 14: archives older tools (cfdm, CFAPyX, S3netCDF4) read from any working directory
+    url = write(tmp_path / "a" / "t.nc")
+    assert daskcfa.read_aggregation(url).fragments[(0, 0, 0)].uris[0] == "t/t.tas.0.0.0.nc"
+    proc = run("relocate", url, "--uris", "absolute")  # no --map: converted in place
+    assert proc.returncode == 0, proc.stderr
+    assert daskcfa.read_aggregation(url).fragments[(0, 0, 0)].uris[0] == f"file://{tmp_path}/a/t/t.tas.0.0.0.nc"
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
+    target = tmp_path / "b" / "agg.nc"
+    proc = run("aggregate", *sorted(str(p) for p in (tmp_path / "a" / "t").glob("*.nc")), str(target),
+               "--uris", "absolute")
+    assert proc.returncode == 0, proc.stderr
+    assert all(u.startswith(f"file://{tmp_path}/a/t/") for u in daskcfa.read_aggregation(str(target)).fragments.uris.ravel())
+    assert run("split", url, str(tmp_path / "c.nc"), "--uris", "sideways").returncode == 2
 
 
 # ---------------------------------------------------------------------------

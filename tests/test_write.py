@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, build, make_truth
+from builders import assert_editable_by_netcdf_c, assert_matches, build, make_truth
 from daskcfa.formats.encode import WRITE_FORMATS
 from daskcfa.fragments.write import FRAGMENT_FORMATS
 
@@ -122,6 +122,17 @@ def test_group_variable_named_after_its_group(tmp_path):
     url = write(x, tmp_path / "g.nc", variable="/grp/tas")
     assert (tmp_path / "g" / "g.grp.tas.0.0.0.nc").exists()
     assert_matches(daskcfa.from_cfa(url, "/grp/tas").compute(), x)
+
+
+@pytest.mark.parametrize("fmt", WRITE_FORMATS)
+def test_written_files_are_editable_by_netcdf_c(tmp_path, fmt):
+    # issue 13 item 12: netCDF4.Dataset(path, "a") failed with NC_ECANTWRITE on every aggregation file
+    x = truth()
+    url = write(x, tmp_path / "t.nc", format=fmt)
+    assert_editable_by_netcdf_c(url, *sorted((tmp_path / "t").glob("*.nc")))
+    assert_matches(daskcfa.from_cfa(url).compute(), x)
+    with daskcfa.open_cfa(url) as ds:
+        assert ds.attrs["comment"] == "edited second"
 
 
 @pytest.mark.parametrize("fmt, fragment_format", list(itertools.product(WRITE_FORMATS, FRAGMENT_FORMATS)))
@@ -390,17 +401,21 @@ def test_round_trip_s3_and_resume(tmp_path, s3_server, s3_bucket, s3fs_fs, sync_
         np.testing.assert_array_equal(ds["lat"][...], COORDS["lat"][0])
 
 
-def test_remote_fragments_are_built_within_the_memory_budget(s3_server, s3_bucket, s3fs_fs):
-    from daskcfa.fragments.manager import Budget, manager
-
-    before = manager().budget
-    manager().configure(Budget.parse(filehandles=before.filehandles, memory="20kB"))
-    try:
-        with pytest.raises(daskcfa.BudgetError, match=r"memory budget .* fragment \(\d, \d, 0\)"):
-            write(truth(), f"s3://{s3_bucket}/b/t.nc", storage_options=s3_server.storage_options)
-    finally:
-        manager().configure(before)
-    assert not s3fs_fs.exists(f"{s3_bucket}/b/t.nc")
+def test_remote_files_are_editable_by_netcdf_c(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    # issue 13 item 12: files built in netCDF-C's memory could not be reopened for writing
+    x = truth()
+    for fmt, fragment_format in [("CFA-0.4", "NETCDF4"), ("CF-1.13", "NETCDF4_CLASSIC")]:
+        url = write(x, f"s3://{s3_bucket}/{fmt}/t.nc", storage_options=s3_server.storage_options, format=fmt,
+                    fragment_format=fragment_format)
+        local = tmp_path / fmt
+        local.mkdir()
+        s3fs_fs.get(url, str(local / "t.nc"))
+        s3fs_fs.get(f"{s3_bucket}/{fmt}/t/t.tas.2.1.0.nc", str(local / "t" / "t.tas.2.1.0.nc"))
+        assert_editable_by_netcdf_c(local / "t.nc", local / "t" / "t.tas.2.1.0.nc")
+        s3fs_fs.put(str(local / "t.nc"), url)
+        assert_matches(daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute(), x)
+        with daskcfa.open_cfa(url, storage_options=s3_server.storage_options) as ds:
+            assert ds.attrs["comment"] == "edited second"
 
 
 def test_convert_local_to_s3_cf113(tmp_path, s3_server, s3_bucket):
@@ -506,3 +521,37 @@ def test_masked_unsigned_without_fill_value_refused(tmp_path):
         with pytest.raises(daskcfa.FragmentError, match="_Unsigned variable without _FillValue"):
             daskcfa.to_cfa(ds, str(tmp_path / "out.nc"))
     assert not (tmp_path / "out.nc").exists()
+
+def test_uris_absolute_local_and_s3(tmp_path, s3_server, s3_bucket, other_cwd):
+    # issue 13 item 14: absolute fragment URIs on request; the default stays relative
+    x = truth()
+    url = write(x, tmp_path / "out" / "t.nc", uris="absolute")
+    uris = sorted(daskcfa.read_aggregation(url).fragments.locations())
+    assert uris[0] == f"file://{tmp_path}/out/t/t.tas.0.0.0.nc", uris
+    # S3netCDF4 takes file:// for an S3 host name: its dialects get plain absolute paths
+    s3nc = write(x, tmp_path / "s3nc" / "t.nca", uris="absolute", format="CFA-0.4")
+    assert sorted(daskcfa.read_aggregation(s3nc).fragments.locations())[0] == f"{tmp_path}/s3nc/t/t.tas.0.0.0.nc"
+    (tmp_path / "out" / "t.nc").rename(tmp_path / "elsewhere.nc")  # absolute URIs need no move
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "elsewhere.nc")).compute(), x)
+    options = s3_server.storage_options
+    remote = write(x, f"s3://{s3_bucket}/abs/t.nc", storage_options=options, uris="absolute")
+    assert sorted(daskcfa.read_aggregation(remote, storage_options=options).fragments.locations())[0] == (
+        f"s3://{s3_bucket}/abs/t/t.tas.0.0.0.nc")
+    assert_matches(daskcfa.from_cfa(remote, storage_options=options).compute(), x)
+    with pytest.raises(ValueError, match="uris must be one of"):
+        write(x, tmp_path / "bad.nc", uris="Absolute")
+    assert not (tmp_path / "bad.nc").exists()
+
+
+def test_fragments_declare_plain_cf_conventions(tmp_path):
+    # issue 13 item 14: fragments are plain CF files, whatever dialect the aggregation is in
+    x = truth()
+    write(x, tmp_path / "a.nc")
+    with netCDF4.Dataset(tmp_path / "a" / "a.tas.0.0.0.nc") as nc:
+        assert nc.Conventions == "CF-1.13"
+    converted = write(x, tmp_path / "b.nc", format="CFA-0.5")
+    with daskcfa.open_cfa(converted) as ds:
+        assert "CFA-0.5" in ds.attrs["Conventions"]
+        daskcfa.to_cfa(ds, str(tmp_path / "c.nc"), fragment_shape={"time": 3})
+    with netCDF4.Dataset(tmp_path / "c" / "c.tas.0.0.0.nc") as nc:
+        assert "CFA" not in nc.Conventions and nc.Conventions.startswith("CF-")

@@ -21,9 +21,10 @@ import numpy as np
 
 from .. import storage
 from ..errors import AggregationError
-from ..formats.encode import encode_aggregation
+from ..formats.encode import absolute_reference, encode_aggregation
 from ..graph.write import put_aggregation
 from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
+from ..storage.uri import absolute as absolute_uri, check_uri_style
 from .scan import FileInfo, expand_sources, plan_aggregation, same_values, scan, scan_files, sources_profile
 
 __all__ = ["scan", "aggregate", "rebuild"]
@@ -32,7 +33,7 @@ _MODES = ("w-", "w")
 
 
 def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequence[str] | None = None,
-              variables: Sequence[str] | None = None, format: str = "CF-1.13", absolute_uris: bool = False,
+              variables: Sequence[str] | None = None, format: str = "CF-1.13", uris: str = "relative",
               storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
     """Write an aggregation file at ``target`` over existing netCDF files (no data are copied).
 
@@ -52,16 +53,18 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     ``sources``: file URLs, directories, globs or a list of these (see
     :func:`~daskcfa.archive.scan.scan`). Fragment URIs are stored relative to
     the aggregation file when both are on the same storage (same bucket), else
-    absolute; ``absolute_uris=True`` always stores absolute URIs. ``mode``:
+    absolute; ``uris="absolute"`` always stores absolute URIs (for readers
+    that resolve relative ones against their working directory). ``mode``:
     ``"w-"`` refuses an existing target, ``"w"`` overwrites it. The file is
     written under a temporary name and moved into place. Returns its URL.
     """
+    check_uri_style(uris)
     url, profile = prepare_target(target, storage_options, mode)
     model = scan(sources, concat_dims=concat_dims, variables=variables, storage_options=storage_options)
-    return _write(model, url, profile, format=format, absolute_uris=absolute_uris, mode=mode)
+    return _write(model, url, profile, format=format, uris=uris, mode=mode)
 
 
-def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.13",
+def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.13", uris: str = "relative",
             storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
     """Reconstruct a lost aggregation file from the self-describing fragments ``to_cfa`` wrote.
 
@@ -74,8 +77,9 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
     Hidden files (the writer's ``.daskcfa/`` markers, unfinished ``.part``
     files) are ignored. Ordinary variables that were never copied into
     fragments (neither coordinates nor named by a ``coordinates`` attribute)
-    cannot be recovered.
+    cannot be recovered. ``uris``: as for :func:`aggregate`.
     """
+    check_uri_style(uris)
     url, profile = prepare_target(target, storage_options, mode)
     source_profile = sources_profile(fragments, storage_options)
     infos = scan_files(expand_sources(fragments, source_profile, recursive=True), source_profile)
@@ -84,7 +88,7 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
         group, name = posixpath.split(path)
         model = plan_aggregation(members, variables=[name], positions=positions, profile=source_profile)
         models.append(_in_group(model, group))
-    return _write(_merge(models), url, profile, format=format, absolute_uris=False, mode=mode)
+    return _write(_merge(models), url, profile, format=format, uris=uris, mode=mode)
 
 
 # --------------------------------------------------------------------------
@@ -104,10 +108,10 @@ def prepare_target(target: str, storage_options: Mapping[str, Any] | None, mode:
     return url, profile
 
 
-def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, format: str, absolute_uris: bool,
+def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, format: str, uris: str,
            mode: str) -> str:
     """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit."""
-    model.aggregated = [_referenced(av, url, absolute_uris, format) for av in model.aggregated]
+    model.aggregated = [_referenced(av, url, uris == "absolute", format) for av in model.aggregated]
     payload = encode_aggregation(model, format=format)  # every rule checked before anything is written
     put_aggregation(url, payload, mode, profile)
     return url
@@ -115,7 +119,8 @@ def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, 
 
 def _referenced(av: AggregatedVariable, url: str, absolute: bool, format: str) -> AggregatedVariable:
     uris = av.fragments.uris
-    stored = np.frompyfunc(lambda u: _absolute(u) if absolute else reference(u, url), 1, 1)(uris).astype(object)
+    stored = np.frompyfunc(lambda u: absolute_reference(u, format) if absolute else reference(u, url), 1, 1)(uris)
+    stored = stored.astype(object)
     return replace(av, fragments=replace(av.fragments, uris=stored), source=url, dialect=format)
 
 
@@ -129,10 +134,10 @@ def reference(uri: str, base: str) -> str:
     if storage.is_local(uri) and storage.is_local(base):
         path, directory = storage.local_path(uri), os.path.dirname(storage.local_path(base))
         if os.path.commonpath([path, directory]) == os.path.abspath(os.sep):
-            return _absolute(uri)
+            return absolute_uri(uri)
         return quote(os.path.relpath(path, directory).replace(os.sep, "/"))
     if storage.is_local(uri) or storage.is_local(base):
-        return _absolute(uri)
+        return absolute_uri(uri)
     scheme, _, rest = uri.partition("://")
     base_scheme, _, base_rest = base.partition("://")
     authority, _, path = rest.partition("/")
@@ -140,10 +145,6 @@ def reference(uri: str, base: str) -> str:
     if (scheme, authority) != (base_scheme, base_authority):
         return uri
     return posixpath.relpath("/" + path, posixpath.dirname("/" + base_path))
-
-
-def _absolute(uri: str) -> str:
-    return "file://" + quote(storage.local_path(uri)) if storage.is_local(uri) else uri
 
 
 # --------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
                max_fragment_size: int | str = "50MB", max_mem: int | str = "1GiB", format: str = "CF-1.13",
                fragment_format: str = "NETCDF4", compression: str | Mapping[str, Any] | None = None,
                storage_options: Mapping[str, Any] | None = None, mode: str = "w-",
-               compute: bool = True) -> str | Delayed:
+               compute: bool = True, uris: str = "relative") -> str | Delayed:
     """Copy ``source`` into a new CFA dataset at ``target`` with a new fragment layout.
 
     Parameters
@@ -128,10 +128,12 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     variables
         The data variables to re-fragment (default: all). Coordinates and
         other ordinary variables are always copied into the aggregation file.
-    fragment_shape, max_fragment_size, format, fragment_format, compression
+    fragment_shape, max_fragment_size, format, fragment_format, compression, uris
         As for :func:`daskcfa.to_cfa`: the target fragment layout (e.g.
         ``{"time": 1000, "lat": 128, "lon": 128}`` for spatial tiles), the
-        aggregation dialect and the fragment files' format and compression.
+        aggregation dialect, the fragment files' format and compression, and
+        whether fragment URIs are stored relative to the aggregation file or
+        absolute.
     max_mem
         Most memory one task may use (bytes, or a string such as
         ``"256MiB"``). Fragments larger than that are written slab by slab;
@@ -172,7 +174,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     request = WriteRequest(model, [v.source for v in chosen])
     result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
                          format=format, fragment_format=fragment_format, compression=compression, mode=mode,
-                         profile=profile)
+                         profile=profile, uris=uris)
     if staged:
         result = delayed(remove_staging, pure=True)(result, staged, profile)
     return result.compute() if compute else result

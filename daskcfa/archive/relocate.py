@@ -51,13 +51,14 @@ import numpy as np
 
 from .. import storage
 from ..dataset import Dataset
-from ..errors import CFAFormatError, CFAWarning, redact
-from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation
+from ..errors import CFAFormatError, CFAWarning, NotFoundError, redact
+from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
 from ..graph.write import dataset_model, put_aggregation
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
+from ..storage.uri import check_uri_style
 from .aggregate import reference
 
 __all__ = ["relocate", "WRITABLE_DIALECTS"]
@@ -74,6 +75,7 @@ def relocate(
     format: str | None = None,
     mode: str = "w-",
     storage_options: Mapping[str, Any] | None = None,
+    uris: str = "relative",
 ) -> str:
     """Rewrite the fragment URIs of the aggregation file ``url`` by prefix ``mapping``.
 
@@ -87,11 +89,14 @@ def relocate(
     touched or checked: run :func:`daskcfa.verify` on the result for that.
     A prefix that matches no fragment URI is warned about
     (:class:`~daskcfa.CFAWarning`); when none matches, a file relocated in
-    place is left untouched.
+    place is left untouched. ``uris="absolute"`` stores every fragment URI
+    absolute (for readers that resolve relative ones against their working
+    directory); ``mapping`` may then be empty, to convert an archive in place.
     """
     if mode not in ("w-", "w"):
         raise ValueError(f"mode must be 'w-' or 'w', got {mode!r}")
-    rules = _PrefixRules(mapping)
+    absolute = check_uri_style(uris) == "absolute"
+    rules = _PrefixRules(mapping, empty_ok=absolute)
     url = storage.normalise(url)
     new_url = storage.normalise(target) if target else url
     in_place = new_url == url
@@ -110,9 +115,9 @@ def relocate(
             model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]
     format = format or _common_format(variables, url)
-    model.aggregated = [_relocated(av, rules, url, new_url, local) for av in variables]
+    model.aggregated = [_relocated(av, rules, url, new_url, local, format if absolute else None) for av in variables]
     rules.warn_unused(url)
-    if in_place and not rules.used:
+    if in_place and not rules.used and not absolute:
         return url  # nothing matched: the file is left as it is
     _warn_unsafe(model.aggregated, new_url)
     file_format = data_model if data_model in FILE_FORMATS else "NETCDF4"
@@ -124,8 +129,8 @@ def relocate(
 class _PrefixRules:
     """Old prefix -> new prefix, longest first, matched on whole path segments."""
 
-    def __init__(self, mapping: Mapping[str, str]) -> None:
-        if not mapping:
+    def __init__(self, mapping: Mapping[str, str], empty_ok: bool = False) -> None:
+        if not mapping and not empty_ok:
             raise ValueError("relocate needs a mapping of old URI prefixes to new ones")
         rules = []
         for old, new in mapping.items():
@@ -194,22 +199,28 @@ def _common_format(variables: list[AggregatedVariable], url: str) -> str:
 
 
 def _relocated(av: AggregatedVariable, rules: _PrefixRules, old_url: str, new_url: str,
-               local: str) -> AggregatedVariable:
+               local: str, absolute_in: str | None) -> AggregatedVariable:
     """``av`` with every fragment URI mapped (each distinct URI worked out once)."""
     uris = av.fragments.uris
     if uris is None:
         return av
     flat = np.array(["" if u is None else str(u) for u in uris.ravel()], dtype=object)
     distinct, inverse = np.unique(flat, return_inverse=True)
-    moved = np.array([_moved(u, rules, old_url, new_url, local) for u in distinct], dtype=object)
+    moved = np.array([_moved(u, rules, old_url, new_url, local, absolute_in) for u in distinct], dtype=object)
     new = moved[inverse].reshape(uris.shape)
     return replace(av, fragments=replace(av.fragments, uris=new), source=new_url)
 
 
-def _moved(raw: str, rules: _PrefixRules, old_url: str, new_url: str, local: str) -> str:
-    """Where fragment reference ``raw`` (as written in the file at ``old_url``) points from ``new_url``."""
+def _moved(raw: str, rules: _PrefixRules, old_url: str, new_url: str, local: str, absolute_in: str | None) -> str:
+    """Where fragment reference ``raw`` (as written in the file at ``old_url``) points from ``new_url``;
+    ``absolute_in``: the dialect whose absolute form to give it (None: relative stays relative)."""
     if raw == "":
         return raw
+    if absolute_in is not None:
+        if raw == local:  # a CFA-0.6 fragment inside the aggregation file
+            return absolute_reference(new_url, absolute_in)
+        resolved = storage.resolve(raw, old_url)
+        return absolute_reference(rules.apply(resolved) or resolved, absolute_in)
     if raw == local:  # a CFA-0.6 fragment inside the aggregation file: it moves with the file
         name = new_url.rpartition("/")[2]
         return quote(name) if storage.is_local(new_url) else name

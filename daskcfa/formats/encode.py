@@ -14,8 +14,8 @@ Writing has two stages, so that nothing is written unless everything can be:
    aggregation variable plus the dialect's instruction variables, dimensions
    and groups, under names that clash with nothing in the dataset. Every rule
    of the dialect and of the netCDF file format is checked here.
-2. :func:`_emit` writes the flat dataset with netCDF4-python, to a file or to
-   memory.
+2. :func:`_emit` writes the flat dataset with netCDF4-python, always to a
+   file (the bytes of a remote target are read back from a temporary one).
 
 Instruction names (``<v>`` is the aggregated variable's name; a ``_1``,
 ``_2``... suffix is added when a name is already used anywhere in the file):
@@ -46,6 +46,7 @@ import json
 import os
 import posixpath
 import re
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +58,11 @@ import numpy as np
 from ..errors import CFAFormatError
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
+from ..storage.uri import absolute, is_local, normalise
 from ._netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
-__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation"]
+__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions",
+           "absolute_reference"]
 
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")
@@ -90,12 +93,7 @@ def write_aggregation(
     target = Path(target)
     partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
     try:
-        with HDF5_LOCK:
-            nc = netCDF4.Dataset(str(partial), "w", clobber=False, format=file_format)
-            try:
-                _emit(nc, layout.flat)
-            finally:
-                nc.close()
+        _write_file(partial, layout, file_format)
         os.replace(partial, target)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -105,22 +103,27 @@ def write_aggregation(
 def encode_aggregation(
     dataset: AggregationDataset, *, format: str = "CF-1.13", file_format: str = "NETCDF4"
 ) -> bytes:
-    """The bytes of the aggregation file :func:`write_aggregation` would write (for remote targets).
+    """The bytes of the aggregation file :func:`write_aggregation` would write (for any target).
 
-    Built in memory by netCDF-C (a diskless dataset whose ``close()`` returns
-    the bytes); nothing touches the disk. netCDF-3 bytes are exactly the file;
-    netCDF-4 bytes may end with unused space that HDF5's in-memory driver
-    allocates, which every reader ignores.
+    Built as a file in a private temporary directory, not in netCDF-C's
+    memory: an in-memory netCDF-4 image has a root group without link
+    creation order, and netCDF-C then refuses to open the file for writing
+    (``NC_ECANTWRITE``), so data-centre staff could not edit its metadata.
     """
     layout = _Layout.of(dataset, format, file_format)
+    with tempfile.TemporaryDirectory(prefix="daskcfa-encode-") as scratch:
+        path = Path(scratch) / "aggregation.nc"
+        _write_file(path, layout, file_format)
+        return path.read_bytes()
+
+
+def _write_file(path: Path, layout: "_Layout", file_format: str) -> None:
     with HDF5_LOCK:
-        # memory=1: the buffer starts minimal and grows, so netCDF-3 images are not padded.
-        nc = netCDF4.Dataset("daskcfa-encode.nc", "w", memory=1, format=file_format)
+        nc = netCDF4.Dataset(str(path), "w", clobber=False, format=file_format)
         try:
             _emit(nc, layout.flat)
         finally:
-            image = nc.close()
-    return bytes(image)
+            nc.close()
 
 
 # --------------------------------------------------------------------------
@@ -614,6 +617,25 @@ def _conventions(existing: Any, format: str) -> str:
     if format in _CONVENTIONS:
         return " ".join([*_CONVENTIONS[format], *(w for w in words if not _VERSION_WORD.match(w))])
     return " ".join([*(w for w in words if not w.startswith("CFA-")), format])
+
+
+def absolute_reference(uri: str, format: str) -> str:
+    """How an aggregation file in ``format`` names the fragment at ``uri`` absolutely: a
+    ``file://`` URI for a local file, except in S3netCDF4's dialects (CFA-0.5, CFA-0.4), where
+    it is the plain path (S3netCDF4 takes ``file://`` for the name of an S3 host)."""
+    if format in ("CFA-0.5", "CFA-0.4") and is_local(uri):
+        return normalise(uri)
+    return absolute(uri)
+
+
+def fragment_conventions(existing: Any) -> str:
+    """The ``Conventions`` of a fragment file: the dataset's, without CFA words (a fragment is a
+    plain CF file; S3netCDF4 would take one declaring CFA for an aggregation file), CF-1.13 when
+    it declares no CF version."""
+    words = [w for w in re.split(r"[\s,]+", str(existing or "")) if w and not w.startswith("CFA-")]
+    if not any(w.startswith("CF-") for w in words):
+        words.insert(0, _CONVENTIONS["CF-1.13"][0])
+    return " ".join(words)
 
 
 def _text(column: Any, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Open one variable of one fragment file with the best engine and strategy.
 
-Engines: HDF5-based files (netCDF-4) are read *directly* — h5py locates the
-chunks, and the bytes are read and decompressed outside the HDF5 lock, so
-threads decode in parallel. Everything else (netCDF-3, filters or types the
-direct reader does not handle, OPeNDAP) goes through netCDF4-python under the
-lock.
+Engines, chosen from a file's first bytes: HDF5-based files (netCDF-4) are
+read *directly* — h5py locates the chunks, and the bytes are read and
+decompressed outside the HDF5 lock, so threads decode in parallel. netCDF-3
+files are read directly too (:mod:`.netcdf3`: header parsed, values read with
+pread). Everything else (filters, types or variables the direct readers do not
+handle, OPeNDAP) goes through netCDF4-python under the lock.
 
 Strategies for remote objects, chosen per read: when most of a fragment is
 wanted, one GET (concurrent ranged GETs for large objects) brings the whole
@@ -31,6 +32,7 @@ from ..storage.profiles import ProfileRef
 from . import readahead
 from .manager import manager
 from .netcdf import NetCDF4File
+from .netcdf3 import SIGNATURES as NETCDF3_SIGNATURES, NetCDF3File, open_netcdf3
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _READS = itertools.count()  #: distinct keys for handles that are never shared
@@ -237,8 +239,12 @@ def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> F
 
 
 def _open_local(path: str) -> FragmentFile:
-    # h5py refuses anything that is not HDF5 (netCDF-3, say): netCDF4-python reads those.
-    direct = _hdf5(path) if _engine() != "netcdf4" else None
+    # The engine follows the file's first bytes: netCDF-3 is read directly, and h5py
+    # (whose refusal of a non-HDF5 file costs more than reading a small one) only
+    # tries the rest; what neither reads goes to netCDF4-python.
+    direct = None
+    if _engine() != "netcdf4":
+        direct = open_netcdf3(path) or _hdf5(path)
     return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path))
 
 
@@ -304,6 +310,8 @@ def _open_whole(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nb
     direct = None
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
         direct = _hdf5(data, label=uri)
+    elif _engine() != "netcdf4" and head[:4] in NETCDF3_SIGNATURES:
+        direct = NetCDF3File(data=data)
     return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()))
 
 

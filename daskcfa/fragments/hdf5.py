@@ -279,7 +279,7 @@ class HDF5Variable:
         Like netCDF4 with ``set_auto_maskandscale(False)``: no masking, scaling
         or ``_Unsigned`` conversion; never-written storage reads as the fill value.
         """
-        starts, steps, counts, out_shape = _normalize_key(key, self.shape)
+        starts, steps, counts, out_shape = normalize_key(key, self.shape)
         if 0 in counts:
             return np.empty(out_shape, self.dtype)
         if self.chunks is None:
@@ -571,7 +571,7 @@ def _text(value: str | bytes) -> str:
 # -- selections -------------------------------------------------------------
 
 
-def _normalize_key(
+def normalize_key(
     key: tuple, shape: tuple[int, ...]
 ) -> tuple[list[int], list[int], list[int], tuple[int, ...]]:
     """Start, step and count per dimension, and the result shape (int entries dropped)."""

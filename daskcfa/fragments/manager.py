@@ -97,7 +97,6 @@ class FileManager:
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._files = 0
         self._bytes = 0
-        self._reserved = 0
         self.counters = {"hits": 0, "misses": 0, "evictions": 0, "waits": 0, "peak_files": 0, "peak_bytes": 0}
 
     # -- configuration -------------------------------------------------------------
@@ -191,31 +190,6 @@ class FileManager:
                 raise entry.failed
             self.counters["hits"] += 1
             return entry
-
-    @contextmanager
-    def reserve(self, nbytes: int, label: str = "") -> Iterator[None]:
-        """Count ``nbytes`` (e.g. a fragment being built in memory) against the memory budget."""
-        if nbytes > self.budget.memory:
-            raise BudgetError(f"{nbytes:,} bytes exceed the memory budget of {self.budget.memory:,} bytes",
-                              file=label or None)
-        closing: list = []
-        with self._cond:
-            while True:
-                closing += self._evict_locked(0, nbytes)
-                if self._fits(0, nbytes):
-                    self._reserved += nbytes
-                    self._bytes += nbytes
-                    self._peaks()
-                    break
-                self._wait(label)
-        _close_all(closing)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._reserved -= nbytes
-                self._bytes -= nbytes
-                self._cond.notify_all()
 
     # -- housekeeping --------------------------------------------------------------
     def stats(self) -> dict[str, int]:

@@ -8,9 +8,8 @@ and any netCDF tool can read one on its own.
 
 Each fragment is written so that it either appears whole or not at all: a
 local file is written under a temporary name beside its final name and then
-renamed; a remote object is built in memory (a diskless netCDF dataset, its
-bytes counted against the process's memory budget) and uploaded with one
-``put_bytes``, which object stores make visible atomically.
+renamed; a remote object is built in node-local scratch space (``tempfile``)
+and uploaded with one put, which object stores make visible atomically.
 
 After a fragment is in place, a small JSON *marker* records what was written
 (the write's token, size, the storage's version token and, for remote
@@ -39,7 +38,6 @@ from .. import storage
 from ..decode import Encoding
 from ..errors import CFAError, FragmentError, NotFoundError
 from ..locks import HDF5_LOCK
-from .manager import manager
 
 __all__ = [
     "FRAGMENT_FORMATS",
@@ -60,8 +58,6 @@ COMPRESSION_KEYS = frozenset({
     "compression", "zlib", "complevel", "shuffle", "fletcher32", "chunksizes", "least_significant_digit",
     "significant_digits", "quantize_mode", "blosc_shuffle", "szip_coding", "szip_pixels_per_block",
 })
-#: Bytes a netCDF file needs beyond its data (header, HDF5 metadata), for the memory estimate.
-_OVERHEAD = 64 << 10
 
 
 class FragmentRecord(NamedTuple):
@@ -124,8 +120,7 @@ class Slabs:
 
     Iterating yields ``(where, values)``: slices locating the slab in the
     fragment and its stored (encoded) values. Nothing is read before the
-    fragment file is open, and one slab at a time is held. A remote fragment
-    is then built in node-local scratch space (``tempfile``) and uploaded.
+    fragment file is open, and one slab at a time is held.
     """
 
     def __iter__(self) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
@@ -198,8 +193,6 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, slic
             data = np.asarray(concatenate3(blocks) if isinstance(blocks, list) else blocks, dtype=spec.dtype)
         if storage.is_local(target.uri):
             nbytes, checksum = _write_local(spec, target, data, sliced)
-        elif isinstance(data, Slabs):
-            nbytes, checksum = _write_remote_from_scratch(spec, target, data, sliced, semaphore)
         else:
             nbytes, checksum = _write_remote(spec, target, data, sliced, semaphore)
         record = FragmentRecord(target.index, target.reference, nbytes, checksum)
@@ -231,11 +224,6 @@ def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | No
     if nbytes != marker.get("nbytes") or version != marker.get("version"):
         return None
     return FragmentRecord(target.index, target.reference, nbytes, str(marker.get("md5", "")))
-
-
-def _estimate(data: np.ndarray, sliced: Sequence[np.ndarray]) -> int:
-    """Bytes of the file being built, to reserve before building it in memory."""
-    return int(data.nbytes + sum(np.asarray(v).nbytes for v in sliced) + _OVERHEAD)
 
 
 def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
@@ -273,13 +261,17 @@ def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.
             nc.close()
 
 
-def _write_remote_from_scratch(spec: FragmentSpec, target: FragmentTarget, slabs: Slabs,
-                               sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
-    """Build the file in node-local scratch space, then upload it (streamed: memory stays one slab)."""
+def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
+                  sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
+    """Build the file in node-local scratch space, then upload it (streamed: memory stays one slab).
+
+    Never in netCDF-C's memory: an in-memory netCDF-4 image has a root group
+    without link creation order, which netCDF-C refuses to open for writing.
+    """
     handle, scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-fragment-")
     os.close(handle)
     try:
-        _write_file(scratch, spec, target, slabs, sliced)
+        _write_file(scratch, spec, target, data, sliced)
         digest = hashlib.md5(usedforsecurity=False)
         with open(scratch, "rb") as f:
             for block in iter(lambda: f.read(8 << 20), b""):
@@ -289,25 +281,6 @@ def _write_remote_from_scratch(spec: FragmentSpec, target: FragmentTarget, slabs
         return os.path.getsize(scratch), digest.hexdigest()
     finally:
         os.unlink(scratch)
-
-
-def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray, sliced: Sequence[np.ndarray],
-                  semaphore: Any) -> tuple[int, str]:
-    """Build the file in memory (counted against the memory budget) and upload it in one put."""
-    estimate = _estimate(data, sliced)
-    with manager().reserve(2 * estimate, label=target.uri):  # netCDF-C's image, then its bytes copy
-        with HDF5_LOCK:
-            nc = netCDF4.Dataset(storage.memory_label(target.uri), "w", memory=estimate, format=spec.file_format)
-            try:
-                _fill(nc, spec, target, data, sliced)
-            finally:
-                image = nc.close()
-        payload = bytes(image)
-        del image
-        checksum = hashlib.md5(payload, usedforsecurity=False).hexdigest()
-        with semaphore if semaphore is not None else nullcontext():
-            storage.put_bytes(target.uri, payload, spec.profile)
-    return len(payload), checksum
 
 
 def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | None,

@@ -38,7 +38,7 @@ from dask.highlevelgraph import HighLevelGraph
 from .. import storage
 from ..decode import Encoding, default_fill_value
 from ..errors import CFAFormatError, NotFoundError, VariableNotFoundError, redact
-from ..formats.encode import encode_aggregation
+from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..fragments.write import (
     COMPRESSION_KEYS,
     FRAGMENT_FORMATS,
@@ -50,6 +50,7 @@ from ..fragments.write import (
     write_fragment,
 )
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
+from ..storage.uri import check_uri_style
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
@@ -136,6 +137,7 @@ class _Options:
     mode: str
     profile: storage.ProfileRef
     semaphore: Any
+    uris: str = "relative"
 
 
 @dataclass(frozen=True)
@@ -341,14 +343,16 @@ def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[s
 def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, max_fragment_size: int | str = "50MB",
                 format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
                 fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", mode: str = "w-",
-                profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None) -> Delayed:
+                profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None,
+                uris: str = "relative") -> Delayed:
     """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`)."""
     if fragment_format not in FRAGMENT_FORMATS:
         raise ValueError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
     if not request.sources:
         raise ValueError("nothing to aggregate: no variable with dimensions and a numeric dtype")
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
-                       _compression(compression, fragment_format), fragment_name, mode, profile, semaphore)
+                       _compression(compression, fragment_format), fragment_name, mode, profile, semaphore,
+                       check_uri_style(uris))
     _check_template(fragment_name, len(request.sources))
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
     _settle_unlimited(request.model)
@@ -395,9 +399,10 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
     for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
         _check_classic(name, dt, options.fragment_format)
     dtype, attrs, fragment_attrs = _encodings(source)
+    global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
     spec = FragmentSpec(
         variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
-        global_attrs=dict(model.attrs), file_format=options.fragment_format, compression=options.compression,
+        global_attrs=global_attrs, file_format=options.fragment_format, compression=options.compression,
         aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
         group=source.group if options.format in _S3NETCDF4_FORMATS else "/",
     )
@@ -415,10 +420,11 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         if reference in references:
             raise ValueError(f"fragment_name {options.fragment_name!r} gives two fragments the name {reference!r}")
         references.add(reference)
-        written[index] = reference
+        uri = storage.resolve(reference, url)
+        written[index] = absolute_reference(uri, options.format) if options.uris == "absolute" else reference
         frag_slices = grid.fragment_slices(index)
         target = FragmentTarget(
-            index=index, shape=grid.fragment_shape(index), uri=storage.resolve(reference, url), reference=reference,
+            index=index, shape=grid.fragment_shape(index), uri=uri, reference=written[index],
             marker=storage.resolve(marker_name(stem, source.name, index), url),
             token=tokenize(var_token, index, reference),
         )
@@ -470,7 +476,12 @@ def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str,
         return source.dtype, source.attrs, source.attrs
     if source.existing is not None:
         return source.dtype, source.attrs, {k: v for k, v in source.attrs.items() if k not in _PACKING}
+    # The fragments' fill value, in the unpacked type, as the aggregation's _FillValue: CFAPyX
+    # leaves that very number at the points the fragments mark missing (it fills its masked
+    # reads with the fragment's fill value), and masks them only when the aggregation says so.
     attrs = {k: v for k, v in source.attrs.items() if k not in _STORAGE_ATTRS}
+    fill = encoding.fill_value if encoding.fill_value is not None else default_fill_value(encoding.stored_dtype)
+    attrs["_FillValue"] = np.asarray(fill).astype(encoding.decoded_dtype)[()]
     return encoding.decoded_dtype, attrs, source.attrs
 
 

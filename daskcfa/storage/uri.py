@@ -11,9 +11,15 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
-__all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise"]
+__all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "absolute", "URI_STYLES",
+           "check_uri_style"]
+
+#: How an aggregation file refers to its fragments: ``"relative"`` to the aggregation file where both are on
+#: the same storage (the default: the archive moves as a whole), or always ``"absolute"`` URIs, for readers that
+#: resolve relative references against their working directory (cfdm, CFAPyX, S3netCDF4).
+URI_STYLES = ("relative", "absolute")
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -55,6 +61,18 @@ def normalise(uri: str) -> str:
         path = "/" + path.lstrip("/")
     trailing = "/" if uri.endswith("/") and path != "/" else ""
     return f"{match.group(1).lower()}://{authority}{path}{trailing}"
+
+
+def absolute(uri: str) -> str:
+    """``uri`` as an absolute URI, the same from any working directory (``file://`` for local files)."""
+    return "file://" + quote(normalise(uri)) if is_local(uri) else uri
+
+
+def check_uri_style(uris: str) -> str:
+    """``uris`` if it is one of :data:`URI_STYLES`; ValueError otherwise."""
+    if uris not in URI_STYLES:
+        raise ValueError(f"uris must be one of {', '.join(map(repr, URI_STYLES))}, not {uris!r}")
+    return uris
 
 
 def _is_s3nc_alias(authority: str) -> bool:

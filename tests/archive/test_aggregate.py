@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches
+from builders import assert_editable_by_netcdf_c, assert_matches
 from daskcfa.archive.aggregate import scan
 from daskcfa.errors import AggregationError
 
@@ -339,7 +339,7 @@ def test_identical_files_have_nothing_to_concatenate(tmp_path):
 def test_relative_uris_survive_a_move_absolute_uris_do_not_need_one(tmp_path):
     truth, _, _ = cmip_like(tmp_path / "tree" / "data", 3)
     rel = daskcfa.aggregate(str(tmp_path / "tree" / "data"), str(tmp_path / "tree" / "agg" / "rel.nc"))
-    absolute = daskcfa.aggregate(str(tmp_path / "tree" / "data"), str(tmp_path / "abs.nc"), absolute_uris=True)
+    absolute = daskcfa.aggregate(str(tmp_path / "tree" / "data"), str(tmp_path / "abs.nc"), uris="absolute")
     assert daskcfa.read_aggregation(rel).fragments[(0, 0, 0)].uris == ("../data/tas_000.nc",)
     assert daskcfa.read_aggregation(absolute).fragments[(0, 0, 0)].uris[0].startswith("file:///")
     assert_matches(daskcfa.from_cfa(absolute).compute(), truth)
@@ -404,3 +404,12 @@ def test_cfdm_reads_the_aggregation(tmp_path, monkeypatch):
     t = field.construct("time")
     np.testing.assert_allclose(np.asarray(t.array), times, atol=1e-9)
     assert t.get_property("units") == COMMON
+
+
+@pytest.mark.parametrize("format", ["CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4"])
+def test_aggregation_file_is_editable_by_netcdf_c(tmp_path, format):
+    # issue 13 item 12: netCDF-C could not open daskcfa's aggregation files for writing
+    truth, _, paths = cmip_like(tmp_path / "in", 3)
+    url = daskcfa.aggregate([str(p) for p in paths], str(tmp_path / "tas.nc"), format=format)
+    assert_editable_by_netcdf_c(url)
+    assert_matches(daskcfa.from_cfa(url, "tas").compute(), truth)

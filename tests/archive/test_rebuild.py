@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, make_truth
+from builders import assert_editable_by_netcdf_c, assert_matches, make_truth
 from daskcfa.errors import AggregationError
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
@@ -161,3 +161,13 @@ def test_rebuild_from_fragments_in_groups_is_refused_clearly(tmp_path, fmt):
     os.remove(url)
     with pytest.raises(AggregationError, match=r"holds its data in groups \(grp\)"):
         daskcfa.rebuild(str(tmp_path / "g"), url, format=fmt)
+
+def test_rebuilt_file_is_editable_by_netcdf_c(tmp_path):
+    # issue 13 item 12
+    ds = dataset()
+    url = str(tmp_path / "ds.nca")
+    daskcfa.to_cfa(ds, url, fragment_shape={"time": 3, "lat": 2})
+    os.remove(url)
+    daskcfa.rebuild(str(tmp_path / "ds"), url, format="CFA-0.5")
+    assert_editable_by_netcdf_c(url)
+    assert_same_dataset(url, ds)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import daskcfa
+from builders import assert_editable_by_netcdf_c
 from daskcfa.errors import BudgetError, CFAError, VariableNotFoundError
 
 pytestmark = pytest.mark.usefixtures("sync_dask")
@@ -255,3 +256,23 @@ def test_string_variable_refragmented(tmp_path, fragment_shape):
     x = daskcfa.from_cfa(out, "code")
     assert x.dtype == object and x.chunksize == tuple(min(a, b) for a, b in zip(fragment_shape, words.shape))
     assert np.ma.getdata(x.compute(scheduler="sync")).tolist() == words.tolist()
+
+def test_refragmented_files_are_editable_by_netcdf_c(tmp_path):
+    # issue 13 item 12
+    truth = np.arange(8 * 4 * 6, dtype="f4").reshape(8, 4, 6)
+    src = cfa_source(tmp_path / "src.nca", truth, (2, 4, 6))
+    out = daskcfa.refragment(src, str(tmp_path / "out.nca"), fragment_shape=(8, 2, 6), format="CFA-0.6.2",
+                             max_mem="20MiB")
+    assert_editable_by_netcdf_c(out, *fragment_files(out))
+    np.testing.assert_array_equal(read_back(out), truth)
+
+
+def test_refragment_with_absolute_uris(tmp_path):
+    # issue 13 item 14
+    truth = np.arange(8 * 4 * 6, dtype="f4").reshape(8, 4, 6)
+    src = cfa_source(tmp_path / "src.nca", truth, (2, 4, 6))
+    out = daskcfa.refragment(src, str(tmp_path / "out.nca"), fragment_shape=(8, 2, 6), max_mem="20MiB",
+                             uris="absolute")
+    uris = sorted(daskcfa.read_aggregation(out).fragments.locations())
+    assert uris == [f"file://{tmp_path}/out/out.tas.0.{j}.0.nc" for j in range(2)]
+    np.testing.assert_array_equal(read_back(out), truth)

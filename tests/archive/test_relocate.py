@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, build, make_truth
+from builders import assert_editable_by_netcdf_c, assert_matches, build, make_truth
 from remote_helpers import upload
 
 DIMS = ("time", "lat", "lon")
@@ -197,3 +197,29 @@ def test_moving_only_the_aggregation_file_rebases_relative_references(tmp_path):
         out = daskcfa.relocate(url, {"/unused": "/x"}, target=str(tmp_path / "b" / "t.nc"))
     assert stored_uris(out)[0] == "../a/t/t.tas.0.0.0.nc"
     assert_matches(daskcfa.from_cfa(out).compute(), truth(), rtol=0)
+
+
+@pytest.mark.parametrize("format", ["CF-1.13", "CFA-0.4"])
+def test_relocated_file_is_editable_by_netcdf_c(tmp_path, format):
+    # issue 13 item 12
+    url = write(tmp_path / "a" / "t.nc", format=format)
+    shutil.move(tmp_path / "a" / "t", tmp_path / "moved")
+    daskcfa.relocate(url, {str(tmp_path / "a" / "t"): str(tmp_path / "moved")})
+    assert_editable_by_netcdf_c(url)
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
+
+
+def test_relocate_to_absolute_uris(tmp_path):
+    # issue 13 item 14: in place without a mapping, or while moving
+    url = write(tmp_path / "a" / "t.nc", format="CFA-0.5")
+    with pytest.raises(ValueError, match="needs a mapping"):
+        daskcfa.relocate(url, {})
+    assert daskcfa.relocate(url, {}, uris="absolute") == url
+    assert stored_uris(url)[0] == f"{tmp_path}/a/t/t.tas.0.0.0.nc"  # (S3netCDF4's dialect: a plain path)
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
+    shutil.move(tmp_path / "a" / "t", tmp_path / "moved")
+    daskcfa.relocate(url, {str(tmp_path / "a" / "t"): str(tmp_path / "moved")}, uris="absolute")
+    assert stored_uris(url)[0] == f"{tmp_path}/moved/t.tas.0.0.0.nc"
+    daskcfa.relocate(url, {}, uris="absolute", target=str(tmp_path / "cf.nc"), format="CF-1.13")
+    assert stored_uris(str(tmp_path / "cf.nc"))[0] == f"file://{tmp_path}/moved/t.tas.0.0.0.nc"
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)

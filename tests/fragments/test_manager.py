@@ -77,15 +77,6 @@ def test_memory_budget_counts_bytes_and_refuses_oversized_fragments():
     assert "huge" not in Resource.open_now
 
 
-def test_reservations_share_the_memory_budget():
-    m = FileManager(Budget(10, 100))
-    use(m, "a", nbytes=70)
-    with m.reserve(50):
-        assert Resource.open_now == set()  # the idle handle made room for the reservation
-        assert m.stats()["bytes"] == 50
-    assert m.stats()["bytes"] == 0
-
-
 def test_failed_open_is_not_cached():
     m = FileManager(Budget(2, 100))
 
