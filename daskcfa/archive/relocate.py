@@ -46,7 +46,6 @@ from typing import Any, Iterator, Mapping
 from urllib.parse import quote
 
 import dask.config
-import netCDF4
 import numpy as np
 
 from .. import storage
@@ -101,7 +100,7 @@ def relocate(
         raise FileExistsError(f"{redact(new_url)} exists; relocate with mode='w' to overwrite it")
     with _local_copy(url, access) as local:
         with HDF5_LOCK:
-            nc = netCDF4.Dataset(local, "r")
+            nc = storage.open_netcdf(local)
             try:
                 data_model = nc.data_model
             finally:

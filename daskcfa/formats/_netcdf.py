@@ -8,6 +8,7 @@ file and variable named.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -17,10 +18,13 @@ import numpy as np
 
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid
-from .limits import check_array_size, check_fragment_count, check_instruction_size
+from .limits import STRING_BYTES, charge, check_array_size, check_fragment_count, remaining
 
-#: Longest string a char-array instruction variable may hold (URIs are far shorter).
+#: Longest string an instruction variable may hold (URIs are far shorter).
 MAX_STRING_LENGTH = 1 << 16
+#: Most vlen strings read at once; the file size when it cannot be told (a remote file in memory).
+_VLEN_PIECE = 1 << 16
+_UNKNOWN_FILE_BYTES = 1 << 20
 
 #: Attributes that carry aggregation instructions, never data attributes.
 INSTRUCTION_ATTRS = frozenset(
@@ -109,25 +113,83 @@ def require_variable(group: netCDF4.Group, name: str, *, variable: str, role: st
     return var
 
 
+def _where(var: netCDF4.Variable, owner: str | None) -> dict[str, str]:
+    return {"file": source_of(var.group()), "variable": owner or variable_path(var)}
+
+
 def check_size(var: netCDF4.Variable, *, owner: str | None = None) -> None:
-    """Refuse an instruction variable too large for any valid aggregation, before reading it."""
-    shape = tuple(var.shape)
-    where = {"file": source_of(var.group()), "variable": owner or variable_path(var)}
-    if var.dtype != str and np.dtype(var.dtype).kind == "S" and shape:  # char array: last dim is the length
+    """Charge what reading a whole instruction variable allocates, from its declared shape,
+    before reading it (vlen strings, whose declared shape says nothing of their length, are
+    charged piece by piece as :func:`read_values` reads them)."""
+    shape = tuple(int(n) for n in var.shape)
+    where = _where(var, owner)
+    if var.dtype == str:
+        return
+    dtype = np.dtype(var.dtype)
+    if dtype.kind == "S" and shape:  # char array: last dim is the length
         if shape[-1] > MAX_STRING_LENGTH:
             raise CFAFormatError(f"variable {var.name!r} holds strings of {shape[-1]:,} characters", **where)
+        # the characters, their unicode copy (4 bytes each) and one str object per string
+        per_value = 5 * shape[-1] + STRING_BYTES
         shape = shape[:-1]
-    check_instruction_size(var.name, shape, **where)
+    else:  # the values, an int64 copy and a mask
+        per_value = dtype.itemsize + 9
+    count = math.prod(shape)
+    charge(count * per_value, f"instruction variable {var.name!r} of shape {tuple(var.shape)} ({count:,} values)",
+           **where)
+
+
+def read_values(var: netCDF4.Variable, *, owner: str | None = None) -> Any:
+    """All of a variable's values (netCDF4's masking on), after charging their memory."""
+    if var.dtype == str:
+        return _read_vlen(var, owner)
+    check_size(var, owner=owner)
+    return var[...]
 
 
 def read_raw(var: netCDF4.Variable, *, owner: str | None = None) -> Any:
     """All of a variable's values, without netCDF4's automatic masking/scaling."""
-    check_size(var, owner=owner)
     var.set_auto_maskandscale(False)
     try:
-        return var[...]
+        return read_values(var, owner=owner)
     finally:
         var.set_auto_maskandscale(True)
+
+
+def _read_vlen(var: netCDF4.Variable, owner: str | None) -> np.ndarray:
+    """A vlen string variable read in pieces, the characters of each charged as read.
+
+    N declared strings may all point at one long string stored once (a
+    compressed bomb), so a piece holds only as many strings as the memory left
+    could hold if each were as long as the whole file (no string is longer).
+    """
+    where = _where(var, owner)
+    shape = tuple(int(n) for n in var.shape)
+    count = math.prod(shape)
+    charge(count * STRING_BYTES, f"instruction variable {var.name!r} of shape {shape} ({count:,} values)", **where)
+    out = np.empty(shape, dtype=object)
+    if out.size == 0:
+        return out
+    try:
+        longest = os.path.getsize(source_of(var.group()))
+    except (OSError, ValueError):
+        longest = _UNKNOWN_FILE_BYTES
+    per_piece = max(1, min(_VLEN_PIECE, remaining() // (longest + STRING_BYTES)))
+    if shape:  # the leading dimensions one index at a time, dimension ``axis`` in steps, the rest whole
+        axis = next(d for d in range(len(shape)) if math.prod(shape[d + 1:]) <= per_piece)
+        step = max(1, per_piece // math.prod(shape[axis + 1:]))
+        keys: Iterable[tuple] = (lead + (slice(start, start + step),)
+                                 for lead in np.ndindex(*shape[:axis]) for start in range(0, shape[axis], step))
+    else:
+        keys = [()]
+    for key in keys:
+        piece = np.asarray(var[key] if key else var.getValue(), dtype=object)
+        lengths = [len(v) if isinstance(v, (str, bytes)) else 0 for v in piece.reshape(-1)]
+        if max(lengths, default=0) > MAX_STRING_LENGTH:
+            raise CFAFormatError(f"variable {var.name!r} holds a string of {max(lengths):,} characters", **where)
+        charge(sum(lengths), f"the strings of variable {var.name!r}", **where)
+        out[key] = piece
+    return out
 
 
 def read_strings(var: netCDF4.Variable, *, owner: str | None = None) -> np.ndarray:
@@ -171,8 +233,7 @@ def read_integers(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.M
             file=source_of(var.group()),
             variable=owner or variable_path(var),
         )
-    check_size(var, owner=owner)
-    values = np.ma.asarray(var[...])
+    values = np.ma.asarray(read_values(var, owner=owner))
     return np.ma.MaskedArray(values.data.astype(np.int64), mask=np.ma.getmaskarray(values))
 
 

@@ -202,8 +202,7 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
 
     unique_values = None
     if "values" in roles:
-        nc.check_size(roles["values"], owner=where["variable"])
-        values = np.ma.asarray(roles["values"][...])
+        values = np.ma.asarray(nc.read_values(roles["values"], owner=where["variable"]))
         _check_shape(roles["values"], values, grid, "unique values", where, scalar_ok=grid.ndim == 0)
         unique_values = np.ma.MaskedArray(values).reshape(grid.grid_shape)
 

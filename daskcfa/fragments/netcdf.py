@@ -9,7 +9,7 @@ from typing import Any, BinaryIO
 import netCDF4
 import numpy as np
 
-from ..errors import FragmentReadError
+from ..errors import NESTED_TOO_DEEP, FragmentReadError
 from ..storage import netcdf_memory
 from ..locks import HDF5_LOCK
 
@@ -53,10 +53,13 @@ class NetCDF4File:
             with open(path, "rb") as f:
                 check_netcdf3_length(f, os.fstat(f.fileno()).st_size)
         with HDF5_LOCK:
-            if memory is None:
-                self._ds = netCDF4.Dataset(path, "r")
-            else:
-                self._ds = netCDF4.Dataset(path, "r", memory=memory)
+            try:
+                if memory is None:
+                    self._ds = netCDF4.Dataset(path, "r")
+                else:
+                    self._ds = netCDF4.Dataset(path, "r", memory=memory)
+            except RecursionError:
+                raise FragmentReadError(NESTED_TOO_DEEP) from None
 
     def variable(self, name: str) -> NetCDF4Variable:
         with HDF5_LOCK:

@@ -29,7 +29,7 @@ import fsspec.asyn
 import netCDF4
 from dask.utils import parse_bytes
 
-from ..errors import CFAError, NotFoundError, StorageError, redact
+from ..errors import NESTED_TOO_DEEP, CFAError, CFAFormatError, NotFoundError, StorageError, redact
 from ..locks import HDF5_LOCK
 from .blocks import Blocks
 from .profiles import ProfileRef, register, resolve_options
@@ -499,5 +499,7 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
             return netCDF4.Dataset(memory_label(url), "r", memory=netcdf_memory(data))
     except CFAError:
         raise
+    except RecursionError:
+        raise CFAFormatError(NESTED_TOO_DEEP, file=url) from None
     except OSError as exc:
         raise StorageError(f"cannot open as netCDF: {redact(str(exc.strerror or exc))}", file=url) from None
