@@ -145,9 +145,5 @@ class AggregationError(CFAError, ValueError):
     """Files cannot be aggregated together (different variables, coordinates or units; gaps, overlaps)."""
 
 
-#: netCDF4-python opens a file's groups recursively: its RecursionError on a deep nest, said plainly.
-NESTED_TOO_DEEP = "groups are nested too deeply for netCDF4-python to open (hundreds of levels)"
-
-
 class CFAWarning(UserWarning):
     """Something in an aggregation file was ignored or repaired while reading."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 import os
 import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import h5py
 import netCDF4
 import numpy as np
 
@@ -157,24 +159,33 @@ def read_raw(var: netCDF4.Variable, *, owner: str | None = None) -> Any:
 
 
 def _read_vlen(var: netCDF4.Variable, owner: str | None) -> np.ndarray:
-    """A vlen string variable read in pieces, the characters of each charged as read.
+    """A vlen string variable, its characters charged before they are read.
 
     N declared strings may all point at one long string stored once (a
-    compressed bomb), so a piece holds only as many strings as the memory left
-    could hold if each were as long as the whole file (no string is longer).
+    compressed bomb). Their lengths are stored beside the pointers, so they
+    are summed from the stored bytes first (:func:`stored_string_bytes`) and
+    the whole variable is read at once when that fits. When they cannot be
+    told (a file in memory, unusual storage), the variable is read in pieces
+    holding only as many strings as the memory left could hold if each were
+    as long as the whole file (HDF5 stores vlen data unfiltered: no string is
+    longer), each piece charged as read: much slower, but bounded.
     """
     where = _where(var, owner)
     shape = tuple(int(n) for n in var.shape)
     count = math.prod(shape)
     charge(count * STRING_BYTES, f"instruction variable {var.name!r} of shape {shape} ({count:,} values)", **where)
-    out = np.empty(shape, dtype=object)
-    if out.size == 0:
+    path = source_of(var.group())
+    total = stored_string_bytes(path, variable_path(var)) if os.path.isfile(path) else None
+    # netCDF-C's copy of the characters, netCDF4-python's bytes and its strs exist at once: 3 x
+    if total is not None:
+        charge(3 * total, f"the {total:,} characters of variable {var.name!r}", **where)
+        out = np.empty(shape, dtype=object)
+        out[...] = var[...] if shape else var.getValue()
+        _check_lengths(var, out, where)
         return out
-    try:
-        longest = os.path.getsize(source_of(var.group()))
-    except (OSError, ValueError):
-        longest = _UNKNOWN_FILE_BYTES
-    per_piece = max(1, min(_VLEN_PIECE, remaining() // (longest + STRING_BYTES)))
+    longest = _UNKNOWN_FILE_BYTES if not os.path.isfile(path) else os.path.getsize(path)
+    out = np.empty(shape, dtype=object)
+    per_piece = max(1, min(_VLEN_PIECE, remaining() // (3 * longest + STRING_BYTES)))
     if shape:  # the leading dimensions one index at a time, dimension ``axis`` in steps, the rest whole
         axis = next(d for d in range(len(shape)) if math.prod(shape[d + 1:]) <= per_piece)
         step = max(1, per_piece // math.prod(shape[axis + 1:]))
@@ -184,12 +195,64 @@ def _read_vlen(var: netCDF4.Variable, owner: str | None) -> np.ndarray:
         keys = [()]
     for key in keys:
         piece = np.asarray(var[key] if key else var.getValue(), dtype=object)
-        lengths = [len(v) if isinstance(v, (str, bytes)) else 0 for v in piece.reshape(-1)]
-        if max(lengths, default=0) > MAX_STRING_LENGTH:
-            raise CFAFormatError(f"variable {var.name!r} holds a string of {max(lengths):,} characters", **where)
-        charge(sum(lengths), f"the strings of variable {var.name!r}", **where)
+        charge(_check_lengths(var, piece, where), f"the strings of variable {var.name!r}", **where)
         out[key] = piece
     return out
+
+
+def _check_lengths(var: netCDF4.Variable, strings: np.ndarray, where: dict[str, str]) -> int:
+    """The characters in ``strings``; a string longer than any URI could be is refused."""
+    lengths = [len(v) if isinstance(v, (str, bytes)) else 0 for v in strings.reshape(-1)]
+    if max(lengths, default=0) > MAX_STRING_LENGTH:
+        raise CFAFormatError(f"variable {var.name!r} holds a string of {max(lengths):,} characters", **where)
+    return sum(lengths)
+
+
+def stored_string_bytes(path: str, name: str) -> int | None:
+    """The characters a vlen string dataset's elements hold, from the lengths stored beside
+    their heap pointers (no string is read); None when that storage is not understood.
+
+    Each element is stored as a 4-byte length, then the heap collection's
+    address and the object's index; chunks may be deflated and shuffled.
+    """
+    try:
+        with h5py.File(path, "r") as f:
+            dataset = f[name]
+            if not isinstance(dataset, h5py.Dataset) or h5py.check_string_dtype(dataset.dtype) is None:
+                return None
+            item = 8 + f.id.get_create_plist().get_sizes()[0]
+            dcpl = dataset.id.get_create_plist()
+            filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+            if set(filters) - {h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE}:
+                return None
+            layout = dcpl.get_layout()
+            if layout == h5py.h5d.CONTIGUOUS:
+                offset = dataset.id.get_offset()
+                if offset is None:
+                    return 0
+                with open(path, "rb") as raw:
+                    raw.seek(offset)
+                    stored = [raw.read(item * dataset.size)]
+            elif layout == h5py.h5d.CHUNKED:
+                chunk_bytes = item * math.prod(dataset.chunks)
+                stored = []
+                for i in range(dataset.id.get_num_chunks()):
+                    mask, raw = dataset.id.read_direct_chunk(dataset.id.get_chunk_info(i).chunk_offset)
+                    for j in reversed(range(len(filters))):
+                        if mask >> j & 1:
+                            continue
+                        if filters[j] == h5py.h5z.FILTER_DEFLATE:
+                            raw = zlib.decompressobj().decompress(raw, chunk_bytes)
+                        else:
+                            raw = np.frombuffer(raw, np.uint8).reshape(item, -1).T.tobytes()
+                    if len(raw) != chunk_bytes:
+                        return None
+                    stored.append(raw)
+            else:
+                return None
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, zlib.error):
+        return None
+    return sum(int(np.ndarray((len(raw) // item,), "<u4", raw, 0, (item,)).sum(dtype=np.int64)) for raw in stored)
 
 
 def read_strings(var: netCDF4.Variable, *, owner: str | None = None) -> np.ndarray:

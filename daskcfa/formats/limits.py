@@ -141,7 +141,7 @@ def check_group_depth(depth: int, **where: Any) -> None:
     limit = int(dask.config.get("daskcfa.limits.max-group-depth", DEFAULT_MAX_GROUP_DEPTH))
     if depth > limit:
         raise CFAFormatError(
-            f"groups are nested {depth} deep here, deeper than the limit of {limit} "
+            f"groups are nested {depth} levels deep, deeper than the limit of {limit} "
             "(raise dask config 'daskcfa.limits.max-group-depth' if this is genuine)",
             **where,
         )

@@ -9,8 +9,9 @@ from typing import Any, BinaryIO
 import netCDF4
 import numpy as np
 
-from ..errors import NESTED_TOO_DEEP, FragmentReadError
+from ..errors import CFAFormatError, FragmentReadError
 from ..storage import netcdf_memory
+from ..storage.nesting import check_nesting
 from ..locks import HDF5_LOCK
 
 #: What a file in memory may be held in.
@@ -54,12 +55,13 @@ class NetCDF4File:
                 check_netcdf3_length(f, os.fstat(f.fileno()).st_size)
         with HDF5_LOCK:
             try:
-                if memory is None:
-                    self._ds = netCDF4.Dataset(path, "r")
-                else:
-                    self._ds = netCDF4.Dataset(path, "r", memory=memory)
-            except RecursionError:
-                raise FragmentReadError(NESTED_TOO_DEEP) from None
+                check_nesting(path if memory is None else memory, label=path)
+            except CFAFormatError as exc:
+                raise FragmentReadError(exc.reason) from None
+            if memory is None:
+                self._ds = netCDF4.Dataset(path, "r")
+            else:
+                self._ds = netCDF4.Dataset(path, "r", memory=memory)
 
     def variable(self, name: str) -> NetCDF4Variable:
         with HDF5_LOCK:

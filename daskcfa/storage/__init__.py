@@ -29,11 +29,12 @@ import fsspec.asyn
 import netCDF4
 from dask.utils import parse_bytes
 
-from ..errors import NESTED_TOO_DEEP, CFAError, CFAFormatError, NotFoundError, StorageError, redact
+from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..locks import HDF5_LOCK
 from .blocks import Blocks
 from .profiles import ProfileRef, register, resolve_options
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
+from .nesting import check_nesting
 
 __all__ = [
     "ProfileRef",
@@ -490,16 +491,16 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
             if not os.path.exists(path):
                 raise NotFoundError("file not found", file=url)
             with HDF5_LOCK:
+                check_nesting(path, label=url)
                 return netCDF4.Dataset(path, "r")
         if is_opendap(url):
             with HDF5_LOCK:
                 return netCDF4.Dataset(opendap_url(url), "r")
-        data = read_bytes(url, profile)
+        data = netcdf_memory(read_bytes(url, profile))
         with HDF5_LOCK:
-            return netCDF4.Dataset(memory_label(url), "r", memory=netcdf_memory(data))
+            check_nesting(data, label=url)
+            return netCDF4.Dataset(memory_label(url), "r", memory=data)
     except CFAError:
         raise
-    except RecursionError:
-        raise CFAFormatError(NESTED_TOO_DEEP, file=url) from None
     except OSError as exc:
         raise StorageError(f"cannot open as netCDF: {redact(str(exc.strerror or exc))}", file=url) from None
