@@ -68,15 +68,23 @@ class _Variable:
 
     def read(self, key: tuple) -> Any:
         try:
-            return self._var.read(key)
+            return _budgeted_read(self._var, self._name, key)
         except CFAError:
             raise
         except Exception as exc:
             if self._fallback is not None and _unsupported(exc):
-                return self._fallback().variable(self._name).read(key)
+                return _budgeted_read(self._fallback().variable(self._name), self._name, key)
             if isinstance(exc, (OSError, RuntimeError, ValueError, IndexError, zlib.error)):
                 raise FragmentReadError(f"cannot read variable {self._name!r}: {exc}") from None
             raise
+
+
+def _budgeted_read(var: Any, name: str, key: tuple) -> Any:
+    """``var.read(key)`` with the chunk being decoded counted against the memory budget:
+    a chunk larger than the budget is refused before it is inflated (a 1 MB file can hold
+    a chunk of gigabytes of zeros)."""
+    with manager().reserve(var.chunk_nbytes, what=f"a chunk of variable {name!r}", wait=False):
+        return var.read(key)
 
 
 class _Attributes(Mapping[str, Any]):

@@ -183,16 +183,22 @@ class FileManager:
             return entry
 
     @contextmanager
-    def reserve(self, nbytes: int, label: str = "") -> Iterator[None]:
-        """Count ``nbytes`` (e.g. a fragment being built in memory) against the memory budget."""
+    def reserve(self, nbytes: int, label: str = "", *, what: str = "", wait: bool = True) -> Iterator[None]:
+        """Count ``nbytes`` (e.g. a fragment being built in memory) against the memory budget.
+
+        ``wait=False`` is for callers already holding handles (decoding a chunk
+        of an open fragment): idle handles are closed to make room, but the
+        bytes are counted at once rather than waited for, since threads each
+        holding a handle and waiting for memory could wait on each other forever.
+        """
         if nbytes > self.budget.memory:
-            raise BudgetError(f"{nbytes:,} bytes exceed the memory budget of {self.budget.memory:,} bytes",
-                              file=label or None)
+            raise BudgetError(f"{what or 'this'} needs {nbytes:,} bytes in memory, more than the memory budget of "
+                              f"{self.budget.memory:,} bytes (daskcfa.budget.memory)", file=label or None)
         closing: list = []
         with self._cond:
             while True:
                 closing += self._evict_locked(0, nbytes)
-                if self._fits(0, nbytes):
+                if self._fits(0, nbytes) or not wait:
                     self._reserved += nbytes
                     self._bytes += nbytes
                     self._peaks()

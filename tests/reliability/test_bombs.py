@@ -11,6 +11,7 @@ checked against ``daskcfa.limits.max-memory``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -213,7 +214,7 @@ def test_aggregation_file_bombs_are_refused_within_the_memory_limit(tmp_path, ca
     path = make(tmp_path)
     result = run_isolated(path, config={"daskcfa.limits.max-memory": LIMIT})
     size = path.stat().st_size
-    print(f"\n{case}: {size / 1e3:.0f} kB file, peak growth {result['growth'] / 2**20:.0f} MiB: {result['message']}")
+    print(f"\n{case}: {size / 1e3:.0f} kB file, peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
     assert result["error"] == "CFAFormatError", result
     assert result["file"] == str(path) and result["variable"] == "/tas", result
     assert named in result["message"] and "daskcfa.limits.max-" in result["message"], result
@@ -307,3 +308,95 @@ def test_groups_within_the_depth_limit_open(tmp_path):
     tree = __import__("xarray").open_datatree(path, engine="daskcfa")
     assert tree["/".join(f"g{i}" for i in range(100))] is not None
     np.testing.assert_array_equal(tree["tas"].values, base.expected.filled(np.nan))
+
+
+# -- chunk bombs ----------------------------------------------------------------------
+
+#: Elements of the bomb fragment: one chunk of 1 GiB of float32 zeros, about 1 MB deflated.
+BOMB_ELEMENTS = 1 << 28
+
+
+@functools.lru_cache
+def _deflated_zeros(nbytes: int) -> bytes:
+    """A valid zlib stream of ``nbytes`` zeros, built fast: after a full flush the compressor
+    emits the same bytes for the same input, so one 16 MiB block is compressed once and
+    repeated; the Adler-32 trailer is computed over the whole."""
+    piece = bytes(min(nbytes, 16 << 20))
+    compressor = zlib.compressobj(9)
+    first = compressor.compress(piece) + compressor.flush(zlib.Z_FULL_FLUSH)
+    again = compressor.compress(piece) + compressor.flush(zlib.Z_FULL_FLUSH)
+    end = compressor.flush()[:-4]
+    adler = 1
+    for _ in range(nbytes // len(piece)):
+        adler = zlib.adler32(piece, adler)
+    return first + again * (nbytes // len(piece) - 1) + end + adler.to_bytes(4, "big")
+
+
+def chunk_bomb(directory: Path, *, declared: int = BOMB_ELEMENTS, inflated: int = BOMB_ELEMENTS) -> Path:
+    """A CF-1.13 aggregation of one fragment ``x(n)`` whose single zlib chunk declares ``declared``
+    float32 elements and whose stream inflates to ``inflated`` elements' bytes."""
+    from remote_helpers import write_cf113
+
+    directory.mkdir(parents=True, exist_ok=True)
+    fragment = directory / "bomb.nc"
+    with netCDF4.Dataset(fragment, "w") as ds:
+        ds.createDimension("n", declared)
+        ds.createVariable("x", "f4", ("n",), zlib=True, shuffle=False, chunksizes=(declared,))
+    with h5py.File(fragment, "r+") as f:
+        f["x"].id.write_direct_chunk((0,), _deflated_zeros(4 * inflated), 0)
+    return write_cf113(directory / "agg.nc", "x", ("n",), [[declared]], [["bomb.nc"]])
+
+
+@pytest.mark.parametrize("engine", ["direct", "netcdf4"])
+def test_a_chunk_larger_than_the_memory_budget_is_refused_before_it_is_inflated(tmp_path, engine):
+    """A 1 MB fragment holding one 1 GiB zlib chunk, read for one value with a 64 MiB budget:
+    a BudgetError naming the fragment, and the process stays far below a gigabyte."""
+    path = chunk_bomb(tmp_path)
+    assert (tmp_path / "bomb.nc").stat().st_size < 2 << 20
+    config = {"daskcfa.io.engine": engine, "daskcfa.budget.memory": "64MiB"}
+    result = run_isolated(path, action="read", variable="x", index=[12345], config=config)
+    print(f"\nchunk bomb, {engine}: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
+    assert result["error"] == "BudgetError", result
+    assert "a chunk of variable 'x'" in result["message"] and "daskcfa.budget.memory" in result["message"]
+    assert result["file"].endswith("bomb.nc") and result["variable"] == "/x", result
+    assert result["growth"] < 64 << 20
+
+
+def test_the_default_memory_budget_refuses_a_chunk_bomb(tmp_path):
+    """No budget configured: the default (512 MiB) still refuses the 1 GiB chunk."""
+    result = run_isolated(chunk_bomb(tmp_path), action="read", variable="x", index=[0])
+    assert result["error"] == "BudgetError" and "536,870,912" in result["message"], result
+    assert result["growth"] < 64 << 20
+
+
+def test_a_chunk_inflating_past_its_size_is_refused_without_inflating_it(tmp_path):
+    """A chunk declared as 1 MiB whose stream inflates to 1 GiB: the direct reader stops one
+    byte past the declared size (FragmentReadError), in little memory."""
+    path = chunk_bomb(tmp_path, declared=1 << 18)
+    result = run_isolated(path, action="read", variable="x", index=[(1 << 18) - 1],
+                          config={"daskcfa.io.engine": "direct"})
+    print(f"\nlying chunk, direct: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
+    assert result["error"] == "FragmentReadError" and "holds" in result["message"], result
+    assert result["growth"] < 64 << 20
+
+
+def test_chunks_within_the_budget_read_exactly(tmp_path):
+    """A 4 MiB chunk under a 64 MiB budget: read by both engines, values as numpy wrote them,
+    and the bytes counted while decoding are released afterwards."""
+    import dask
+
+    from daskcfa.fragments.manager import manager
+
+    from remote_helpers import write_cf113
+
+    values = np.arange(1 << 20, dtype="f4")
+    with netCDF4.Dataset(tmp_path / "f.nc", "w") as ds:
+        ds.createDimension("n", values.size)
+        ds.createVariable("x", "f4", ("n",), zlib=True, chunksizes=(values.size,))[...] = values
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[values.size]], [["f.nc"]])
+    for engine in ("direct", "netcdf4"):
+        with dask.config.set({"daskcfa.io.engine": engine}):
+            before = manager().stats()["bytes"]
+            got = daskcfa.from_cfa(str(path), "x")[::1000].compute(scheduler="synchronous")
+            np.testing.assert_array_equal(got, values[::1000])
+            assert manager().stats()["bytes"] == before
