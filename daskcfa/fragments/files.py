@@ -125,11 +125,13 @@ class FragmentFile:
     cannot read falls back to netCDF4-python, opened on first need.
     """
 
-    def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None) -> None:
+    def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None,
+                 second: Callable[[], None] | None = None) -> None:
         self.label = label
         self._stack = ExitStack()
         self._direct = direct  # an HDF5File, or None
         self._netcdf4_opener = netcdf4  # () -> NetCDF4File
+        self._second = second  # counts the netCDF4 handle opened beside the direct one with the file manager
         self._netcdf4: NetCDF4File | None = None
         self._variables: dict[str, _Variable] = {}
         self._lock = threading.Lock()
@@ -139,6 +141,8 @@ class FragmentFile:
     def _nc(self) -> NetCDF4File:
         with self._lock:
             if self._netcdf4 is None:
+                if self._direct is not None and self._second is not None:
+                    self._second()
                 self._netcdf4 = _opened(self._netcdf4_opener, self.label)
                 self._stack.callback(self._netcdf4.close)
             return self._netcdf4
@@ -210,7 +214,8 @@ def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFI
         except OSError as exc:
             raise FragmentReadError(f"cannot open ({exc.strerror or exc})") from None
         key: tuple = ("file", path, stat.st_mtime_ns, stat.st_size, _engine())
-        handle = manager().open(key, lambda: _open_local(path), files=1, label=uri)
+        handle = manager().open(key, lambda: _open_local(path, lambda: manager().grow(key, files=1)), files=1,
+                                label=uri)
     elif storage.is_opendap(uri):
         url = storage.opendap_url(uri)
         handle = manager().open(("dap", url), lambda: FragmentFile(url, netcdf4=lambda: NetCDF4File(url)),
@@ -221,10 +226,10 @@ def open_fragment(uri: str, name: str, *, profile: ProfileRef = storage.NO_PROFI
         yield file.variable(name)
 
 
-def _open_local(path: str) -> FragmentFile:
+def _open_local(path: str, second: Callable[[], None]) -> FragmentFile:
     # h5py refuses anything that is not HDF5 (netCDF-3, say): netCDF4-python reads those.
     direct = _hdf5(path) if _engine() != "netcdf4" else None
-    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path))
+    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path), second=second)
 
 
 def small_object_size() -> int:
@@ -246,35 +251,45 @@ def _remote_handle(uri: str, profile: ProfileRef, fraction: float, expected_nbyt
     # show the signature) and the chunks' byte ranges; that handle is cached
     # by version, so a later read of the same object costs the HEAD and the
     # chunks only. A handle opened with some credentials serves only them.
+    # A netCDF4 handle opened beside the direct one holds its own copy of the object: counted too.
     mgr = manager()
     whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
+    whole_key = ("remote-whole", uri, profile.name, next(_READS))
     if whole and expected_nbytes <= 2 * storage.part_size():
-        return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, None, expected_nbytes), nbytes=expected_nbytes, label=uri,
-                        keep=False)
+        return mgr.open(whole_key, lambda: _open_whole(uri, profile, None, expected_nbytes, _grower(whole_key)),
+                        nbytes=expected_nbytes, label=uri, keep=False)
     nbytes, version = storage.stat(uri, profile)
     if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
-        return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, nbytes, nbytes), nbytes=nbytes, label=uri, keep=False)
+        return mgr.open(whole_key, lambda: _open_whole(uri, profile, nbytes, nbytes, _grower(whole_key)),
+                        nbytes=nbytes, label=uri, keep=False)
     cache = storage.block_size() * storage.BLOCKS_CACHED
-    return mgr.open(("remote", uri, profile.name, nbytes, version), lambda: _open_ranged(uri, profile, nbytes),
-                    nbytes=cache, label=uri)
+    key = ("remote", uri, profile.name, nbytes, version)
+    return mgr.open(key, lambda: _open_ranged(uri, profile, nbytes, _grower(key)), nbytes=cache, label=uri)
 
 
-def _open_ranged(uri: str, profile: ProfileRef, nbytes: int) -> FragmentFile:
+#: ``(bytes) -> a callable counting them with the file manager``, given to a handle's opener.
+Grower = Callable[[int], Callable[[], None]]
+
+
+def _grower(key: tuple) -> Grower:
+    """For a handle's opener: ``(bytes) -> count them with the file manager``."""
+    return lambda nbytes: lambda: manager().grow(key, nbytes=nbytes)
+
+
+def _open_ranged(uri: str, profile: ProfileRef, nbytes: int, grower: Grower) -> FragmentFile:
     fileobj = storage.open_file(uri, profile, known_size=nbytes)
     label = storage.memory_label(uri)
     if _head_of(fileobj) != HDF5_SIGNATURE:
         fileobj.close()
-        return _open_whole(uri, profile, nbytes, nbytes)
+        return _open_whole(uri, profile, nbytes, nbytes, grower)
     direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile), label=uri)
-    file = FragmentFile(uri, direct=direct,
+    file = FragmentFile(uri, direct=direct, second=grower(nbytes),
                         netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile)))
     file._stack.callback(fileobj.close)
     return file
 
 
-def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None, size_hint: int) -> FragmentFile:
+def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None, size_hint: int, grower: Grower) -> FragmentFile:
     data = readahead.take(uri, profile)
     if data is None:
         data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint)
@@ -285,7 +300,8 @@ def _open_whole(uri: str, profile: ProfileRef, nbytes: int | None, size_hint: in
     direct = None
     if _engine() != "netcdf4" and head == HDF5_SIGNATURE:
         direct = _hdf5(data, label=uri)
-    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()))
+    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()),
+                        second=grower(len(data)))
 
 
 def _head_of(fileobj: Any) -> bytes:

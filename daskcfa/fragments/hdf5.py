@@ -12,7 +12,8 @@ byte ranges concurrently instead), inflated with ISA-L (:mod:`isal`, else
 with numpy, all of which release the GIL on large buffers.
 
 Only the common storage choices are handled: contiguous or chunked layout with
-the deflate, shuffle and Fletcher-32 filters, and numeric types. Anything else
+the deflate, shuffle and Fletcher-32 filters (and zstd, blosc, bzip2:
+:mod:`.codecs`), and numeric types. Anything else
 raises :class:`DirectReadUnsupported` so the caller can fall back to netCDF4.
 A netCDF-3 file is not HDF5: opening one raises :class:`OSError` (from h5py).
 """
@@ -40,6 +41,7 @@ import h5py
 import numpy as np
 
 from ..storage.blocks import Blocks, Buffer
+from .codecs import DECODERS
 
 __all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges"]
 
@@ -394,12 +396,17 @@ class HDF5Variable:
                 continue
             code, param = self._filters[i]
             if code == _DEFLATE:
-                try:  # never past the chunk's size (+1 to tell a longer stream): a lying stream is no bomb
-                    buf = np.frombuffer(_inflate_head(buf, self._chunk_nbytes + 1), np.uint8)
+                try:  # never past the chunk's size, a checksum and one byte to tell a longer stream:
+                    # a stream inflating to more than its chunk is no bomb
+                    buf = np.frombuffer(_inflate_head(buf, self._chunk_nbytes + 5), np.uint8)
                 except _INFLATE_ERRORS as err:
                     raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             elif code == _SHUFFLE:
                 buf = _unshuffle(buf, param)
+            elif code in DECODERS:  # its output: the chunk, and the checksums of filters applied before it
+                checksums = sum(c == _FLETCHER32 and not info.filter_mask >> j & 1
+                                for j, (c, _) in enumerate(self._filters[:i]))
+                buf = DECODERS[code](buf, self._chunk_nbytes + 4 * checksums)
             else:
                 if not _fletcher32_matches(buf):
                     raise OSError(f"Fletcher-32 checksum mismatch in chunk at {info.chunk_offset} "
@@ -451,7 +458,7 @@ def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int
     pipeline = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, values, name = dcpl.get_filter(i)
-        if code not in (_DEFLATE, _SHUFFLE, _FLETCHER32):
+        if code not in (_DEFLATE, _SHUFFLE, _FLETCHER32) and code not in DECODERS:
             label = name.decode(errors="replace")
             raise DirectReadUnsupported(f"filter {label!r} ({code}) is not supported ({where})")
         pipeline.append((code, int(values[0]) if code == _SHUFFLE else 0))

@@ -213,6 +213,22 @@ class FileManager:
                 self._bytes -= nbytes
                 self._cond.notify_all()
 
+    def grow(self, key: Hashable, *, files: int = 0, nbytes: int = 0) -> None:
+        """Count more files or bytes against the handle ``key``, in use by the caller (a second
+        engine opened on the same fragment); idle handles are closed to make room, but the
+        caller, holding this one, is never made to wait."""
+        with self._cond:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            closing = self._evict_locked(files, nbytes)
+            entry.files += files
+            entry.nbytes += nbytes
+            self._files += files
+            self._bytes += nbytes
+            self._peaks()
+        _close_all(closing)
+
     # -- housekeeping --------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         """Counters: hits, misses, evictions, waits, current and peak files and bytes."""

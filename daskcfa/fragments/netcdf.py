@@ -29,9 +29,9 @@ class NetCDF4Variable:
         self.shape = tuple(var.shape)
         self.dtype = np.dtype(var.dtype) if var.dtype is not str else np.dtype(object)
         self.attrs: dict[str, Any] = {k: var.getncattr(k) for k in var.ncattrs()}
-        chunking = var.chunking() if self.shape else "contiguous"
-        #: Bytes netCDF-C decodes at once for one chunk (0: contiguous; vlen strings count their pointers).
-        self.chunk_nbytes = 0 if chunking == "contiguous" else math.prod(chunking) * self.dtype.itemsize
+        chunking = var.chunking() if self.shape else None  # (netCDF-3: None; contiguous: a string)
+        #: Bytes netCDF-C decodes at once for one chunk (0: not chunked; vlen strings count their pointers).
+        self.chunk_nbytes = math.prod(chunking) * self.dtype.itemsize if isinstance(chunking, list) else 0
 
     def read(self, key: tuple) -> np.ndarray:
         with HDF5_LOCK:

@@ -354,7 +354,7 @@ def test_a_chunk_larger_than_the_memory_budget_is_refused_before_it_is_inflated(
     path = chunk_bomb(tmp_path)
     assert (tmp_path / "bomb.nc").stat().st_size < 2 << 20
     config = {"daskcfa.io.engine": engine, "daskcfa.budget.memory": "64MiB"}
-    result = run_isolated(path, action="read", variable="x", index=[12345], config=config)
+    result = run_isolated(path, action="read", variable="x", index=[BOMB_ELEMENTS - 1], config=config)
     print(f"\nchunk bomb, {engine}: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
     assert result["error"] == "BudgetError", result
     assert "a chunk of variable 'x'" in result["message"] and "daskcfa.budget.memory" in result["message"]
