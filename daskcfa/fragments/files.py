@@ -122,7 +122,9 @@ class FragmentFile:
     """An open fragment file: its engines and everything closing it releases.
 
     netCDF-4 files are read through the direct HDF5 reader; a variable it
-    cannot read falls back to netCDF4-python, opened on first need.
+    cannot read falls back to netCDF4-python, opened on first need. The direct
+    handle is closed then, unless a variable already uses it; if so both stay
+    open, and the second is counted by the file manager (``second``).
     """
 
     def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None,
@@ -135,12 +137,16 @@ class FragmentFile:
         self._netcdf4: NetCDF4File | None = None
         self._variables: dict[str, _Variable] = {}
         self._lock = threading.Lock()
+        self._direct_used = False  # a variable read through the direct handle was handed out
         if direct is not None:
             self._stack.callback(direct.close)
 
     def _nc(self) -> NetCDF4File:
         with self._lock:
             if self._netcdf4 is None:
+                if self._direct is not None and not self._direct_used:
+                    self._direct.close()  # (closing twice, at the end, is harmless)
+                    self._direct = None
                 if self._direct is not None and self._second is not None:
                     self._second()
                 self._netcdf4 = _opened(self._netcdf4_opener, self.label)
@@ -158,7 +164,11 @@ class FragmentFile:
             from .hdf5 import DirectReadUnsupported
 
             try:
-                return _Variable(self._direct.variable(name), name, lambda: self._nc())
+                with self._lock:
+                    direct = self._direct.variable(name) if self._direct is not None else None
+                    self._direct_used |= direct is not None
+                if direct is not None:
+                    return _Variable(direct, name, lambda: self._nc())
             except KeyError:
                 raise FragmentReadError(f"variable {name!r} not found in the fragment file") from None
             except (DirectReadUnsupported, OSError, RuntimeError):

@@ -30,8 +30,8 @@ def check_nesting(source: str | os.PathLike[str] | Any, *, label: str) -> None:
     Anything that is not HDF5 (netCDF-3 has no groups) passes untouched;
     netCDF4-python then reports what it makes of it.
     """
+    # (the default close degree: a file the direct reader holds open is shared, never closed under it)
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
     if isinstance(source, (str, os.PathLike)):
         try:
             with open(source, "rb") as f:
