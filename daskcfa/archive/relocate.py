@@ -46,12 +46,11 @@ from typing import Any, Iterator, Mapping
 from urllib.parse import quote
 
 import dask.config
-import netCDF4
 import numpy as np
 
 from .. import storage
 from ..dataset import Dataset
-from ..errors import CFAFormatError, CFAWarning, NotFoundError, redact
+from ..errors import CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
 from ..graph.write import dataset_model, put_aggregation
 from ..locks import HDF5_LOCK
@@ -106,7 +105,7 @@ def relocate(
         raise FileExistsError(f"{redact(new_url)} exists; relocate with mode='w' to overwrite it")
     with _local_copy(url, access) as local:
         with HDF5_LOCK:
-            nc = netCDF4.Dataset(local, "r")
+            nc = storage.open_netcdf(local)
             try:
                 data_model = nc.data_model
             finally:

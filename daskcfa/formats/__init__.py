@@ -15,8 +15,9 @@ from ..errors import CFAError, CFAFormatError
 from ..model import AggregatedVariable
 from . import _netcdf as nc
 from . import cf
+from .limits import check_group_depth, parsing
 
-__all__ = ["dialect_of", "parse_variable", "aggregated_variables"]
+__all__ = ["dialect_of", "parse_variable", "aggregated_variables", "walk"]
 
 
 def dialect_of(var: netCDF4.Variable) -> str | None:
@@ -46,7 +47,8 @@ def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
     if family is None:
         raise CFAFormatError("not an aggregation variable", file=source, variable=nc.variable_path(var))
     try:
-        return _parser(family)(var, source)
+        with parsing(source):
+            return _parser(family)(var, source)
     except CFAError:
         raise
     except (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
@@ -59,17 +61,23 @@ def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
 
 
 def walk(group: netCDF4.Group) -> Iterator[netCDF4.Group]:
-    yield group
-    for child in group.groups.values():
-        yield from walk(child)
+    """``group`` and every group below it, parents first, in file order (iteratively:
+    a file nests groups as deep as it likes; deeper than ``max-group-depth`` is refused)."""
+    stack = [(group, 0)]
+    while stack:
+        group, depth = stack.pop()
+        check_group_depth(depth, file=nc.source_of(group), variable=nc.group_path(group))
+        yield group
+        stack.extend((child, depth + 1) for child in reversed(group.groups.values()))
 
 
 def aggregated_variables(dataset: netCDF4.Dataset, source: str) -> dict[str, AggregatedVariable]:
     """Every aggregation variable of a file, keyed by full path (``/tas``, ``/grp/tas``)."""
     found: dict[str, AggregatedVariable] = {}
-    for group in walk(dataset):
-        for var in group.variables.values():
-            if dialect_of(var) is not None:
-                parsed = parse_variable(var, source)
-                found[parsed.name] = parsed
+    with parsing(source):
+        for group in walk(dataset):
+            for var in group.variables.values():
+                if dialect_of(var) is not None:
+                    parsed = parse_variable(var, source)
+                    found[parsed.name] = parsed
     return found

@@ -8,20 +8,26 @@ file and variable named.
 from __future__ import annotations
 
 import math
+import os
 import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import h5py
 import netCDF4
 import numpy as np
 
 from ..decode import Encoding, chars_to_strings
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid
-from .limits import check_array_size, check_fragment_count, check_instruction_size
+from .limits import STRING_BYTES, charge, check_array_size, check_fragment_count, remaining
 
-#: Longest string a char-array instruction variable may hold (URIs are far shorter).
+#: Longest string an instruction variable may hold (URIs are far shorter).
 MAX_STRING_LENGTH = 1 << 16
+#: Most vlen strings read at once; the file size when it cannot be told (a remote file in memory).
+_VLEN_PIECE = 1 << 16
+_UNKNOWN_FILE_BYTES = 1 << 20
 
 #: Attributes that carry aggregation instructions, never data attributes.
 INSTRUCTION_ATTRS = frozenset(
@@ -110,25 +116,144 @@ def require_variable(group: netCDF4.Group, name: str, *, variable: str, role: st
     return var
 
 
+def _where(var: netCDF4.Variable, owner: str | None) -> dict[str, str]:
+    return {"file": source_of(var.group()), "variable": owner or variable_path(var)}
+
+
 def check_size(var: netCDF4.Variable, *, owner: str | None = None) -> None:
-    """Refuse an instruction variable too large for any valid aggregation, before reading it."""
-    shape = tuple(var.shape)
-    where = {"file": source_of(var.group()), "variable": owner or variable_path(var)}
-    if var.dtype != str and np.dtype(var.dtype).kind == "S" and shape:  # char array: last dim is the length
+    """Charge what reading a whole instruction variable allocates, from its declared shape,
+    before reading it (vlen strings, whose declared shape says nothing of their length, are
+    charged piece by piece as :func:`read_values` reads them)."""
+    shape = tuple(int(n) for n in var.shape)
+    where = _where(var, owner)
+    if var.dtype == str:
+        return
+    dtype = np.dtype(var.dtype)
+    if dtype.kind == "S" and shape:  # char array: last dim is the length
         if shape[-1] > MAX_STRING_LENGTH:
             raise CFAFormatError(f"variable {var.name!r} holds strings of {shape[-1]:,} characters", **where)
+        # the characters, their unicode copy (4 bytes each) and one str object per string
+        per_value = 5 * shape[-1] + STRING_BYTES
         shape = shape[:-1]
-    check_instruction_size(var.name, shape, **where)
+    else:  # the values, an int64 copy and a mask
+        per_value = dtype.itemsize + 9
+    count = math.prod(shape)
+    charge(count * per_value, f"instruction variable {var.name!r} of shape {tuple(var.shape)} ({count:,} values)",
+           **where)
+
+
+def read_values(var: netCDF4.Variable, *, owner: str | None = None) -> Any:
+    """All of a variable's values (netCDF4's masking on), after charging their memory."""
+    if var.dtype == str:
+        return _read_vlen(var, owner)
+    check_size(var, owner=owner)
+    return var[...]
 
 
 def read_raw(var: netCDF4.Variable, *, owner: str | None = None) -> Any:
     """All of a variable's values, without netCDF4's automatic masking/scaling."""
-    check_size(var, owner=owner)
     var.set_auto_maskandscale(False)
     try:
-        return var[...]
+        return read_values(var, owner=owner)
     finally:
         var.set_auto_maskandscale(True)
+
+
+def _read_vlen(var: netCDF4.Variable, owner: str | None) -> np.ndarray:
+    """A vlen string variable, its characters charged before they are read.
+
+    N declared strings may all point at one long string stored once (a
+    compressed bomb). Their lengths are stored beside the pointers, so they
+    are summed from the stored bytes first (:func:`stored_string_bytes`) and
+    the whole variable is read at once when that fits. When they cannot be
+    told (a file in memory, unusual storage), the variable is read in pieces
+    holding only as many strings as the memory left could hold if each were
+    as long as the whole file (HDF5 stores vlen data unfiltered: no string is
+    longer), each piece charged as read: much slower, but bounded.
+    """
+    where = _where(var, owner)
+    shape = tuple(int(n) for n in var.shape)
+    count = math.prod(shape)
+    charge(count * STRING_BYTES, f"instruction variable {var.name!r} of shape {shape} ({count:,} values)", **where)
+    path = source_of(var.group())
+    total = stored_string_bytes(path, variable_path(var)) if os.path.isfile(path) else None
+    # netCDF-C's copy of the characters, netCDF4-python's bytes and its strs exist at once: 3 x
+    if total is not None:
+        charge(3 * total, f"the {total:,} characters of variable {var.name!r}", **where)
+        out = np.empty(shape, dtype=object)
+        out[...] = var[...] if shape else var.getValue()
+        _check_lengths(var, out, where)
+        return out
+    longest = _UNKNOWN_FILE_BYTES if not os.path.isfile(path) else os.path.getsize(path)
+    out = np.empty(shape, dtype=object)
+    per_piece = max(1, min(_VLEN_PIECE, remaining() // (3 * longest + STRING_BYTES)))
+    if shape:  # the leading dimensions one index at a time, dimension ``axis`` in steps, the rest whole
+        axis = next(d for d in range(len(shape)) if math.prod(shape[d + 1:]) <= per_piece)
+        step = max(1, per_piece // math.prod(shape[axis + 1:]))
+        keys: Iterable[tuple] = (lead + (slice(start, start + step),)
+                                 for lead in np.ndindex(*shape[:axis]) for start in range(0, shape[axis], step))
+    else:
+        keys = [()]
+    for key in keys:
+        piece = np.asarray(var[key] if key else var.getValue(), dtype=object)
+        charge(_check_lengths(var, piece, where), f"the strings of variable {var.name!r}", **where)
+        out[key] = piece
+    return out
+
+
+def _check_lengths(var: netCDF4.Variable, strings: np.ndarray, where: dict[str, str]) -> int:
+    """The characters in ``strings``; a string longer than any URI could be is refused."""
+    lengths = [len(v) if isinstance(v, (str, bytes)) else 0 for v in strings.reshape(-1)]
+    if max(lengths, default=0) > MAX_STRING_LENGTH:
+        raise CFAFormatError(f"variable {var.name!r} holds a string of {max(lengths):,} characters", **where)
+    return sum(lengths)
+
+
+def stored_string_bytes(path: str, name: str) -> int | None:
+    """The characters a vlen string dataset's elements hold, from the lengths stored beside
+    their heap pointers (no string is read); None when that storage is not understood.
+
+    Each element is stored as a 4-byte length, then the heap collection's
+    address and the object's index; chunks may be deflated and shuffled.
+    """
+    try:
+        with h5py.File(path, "r") as f:
+            dataset = f[name]
+            if not isinstance(dataset, h5py.Dataset) or h5py.check_string_dtype(dataset.dtype) is None:
+                return None
+            item = 8 + f.id.get_create_plist().get_sizes()[0]
+            dcpl = dataset.id.get_create_plist()
+            filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+            if set(filters) - {h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE}:
+                return None
+            layout = dcpl.get_layout()
+            if layout == h5py.h5d.CONTIGUOUS:
+                offset = dataset.id.get_offset()
+                if offset is None:
+                    return 0
+                with open(path, "rb") as raw:
+                    raw.seek(offset)
+                    stored = [raw.read(item * dataset.size)]
+            elif layout == h5py.h5d.CHUNKED:
+                chunk_bytes = item * math.prod(dataset.chunks)
+                stored = []
+                for i in range(dataset.id.get_num_chunks()):
+                    mask, raw = dataset.id.read_direct_chunk(dataset.id.get_chunk_info(i).chunk_offset)
+                    for j in reversed(range(len(filters))):
+                        if mask >> j & 1:
+                            continue
+                        if filters[j] == h5py.h5z.FILTER_DEFLATE:
+                            raw = zlib.decompressobj().decompress(raw, chunk_bytes)
+                        else:
+                            raw = np.frombuffer(raw, np.uint8).reshape(item, -1).T.tobytes()
+                    if len(raw) != chunk_bytes:
+                        return None
+                    stored.append(raw)
+            else:
+                return None
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, zlib.error):
+        return None
+    return sum(int(np.ndarray((len(raw) // item,), "<u4", raw, 0, (item,)).sum(dtype=np.int64)) for raw in stored)
 
 
 def read_strings(var: netCDF4.Variable, *, owner: str | None = None) -> np.ndarray:
@@ -170,7 +295,7 @@ def data_dtype(var: netCDF4.Variable) -> np.dtype:
     return np.dtype(object) if var.dtype is str else np.dtype(var.dtype)
 
 
-def read_values(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.MaskedArray:
+def read_unique_values(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.MaskedArray:
     """A data-valued instruction variable (``unique_values``), masked where missing.
 
     Numbers are masked as netCDF4-python masks them. Strings (vlen, or ``char``
@@ -179,8 +304,7 @@ def read_values(var: netCDF4.Variable, *, owner: str | None = None) -> np.ma.Mas
     string fill ``""``, is missing.
     """
     if var.dtype is not str and np.dtype(var.dtype).kind != "S":
-        check_size(var, owner=owner)
-        return np.ma.asarray(var[...])
+        return np.ma.asarray(read_values(var, owner=owner))
     raw = read_raw(var, owner=owner)
     if var.dtype is str:
         strings = np.empty(np.shape(raw), dtype=object)

@@ -210,7 +210,7 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
 
     unique_values = None
     if "values" in roles:
-        values = nc.read_values(roles["values"], owner=where["variable"])
+        values = nc.read_unique_values(roles["values"], owner=where["variable"])
         _check_shape(roles["values"], values, grid, "unique values", where, scalar_ok=grid.ndim == 0)
         unique_values = np.ma.MaskedArray(values).reshape(grid.grid_shape)
 

@@ -49,6 +49,7 @@ from ._netcdf import (
     variable_path,
     with_base,
 )
+from .limits import JSON_EXPANSION, charge
 
 __all__ = ["parse_nca", "parse_json_partitions"]
 
@@ -331,6 +332,8 @@ def _load_json(var: netCDF4.Variable, attr: str, where: Where) -> dict[str, Any]
     text = var.getncattr(attr) if attr in var.ncattrs() else None
     if not isinstance(text, str):
         raise where.error(f"attribute {attr!r} is missing or not a string")
+    charge(len(text) * JSON_EXPANSION, f"the JSON of attribute {attr!r} ({len(text):,} characters)",
+           file=where.file, variable=where.variable)
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError

@@ -70,15 +70,23 @@ class _Variable:
 
     def read(self, key: tuple) -> Any:
         try:
-            return self._var.read(key)
+            return _budgeted_read(self._var, self._name, key)
         except CFAError:
             raise
         except Exception as exc:
             if self._fallback is not None and _unsupported(exc):
-                return self._fallback().variable(self._name).read(key)
+                return _budgeted_read(self._fallback().variable(self._name), self._name, key)
             if isinstance(exc, (OSError, RuntimeError, ValueError, IndexError, zlib.error)):
                 raise FragmentReadError(f"cannot read variable {self._name!r}: {exc}") from None
             raise
+
+
+def _budgeted_read(var: Any, name: str, key: tuple) -> Any:
+    """``var.read(key)`` with the chunk being decoded counted against the memory budget:
+    a chunk larger than the budget is refused before it is inflated (a 1 MB file can hold
+    a chunk of gigabytes of zeros)."""
+    with manager().reserve(var.chunk_nbytes, what=f"a chunk of variable {name!r}", wait=False):
+        return var.read(key)
 
 
 class _Attributes(Mapping[str, Any]):
@@ -116,23 +124,33 @@ class FragmentFile:
     """An open fragment file: its engines and everything closing it releases.
 
     netCDF-4 files are read through the direct HDF5 reader; a variable it
-    cannot read falls back to netCDF4-python, opened on first need.
+    cannot read falls back to netCDF4-python, opened on first need. The direct
+    handle is closed then, unless a variable already uses it; if so both stay
+    open, and the second is counted by the file manager (``second``).
     """
 
-    def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None) -> None:
+    def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None,
+                 second: Callable[[], None] | None = None) -> None:
         self.label = label
         self._stack = ExitStack()
         self._direct = direct  # an HDF5File, or None
         self._netcdf4_opener = netcdf4  # () -> NetCDF4File
+        self._second = second  # counts the netCDF4 handle opened beside the direct one with the file manager
         self._netcdf4: NetCDF4File | None = None
         self._variables: dict[str, _Variable] = {}
         self._lock = threading.Lock()
+        self._direct_used = False  # a variable read through the direct handle was handed out
         if direct is not None:
             self._stack.callback(direct.close)
 
     def _nc(self) -> NetCDF4File:
         with self._lock:
             if self._netcdf4 is None:
+                if self._direct is not None and not self._direct_used:
+                    self._direct.close()  # (closing twice, at the end, is harmless)
+                    self._direct = None
+                if self._direct is not None and self._second is not None:
+                    self._second()
                 self._netcdf4 = _opened(self._netcdf4_opener, self.label)
                 self._stack.callback(self._netcdf4.close)
             return self._netcdf4
@@ -158,7 +176,11 @@ class FragmentFile:
             from .hdf5 import DirectReadUnsupported
 
             try:
-                return _Variable(self._direct.variable(name), name, lambda: self._nc())
+                with self._lock:
+                    direct = self._direct.variable(name) if self._direct is not None else None
+                    self._direct_used |= direct is not None
+                if direct is not None:
+                    return _Variable(direct, name, lambda: self._nc())
             except KeyError:
                 raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
             except (DirectReadUnsupported, OSError, RuntimeError):
@@ -221,7 +243,8 @@ def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = 
         except StorageError as exc:  # not a regular file, or not reachable: a fact about the fragment
             raise FragmentReadError(exc.reason) from None
         key: tuple = ("file", path, stat.st_mtime_ns, stat.st_size, _engine())
-        handle = manager().open(key, lambda: _open_local(path), files=1, label=uri)
+        handle = manager().open(key, lambda: _open_local(path, lambda: manager().grow(key, files=1)), files=1,
+                                label=uri)
     elif storage.is_opendap(uri):
         handle = manager().open(("dap", storage.opendap_url(uri), policy), lambda: _open_dap(uri, profile, policy),
                                 files=1, label=uri)
@@ -238,14 +261,14 @@ def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> F
     return FragmentFile(url, netcdf4=lambda: NetCDF4File(url))
 
 
-def _open_local(path: str) -> FragmentFile:
+def _open_local(path: str, second: Callable[[], None]) -> FragmentFile:
     # The engine follows the file's first bytes: netCDF-3 is read directly, and h5py
     # (whose refusal of a non-HDF5 file costs more than reading a small one) only
     # tries the rest; what neither reads goes to netCDF4-python.
     direct = None
     if _engine() != "netcdf4":
         direct = open_netcdf3(path) or _hdf5(path)
-    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path))
+    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path), second=second)
 
 
 def small_object_size() -> int:
@@ -268,38 +291,49 @@ def _remote_handle(uri: str, profile: ProfileRef, policy: LocationPolicy | None,
     # show the signature) and the chunks' byte ranges; that handle is cached
     # by version, so a later read of the same object costs the HEAD and the
     # chunks only. A handle opened with some credentials (or policy) serves only them.
+    # A netCDF4 handle opened beside the direct one holds its own copy of the object: counted too.
     mgr = manager()
     whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
+    whole_key = ("remote-whole", uri, profile.name, next(_READS))
     if whole and expected_nbytes <= 2 * storage.part_size():
-        return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, policy, None, expected_nbytes), nbytes=expected_nbytes,
-                        label=uri, keep=False)
+        return mgr.open(whole_key,
+                        lambda: _open_whole(uri, profile, policy, None, expected_nbytes, _grower(whole_key)),
+                        nbytes=expected_nbytes, label=uri, keep=False)
     nbytes, version = storage.stat(uri, profile, policy=policy)
     if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
-        return mgr.open(("remote-whole", uri, profile.name, next(_READS)),
-                        lambda: _open_whole(uri, profile, policy, nbytes, nbytes), nbytes=nbytes, label=uri,
-                        keep=False)
+        return mgr.open(whole_key, lambda: _open_whole(uri, profile, policy, nbytes, nbytes, _grower(whole_key)),
+                        nbytes=nbytes, label=uri, keep=False)
     cache = storage.block_size() * storage.BLOCKS_CACHED
-    return mgr.open(("remote", uri, profile.name, policy, nbytes, version),
-                    lambda: _open_ranged(uri, profile, policy, nbytes), nbytes=cache, label=uri)
+    key = ("remote", uri, profile.name, policy, nbytes, version)
+    return mgr.open(key, lambda: _open_ranged(uri, profile, policy, nbytes, _grower(key)), nbytes=cache, label=uri)
 
 
-def _open_ranged(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nbytes: int) -> FragmentFile:
+#: ``(bytes) -> a callable counting them with the file manager``, given to a handle's opener.
+Grower = Callable[[int], Callable[[], None]]
+
+
+def _grower(key: tuple) -> Grower:
+    """For a handle's opener: ``(bytes) -> count them with the file manager``."""
+    return lambda nbytes: lambda: manager().grow(key, nbytes=nbytes)
+
+
+def _open_ranged(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nbytes: int,
+                 grower: Grower) -> FragmentFile:
     fileobj = storage.open_file(uri, profile, known_size=nbytes, policy=policy)
     label = storage.memory_label(uri)
     if _head_of(fileobj) != HDF5_SIGNATURE:
         fileobj.close()
-        return _open_whole(uri, profile, policy, nbytes, nbytes)
+        return _open_whole(uri, profile, policy, nbytes, nbytes, grower)
     direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile, policy=policy),
                    label=uri)
-    file = FragmentFile(uri, direct=direct,
+    file = FragmentFile(uri, direct=direct, second=grower(nbytes),
                         netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile, policy=policy)))
     file._stack.callback(fileobj.close)
     return file
 
 
 def _open_whole(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nbytes: int | None,
-                size_hint: int) -> FragmentFile:
+                size_hint: int, grower: Grower) -> FragmentFile:
     data = readahead.take(uri, profile, policy)
     if data is None:
         data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint, policy=policy)
@@ -312,7 +346,8 @@ def _open_whole(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nb
         direct = _hdf5(data, label=uri)
     elif _engine() != "netcdf4" and head[:4] in NETCDF3_SIGNATURES:
         direct = NetCDF3File(data=data)
-    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()))
+    return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()),
+                        second=grower(len(data)))
 
 
 def _head_of(fileobj: Any) -> bytes:

@@ -12,7 +12,8 @@ byte ranges concurrently instead), inflated with ISA-L (:mod:`isal`, else
 with numpy, all of which release the GIL on large buffers.
 
 Only the common storage choices are handled: contiguous or chunked layout with
-the deflate, shuffle and Fletcher-32 filters, and numeric types. Anything else
+the deflate, shuffle and Fletcher-32 filters (and zstd, blosc, bzip2:
+:mod:`.codecs`), and numeric types. Anything else
 raises :class:`DirectReadUnsupported` so the caller can fall back to netCDF4.
 A netCDF-3 file is not HDF5: opening one raises :class:`OSError` (from h5py).
 """
@@ -29,11 +30,9 @@ import zlib
 try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decode
     from isal import isal_zlib
 
-    _inflate = isal_zlib.decompress
     _decompressobj = isal_zlib.decompressobj
     _INFLATE_ERRORS: tuple[type[Exception], ...] = (isal_zlib.error, zlib.error)
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
-    _inflate = zlib.decompress
     _decompressobj = zlib.decompressobj
     _INFLATE_ERRORS = (zlib.error,)
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
@@ -42,6 +41,7 @@ import h5py
 import numpy as np
 
 from ..storage.blocks import Blocks, Buffer
+from .codecs import DECODERS
 
 __all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges"]
 
@@ -230,6 +230,7 @@ class HDF5Variable:
     shape: tuple[int, ...]
     dtype: np.dtype
     chunks: tuple[int, ...] | None
+    chunk_nbytes: int
     attrs: dict[str, Any]
 
     def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
@@ -254,8 +255,10 @@ class HDF5Variable:
         fill = np.zeros((1,), self._stored)
         dcpl.get_fill_value(fill)
         self._fill = fill[0].astype(self.dtype)
+        #: Bytes one decoded chunk takes (0: contiguous), which a read holds in memory at once.
+        self.chunk_nbytes = 0
         if self.chunks is not None:
-            self._chunk_nbytes = math.prod(self.chunks) * self._stored.itemsize
+            self.chunk_nbytes = self._chunk_nbytes = math.prod(self.chunks) * self._stored.itemsize
             self._chunk_strides = tuple(math.prod(self.chunks[j + 1:]) for j in range(len(self.chunks)))
             self._nchunks = math.prod(-(-n // c) for n, c in zip(self.shape, self.chunks))
             self._index: dict[tuple[int, ...], StoreInfo] = {}
@@ -393,12 +396,17 @@ class HDF5Variable:
                 continue
             code, param = self._filters[i]
             if code == _DEFLATE:
-                try:
-                    buf = np.frombuffer(_inflate(buf, bufsize=self._chunk_nbytes + 4), np.uint8)
+                try:  # never past the chunk's size, a checksum and one byte to tell a longer stream:
+                    # a stream inflating to more than its chunk is no bomb
+                    buf = np.frombuffer(_inflate_head(buf, self._chunk_nbytes + 5), np.uint8)
                 except _INFLATE_ERRORS as err:
                     raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             elif code == _SHUFFLE:
                 buf = _unshuffle(buf, param)
+            elif code in DECODERS:  # its output: the chunk, and the checksums of filters applied before it
+                checksums = sum(c == _FLETCHER32 and not info.filter_mask >> j & 1
+                                for j, (c, _) in enumerate(self._filters[:i]))
+                buf = DECODERS[code](buf, self._chunk_nbytes + 4 * checksums)
             else:
                 if not _fletcher32_matches(buf):
                     raise OSError(f"Fletcher-32 checksum mismatch in chunk at {info.chunk_offset} "
@@ -450,7 +458,7 @@ def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int
     pipeline = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, values, name = dcpl.get_filter(i)
-        if code not in (_DEFLATE, _SHUFFLE, _FLETCHER32):
+        if code not in (_DEFLATE, _SHUFFLE, _FLETCHER32) and code not in DECODERS:
             label = name.decode(errors="replace")
             raise DirectReadUnsupported(f"filter {label!r} ({code}) is not supported ({where})")
         pipeline.append((code, int(values[0]) if code == _SHUFFLE else 0))

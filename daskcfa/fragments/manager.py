@@ -85,6 +85,7 @@ class _Entry:
     ready: bool = False
     failed: BaseException | None = None
     closer: Callable[[Any], None] | None = None
+    closing: bool = False  #: taken out of the cache, not yet closed
     cache: dict = field(default_factory=dict)  #: per-handle memo (e.g. variables looked up)
 
 
@@ -97,6 +98,11 @@ class FileManager:
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._files = 0
         self._bytes = 0
+        self._reserved = 0
+        # Handles taken out of the cache and being closed (outside the lock): still open, so
+        # still counted until closed, or the budget would admit more files than it allows.
+        self._closing_files = 0
+        self._closing_bytes = 0
         self.counters = {"hits": 0, "misses": 0, "evictions": 0, "waits": 0, "peak_files": 0, "peak_bytes": 0}
 
     # -- configuration -------------------------------------------------------------
@@ -112,7 +118,7 @@ class FileManager:
             self._budget = budget
             closing = self._evict_locked(0, 0)
             self._cond.notify_all()
-        _close_all(closing)
+        self._close_all(closing)
 
     # -- use -----------------------------------------------------------------------
     @contextmanager
@@ -137,10 +143,10 @@ class FileManager:
             with self._cond:
                 entry.refs -= 1
                 if not keep and entry.refs == 0 and entry.ready:
-                    self._discard_locked(key, entry)
+                    self._discard_locked(key, entry, closing=True)
                     closing.append(entry)
                 self._cond.notify_all()
-            _close_all(closing)
+            self._close_all(closing)
 
     def _acquire(self, key: Hashable, opener: Callable[[], Any], nbytes: int, files: int, label: str,
                  closer: Callable[[Any], None]) -> _Entry:
@@ -167,8 +173,8 @@ class FileManager:
                     self.counters["misses"] += 1
                     opening = True
                     break
-                self._wait(label)
-        _close_all(closing)
+                closing = self._close_or_wait(closing, label)
+        self._close_all(closing)
         if opening:
             try:
                 entry.resource = opener()
@@ -191,11 +197,59 @@ class FileManager:
             self.counters["hits"] += 1
             return entry
 
+    @contextmanager
+    def reserve(self, nbytes: int, label: str = "", *, what: str = "", wait: bool = True) -> Iterator[None]:
+        """Count ``nbytes`` (e.g. a fragment being built in memory) against the memory budget.
+
+        ``wait=False`` is for callers already holding handles (decoding a chunk
+        of an open fragment): idle handles are closed to make room, but the
+        bytes are counted at once rather than waited for, since threads each
+        holding a handle and waiting for memory could wait on each other forever.
+        """
+        if nbytes > self.budget.memory:
+            raise BudgetError(f"{what or 'this'} needs {nbytes:,} bytes in memory, more than the memory budget of "
+                              f"{self.budget.memory:,} bytes (daskcfa.budget.memory)", file=label or None)
+        closing: list = []
+        with self._cond:
+            while True:
+                closing += self._evict_locked(0, nbytes)
+                if self._fits(0, nbytes) or not wait:
+                    self._reserved += nbytes
+                    self._bytes += nbytes
+                    self._peaks()
+                    break
+                closing = self._close_or_wait(closing, label)
+        self._close_all(closing)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._reserved -= nbytes
+                self._bytes -= nbytes
+                self._cond.notify_all()
+
+    def grow(self, key: Hashable, *, files: int = 0, nbytes: int = 0) -> None:
+        """Count more files or bytes against the handle ``key``, in use by the caller (a second
+        engine opened on the same fragment); idle handles are closed to make room, but the
+        caller, holding this one, is never made to wait."""
+        with self._cond:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            closing = self._evict_locked(files, nbytes)
+            entry.files += files
+            entry.nbytes += nbytes
+            self._files += files
+            self._bytes += nbytes
+            self._peaks()
+        self._close_all(closing)
+
     # -- housekeeping --------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         """Counters: hits, misses, evictions, waits, current and peak files and bytes."""
         with self._cond:
-            return {**self.counters, "files": self._files, "bytes": self._bytes, "handles": len(self._entries),
+            return {**self.counters, "files": self._files + self._closing_files,
+                    "bytes": self._bytes + self._closing_bytes, "handles": len(self._entries),
                     "filehandles_budget": self.budget.filehandles, "memory_budget": self.budget.memory}
 
     def close_all(self) -> None:
@@ -203,31 +257,67 @@ class FileManager:
         with self._cond:
             closing = [(k, e) for k, e in self._entries.items() if e.refs == 0 and e.ready]
             for key, entry in closing:
-                self._discard_locked(key, entry)
-        _close_all([e for _, e in closing])
+                self._discard_locked(key, entry, closing=True)
+        self._close_all([e for _, e in closing])
 
-    def _fits(self, files: int, nbytes: int) -> bool:
+    def _fits(self, files: int, nbytes: int, *, closing: bool = True) -> bool:
+        """Whether ``files``/``nbytes`` more fit the budgets (``closing=False``: once the handles
+        being closed are closed)."""
         budget = self.budget
-        return self._files + files <= budget.filehandles and self._bytes + nbytes <= budget.memory
+        files += self._files + (self._closing_files if closing else 0)
+        nbytes += self._bytes + (self._closing_bytes if closing else 0)
+        return files <= budget.filehandles and nbytes <= budget.memory
 
     def _evict_locked(self, files: int, nbytes: int) -> list[_Entry]:
         """Drop least recently used idle handles until ``files``/``nbytes`` more would fit."""
         closing = []
         for key in list(self._entries):
-            if self._fits(files, nbytes):
+            if self._fits(files, nbytes, closing=False):
                 break
             entry = self._entries[key]
             if entry.refs == 0 and entry.ready:
-                self._discard_locked(key, entry)
+                self._discard_locked(key, entry, closing=True)
                 self.counters["evictions"] += 1
                 closing.append(entry)
         return closing
 
-    def _discard_locked(self, key: Hashable, entry: _Entry) -> None:
+    def _discard_locked(self, key: Hashable, entry: _Entry, *, closing: bool = False) -> None:
         if self._entries.get(key) is entry:
             del self._entries[key]
             self._files -= entry.files
             self._bytes -= entry.nbytes
+            if closing:  # counted until :meth:`_close_all` has closed it
+                self._closing_files += entry.files
+                self._closing_bytes += entry.nbytes
+                entry.closing = True
+
+    def _close_all(self, entries: list[_Entry]) -> None:
+        """Close handles taken out of the cache (outside the lock), then stop counting them."""
+        for entry in entries:
+            try:
+                if entry.resource is not None:
+                    (entry.closer or _default_close)(entry.resource)
+                    entry.resource = None
+            finally:
+                if entry.closing:
+                    with self._cond:
+                        entry.closing = False
+                        self._closing_files -= entry.files
+                        self._closing_bytes -= entry.nbytes
+                        self._cond.notify_all()
+
+    def _close_or_wait(self, closing: list[_Entry], label: str) -> list[_Entry]:
+        """With the lock held and no room: close the handles this caller evicted (releasing the
+        lock meanwhile: they count until closed), or else wait for others to make room."""
+        if not closing:
+            self._wait(label)
+            return closing
+        self._cond.release()
+        try:
+            self._close_all(closing)
+        finally:
+            self._cond.acquire()
+        return []
 
     def _wait(self, label: str) -> None:
         self.counters["waits"] += 1
@@ -248,13 +338,6 @@ def _default_close(resource: Any) -> None:
     close = getattr(resource, "close", None)
     if close is not None:
         close()
-
-
-def _close_all(entries: list[_Entry]) -> None:
-    for entry in entries:
-        if entry.resource is not None:
-            (entry.closer or _default_close)(entry.resource)
-            entry.resource = None
 
 
 _MANAGER = FileManager()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import netCDF4
 import numpy as np
 
+from ..errors import CFAFormatError, FragmentReadError
 from ..storage import netcdf_memory
+from ..storage.nesting import check_nesting
 from ..locks import HDF5_LOCK
 from .netcdf3 import check_netcdf3_length
 
@@ -23,6 +26,9 @@ class NetCDF4Variable:
         self.shape = tuple(var.shape)
         self.dtype = np.dtype(var.dtype) if var.dtype is not str else np.dtype(object)
         self.attrs: dict[str, Any] = {k: var.getncattr(k) for k in var.ncattrs()}
+        chunking = var.chunking() if self.shape else None  # (netCDF-3: None; contiguous: a string)
+        #: Bytes netCDF-C decodes at once for one chunk (0: not chunked; vlen strings count their pointers).
+        self.chunk_nbytes = math.prod(chunking) * self.dtype.itemsize if isinstance(chunking, list) else 0
 
     def read(self, key: tuple) -> np.ndarray:
         """Stored values: no masking, scaling or ``_Unsigned`` view; ``char`` arrays
@@ -52,6 +58,10 @@ class NetCDF4File:
             with open(path, "rb") as f:
                 check_netcdf3_length(f, os.fstat(f.fileno()).st_size)
         with HDF5_LOCK:
+            try:
+                check_nesting(path if memory is None else memory, label=path)
+            except CFAFormatError as exc:
+                raise FragmentReadError(exc.reason) from None
             if memory is None:
                 self._ds = netCDF4.Dataset(path, "r")
             else:

@@ -38,6 +38,7 @@ from .blocks import Blocks
 from .policy import LocationPolicy
 from .profiles import ProfileRef, register, resolve_options
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
+from .nesting import check_nesting
 
 __all__ = [
     "ProfileRef",
@@ -707,13 +708,15 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
         if is_local(url):
             local_stat(url)  # (a FIFO would block netCDF-C for ever)
             with HDF5_LOCK:
+                check_nesting(local_path(url), label=url)
                 return netCDF4.Dataset(local_path(url), "r")
         if is_opendap(url):
             with HDF5_LOCK:
                 return netCDF4.Dataset(opendap_url(url), "r")
-        data = read_bytes(url, profile)
+        data = netcdf_memory(read_bytes(url, profile))
         with HDF5_LOCK:
-            return netCDF4.Dataset(memory_label(url), "r", memory=netcdf_memory(data))
+            check_nesting(data, label=url)
+            return netCDF4.Dataset(memory_label(url), "r", memory=data)
     except CFAError:
         raise
     except OSError as exc:
