@@ -46,8 +46,21 @@ def write(x, url, **kw):
 
 
 def stamps(directory: Path) -> dict[str, tuple[int, int]]:
-    """(inode, mtime) of every fragment file: a rewrite changes the inode (written, then renamed)."""
-    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.glob("*.nc")}
+    """(inode, mtime) of every fragment file of every generation (keyed ``generation/name``):
+    a rewrite changes the inode (written, then renamed)."""
+    return {f"{p.parent.name}/{p.name}": (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.glob("g-*/*.nc")}
+
+
+def generation(directory: Path) -> Path:
+    """The one generation directory of fragments under ``directory``."""
+    found = list(directory.glob("g-*"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def planned_generation(delayed) -> str:
+    """The generation a delayed write will write (from its first task's key)."""
+    return "g-" + next(str(k) for k in delayed.dask if str(k).startswith("cfa-begin-")).rsplit("-g-", 1)[1]
 
 
 # ---------------------------------------------------------------------------
@@ -68,15 +81,15 @@ def test_round_trip_local(tmp_path, other_cwd):
     # relative fragment URIs, S3netCDF4 naming
     with netCDF4.Dataset(url) as nc:
         uris = nc["tas_uris"][...]
-    assert uris[2, 1, 0] == "t/t.tas.2.1.0.nc"
-    assert sorted(p.name for p in (tmp_path / "out" / "t").glob("*.nc")) == [
+    assert uris[2, 1, 0] == f"t/{generation(tmp_path / 'out' / 't').name}/t.tas.2.1.0.nc"
+    assert sorted(p.name for p in generation(tmp_path / "out" / "t").glob("*.nc")) == [
         f"t.tas.{i}.{j}.0.nc" for i in range(3) for j in range(2)]
 
 
 def test_fragments_are_self_describing(tmp_path):
     x = truth()
     write(x, tmp_path / "t.nc", compression={"zlib": True, "complevel": 1, "shuffle": True})
-    with netCDF4.Dataset(tmp_path / "t" / "t.tas.2.1.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "t") / "t.tas.2.1.0.nc") as nc:
         assert {d: len(n) for d, n in nc.dimensions.items()} == {"time": 1, "lat": 2, "lon": 6}
         np.testing.assert_array_equal(nc["time"][:], [6.0])
         np.testing.assert_array_equal(nc["lat"][:], COORDS["lat"][0][2:4])
@@ -120,7 +133,7 @@ def test_size_limit_and_unaligned_chunks_are_rechunked(tmp_path):
 def test_group_variable_named_after_its_group(tmp_path):
     x = truth()
     url = write(x, tmp_path / "g.nc", variable="/grp/tas")
-    assert (tmp_path / "g" / "g.grp.tas.0.0.0.nc").exists()
+    assert (generation(tmp_path / "g") / "g.grp.tas.0.0.0.nc").exists()
     assert_matches(daskcfa.from_cfa(url, "/grp/tas").compute(), x)
 
 
@@ -131,7 +144,7 @@ def test_every_format_and_fragment_format(tmp_path, fmt, fragment_format):
     agg = daskcfa.read_aggregation(url, "tas")
     assert agg.dialect.startswith(fmt.rsplit(".", 1)[0] if fmt == "CFA-0.6.2" else fmt)
     assert_matches(daskcfa.from_cfa(url, "tas").compute(), x)
-    with netCDF4.Dataset(tmp_path / "t" / "t.tas.0.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "t") / "t.tas.0.0.0.nc") as nc:
         assert nc.data_model == fragment_format
 
 
@@ -187,7 +200,7 @@ def test_dataset_conversion(tmp_path, source, target):
 def test_dataset_conversion_in_a_group(tmp_path):
     built = build("CF-1.13", tmp_path / "in", truth(), DIMS, [[3, 4], [4], [6]], group="grp", dims_in_group=True)
     url = _check_conversion(tmp_path, built, "CFA-0.5", variable="/grp/tas")
-    assert (Path(url).parent / "converted" / "converted.grp.tas.3.0.0.nc").exists()  # group after the stem
+    assert (generation(Path(url).parent / "converted") / "converted.grp.tas.3.0.0.nc").exists()  # group after the stem
 
 
 def _check_conversion(tmp_path, built, target, variable="tas"):
@@ -281,14 +294,14 @@ def test_failed_block_leaves_no_aggregation_and_rerun_resumes(tmp_path, sync_das
 
 def test_failed_fragment_write_names_the_fragment(tmp_path, sync_dask):
     x = truth()
-    blocker = tmp_path / "t" / "t.tas.2.0.0.nc"
+    blocker = tmp_path / "t" / planned_generation(write(x, tmp_path / "t.nc", compute=False)) / "t.tas.2.0.0.nc"
     (blocker / "in-the-way").mkdir(parents=True)  # the fragment's final path is a non-empty directory
     with pytest.raises(daskcfa.CFAError, match=r"fragment \(2, 0, 0\)") as info:
         write(x, tmp_path / "t.nc")
     assert info.value.fragment == (2, 0, 0) and info.value.variable == "/tas"
     assert "t.tas.2.0.0.nc" in str(info.value)
     assert not (tmp_path / "t.nc").exists()
-    assert not list((tmp_path / "t").glob(".*.part"))  # no temporary file left behind
+    assert not list((tmp_path / "t").rglob(".*.part"))  # no temporary file left behind
     (blocker / "in-the-way").rmdir()
     blocker.rmdir()
     before = stamps(tmp_path / "t")
@@ -305,8 +318,9 @@ def test_changed_call_rewrites_and_mode_w_rerun_skips(tmp_path):
     write(x, target, mode="w")  # same call again: every fragment verified, only the aggregation rewritten
     assert stamps(tmp_path / "t") == first
     write(x, target, mode="w", attrs={**ATTRS, "comment": "changed"})
-    assert all(stamps(tmp_path / "t")[k] != first[k] for k in first)
-    with netCDF4.Dataset(tmp_path / "t" / "t.tas.0.0.0.nc") as nc:
+    after = stamps(tmp_path / "t")  # a new generation; the old one deleted after the commit
+    assert len(after) == 6 and not set(after) & set(first)
+    with netCDF4.Dataset(generation(tmp_path / "t") / "t.tas.0.0.0.nc") as nc:
         assert nc["tas"].comment == "changed"
 
 
@@ -314,7 +328,7 @@ def test_tampered_fragment_is_rewritten(tmp_path):
     x = truth()
     target = tmp_path / "t.nc"
     write(x, target)
-    victim = tmp_path / "t" / "t.tas.0.1.0.nc"
+    victim = generation(tmp_path / "t") / "t.tas.0.1.0.nc"
     victim.write_bytes(b"truncated")
     write(x, target, mode="w")
     assert_matches(daskcfa.from_cfa(str(target)).compute(), x)
@@ -334,7 +348,7 @@ def test_sparse_write_then_update(tmp_path):
     x = truth()
     target = tmp_path / "s.nc"
     write(x[3:6], target, region={"time": slice(3, 6)}, format="CFA-0.6.2")
-    assert sorted(p.name for p in (tmp_path / "s").glob("*.nc")) == ["s.tas.1.0.0.nc", "s.tas.1.1.0.nc"]
+    assert sorted(p.name for p in generation(tmp_path / "s").glob("*.nc")) == ["s.tas.1.0.0.nc", "s.tas.1.1.0.nc"]
     got = daskcfa.from_cfa(str(target)).compute()
     assert got.shape == SHAPE and got[:3].mask.all() and got[6:].mask.all()
     assert_matches(got[3:6], x[3:6])
