@@ -167,9 +167,9 @@ def test_xarray_dataset_with_encoding(tmp_path):
     with daskcfa.open_cfa(url) as back:
         assert back["tas"].dtype == np.float64 and "scale_factor" not in back["tas"].attrs  # unpacked data
         assert back.attrs["title"] == "xarray input"
-    with netCDF4.Dataset(tmp_path / "x" / "x.tas.0.0.0.nc") as nc:  # each fragment is packed
+    with netCDF4.Dataset(generation(tmp_path / "x") / "x.tas.0.0.0.nc") as nc:  # each fragment is packed
         assert nc["tas"].dtype == np.int16 and nc["tas"].scale_factor == 0.01
-    reread = xr.decode_cf(xr.open_dataset(tmp_path / "x" / "x.tas.1.0.0.nc", decode_cf=False))
+    reread = xr.decode_cf(xr.open_dataset(generation(tmp_path / "x") / "x.tas.1.0.0.nc", decode_cf=False))
     np.testing.assert_array_equal(reread.time.values, ds.time.values[3:6])
     np.testing.assert_allclose(reread.tas.values, values[3:6], atol=0.006)
 
@@ -182,7 +182,7 @@ def test_xarray_dataarray(tmp_path):
     y = daskcfa.from_cfa(url, "tas")
     assert y.chunks[0] == (4, 3)
     np.testing.assert_array_equal(y.compute(), x.data)
-    with netCDF4.Dataset(tmp_path / "a" / "a.tas.1.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "a") / "a.tas.1.0.0.nc") as nc:
         np.testing.assert_array_equal(nc["lat"][:], COORDS["lat"][0])
         assert nc["tas"].units == "K"
 
@@ -223,7 +223,7 @@ def test_conversion_keeps_packing_bit_for_bit(tmp_path):
                   agg_add_offset=250.0)
     with daskcfa.open_cfa(str(built.path)) as ds:
         url = daskcfa.to_cfa(ds, str(tmp_path / "out.nc"), fragment_shape=(2, 4, 6))
-    with netCDF4.Dataset(tmp_path / "out" / "out.tas.1.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "out") / "out.tas.1.0.0.nc") as nc:
         nc.set_auto_maskandscale(False)
         stored = nc["tas"][...]
         fill = nc["tas"].getncattr("_FillValue") if "_FillValue" in nc["tas"].ncattrs() else netCDF4.default_fillvals["i2"]
