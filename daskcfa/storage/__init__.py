@@ -48,6 +48,7 @@ __all__ = [
     "filesystem",
     "exists",
     "size",
+    "version",
     "read_bytes",
     "read_whole",
     "Blocks",
@@ -232,6 +233,17 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str]:
     token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
                   if info.get(k) is not None), "")
     return int(info["size"]), token
+
+
+def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
+    """What identifies this version of an object across processes (size and ETag or
+    modification time), for resume tokens; None when it cannot be told (OPeNDAP, unreachable)."""
+    if is_opendap(uri):
+        return None
+    try:
+        return stat(uri, profile)
+    except CFAError:
+        return None
 
 
 def part_size() -> int:
