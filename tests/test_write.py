@@ -23,6 +23,7 @@ import pytest
 
 import daskcfa
 from builders import assert_matches, build, make_truth
+from builders import generation_dir as generation
 from daskcfa.formats.encode import WRITE_FORMATS
 from daskcfa.fragments.write import FRAGMENT_FORMATS
 
@@ -49,13 +50,6 @@ def stamps(directory: Path) -> dict[str, tuple[int, int]]:
     """(inode, mtime) of every fragment file of every generation (keyed ``generation/name``):
     a rewrite changes the inode (written, then renamed)."""
     return {f"{p.parent.name}/{p.name}": (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.glob("g-*/*.nc")}
-
-
-def generation(directory: Path) -> Path:
-    """The one generation directory of fragments under ``directory``."""
-    found = list(directory.glob("g-*"))
-    assert len(found) == 1, found
-    return found[0]
 
 
 def planned_generation(delayed) -> str:

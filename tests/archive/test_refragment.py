@@ -40,7 +40,7 @@ def read_back(url: str, variable: str | None = None, **kwargs):
 
 def fragment_files(url: str) -> list[str]:
     stem = Path(url).with_suffix("")
-    return sorted(str(p) for p in stem.glob("*.nc"))
+    return sorted(str(p) for p in stem.glob("g-*/*.nc"))
 
 
 @pytest.fixture(params=["direct", "staged"])
