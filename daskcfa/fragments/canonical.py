@@ -24,6 +24,7 @@ from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, Fragm
                       MissingFragmentError, NotFoundError, UnitsError, redact)
 from ..model import FragmentRef
 from .. import storage
+from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
 from .files import open_fragment
 
@@ -114,8 +115,12 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
             raise FragmentReadError(f"cannot read the fragment ({redact(f'{type(exc).__name__}: {exc}')[:300]})",
                                     file=uri, variable=target.variable, fragment=ref.index) from None
     tried = "" if len(candidates) == 1 else f" (alternatives tried: {redact(', '.join(candidates))})"
-    raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
-                               fragment=ref.index)
+    generation = generation_of(candidates[0])
+    replaced = "" if generation is None else (
+        f"; its write generation {generation} is gone: the dataset {redact(target.source)} was most likely "
+        "overwritten or updated since it was opened (reopen it to read the current data)")
+    raise MissingFragmentError(f"fragment file not found{tried}{replaced}", file=candidates[0],
+                               variable=target.variable, fragment=ref.index)
 
 
 def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
