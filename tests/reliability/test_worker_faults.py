@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, build_cf113
+from builders import assert_matches, build_cf113, generation_dir
 
 from .conftest import truth, wait_for
 
@@ -117,16 +117,17 @@ def test_worker_killed_during_a_write(tmp_path, cluster):
     delayed = daskcfa.to_cfa(data, str(target), variable="tas", dims=("time", "lat", "lon"), attrs={"units": "K"},
                              fragment_shape=(1, 8, 10), compute=False)
     future = client.compute(delayed)
-    markers = tmp_path / "out" / "tas" / ".daskcfa"
-    wait_for(lambda: markers.exists() and len(list(markers.glob("*.json"))) >= FRAGMENTS - 1, what="fragments")
+    markers = tmp_path / "out" / "tas"
+    wait_for(lambda: len(list(markers.glob("g-*/.daskcfa/*.json"))) >= FRAGMENTS - 1, what="fragments")
     _kill_a_busy_worker(client)
     assert not target.exists()
     flag.touch()
     assert future.result(timeout=300) == str(target)
 
     assert_matches(daskcfa.from_cfa(str(target)).compute(scheduler="sync"), expected)
-    fragments = [f"tas/tas.tas.{i}.0.0.nc" for i in range(FRAGMENTS)]
-    marker_files = [f"tas/.daskcfa/tas.{i}.0.0.json" for i in range(FRAGMENTS)]
+    gen = generation_dir(tmp_path / "out" / "tas").name
+    fragments = [f"tas/{gen}/tas.tas.{i}.0.0.nc" for i in range(FRAGMENTS)]
+    marker_files = [f"tas/{gen}/.daskcfa/tas.tas.{i}.0.0.nc.json" for i in range(FRAGMENTS)]
     assert _listing(tmp_path / "out") == sorted(["tas.nca", "tas/.daskcfa/manifest.json", *fragments, *marker_files])
 
 
@@ -149,19 +150,21 @@ def test_writer_killed_mid_fragment_leaves_nothing_after_the_rerun(tmp_path):
     target = tmp_path / "out" / "tas.nca"
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    fragment_dir = tmp_path / "out" / "tas"
     proc = subprocess.Popen([sys.executable, str(script), str(target)])
     try:
         wait_for(lambda: proc.poll() is not None or (
-            len(list((fragment_dir / ".daskcfa").glob("*.json"))) >= 1 and list(fragment_dir.glob(".*.part"))),
+            len(list((tmp_path / "out" / "tas").glob("g-*/.daskcfa/*.json"))) >= 1 and
+            list((tmp_path / "out" / "tas").glob("g-*/.*.part"))),
             timeout=300, what="a fragment written and the next one being written")
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(60)
     assert proc.returncode == -signal.SIGKILL, "the writer finished before it could be killed"
+    fragment_dir = generation_dir(tmp_path / "out" / "tas")
     orphans = list(fragment_dir.glob(".*.part"))
     done = list((fragment_dir / ".daskcfa").glob("*.json"))
+    assert (tmp_path / "out" / ".tas.nca.lease").exists()  # the killed writer's lease: stale, taken over below
     assert orphans and not target.exists()
     stamps = {p.name: p.stat().st_mtime_ns for p in fragment_dir.glob("*.nc")}
 
@@ -170,6 +173,7 @@ def test_writer_killed_mid_fragment_leaves_nothing_after_the_rerun(tmp_path):
     daskcfa.to_cfa(x, str(target), variable="tas", dims=("time", "lat", "lon"), fragment_shape=(1, 1000, 2000),
                    compression={"zlib": True, "complevel": 9, "shuffle": False})  # the same call
     assert not list(fragment_dir.glob(".*.part")), "the killed writer's temporary file is still there"
+    assert not (tmp_path / "out" / ".tas.nca.lease").exists()
     after = {p.name: p.stat().st_mtime_ns for p in fragment_dir.glob("*.nc")}
     kept = [name for name in stamps if after.get(name) == stamps[name]]
     assert len(kept) >= len(done) >= 1  # finished fragments were not rewritten
