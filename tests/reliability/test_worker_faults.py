@@ -15,12 +15,15 @@ same ``to_cfa`` removes it when it commits.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections import Counter
 from pathlib import Path
 
 import dask.array as da
@@ -179,3 +182,206 @@ def test_writer_killed_mid_fragment_leaves_nothing_after_the_rerun(tmp_path):
     assert len(kept) >= len(done) >= 1  # finished fragments were not rewritten
     assert len(after) == 4
     np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(str(target)).compute()), x)
+
+
+# ---------------------------------------------------------------------------
+# Kill trials and racing writers (issue 14): a writer process SIGKILLed at a
+# random moment of its write, two writers started together, a reader looping
+# while a dataset is overwritten. The target must always read exactly the old
+# data, exactly the new data, or (``w-``) not exist -- never a mix.
+# ---------------------------------------------------------------------------
+TRIAL_SHAPE = (12, 60, 80)  # 12 fragments of 19 kB
+TRIAL_WRITER = textwrap.dedent("""
+    import json, os, sys, time
+    import dask
+    import numpy as np
+    import daskcfa
+    url, mode, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    options = json.loads(os.environ.get("TRIAL_STORAGE_OPTIONS") or "null")
+    x = np.random.default_rng(seed).random(%r).astype("f4") + seed
+    print("start", flush=True)
+    t0 = time.perf_counter()
+    try:
+        with dask.config.set(scheduler="synchronous"):
+            daskcfa.to_cfa(x, url, variable="tas", dims=("time", "lat", "lon"), fragment_shape=(1, 60, 80),
+                           mode=mode, storage_options=options, **json.loads(sys.argv[4] if len(sys.argv) > 4 else "{}"))
+    except daskcfa.CFAError as exc:
+        print("conflict" if isinstance(exc, daskcfa.WriteConflictError) else "cfaerror", type(exc).__name__, exc,
+              flush=True)
+        sys.exit(3)
+    except FileExistsError as exc:
+        print("exists", exc, flush=True)
+        sys.exit(4)
+    print("done", time.perf_counter() - t0, flush=True)
+""" % (TRIAL_SHAPE,))
+
+
+def trial_data(seed: int) -> np.ndarray:
+    """The values a trial writer writes (distinct everywhere for distinct seeds)."""
+    return np.random.default_rng(seed).random(TRIAL_SHAPE).astype("f4") + seed
+
+
+def write_trial(url: str, seed: int, mode: str, options=None, **kw) -> str:
+    """The trial writers' call, in this process."""
+    return daskcfa.to_cfa(trial_data(seed), url, variable="tas", dims=("time", "lat", "lon"),
+                          fragment_shape=(1, 60, 80), mode=mode, storage_options=options, **kw)
+
+
+class Trials:
+    """Writer processes for one storage: spawn, classify what a target reads, check it is tidy."""
+
+    def __init__(self, tmp_path: Path, base: str, options: dict | None, fs=None) -> None:
+        self.script = tmp_path / "trial_writer.py"
+        self.script.write_text(TRIAL_WRITER)
+        self.base, self.options, self.fs = base, options, fs
+        self.name = "local" if fs is None else "S3"
+        self.env = {**os.environ, "TRIAL_STORAGE_OPTIONS": json.dumps(options)}
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name}/t.nca"
+
+    def spawn(self, url: str, mode: str, seed: int, **kw) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(self.script), url, mode, str(seed), json.dumps(kw)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+
+    def read(self, url: str) -> np.ndarray | None:
+        try:
+            return np.ma.getdata(daskcfa.from_cfa(url, storage_options=self.options).compute(scheduler="sync"))
+        except daskcfa.NotFoundError as exc:
+            if exc.file is not None and exc.file.endswith("t.nca"):
+                return None  # no aggregation file
+            raise
+
+    def outcome(self, url: str, old: int | None, new: int) -> str:
+        got = self.read(url)
+        if got is None:
+            return "absent"
+        for name, seed in (("old", old), ("new", new)):
+            if seed is not None and np.array_equal(got, trial_data(seed)):
+                return name
+        mixed = sorted({int(v) for v in np.unique(np.floor(got))})
+        raise AssertionError(f"{url} reads neither the old nor the new data (integer parts {mixed}): MIXED")
+
+    def files(self, url: str) -> list[str]:
+        """Every object under the target's directory, as absolute URIs."""
+        directory = url.rsplit("/", 1)[0]
+        if self.fs is None:
+            return sorted(str(p) for p in Path(directory).rglob("*") if p.is_file())
+        return sorted(f"s3://{p}" for p in self.fs.find(directory.removeprefix("s3://")))
+
+    def assert_tidy(self, url: str) -> None:
+        """Exactly the referenced fragments (and their markers, the manifest), no lease, no temporary."""
+        av = daskcfa.read_aggregation(url, "tas", storage_options=self.options)
+        referenced = {daskcfa.storage.resolve(u, url) for u in av.fragments.locations()}
+        fragments = {f for f in self.files(url) if f.endswith(".nc")}
+        assert fragments == referenced, f"unreferenced: {sorted(fragments - referenced)[:4]}"
+        leftovers = [f for f in self.files(url) if f.endswith(".lease") or f.endswith(".part")]
+        assert not leftovers, leftovers
+
+
+def _first_line(proc: subprocess.Popen, timeout: float = 180) -> str:
+    line = wait_for(lambda: proc.stdout.readline() or proc.poll() is not None, timeout=timeout, what="the writer")
+    return line if isinstance(line, str) else ""
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out + err
+
+
+@pytest.fixture(params=["local", "s3"])
+def trials(request, tmp_path):
+    if request.param == "local":
+        return Trials(tmp_path, str(tmp_path / "targets"), None)
+    server = request.getfixturevalue("s3_server")
+    return Trials(tmp_path, f"s3://{server.new_bucket()}", server.storage_options, server.filesystem())
+
+
+def _calibrate(trials: Trials) -> float:
+    """Seconds one complete write takes, from the writer's start line to its end."""
+    proc = trials.spawn(trials.url("calibration"), "w-", 9)
+    _first_line(proc)
+    code, out = _finish(proc)
+    assert code == 0, out
+    return float(out.split("done", 1)[1].split()[0])
+
+
+@pytest.mark.parametrize("count", [pytest.param(3, id="ci"), pytest.param(30, id="long", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", ["w-", "w"])
+def test_writer_killed_at_random_moments(trials, mode, count):
+    """SIGKILL a writer at a random moment of its write: the target reads the old data, the new
+    data or (w-) nothing -- never a mix; the same call re-run then completes with the new data
+    and leaves exactly the referenced fragments."""
+    rng = np.random.default_rng(14)
+    duration = _calibrate(trials)
+    outcomes: Counter = Counter()
+    old = 1 if mode == "w" else None
+    url = trials.url("overwritten")
+    for trial in range(count):
+        if mode == "w":
+            write_trial(url, old, "w", trials.options)  # the committed dataset the writer overwrites
+        else:
+            url = trials.url(f"created-{trial}")
+        proc = trials.spawn(url, mode, 2)
+        assert _first_line(proc).startswith("start")
+        time.sleep(rng.uniform(0, 1.3 * duration))
+        proc.send_signal(signal.SIGKILL)
+        code, _ = _finish(proc)
+        outcome = trials.outcome(url, old, 2)
+        outcomes[(outcome, "killed" if code == -signal.SIGKILL else "finished")] += 1
+        if not (mode == "w-" and outcome == "new"):  # (w- refuses to rerun over its own finished write)
+            write_trial(url, 2, mode, trials.options)  # the same call again
+        assert trials.outcome(url, old, 2) == "new"
+        trials.assert_tidy(url)
+    print(f"\nkill trials {mode} {trials.name}: {dict(outcomes)} (write {duration:.2f} s)")
+    assert sum(outcomes.values()) == count
+
+
+def test_two_creators_race(trials):
+    """Two ``w-`` writers of different data started together, 10 times: one wins, the dataset
+    holds exactly its data, the other gets a clear error."""
+    errors: Counter = Counter()
+    for race in range(10):
+        url = trials.url(f"race-{race}")
+        procs = {seed: trials.spawn(url, "w-", seed) for seed in (3, 4)}
+        results = {seed: _finish(proc) for seed, proc in procs.items()}
+        winners = [seed for seed, (code, _) in results.items() if code == 0]
+        assert len(winners) == 1, results
+        loser = next(seed for seed in procs if seed not in winners)
+        code, out = results[loser]
+        assert code in (3, 4) and ("conflict" in out or "exists" in out), out
+        errors[out.split()[0]] += 1
+        assert trials.outcome(url, None, winners[0]) == "new"
+        trials.assert_tidy(url)
+    print(f"\nraces ({trials.name}): loser's error {dict(errors)}")
+
+
+def test_reader_during_overwrites(trials):
+    """A reader looping while another process overwrites the dataset 6 times sees old or new data
+    (or, when a generation it opened is retired mid-read, a MissingFragmentError saying so)."""
+    url = trials.url("busy")
+    write_trial(url, 5, "w-", trials.options)
+    script = trials.script.with_name("overwriter.py")
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        for seed in (6, 5, 6, 5, 6, 5):
+            subprocess.run([sys.executable, {str(trials.script)!r}, {url!r}, "w", str(seed)], check=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], env=trials.env)
+    seen: Counter = Counter()
+    try:
+        while proc.poll() is None:
+            try:
+                got = trials.read(url)
+            except daskcfa.MissingFragmentError as exc:
+                assert "overwritten or updated since it was opened" in str(exc)
+                seen["retired mid-read"] += 1
+                continue
+            seen["5" if np.array_equal(got, trial_data(5)) else
+                 "6" if np.array_equal(got, trial_data(6)) else "MIXED"] += 1
+    finally:
+        proc.wait(600)
+    assert proc.returncode == 0
+    assert seen["MIXED"] == 0 and seen["5"] + seen["6"] >= 1, seen
+    print(f"\nreads during overwrites ({trials.name}): {dict(seen)}")
+    trials.assert_tidy(url)
