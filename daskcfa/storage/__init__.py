@@ -432,8 +432,13 @@ def temporary_name(uri: str) -> str:
 
 
 def put_atomic(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
-    """Write an object so that it appears whole or not at all: under a temporary
-    name, then moved into place; the temporary is removed if anything fails."""
+    """Write an object so that it appears whole or not at all: an object store shows
+    one PUT whole or not at all (a temporary and a copy would leave the temporary
+    behind when the writer is killed between them); a local file is written
+    under a temporary name, then renamed, the temporary removed if anything fails."""
+    if not is_local(uri):
+        put_bytes(uri, data, profile)
+        return
     partial = temporary_name(uri)
     try:
         put_bytes(partial, data, profile)
