@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from builders import assert_matches, build, make_truth
 from builders import generation_dir as generation
 from daskcfa.formats.encode import WRITE_FORMATS
 from daskcfa.fragments.write import FRAGMENT_FORMATS
+from daskcfa.storage import NO_PROFILE
+from daskcfa.storage.lease import Lease
 
 DIMS = ("time", "lat", "lon")
 SHAPE = (7, 4, 6)  # 7 along time with fragments of 3: a ragged last fragment
@@ -433,3 +437,87 @@ def test_local_cluster_with_bounded_uploads(tmp_path, s3_server, s3_bucket):
         local = write(da.from_array(x, chunks=(3, 2, 6)), tmp_path / "t.nc")
     assert_matches(daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute(), x)
     assert_matches(daskcfa.from_cfa(local).compute(), x)
+
+
+# ---------------------------------------------------------------------------
+# Generations: overwrites never touch the committed fragments (issue 14)
+# ---------------------------------------------------------------------------
+def test_overwrite_retires_the_old_generation_and_leaves_no_orphans(tmp_path):
+    target = tmp_path / "t.nc"
+    old = daskcfa.from_cfa(write(truth(seed=1), target, fragment_shape=(1, 1, 6)))  # 28 fragments
+    new = truth(seed=2)
+    write(new, target, mode="w", fragment_shape=(4, 4, 6))  # 2 fragments
+    assert len(stamps(tmp_path / "t")) == 2  # the 28 of the old generation are gone, with their markers
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [".daskcfa", generation(tmp_path / "t").name]
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), new)
+    with pytest.raises(daskcfa.MissingFragmentError, match="overwritten or updated since it was opened"):
+        old.compute()  # a reader of the replaced dataset: a clear error, never the new values
+
+
+def test_keep_previous_leaves_old_readers_a_grace_period(tmp_path):
+    target = tmp_path / "t.nc"
+    old = daskcfa.from_cfa(write(truth(seed=1), target))
+    write(truth(seed=2), target, mode="w", keep_previous=0.5)
+    assert_matches(old.compute(), truth(seed=1))  # the old generation is still there
+    assert len(list((tmp_path / "t").glob("g-*"))) == 2
+    retired = json.loads((tmp_path / "t" / ".daskcfa" / "retired.json").read_text())["retired"]
+    assert len(retired) == 6
+    time.sleep(0.6)
+    write(truth(seed=3), target, mode="w")  # the first commit after the grace period deletes it
+    assert len(stamps(tmp_path / "t")) == 6
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=3))
+
+
+def test_delayed_update_refused_when_the_target_changed_meanwhile(tmp_path):
+    x = truth()
+    target = tmp_path / "u.nc"
+    write(x, target, format="CFA-0.6.2")
+    late = daskcfa.to_cfa(x[:3] + 1, str(target), mode="r+", region={"time": slice(0, 3)}, format="CFA-0.6.2",
+                          compute=False)
+    daskcfa.to_cfa(x[3:6] + 2, str(target), mode="r+", region={"time": slice(3, 6)}, format="CFA-0.6.2")
+    with pytest.raises(daskcfa.WriteConflictError, match="changed by another writer"):
+        late.compute()  # it would drop the other update's region
+    expected = x.copy()
+    expected[3:6] += 2
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), expected)
+
+
+def test_second_writer_fails_fast_naming_the_holder(tmp_path):
+    target = tmp_path / "t.nc"
+    holder = Lease.new(str(target), NO_PROFILE).acquire()
+    with pytest.raises(daskcfa.WriteConflictError, match=r"another writer holds the target: a write by process \d+"):
+        write(truth(), target, mode="w")
+    assert not target.exists() and not (tmp_path / "t").exists()  # nothing written
+    holder.release()
+    write(truth(), target, mode="w")
+
+
+def test_changed_remote_source_is_rewritten(tmp_path, s3_server, s3_bucket):
+    """Resume identity carries the source's version: converting again after the S3 source was
+    rewritten stores the new values (it used to skip every fragment and keep the old ones)."""
+    options = s3_server.storage_options
+    source, target = f"s3://{s3_bucket}/src/s.nc", tmp_path / "t.nc"
+    write(truth(seed=1), source, storage_options=options)
+    with daskcfa.open_cfa(source, storage_options=options) as ds:
+        daskcfa.to_cfa(ds, str(target))
+    write(truth(seed=2), source, storage_options=options, mode="w")
+    with daskcfa.open_cfa(source, storage_options=options) as ds:
+        daskcfa.to_cfa(ds, str(target), mode="w")
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))
+
+
+def test_resume_identity_is_the_same_in_a_new_process(tmp_path, s3_server, s3_bucket):
+    """A rerun in a new process (the usual case after a crash) plans the same generation, so it
+    resumes; the storage profile's per-process name is not part of it."""
+    options = s3_server.storage_options
+    source = f"s3://{s3_bucket}/src/s.nc"
+    write(truth(seed=1), source, storage_options=options)
+    code = (f"import json, sys, daskcfa\n"
+            f"ds = daskcfa.open_cfa({source!r}, storage_options=json.loads(sys.stdin.read()))\n"
+            f"d = daskcfa.to_cfa(ds, {str(tmp_path / 't.nc')!r}, compute=False)\n"
+            "print([str(k) for k in d.dask if str(k).startswith('cfa-begin-')][0])\n")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(options), capture_output=True, text=True,
+                         check=True).stdout.strip()
+    with daskcfa.open_cfa(source, storage_options=options) as ds:
+        here = planned_generation(daskcfa.to_cfa(ds, str(tmp_path / "t.nc"), compute=False))
+    assert out.endswith(here)

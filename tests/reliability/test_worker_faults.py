@@ -199,12 +199,16 @@ TRIAL_WRITER = textwrap.dedent("""
     url, mode, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
     options = json.loads(os.environ.get("TRIAL_STORAGE_OPTIONS") or "null")
     x = np.random.default_rng(seed).random(%r).astype("f4") + seed
+    kw = json.loads(sys.argv[4] if len(sys.argv) > 4 else "{}")
+    if "time_region" in kw:  # mode r+: only these time steps
+        a, b = kw.pop("time_region")
+        x, kw["region"] = x[a:b], {"time": slice(a, b)}
     print("start", flush=True)
     t0 = time.perf_counter()
     try:
         with dask.config.set(scheduler="synchronous"):
             daskcfa.to_cfa(x, url, variable="tas", dims=("time", "lat", "lon"), fragment_shape=(1, 60, 80),
-                           mode=mode, storage_options=options, **json.loads(sys.argv[4] if len(sys.argv) > 4 else "{}"))
+                           mode=mode, storage_options=options, **kw)
     except daskcfa.CFAError as exc:
         print("conflict" if isinstance(exc, daskcfa.WriteConflictError) else "cfaerror", type(exc).__name__, exc,
               flush=True)
@@ -387,3 +391,28 @@ def test_reader_during_overwrites(trials):
     assert seen["MIXED"] == 0 and seen["5"] + seen["6"] >= 1, seen
     print(f"\nreads during overwrites ({trials.name}): {dict(seen)}")
     trials.assert_tidy(url)
+
+
+@pytest.mark.parametrize("regions", [((0, 6), (6, 12)), ((2, 5), (2, 5))], ids=["different", "same"])
+def test_two_region_writers(trials, regions):
+    """Two ``r+`` writers at once, 4 times: on different regions both land; on the same region
+    one wins cleanly (exactly its values there); everything else keeps the values it had."""
+    for attempt in range(4):
+        url = trials.url(f"regions-{attempt}")
+        write_trial(url, 7, "w-", trials.options)
+        procs = {seed: trials.spawn(url, "r+", seed, time_region=list(region))
+                 for seed, region in zip((8, 9), regions)}
+        results = {seed: _finish(proc) for seed, proc in procs.items()}
+        assert all(code == 0 for code, _ in results.values()), results
+        got = trials.read(url)
+        expected = trial_data(7)
+        if regions[0] != regions[1]:
+            for seed, (a, b) in zip((8, 9), regions):
+                expected[a:b] = trial_data(seed)[a:b]
+            np.testing.assert_array_equal(got, expected)
+        else:
+            a, b = regions[0]
+            winner = next(seed for seed in (8, 9) if np.array_equal(got[a:b], trial_data(seed)[a:b]))
+            expected[a:b] = trial_data(winner)[a:b]
+            np.testing.assert_array_equal(got, expected)
+        trials.assert_tidy(url)
