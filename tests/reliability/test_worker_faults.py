@@ -356,7 +356,7 @@ def test_two_creators_race(trials):
         loser = next(seed for seed in procs if seed not in winners)
         code, out = results[loser]
         assert code in (3, 4) and ("conflict" in out or "exists" in out), out
-        errors[out.split()[0]] += 1
+        errors[out.split("start", 1)[-1].split()[0]] += 1
         assert trials.outcome(url, None, winners[0]) == "new"
         trials.assert_tidy(url)
     print(f"\nraces ({trials.name}): loser's error {dict(errors)}")
