@@ -120,7 +120,7 @@ def test_info(tmp_path):
                  "4 fragment(s) in a 4 x 1 x 1 grid", f"file://{tmp_path}/t"):
         assert part in proc.stdout
     summary = json.loads(run("info", url, "--json", "--storage-size").stdout)
-    assert summary["stored_bytes"] == sum(p.stat().st_size for p in (tmp_path / "t").glob("*.nc"))
+    assert summary["stored_bytes"] == sum(p.stat().st_size for p in (tmp_path / "t").glob("g-*/*.nc"))
     (tas,) = [v for v in summary["variables"] if v["dialect"]]
     assert tas["grid"] == [4, 1, 1] and tas["dtype"] == "float32"
 

@@ -49,7 +49,7 @@ def test_summary_of_a_written_dataset(tmp_path):
 
 def test_storage_size_and_missing_files(tmp_path):
     url = write(tmp_path / "t.nc")
-    files = sorted((tmp_path / "t").glob("*.nc"))
+    files = sorted((tmp_path / "t").glob("g-*/*.nc"))
     summary = daskcfa.describe(url, storage_size=True)
     assert summary.stored_bytes == sum(f.stat().st_size for f in files) and summary.missing_files == ()
     files[0].unlink()
