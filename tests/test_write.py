@@ -521,3 +521,17 @@ def test_resume_identity_is_the_same_in_a_new_process(tmp_path, s3_server, s3_bu
     with daskcfa.open_cfa(source, storage_options=options) as ds:
         here = planned_generation(daskcfa.to_cfa(ds, str(tmp_path / "t.nc"), compute=False))
     assert out.endswith(here)
+
+
+def test_overwrite_never_deletes_files_outside_the_dataset(tmp_path):
+    """The replaced aggregation file may point anywhere (here: another dataset's generation, as
+    ``aggregate`` made it): only fragments inside the target's own directory are retired."""
+    x = truth(seed=1)
+    write(x, tmp_path / "src" / "t.nc")
+    theirs = sorted(generation(tmp_path / "src" / "t").glob("*.nc"))
+    target = tmp_path / "other" / "t.nc"
+    daskcfa.aggregate([str(p) for p in theirs], str(target))
+    write(truth(seed=2), target, mode="w")
+    assert all(p.exists() for p in theirs)
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "src" / "t.nc")).compute(), x)
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))

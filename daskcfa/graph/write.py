@@ -618,7 +618,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
                 entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
         manifest = {**commit.header, "fragments": fragments}
         storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
-        retire(previous, commit.references, commit.retired, commit.profile, commit.keep_previous)
+        retire(previous, commit.references, commit.url, commit.retired, commit.profile, commit.keep_previous)
     finally:
         lease.release()
     return commit.url

@@ -327,24 +327,28 @@ def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: st
 # --------------------------------------------------------------------------
 
 
-def retire(old: Iterable[str], new: Iterable[str], record: str, profile: ProfileRef, keep_for: float = 0.0) -> list[str]:
+def retire(old: Iterable[str], new: Iterable[str], target: str, record: str, profile: ProfileRef,
+           keep_for: float = 0.0) -> list[str]:
     """After a commit: delete the fragments ``old`` (absolute URIs the previous aggregation
     referenced and a daskcfa writer made) that ``new`` does not reference, with their markers.
 
-    ``keep_for`` seconds > 0 lists them in ``record`` instead, for a later commit to
-    delete; fragments listed there whose time has come are deleted now (unless
-    referenced again). Returns what was deleted. Failures cost space, never data:
-    they are left for the next commit.
+    Only fragments inside the directory of the aggregation file ``target`` are
+    ever deleted (an aggregation file may point anywhere). ``keep_for`` seconds
+    > 0 lists them in ``record`` instead (relative to that directory, so that a
+    copied dataset never deletes the original's files), for a later commit to
+    delete; listed fragments whose time has come are deleted now (unless
+    referenced again). Returns what was deleted. Failures cost space, never
+    data: they are left for the next commit.
     """
+    root = target.rpartition("/")[0] + "/"
     current = set(new)
     now = time.time()
     try:
         listed = json.loads(read_bytes(record, profile)).get("retired", {})
-    except (NotFoundError, ValueError, AttributeError):
+        listed = {root + r: float(t) for r, t in listed.items() if isinstance(r, str)}
+    except (CFAError, ValueError, AttributeError, TypeError):
         listed = {}
-    except CFAError:
-        listed = {}
-    waiting = {u: float(t) for u, t in listed.items() if u not in current}
+    waiting = {u: t for u, t in listed.items() if u not in current}
     due = {u for u, t in waiting.items() if t <= now}
     for uri in set(old) - current:
         if keep_for > 0:
@@ -353,18 +357,22 @@ def retire(old: Iterable[str], new: Iterable[str], record: str, profile: Profile
             due.add(uri)
     deleted = []
     for uri in sorted(due):
+        waiting.pop(uri, None)
+        relative = uri[len(root):] if uri.startswith(root) else ""
+        if not relative or ".." in relative.split("/"):
+            continue  # outside the dataset's directory: never ours to delete
         try:
             for each in (uri, marker_of(uri)):
                 if exists(each, profile):
                     delete(each, profile)
             deleted.append(uri)
-            waiting.pop(uri, None)
         except CFAError:
-            waiting.setdefault(uri, now)
+            waiting[uri] = now
     _prune_empty(deleted)
     if waiting or listed:
+        kept = {u[len(root):]: t for u, t in waiting.items() if u.startswith(root)}
         try:
-            put_atomic(record, json.dumps({"retired": waiting}, indent=1).encode(), profile)
+            put_atomic(record, json.dumps({"retired": kept}, indent=1).encode(), profile)
         except CFAError:
             pass
     return deleted
