@@ -188,10 +188,15 @@ class Lease:
             self.confirm()  # someone changed it meanwhile: look again
 
     def release(self) -> None:
-        """Give the lease up if it is still ours (after the commit, or when the write failed)."""
-        found = _read(self.uri, self.profile)
-        if found is not None and found[0].get("owner") == self.owner:
-            _remove(self.uri, found[1], self.profile)
+        """Give the lease up if it is still ours (after the commit, or when the write failed).
+        Never raises: a lease that cannot be removed now (storage down) is stale once this
+        process ends or it expires, and the write's own outcome is what the caller must see."""
+        try:
+            found = _read(self.uri, self.profile)
+            if found is not None and found[0].get("owner") == self.owner:
+                _remove(self.uri, found[1], self.profile)
+        except CFAError:
+            pass
 
 
 # --------------------------------------------------------------------------
