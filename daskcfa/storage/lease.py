@@ -195,7 +195,7 @@ class Lease:
             found = _read(self.uri, self.profile)
             if found is not None and found[0].get("owner") == self.owner:
                 _remove(self.uri, found[1], self.profile)
-        except CFAError:
+        except (CFAError, OSError):
             pass
 
 
@@ -240,9 +240,9 @@ def _create(uri: str, data: bytes, profile: ProfileRef) -> bool:
     """Create the lease object only if absent; whether we did."""
     if is_local(uri):
         path = local_path(uri)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         temporary = f"{path}.{uuid.uuid4().hex}"
         with _translated(uri):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(temporary, "wb") as f:
                 f.write(data)
             try:
