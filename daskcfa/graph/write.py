@@ -597,7 +597,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
     lease keeps any other writer out.
     """
     try:
-        lease.confirm()
+        lease.confirm(force=True)
         if commit.expected is not None and storage.stat(commit.url, commit.profile) != commit.expected:
             raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
                                      "run the update again", file=commit.url)

@@ -91,6 +91,10 @@ def lease_uri(url: str) -> str:
     return f"{head}{sep}.{name}.lease"
 
 
+#: When this process last found each (lease, owner) still held (time.monotonic()).
+_CONFIRMED: dict[tuple[str, str], float] = {}
+
+
 def _ttl() -> float:
     return float(dask.config.get("daskcfa.write.lease-seconds", 600))
 
@@ -174,9 +178,17 @@ class Lease:
             time.sleep(delay)
             delay = min(1.0, delay * 2)
 
-    def confirm(self) -> None:
+    def confirm(self, *, force: bool = False) -> None:
         """Check (in any task of the write) that the lease is still ours, extending it when
-        half its time has passed; a writer that lost it stops before writing anything more."""
+        half its time has passed; a writer that lost it stops before writing anything more.
+
+        Fragment tasks look at most every few seconds per process (one small GET per
+        fragment would cost an S3 write ~1 %): a lease is only taken over once its
+        writer's process is gone or it expired, which takes minutes. ``force``: look now
+        (the commit)."""
+        key = (self.uri, self.owner)
+        if not force and time.monotonic() - _CONFIRMED.get(key, -1e9) < min(5.0, _ttl() / 10):
+            return
         found = _read(self.uri, self.profile)
         if found is None or found[0].get("owner") != self.owner:
             holder = "nobody" if found is None else self._describe(found[0])
@@ -185,7 +197,8 @@ class Lease:
         record, tag = found
         if float(record.get("expires", 0)) - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(),
                                                                                      self.profile):
-            self.confirm()  # someone changed it meanwhile: look again
+            self.confirm(force=True)  # someone changed it meanwhile: look again
+        _CONFIRMED[key] = time.monotonic()
 
     def release(self) -> None:
         """Give the lease up if it is still ours (after the commit, or when the write failed).
