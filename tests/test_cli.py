@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, make_truth
+from builders import assert_matches, generation_dir, make_truth
 
 DASKCFA = str(Path(sys.executable).with_name("daskcfa"))
 COMMANDS = ("info", "split", "aggregate", "rebuild", "verify", "relocate")
@@ -156,7 +156,7 @@ def test_verify(tmp_path):
     healthy = run("verify", url, "--deep")
     assert healthy.returncode == 0, healthy.stderr
     assert healthy.stdout.strip() == f"{url}: 4 fragment(s) of 1 variable(s) checked (deep): OK"
-    corrupt, truncated = damage(tmp_path / "t")
+    corrupt, truncated = damage(generation_dir(tmp_path / "t"))
     quick = run("verify", url)
     assert quick.returncode == 1 and quick.stderr == ""
     assert "1 problem(s)" in quick.stdout and str(truncated) in quick.stdout and str(corrupt) not in quick.stdout
