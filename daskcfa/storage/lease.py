@@ -152,9 +152,15 @@ class Lease:
 
     # -- operations --
 
-    def acquire(self, wait: float = 0.0, *, resume: bool = True) -> "Lease":
+    def acquire(self, wait: float = 0.0) -> "Lease":
         """Take the lease (or confirm we hold it). A live holder makes it wait up to ``wait``
         seconds, then raise :class:`WriteConflictError` naming it; a stale one is taken over."""
+        try:
+            return self._take(wait)
+        except StorageError as exc:
+            raise StorageError(f"cannot take the write lease on the target: {exc.reason}", file=self.uri) from None
+
+    def _take(self, wait: float) -> "Lease":
         deadline = time.monotonic() + wait
         delay = 0.05
         for attempt in itertools.count():
