@@ -52,7 +52,7 @@ from ..fragments.write import (
 )
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
-from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire
+from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
@@ -606,7 +606,8 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
             earlier = json.loads(storage.read_bytes(commit.manifest, commit.profile))
         except (NotFoundError, ValueError, AttributeError):
             earlier = {}
-        previous = _previous_fragments(commit, earlier)
+        schedule(_previous_fragments(commit, earlier), commit.references, commit.url, commit.retired, commit.profile,
+                 commit.keep_previous)
         storage.remove_stale_temporaries([commit.url, *new], commit.profile)
         put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease)
         fragments: dict[str, dict[str, Any]] = {}
@@ -618,7 +619,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
                 entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
         manifest = {**commit.header, "fragments": fragments}
         storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
-        retire(previous, commit.references, commit.url, commit.retired, commit.profile, commit.keep_previous)
+        retire(commit.references, commit.url, commit.retired, commit.profile)
     finally:
         lease.release()
     return commit.url

@@ -55,6 +55,7 @@ __all__ = [
     "marker_of",
     "lease_uri",
     "Lease",
+    "schedule",
     "retire",
 ]
 
@@ -351,37 +352,61 @@ def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: st
 # --------------------------------------------------------------------------
 
 
-def retire(old: Iterable[str], new: Iterable[str], target: str, record: str, profile: ProfileRef,
-           keep_for: float = 0.0) -> list[str]:
-    """After a commit: delete the fragments ``old`` (absolute URIs the previous aggregation
-    referenced and a daskcfa writer made) that ``new`` does not reference, with their markers.
-
-    Only fragments inside the directory of the aggregation file ``target`` are
-    ever deleted (an aggregation file may point anywhere). ``keep_for`` seconds
-    > 0 lists them in ``record`` instead (relative to that directory, so that a
-    copied dataset never deletes the original's files), for a later commit to
-    delete; listed fragments whose time has come are deleted now (unless
-    referenced again). Returns what was deleted. Failures cost space, never
-    data: they are left for the next commit.
-    """
+def _listed(target: str, record: str, profile: ProfileRef) -> dict[str, float]:
+    """The retired fragments ``record`` lists (absolute URIs) and when each is due."""
     root = target.rpartition("/")[0] + "/"
-    current = set(new)
-    now = time.time()
     try:
         listed = json.loads(read_bytes(record, profile)).get("retired", {})
-        listed = {root + r: float(t) for r, t in listed.items() if isinstance(r, str)}
+        return {root + r: float(t) for r, t in listed.items() if isinstance(r, str)}
     except (CFAError, ValueError, AttributeError, TypeError):
-        listed = {}
+        return {}
+
+
+def _store(listed: dict[str, float], target: str, record: str, profile: ProfileRef) -> None:
+    root = target.rpartition("/")[0] + "/"
+    kept = {u[len(root):]: t for u, t in listed.items() if u.startswith(root)}
+    try:
+        put_atomic(record, json.dumps({"retired": kept}, indent=1).encode(), profile)
+    except CFAError:
+        pass  # the fragments stay: space, never data
+
+
+def schedule(old: Iterable[str], new: Iterable[str], target: str, record: str, profile: ProfileRef,
+             keep_for: float = 0.0) -> None:
+    """Before the switch: list in ``record`` the fragments ``old`` (absolute URIs the previous
+    aggregation referenced and a daskcfa writer made) that ``new`` does not reference, due in
+    ``keep_for`` seconds. Listed first, so that a writer killed between the switch and
+    :func:`retire` leaves them for the next commit to delete, never orphaned. The list holds
+    references relative to the aggregation file's directory (a copied dataset never deletes
+    the original's files)."""
+    leaving = set(old) - set(new)
+    if not leaving:
+        return
+    listed = _listed(target, record, profile)
+    due = time.time() + keep_for
+    for uri in leaving:
+        listed.setdefault(uri, due)
+    _store(listed, target, record, profile)
+
+
+def retire(new: Iterable[str], target: str, record: str, profile: ProfileRef) -> list[str]:
+    """After the switch: delete the listed fragments that are due and that ``new`` (the
+    committed aggregation) does not reference, with their markers.
+
+    Only fragments inside the directory of the aggregation file ``target`` are
+    ever deleted (an aggregation file may point anywhere). Returns what was
+    deleted. Failures cost space, never data: they stay listed for the next commit.
+    """
+    root = target.rpartition("/")[0] + "/"
+    listed = _listed(target, record, profile)
+    if not listed:
+        return []
+    current = set(new)
+    now = time.time()
     waiting = {u: t for u, t in listed.items() if u not in current}
-    due = {u for u, t in waiting.items() if t <= now}
-    for uri in set(old) - current:
-        if keep_for > 0:
-            waiting.setdefault(uri, now + keep_for)
-        else:
-            due.add(uri)
     deleted = []
-    for uri in sorted(due):
-        waiting.pop(uri, None)
+    for uri in sorted(u for u, t in waiting.items() if t <= now):
+        del waiting[uri]
         relative = uri[len(root):] if uri.startswith(root) else ""
         if not relative or ".." in relative.split("/"):
             continue  # outside the dataset's directory: never ours to delete
@@ -393,12 +418,7 @@ def retire(old: Iterable[str], new: Iterable[str], target: str, record: str, pro
         except CFAError:
             waiting[uri] = now
     _prune_empty(deleted)
-    if waiting or listed:
-        kept = {u[len(root):]: t for u, t in waiting.items() if u.startswith(root)}
-        try:
-            put_atomic(record, json.dumps({"retired": kept}, indent=1).encode(), profile)
-        except CFAError:
-            pass
+    _store(waiting, target, record, profile)
     return deleted
 
 
