@@ -21,7 +21,7 @@ import pytest
 from dask.delayed import Delayed
 
 import daskcfa
-from builders import make_truth
+from builders import generation_dir, make_truth
 from daskcfa.archive.verify import KINDS, Problem, VerifyReport
 
 DIMS = ("time", "lat", "lon")
@@ -38,7 +38,7 @@ def write(url, *, storage_options=None, **kw):
 
 
 def fragment(directory: Path, index: tuple[int, ...]) -> Path:
-    return directory / "t" / f"t.tas.{'.'.join(map(str, index))}.nc"
+    return generation_dir(directory / "t") / f"t.tas.{'.'.join(map(str, index))}.nc"
 
 
 def corrupted(data: bytes) -> bytes:
@@ -142,7 +142,7 @@ def test_dropped_size1_dimension_is_accepted(tmp_path):
     x = make_truth((3, 4), "f4", seed=1)
     url = daskcfa.to_cfa(x, str(tmp_path / "s.nc"), variable="v", dims=("time", "x"), attrs={"units": "K"},
                          fragment_shape=(1, 4))
-    path = tmp_path / "s" / "s.v.1.0.nc"
+    path = generation_dir(tmp_path / "s") / "s.v.1.0.nc"
     path.unlink()
     with netCDF4.Dataset(path, "w") as nc:
         nc.createDimension("x", 4)
