@@ -19,11 +19,13 @@ started the write, the generation and an expiry that fragment tasks extend
 as they go. A lease whose process is gone (same host) or whose expiry has
 passed is stale: a successor takes it over, and one successor only.
 
-**Retirement.** After the commit, the fragments of the previous aggregation
-that the new one no longer references, and that a daskcfa writer made (in a
-generation directory, or listed in the writer's manifest), are deleted with
-their markers; with a grace period they are listed in
-``<stem>/.daskcfa/retired.json`` and deleted by the first commit after it.
+**Retirement.** The fragments of the previous aggregation that the new one
+no longer references, and that a daskcfa writer made (in a generation
+directory, or listed in the writer's manifest), are listed in
+``<stem>/.daskcfa/retired.json`` *before* the switch (:func:`schedule`), then
+deleted with their markers after it (:func:`retire`) -- at once, or by the
+first commit after a grace period. A writer killed in between leaves them
+listed for the next commit, never orphaned.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any, Iterable
 import dask.config
 import fsspec.asyn
 
-from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError, redact
+from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError
 from . import _translated, delete, exists, filesystem, is_local, local_path, put_atomic, read_bytes
 from .profiles import ProfileRef
 
