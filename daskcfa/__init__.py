@@ -23,6 +23,7 @@ from .errors import (
     UnitsError,
     UnsafeURIError,
     VariableNotFoundError,
+    WriteConflictError,
 )
 
 __version__ = "0.1.0.dev0"
@@ -48,6 +49,7 @@ __all__ = [
     "relocate",
     "describe",
     "AggregationError",
+    "WriteConflictError",
     "BudgetError",
     "CFAError",
     "CFAFormatError",

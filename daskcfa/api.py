@@ -20,6 +20,7 @@ from .graph.read import to_dask
 from .locks import HDF5_LOCK
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
+from .storage.lease import Lease
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
@@ -127,6 +128,7 @@ def to_cfa(
     compute: bool = True,
     region: Mapping[str, slice] | None = None,
     max_concurrent_uploads: int | None = None,
+    keep_previous: float = 0.0,
     uris: str = "relative",
 ) -> str | Delayed:
     """Write an array or a dataset as a CFA-netCDF aggregation: fragment files plus an aggregation file.
@@ -193,13 +195,18 @@ def to_cfa(
         task graph: tasks carry an opaque reference, resolved by each worker.
     mode
         ``"w-"`` (default) fails if the aggregation file exists, before
-        anything is written. ``"w"`` overwrites it; fragments of the old
-        aggregation that the new one does not reference are left in place.
+        anything is written. ``"w"`` overwrites it: the new fragments go to a
+        new generation, the aggregation file is replaced in one step, then
+        the fragments of the old aggregation that the new one does not
+        reference are deleted (see ``keep_previous``).
         ``"r+"`` updates an existing aggregation: ``data`` are written to
         ``region`` of one of its variables, on its existing fragment grid;
         the aggregation file is rewritten in ``format`` (give the file's own
-        format to keep it). ``r+`` writes to one aggregation must not run
-        concurrently: each rewrites the aggregation file.
+        format to keep it). Writers of one target are exclusive (a lease, see
+        Notes): a second ``w-``/``w`` writer fails at once with a
+        :class:`WriteConflictError` naming the holder; a second ``r+`` writer
+        waits for the first (dask config ``daskcfa.write.lease-wait``,
+        default 600 s) and then updates what the first committed.
     compute
         ``False`` returns a :class:`dask.delayed.Delayed` that performs the
         write when computed, like :func:`dask.array.to_zarr`.
@@ -217,6 +224,13 @@ def to_cfa(
         With a ``distributed`` client: at most this many fragment uploads run
         at once across the cluster (a ``distributed.Semaphore``), to spare a
         shared object store. Local writes are not limited.
+    keep_previous
+        Seconds to keep the fragments of the replaced generation after an
+        overwrite or update (for readers that opened the old aggregation and
+        are still reading it); the first write committed after that deletes
+        them. Default 0: deleted before the call returns, and a reader still
+        reading the old aggregation then gets a :class:`MissingFragmentError`
+        saying that the dataset was replaced.
     uris
         ``"relative"`` (default): the aggregation file refers to its fragments
         relative to itself, so the archive can be moved as a whole.
@@ -236,7 +250,12 @@ def to_cfa(
     Next to the fragments, ``<stem>/.daskcfa/`` holds one small marker per
     fragment written (what makes resuming possible without reading fragments
     back) and ``manifest.json``, written at commit, listing every fragment
-    with its size and MD5 checksum. Failures while writing a fragment raise a
+    with its size and MD5 checksum. Fragments go to a *generation* directory
+    named after what they hold (``t.nc`` -> ``t/g-<16 hex>/t.tas.0.0.nc``), so
+    a write never touches the fragments of the committed aggregation; a
+    lease object ``.t.nc.lease`` beside the aggregation file keeps other
+    writers out while the write runs (stale leases of killed writers are
+    taken over). See :mod:`daskcfa.storage.lease`. Failures while writing a fragment raise a
     :class:`CFAError` naming the fragment; errors raised while computing the
     input data are the input's own.
     """
@@ -252,21 +271,30 @@ def to_cfa(
             raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
         if isinstance(data, Dataset) or _is_xarray(data):
             raise TypeError("mode='r+' writes an array into an existing aggregation")
-        request = _write.request_for_update(url, storage_options, data, variable, region)
-    elif isinstance(data, Dataset):
-        _no_region(region, "a daskcfa.Dataset")
-        request = _write.request_from_dataset(data)
-    elif _is_xarray(data):
-        _no_region(region, "an xarray object")
-        request = _write.request_from_xarray(data, variable)
-    else:
-        request = _write.request_from_array(data, variable, dims, attrs, coords, region)
-    delayed = _write.write_graph(
-        request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
-        fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
-        profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), uris=uris,
-    )
-    return delayed.compute() if compute else delayed
+    lease = Lease.new(url, profile)
+    if mode == "r+" and compute:  # read, modify and write under one lease: concurrent updates queue up
+        lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait", 600)))
+    try:
+        if mode == "r+":
+            request = _write.request_for_update(url, storage_options, data, variable, region)
+        elif isinstance(data, Dataset):
+            _no_region(region, "a daskcfa.Dataset")
+            request = _write.request_from_dataset(data)
+        elif _is_xarray(data):
+            _no_region(region, "an xarray object")
+            request = _write.request_from_xarray(data, variable)
+        else:
+            request = _write.request_from_array(data, variable, dims, attrs, coords, region)
+        delayed = _write.write_graph(
+            request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
+            fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
+            profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease,
+            keep_previous=keep_previous, uris=uris,
+        )
+        return delayed.compute() if compute else delayed
+    finally:
+        if compute:
+            lease.release()  # a no-op after the commit released it, or when another writer holds it
 
 
 def _is_xarray(data: Any) -> bool:

@@ -50,7 +50,8 @@ class FileVariableArray:
         self.ndim = len(shape)
 
     def __dask_tokenize__(self) -> tuple:
-        return (type(self).__name__, self.url, self.path, self.mask, self.profile)
+        # the file's version, not the profile's name (it differs between processes: resuming must not)
+        return (type(self).__name__, self.url, storage.version(self.url, self.profile), self.path, self.mask)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         ds = storage.open_netcdf(self.url, profile=self.profile)

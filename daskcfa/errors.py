@@ -25,6 +25,7 @@ __all__ = [
     "UnsafeURIError",
     "BudgetError",
     "AggregationError",
+    "WriteConflictError",
     "CFAWarning",
     "redact",
 ]
@@ -143,6 +144,10 @@ class BudgetError(CFAError, MemoryError):
 
 class AggregationError(CFAError, ValueError):
     """Files cannot be aggregated together (different variables, coordinates or units; gaps, overlaps)."""
+
+
+class WriteConflictError(CFAError, RuntimeError):
+    """Another writer holds (or took over) the target's lease, or changed the target meanwhile."""
 
 
 class CFAWarning(UserWarning):

@@ -134,6 +134,13 @@ class Built:
 # --------------------------------------------------------------------------
 # Ground truth helpers
 # --------------------------------------------------------------------------
+def generation_dir(fragments: Path) -> Path:
+    """The one write generation (``g-<hex>``) under a writer's fragment directory (``t/`` of ``t.nc``)."""
+    found = sorted(Path(fragments).glob("g-*"))
+    assert len(found) == 1, f"expected one generation under {fragments}, found {found}"
+    return found[0]
+
+
 def make_truth(shape, dtype="f4", *, seed=0, masked=0.0, lo=200.0, hi=320.0) -> np.ma.MaskedArray:
     """Random ground truth, optionally with a fraction of masked points."""
     rng = np.random.default_rng(seed)

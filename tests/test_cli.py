@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, make_truth
+from builders import assert_matches, generation_dir, make_truth
 
 DASKCFA = str(Path(sys.executable).with_name("daskcfa"))
 COMMANDS = ("info", "split", "aggregate", "rebuild", "verify", "relocate")
@@ -120,7 +120,7 @@ def test_info(tmp_path):
                  "4 fragment(s) in a 4 x 1 x 1 grid", f"file://{tmp_path}/t"):
         assert part in proc.stdout
     summary = json.loads(run("info", url, "--json", "--storage-size").stdout)
-    assert summary["stored_bytes"] == sum(p.stat().st_size for p in (tmp_path / "t").glob("*.nc"))
+    assert summary["stored_bytes"] == sum(p.stat().st_size for p in (tmp_path / "t").glob("g-*/*.nc"))
     (tas,) = [v for v in summary["variables"] if v["dialect"]]
     assert tas["grid"] == [4, 1, 1] and tas["dtype"] == "float32"
 
@@ -156,7 +156,7 @@ def test_verify(tmp_path):
     healthy = run("verify", url, "--deep")
     assert healthy.returncode == 0, healthy.stderr
     assert healthy.stdout.strip() == f"{url}: 4 fragment(s) of 1 variable(s) checked (deep): OK"
-    corrupt, truncated = damage(tmp_path / "t")
+    corrupt, truncated = damage(generation_dir(tmp_path / "t"))
     quick = run("verify", url)
     assert quick.returncode == 1 and quick.stderr == ""
     assert "1 problem(s)" in quick.stdout and str(truncated) in quick.stdout and str(corrupt) not in quick.stdout

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,8 +26,11 @@ import pytest
 
 import daskcfa
 from builders import assert_editable_by_netcdf_c, assert_matches, build, make_truth
+from builders import generation_dir as generation
 from daskcfa.formats.encode import WRITE_FORMATS
 from daskcfa.fragments.write import FRAGMENT_FORMATS
+from daskcfa.storage import NO_PROFILE
+from daskcfa.storage.lease import Lease
 
 DIMS = ("time", "lat", "lon")
 SHAPE = (7, 4, 6)  # 7 along time with fragments of 3: a ragged last fragment
@@ -46,8 +52,14 @@ def write(x, url, **kw):
 
 
 def stamps(directory: Path) -> dict[str, tuple[int, int]]:
-    """(inode, mtime) of every fragment file: a rewrite changes the inode (written, then renamed)."""
-    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.glob("*.nc")}
+    """(inode, mtime) of every fragment file of every generation (keyed ``generation/name``):
+    a rewrite changes the inode (written, then renamed)."""
+    return {f"{p.parent.name}/{p.name}": (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.glob("g-*/*.nc")}
+
+
+def planned_generation(delayed) -> str:
+    """The generation a delayed write will write (from its first task's key)."""
+    return "g-" + next(str(k) for k in delayed.dask if str(k).startswith("cfa-begin-")).rsplit("-g-", 1)[1]
 
 
 # ---------------------------------------------------------------------------
@@ -68,15 +80,15 @@ def test_round_trip_local(tmp_path, other_cwd):
     # relative fragment URIs, S3netCDF4 naming
     with netCDF4.Dataset(url) as nc:
         uris = nc["tas_uris"][...]
-    assert uris[2, 1, 0] == "t/t.tas.2.1.0.nc"
-    assert sorted(p.name for p in (tmp_path / "out" / "t").glob("*.nc")) == [
+    assert uris[2, 1, 0] == f"t/{generation(tmp_path / 'out' / 't').name}/t.tas.2.1.0.nc"
+    assert sorted(p.name for p in generation(tmp_path / "out" / "t").glob("*.nc")) == [
         f"t.tas.{i}.{j}.0.nc" for i in range(3) for j in range(2)]
 
 
 def test_fragments_are_self_describing(tmp_path):
     x = truth()
     write(x, tmp_path / "t.nc", compression={"zlib": True, "complevel": 1, "shuffle": True})
-    with netCDF4.Dataset(tmp_path / "t" / "t.tas.2.1.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "t") / "t.tas.2.1.0.nc") as nc:
         assert {d: len(n) for d, n in nc.dimensions.items()} == {"time": 1, "lat": 2, "lon": 6}
         np.testing.assert_array_equal(nc["time"][:], [6.0])
         np.testing.assert_array_equal(nc["lat"][:], COORDS["lat"][0][2:4])
@@ -120,7 +132,7 @@ def test_size_limit_and_unaligned_chunks_are_rechunked(tmp_path):
 def test_group_variable_named_after_its_group(tmp_path):
     x = truth()
     url = write(x, tmp_path / "g.nc", variable="/grp/tas")
-    assert (tmp_path / "g" / "g.grp.tas.0.0.0.nc").exists()
+    assert (generation(tmp_path / "g") / "g.grp.tas.0.0.0.nc").exists()
     assert_matches(daskcfa.from_cfa(url, "/grp/tas").compute(), x)
 
 
@@ -142,7 +154,7 @@ def test_every_format_and_fragment_format(tmp_path, fmt, fragment_format):
     agg = daskcfa.read_aggregation(url, "tas")
     assert agg.dialect.startswith(fmt.rsplit(".", 1)[0] if fmt == "CFA-0.6.2" else fmt)
     assert_matches(daskcfa.from_cfa(url, "tas").compute(), x)
-    with netCDF4.Dataset(tmp_path / "t" / "t.tas.0.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "t") / "t.tas.0.0.0.nc") as nc:
         assert nc.data_model == fragment_format
 
 
@@ -165,9 +177,9 @@ def test_xarray_dataset_with_encoding(tmp_path):
     with daskcfa.open_cfa(url) as back:
         assert back["tas"].dtype == np.float64 and "scale_factor" not in back["tas"].attrs  # unpacked data
         assert back.attrs["title"] == "xarray input"
-    with netCDF4.Dataset(tmp_path / "x" / "x.tas.0.0.0.nc") as nc:  # each fragment is packed
+    with netCDF4.Dataset(generation(tmp_path / "x") / "x.tas.0.0.0.nc") as nc:  # each fragment is packed
         assert nc["tas"].dtype == np.int16 and nc["tas"].scale_factor == 0.01
-    reread = xr.decode_cf(xr.open_dataset(tmp_path / "x" / "x.tas.1.0.0.nc", decode_cf=False))
+    reread = xr.decode_cf(xr.open_dataset(generation(tmp_path / "x") / "x.tas.1.0.0.nc", decode_cf=False))
     np.testing.assert_array_equal(reread.time.values, ds.time.values[3:6])
     np.testing.assert_allclose(reread.tas.values, values[3:6], atol=0.006)
 
@@ -180,7 +192,7 @@ def test_xarray_dataarray(tmp_path):
     y = daskcfa.from_cfa(url, "tas")
     assert y.chunks[0] == (4, 3)
     np.testing.assert_array_equal(y.compute(), x.data)
-    with netCDF4.Dataset(tmp_path / "a" / "a.tas.1.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "a") / "a.tas.1.0.0.nc") as nc:
         np.testing.assert_array_equal(nc["lat"][:], COORDS["lat"][0])
         assert nc["tas"].units == "K"
 
@@ -198,7 +210,7 @@ def test_dataset_conversion(tmp_path, source, target):
 def test_dataset_conversion_in_a_group(tmp_path):
     built = build("CF-1.13", tmp_path / "in", truth(), DIMS, [[3, 4], [4], [6]], group="grp", dims_in_group=True)
     url = _check_conversion(tmp_path, built, "CFA-0.5", variable="/grp/tas")
-    assert (Path(url).parent / "converted" / "converted.grp.tas.3.0.0.nc").exists()  # group after the stem
+    assert (generation(Path(url).parent / "converted") / "converted.grp.tas.3.0.0.nc").exists()  # group after the stem
 
 
 def _check_conversion(tmp_path, built, target, variable="tas"):
@@ -221,7 +233,7 @@ def test_conversion_keeps_packing_bit_for_bit(tmp_path):
                   agg_add_offset=250.0)
     with daskcfa.open_cfa(str(built.path)) as ds:
         url = daskcfa.to_cfa(ds, str(tmp_path / "out.nc"), fragment_shape=(2, 4, 6))
-    with netCDF4.Dataset(tmp_path / "out" / "out.tas.1.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "out") / "out.tas.1.0.0.nc") as nc:
         nc.set_auto_maskandscale(False)
         stored = nc["tas"][...]
         fill = nc["tas"].getncattr("_FillValue") if "_FillValue" in nc["tas"].ncattrs() else netCDF4.default_fillvals["i2"]
@@ -292,14 +304,14 @@ def test_failed_block_leaves_no_aggregation_and_rerun_resumes(tmp_path, sync_das
 
 def test_failed_fragment_write_names_the_fragment(tmp_path, sync_dask):
     x = truth()
-    blocker = tmp_path / "t" / "t.tas.2.0.0.nc"
+    blocker = tmp_path / "t" / planned_generation(write(x, tmp_path / "t.nc", compute=False)) / "t.tas.2.0.0.nc"
     (blocker / "in-the-way").mkdir(parents=True)  # the fragment's final path is a non-empty directory
     with pytest.raises(daskcfa.CFAError, match=r"fragment \(2, 0, 0\)") as info:
         write(x, tmp_path / "t.nc")
     assert info.value.fragment == (2, 0, 0) and info.value.variable == "/tas"
     assert "t.tas.2.0.0.nc" in str(info.value)
     assert not (tmp_path / "t.nc").exists()
-    assert not list((tmp_path / "t").glob(".*.part"))  # no temporary file left behind
+    assert not list((tmp_path / "t").rglob(".*.part"))  # no temporary file left behind
     (blocker / "in-the-way").rmdir()
     blocker.rmdir()
     before = stamps(tmp_path / "t")
@@ -316,8 +328,9 @@ def test_changed_call_rewrites_and_mode_w_rerun_skips(tmp_path):
     write(x, target, mode="w")  # same call again: every fragment verified, only the aggregation rewritten
     assert stamps(tmp_path / "t") == first
     write(x, target, mode="w", attrs={**ATTRS, "comment": "changed"})
-    assert all(stamps(tmp_path / "t")[k] != first[k] for k in first)
-    with netCDF4.Dataset(tmp_path / "t" / "t.tas.0.0.0.nc") as nc:
+    after = stamps(tmp_path / "t")  # a new generation; the old one deleted after the commit
+    assert len(after) == 6 and not set(after) & set(first)
+    with netCDF4.Dataset(generation(tmp_path / "t") / "t.tas.0.0.0.nc") as nc:
         assert nc["tas"].comment == "changed"
 
 
@@ -325,7 +338,7 @@ def test_tampered_fragment_is_rewritten(tmp_path):
     x = truth()
     target = tmp_path / "t.nc"
     write(x, target)
-    victim = tmp_path / "t" / "t.tas.0.1.0.nc"
+    victim = generation(tmp_path / "t") / "t.tas.0.1.0.nc"
     victim.write_bytes(b"truncated")
     write(x, target, mode="w")
     assert_matches(daskcfa.from_cfa(str(target)).compute(), x)
@@ -345,7 +358,7 @@ def test_sparse_write_then_update(tmp_path):
     x = truth()
     target = tmp_path / "s.nc"
     write(x[3:6], target, region={"time": slice(3, 6)}, format="CFA-0.6.2")
-    assert sorted(p.name for p in (tmp_path / "s").glob("*.nc")) == ["s.tas.1.0.0.nc", "s.tas.1.1.0.nc"]
+    assert sorted(p.name for p in generation(tmp_path / "s").glob("*.nc")) == ["s.tas.1.0.0.nc", "s.tas.1.1.0.nc"]
     got = daskcfa.from_cfa(str(target)).compute()
     assert got.shape == SHAPE and got[:3].mask.all() and got[6:].mask.all()
     assert_matches(got[3:6], x[3:6])
@@ -522,21 +535,26 @@ def test_masked_unsigned_without_fill_value_refused(tmp_path):
             daskcfa.to_cfa(ds, str(tmp_path / "out.nc"))
     assert not (tmp_path / "out.nc").exists()
 
+
+# ---------------------------------------------------------------------------
+# Absolute URIs and fragment Conventions (issue 13 item 14)
+# ---------------------------------------------------------------------------
 def test_uris_absolute_local_and_s3(tmp_path, s3_server, s3_bucket, other_cwd):
     # issue 13 item 14: absolute fragment URIs on request; the default stays relative
     x = truth()
     url = write(x, tmp_path / "out" / "t.nc", uris="absolute")
     uris = sorted(daskcfa.read_aggregation(url).fragments.locations())
-    assert uris[0] == f"file://{tmp_path}/out/t/t.tas.0.0.0.nc", uris
+    assert uris[0] == f"file://{generation(tmp_path / 'out' / 't')}/t.tas.0.0.0.nc", uris
     # S3netCDF4 takes file:// for an S3 host name: its dialects get plain absolute paths
     s3nc = write(x, tmp_path / "s3nc" / "t.nca", uris="absolute", format="CFA-0.4")
-    assert sorted(daskcfa.read_aggregation(s3nc).fragments.locations())[0] == f"{tmp_path}/s3nc/t/t.tas.0.0.0.nc"
+    assert sorted(daskcfa.read_aggregation(s3nc).fragments.locations())[0] == (
+        f"{generation(tmp_path / 's3nc' / 't')}/t.tas.0.0.0.nc")
     (tmp_path / "out" / "t.nc").rename(tmp_path / "elsewhere.nc")  # absolute URIs need no move
     assert_matches(daskcfa.from_cfa(str(tmp_path / "elsewhere.nc")).compute(), x)
     options = s3_server.storage_options
     remote = write(x, f"s3://{s3_bucket}/abs/t.nc", storage_options=options, uris="absolute")
-    assert sorted(daskcfa.read_aggregation(remote, storage_options=options).fragments.locations())[0] == (
-        f"s3://{s3_bucket}/abs/t/t.tas.0.0.0.nc")
+    first = sorted(daskcfa.read_aggregation(remote, storage_options=options).fragments.locations())[0]
+    assert re.fullmatch(rf"s3://{s3_bucket}/abs/t/g-[0-9a-f]+/t\.tas\.0\.0\.0\.nc", first), first
     assert_matches(daskcfa.from_cfa(remote, storage_options=options).compute(), x)
     with pytest.raises(ValueError, match="uris must be one of"):
         write(x, tmp_path / "bad.nc", uris="Absolute")
@@ -547,11 +565,109 @@ def test_fragments_declare_plain_cf_conventions(tmp_path):
     # issue 13 item 14: fragments are plain CF files, whatever dialect the aggregation is in
     x = truth()
     write(x, tmp_path / "a.nc")
-    with netCDF4.Dataset(tmp_path / "a" / "a.tas.0.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "a") / "a.tas.0.0.0.nc") as nc:
         assert nc.Conventions == "CF-1.13"
     converted = write(x, tmp_path / "b.nc", format="CFA-0.5")
     with daskcfa.open_cfa(converted) as ds:
         assert "CFA-0.5" in ds.attrs["Conventions"]
         daskcfa.to_cfa(ds, str(tmp_path / "c.nc"), fragment_shape={"time": 3})
-    with netCDF4.Dataset(tmp_path / "c" / "c.tas.0.0.0.nc") as nc:
+    with netCDF4.Dataset(generation(tmp_path / "c") / "c.tas.0.0.0.nc") as nc:
         assert "CFA" not in nc.Conventions and nc.Conventions.startswith("CF-")
+
+
+# ---------------------------------------------------------------------------
+# Generations: overwrites never touch the committed fragments (issue 14)
+# ---------------------------------------------------------------------------
+def test_overwrite_retires_the_old_generation_and_leaves_no_orphans(tmp_path):
+    target = tmp_path / "t.nc"
+    old = daskcfa.from_cfa(write(truth(seed=1), target, fragment_shape=(1, 1, 6)))  # 28 fragments
+    new = truth(seed=2)
+    write(new, target, mode="w", fragment_shape=(4, 4, 6))  # 2 fragments
+    assert len(stamps(tmp_path / "t")) == 2  # the 28 of the old generation are gone, with their markers
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [".daskcfa", generation(tmp_path / "t").name]
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), new)
+    with pytest.raises(daskcfa.MissingFragmentError, match="overwritten or updated since it was opened"):
+        old.compute()  # a reader of the replaced dataset: a clear error, never the new values
+
+
+def test_keep_previous_leaves_old_readers_a_grace_period(tmp_path):
+    target = tmp_path / "t.nc"
+    old = daskcfa.from_cfa(write(truth(seed=1), target))
+    write(truth(seed=2), target, mode="w", keep_previous=0.5)
+    assert_matches(old.compute(), truth(seed=1))  # the old generation is still there
+    assert len(list((tmp_path / "t").glob("g-*"))) == 2
+    retired = json.loads((tmp_path / "t" / ".daskcfa" / "retired.json").read_text())["retired"]
+    assert len(retired) == 6
+    time.sleep(0.6)
+    write(truth(seed=3), target, mode="w")  # the first commit after the grace period deletes it
+    assert len(stamps(tmp_path / "t")) == 6
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=3))
+
+
+def test_delayed_update_refused_when_the_target_changed_meanwhile(tmp_path):
+    x = truth()
+    target = tmp_path / "u.nc"
+    write(x, target, format="CFA-0.6.2")
+    late = daskcfa.to_cfa(x[:3] + 1, str(target), mode="r+", region={"time": slice(0, 3)}, format="CFA-0.6.2",
+                          compute=False)
+    daskcfa.to_cfa(x[3:6] + 2, str(target), mode="r+", region={"time": slice(3, 6)}, format="CFA-0.6.2")
+    with pytest.raises(daskcfa.WriteConflictError, match="changed by another writer"):
+        late.compute()  # it would drop the other update's region
+    expected = x.copy()
+    expected[3:6] += 2
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), expected)
+
+
+def test_second_writer_fails_fast_naming_the_holder(tmp_path):
+    target = tmp_path / "t.nc"
+    holder = Lease.new(str(target), NO_PROFILE).acquire()
+    with pytest.raises(daskcfa.WriteConflictError, match=r"another writer holds the target: a write by process \d+"):
+        write(truth(), target, mode="w")
+    assert not target.exists() and not (tmp_path / "t").exists()  # nothing written
+    holder.release()
+    write(truth(), target, mode="w")
+
+
+def test_changed_remote_source_is_rewritten(tmp_path, s3_server, s3_bucket):
+    """Resume identity carries the source's version: converting again after the S3 source was
+    rewritten stores the new values (it used to skip every fragment and keep the old ones)."""
+    options = s3_server.storage_options
+    source, target = f"s3://{s3_bucket}/src/s.nc", tmp_path / "t.nc"
+    write(truth(seed=1), source, storage_options=options)
+    with daskcfa.open_cfa(source, storage_options=options) as ds:
+        daskcfa.to_cfa(ds, str(target))
+    write(truth(seed=2), source, storage_options=options, mode="w")
+    with daskcfa.open_cfa(source, storage_options=options) as ds:
+        daskcfa.to_cfa(ds, str(target), mode="w")
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))
+
+
+def test_resume_identity_is_the_same_in_a_new_process(tmp_path, s3_server, s3_bucket):
+    """A rerun in a new process (the usual case after a crash) plans the same generation, so it
+    resumes; the storage profile's per-process name is not part of it."""
+    options = s3_server.storage_options
+    source = f"s3://{s3_bucket}/src/s.nc"
+    write(truth(seed=1), source, storage_options=options)
+    code = (f"import json, sys, daskcfa\n"
+            f"ds = daskcfa.open_cfa({source!r}, storage_options=json.loads(sys.stdin.read()))\n"
+            f"d = daskcfa.to_cfa(ds, {str(tmp_path / 't.nc')!r}, compute=False)\n"
+            "print([str(k) for k in d.dask if str(k).startswith('cfa-begin-')][0])\n")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(options), capture_output=True, text=True,
+                         check=True).stdout.strip()
+    with daskcfa.open_cfa(source, storage_options=options) as ds:
+        here = planned_generation(daskcfa.to_cfa(ds, str(tmp_path / "t.nc"), compute=False))
+    assert out.endswith(here)
+
+
+def test_overwrite_never_deletes_files_outside_the_dataset(tmp_path):
+    """The replaced aggregation file may point anywhere (here: another dataset's generation, as
+    ``aggregate`` made it): only fragments inside the target's own directory are retired."""
+    x = truth(seed=1)
+    write(x, tmp_path / "src" / "t.nc")
+    theirs = sorted(generation(tmp_path / "src" / "t").glob("*.nc"))
+    target = tmp_path / "other" / "t.nc"
+    daskcfa.aggregate([str(p) for p in theirs], str(target))
+    write(truth(seed=2), target, mode="w")
+    assert all(p.exists() for p in theirs)
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "src" / "t.nc")).compute(), x)
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))

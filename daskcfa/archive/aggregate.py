@@ -23,6 +23,7 @@ from .. import storage
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..graph.write import put_aggregation
+from ..storage.lease import generation_of
 from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
 from ..storage.uri import absolute as absolute_uri, check_uri_style
 from .scan import FileInfo, expand_sources, plan_aggregation, same_values, scan, scan_files, sources_profile
@@ -68,8 +69,11 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
             storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
     """Reconstruct a lost aggregation file from the self-describing fragments ``to_cfa`` wrote.
 
-    ``fragments``: the fragment directory (``tas/`` beside ``tas.nca``), an S3
-    prefix, a glob or a list of fragment URLs. Fragments are grouped by the
+    ``fragments``: the fragment directory (``tas/`` beside ``tas.nca``, its
+    generation directories included), an S3 prefix, a glob or a list of
+    fragment URLs. Fragments of one place in two generations (an
+    interrupted write, or one kept with ``keep_previous``) are refused: pass
+    the generation directory to rebuild from. Fragments are grouped by the
     variable they hold (the writer's names ``{stem}.{var}.{index}.nc`` give
     the variable and the fragment's place; files named otherwise are placed by
     their coordinates); every variable becomes an aggregated variable of the
@@ -169,6 +173,7 @@ def _by_variable(infos: Sequence[FileInfo]) -> dict[str, tuple[list[FileInfo], d
         raise AggregationError(f"fragments of {len(stems)} aggregations were found (stems {', '.join(sorted(stems))}): "
                                "rebuild one aggregation at a time", file=next(iter(stems.values())))
     for path, (members, positions) in groups.items():
+        _one_per_place(path, positions)
         if positions and len(positions) != len(members):
             unnamed = [m.uri for m in members if m.uri not in positions]
             raise AggregationError(f"fragments of {path!r} are named inconsistently: {', '.join(unnamed[:6])} do not "
@@ -176,15 +181,31 @@ def _by_variable(infos: Sequence[FileInfo]) -> dict[str, tuple[list[FileInfo], d
     return groups
 
 
+def _one_per_place(path: str, positions: dict[str, dict[str, int]]) -> None:
+    """Two fragments at one place come from two writes (generations): refuse to guess which is current."""
+    seen: dict[tuple, str] = {}
+    for uri, where in positions.items():
+        place = tuple(sorted(where.items()))
+        if place in seen:
+            raise AggregationError(f"two fragments of {path!r} at {dict(place)}: {seen[place]} and {uri} (from "
+                                   f"generations {generation_of(seen[place])} and {generation_of(uri)}); an "
+                                   "interrupted or retained write left one of them: pass the generation directory "
+                                   "to rebuild", file=uri)
+        seen[place] = uri
+
+
 def _fragment_of(info: FileInfo) -> tuple[str | None, str, tuple[int, ...] | None]:
     """(aggregation stem, variable path, fragment index) of one fragment file.
 
-    The writer names fragments ``{stem}/{stem}.{var}.{index}.nc`` (``{var}``
-    joins groups with dots); files named otherwise hold one data variable
-    and have no known index.
+    The writer names fragments ``{stem}/{generation}/{stem}.{var}.{index}.nc``
+    (``{var}`` joins groups with dots; earlier versions wrote no generation
+    directory); files named otherwise hold one data variable and have no
+    known index.
     """
     candidates = _data_variables(info)
     directory, name = posixpath.split(info.uri.rstrip("/"))
+    if generation_of(info.uri) is not None:  # {stem}/{generation}/{stem}.{var}.{index}.nc
+        directory = posixpath.dirname(directory)
     stem = posixpath.basename(directory)
     parts = re.sub(r"\.nc4?$", "", name).split(".")
     if stem and parts[: len(stem.split("."))] == stem.split("."):

@@ -25,6 +25,7 @@ from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, Fragm
 from ..formats.limits import max_string_length
 from ..model import FragmentRef
 from .. import storage
+from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
 from .files import open_fragment
 
@@ -118,8 +119,12 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
             raise FragmentReadError(f"cannot read the fragment ({redact(f'{type(exc).__name__}: {exc}')[:300]})",
                                     file=uri, variable=target.variable, fragment=ref.index) from None
     tried = "" if len(candidates) == 1 else f" (alternatives tried: {redact(', '.join(candidates))})"
-    raise MissingFragmentError(f"fragment file not found{tried}", file=candidates[0], variable=target.variable,
-                               fragment=ref.index)
+    generation = generation_of(candidates[0])
+    replaced = "" if generation is None else (
+        f"; its write generation {generation} is gone: the dataset {redact(target.source)} was most likely "
+        "overwritten or updated since it was opened (reopen it to read the current data)")
+    raise MissingFragmentError(f"fragment file not found{tried}{replaced}", file=candidates[0],
+                               variable=target.variable, fragment=ref.index)
 
 
 def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy | None,

@@ -38,6 +38,7 @@ from .. import storage
 from ..decode import Encoding
 from ..errors import CFAError, FragmentError, NotFoundError
 from ..locks import HDF5_LOCK
+from ..storage.lease import Lease
 
 __all__ = [
     "FRAGMENT_FORMATS",
@@ -172,21 +173,24 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
 
 
 def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, sliced: Sequence[np.ndarray],
-                   semaphore: Any = None) -> FragmentRecord:
+                   semaphore: Any = None, lease: Lease | None = None) -> FragmentRecord:
     """Write one fragment unless an identical one is already stored; return its record.
 
     ``blocks`` are the fragment's stored values: one array, or nested lists of
     the dask chunks that tile it (assembled here, so aligned chunks need no
     rechunk task), or :class:`Slabs` written one after the other. ``sliced`` holds the values of ``spec.sliced`` for this
     fragment. ``semaphore`` (a ``distributed.Semaphore``) bounds concurrent
-    uploads across a cluster. Any failure is raised as a
-    :class:`~daskcfa.errors.CFAError` naming the fragment.
+    uploads across a cluster. ``lease`` (the write's lease on its target) is
+    checked before anything is written: a writer that lost it stops. Any
+    failure is raised as a :class:`~daskcfa.errors.CFAError` naming the fragment.
     """
     where = {"file": target.uri, "variable": spec.variable, "fragment": target.index}
     try:
         done = _verified(spec, target)
         if done is not None:
             return done
+        if lease is not None:
+            lease.confirm()
         if isinstance(blocks, Slabs):
             data: Any = blocks
         else:

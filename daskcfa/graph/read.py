@@ -10,7 +10,6 @@ point per fragment rather than whole fragments.
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Any
 
 import dask
@@ -72,13 +71,10 @@ class AggregatedArray:
         return {**self.__dict__, "_last_read": None, "_ahead_uris": {}}
 
     def __dask_tokenize__(self) -> tuple:
-        source = self.variable.source
-        try:
-            stamp = os.stat(source).st_mtime_ns if os.path.exists(source) else None
-        except OSError:
-            stamp = None
-        return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.decode, self.target.profile,
-                self.target.policy, self.target.missing)
+        # The aggregation file's version (a rewrite gives new fragment names, so a new version), not
+        # the storage profile's name, which differs between processes: a resumed write must match.
+        return (type(self).__name__, self.variable.source, storage.version(self.variable.source, self.target.profile),
+                self.variable.name, self.mask, self.decode, self.target.policy, self.target.missing)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         grid = self.variable.fragments.grid

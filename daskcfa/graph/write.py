@@ -37,7 +37,8 @@ from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
 from ..decode import Encoding, default_fill_value
-from ..errors import CFAFormatError, NotFoundError, VariableNotFoundError, redact
+from ..errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError, WriteConflictError, redact
+from ..formats import aggregated_variables
 from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..fragments.write import (
     COMPRESSION_KEYS,
@@ -49,8 +50,10 @@ from ..fragments.write import (
     encode_values,
     write_fragment,
 )
+from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from ..storage.uri import check_uri_style
+from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
@@ -68,7 +71,6 @@ __all__ = [
     "commit_aggregation",
     "put_aggregation",
     "fragment_name",
-    "marker_name",
 ]
 
 MODES = ("w-", "w", "r+")
@@ -124,6 +126,8 @@ class WriteRequest:
 
     model: AggregationDataset
     sources: list[WriteSource]
+    #: r+: the existing aggregation file's (size, version) when it was read; the commit checks it is unchanged
+    version: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class _Commit:
     header: dict[str, Any]  #: the manifest's description of the write
     variables: tuple[str, ...]  #: variable paths, in the order of the records
     profile: storage.ProfileRef
+    retired: str  #: URI of the record of retired fragments kept for a grace period
+    keep_previous: float  #: seconds the previous generation's fragments are kept after the commit
+    expected: tuple[int, str] | None  #: r+: the aggregation file as the update found it
+    references: frozenset[str]  #: every fragment URI the new aggregation file references
 
 
 # --------------------------------------------------------------------------
@@ -214,6 +222,8 @@ def request_for_update(url: str, storage_options: Mapping[str, Any] | None, data
     """``mode="r+"``: the existing aggregation, with ``data`` going to ``region`` of one variable."""
     from ..api import open_cfa
 
+    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
+    version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
     existing = open_cfa(url, storage_options=storage_options)
     model, aggregated = dataset_model(existing)
     by_path = {v.path: v for v in aggregated}
@@ -230,7 +240,7 @@ def request_for_update(url: str, storage_options: Mapping[str, Any] | None, data
     model.aggregated = [v.aggregation for v in aggregated if v.path != path]
     source = WriteSource(path, _as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
                      existing=target.aggregation, region=_region(region, tuple(target.dims)))
-    return WriteRequest(model, [source])
+    return WriteRequest(model, [source], version)
 
 
 def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
@@ -343,13 +353,20 @@ def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[s
 def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, max_fragment_size: int | str = "50MB",
                 format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
                 fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", mode: str = "w-",
-                profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None,
-                uris: str = "relative") -> Delayed:
-    """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`)."""
+                profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
+                keep_previous: float = 0.0, uris: str = "relative") -> Delayed:
+    """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`).
+
+    Its first task takes ``lease`` (a new one if None) on the target, every
+    fragment task checks it still holds it, and the commit releases it; the
+    fragments go to the write's own generation (:mod:`daskcfa.storage.lease`).
+    """
     if fragment_format not in FRAGMENT_FORMATS:
         raise ValueError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
     if not request.sources:
         raise ValueError("nothing to aggregate: no variable with dimensions and a numeric dtype")
+    if keep_previous < 0:
+        raise ValueError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
                        _compression(compression, fragment_format), fragment_name, mode, profile, semaphore,
                        check_uri_style(uris))
@@ -357,25 +374,35 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
     _settle_unlimited(request.model)
 
-    layers: dict[Any, Any] = {}
+    planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
+    generation = generation_name(tokenize([p.token for p in planned]))
+    lease = replace(lease or Lease.new(url, profile), generation=generation, profile=profile)
+    begin = f"cfa-begin-{stem}-{generation}"
+    layers: dict[Any, Any] = {begin: (_begin, lease, mode)}
     dependencies = []
     record_keys = []
     references: set[str] = set()
-    for source in request.sources:
-        aggregated, keys, x = _variable_layer(source, request.model, url, stem, options, layers, references)
+    for source, plan in zip(request.sources, planned):
+        aggregated, keys = _variable_layer(source, plan, url, stem, options, generation, begin, layers, references)
         request.model.aggregated.append(aggregated)
         record_keys.append(keys)
-        dependencies.append(x)
+        dependencies.append(plan.data)
     payload = encode_aggregation(request.model, format=format)  # checks every rule before anything is written
     token = tokenize(payload, [k for keys in record_keys for k in keys])
+    root = posixpath.join(stem, ".daskcfa")
     commit = _Commit(
         url=url, payload=payload, mode=mode, profile=profile,
-        manifest=storage.resolve(posixpath.join(stem, ".daskcfa", "manifest.json"), url),
-        header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format},
+        manifest=storage.resolve(posixpath.join(root, "manifest.json"), url),
+        header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
+                "generation": generation},
         variables=tuple(s.name for s in request.sources),
+        retired=storage.resolve(posixpath.join(root, "retired.json"), url), keep_previous=float(keep_previous),
+        expected=request.version,
+        references=frozenset(storage.resolve(u, url) for av in request.model.aggregated
+                             for u in av.fragments.locations()),
     )
     name = f"cfa-commit-{stem}-{token}"
-    layers[name] = (commit_aggregation, commit, record_keys)
+    layers[name] = (commit_aggregation, commit, record_keys, begin)
     graph = HighLevelGraph.from_collections(name, layers, dependencies=dependencies)
     return Delayed(name, graph)
 
@@ -385,9 +412,31 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
 _S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
 
 
-def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, stem: str, options: _Options,
-                    layers: dict, references: set[str]) -> tuple[AggregatedVariable, list, da.Array]:
-    """Plan one variable, add its fragment tasks to ``layers``; its model entry, task keys and input."""
+def _begin(lease: Lease, mode: str) -> Lease:
+    """The write's first task: take the lease; ``w-`` refuses a target that exists by now."""
+    lease.acquire()
+    if mode == "w-" and storage.exists(lease.target, lease.profile):
+        lease.release()
+        raise FileExistsError(f"{redact(lease.target)} exists (mode='w-' never overwrites)")
+    return lease
+
+
+@dataclass
+class _Planned:
+    """One variable's plan: its grid, the region written, its values and what the fragments hold."""
+
+    grid: FragmentGrid
+    start: tuple[int, ...]
+    positions: list
+    data: Any  #: dask array aligned with the fragments, or a FragmentSource
+    sliced: list
+    spec: FragmentSpec
+    dtype: np.dtype
+    attrs: dict[str, Any]
+    token: str  #: what the fragments will hold (their resume tokens derive from it)
+
+
+def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, options: _Options) -> _Planned:
     full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
     grid = fragment_grid(source, model, options.fragment_shape, options.max_fragment_size)
     start, stop = _bounds(source, full, grid)
@@ -407,16 +456,24 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         group=source.group if options.format in _S3NETCDF4_FORMATS else "/",
     )
     # What the fragments will hold; not the profile, whose name differs between processes (resuming must not).
-    var_token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
-                         [values for _, values in sliced], options.fragment_name)
+    token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
+                     [values for _, values in sliced], options.fragment_name)
+    return _Planned(grid, start, positions, x, sliced, spec, dtype, attrs, token)
+
+
+def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, options: _Options, generation: str,
+                    begin: str, layers: dict, references: set[str]) -> tuple[AggregatedVariable, list]:
+    """Add one variable's fragment tasks to ``layers``; its model entry and task keys."""
+    grid, start, x, spec, var_token = plan.grid, plan.start, plan.data, plan.spec, plan.token
     write_name = f"cfa-write-{source.basename}-{var_token}"
     slice_name = f"cfa-slice-{source.basename}-{var_token}"
     chunk_offsets = [np.cumsum((0,) + c) for c in x.chunks] if isinstance(x, da.Array) else []
     written = {}
     keys = []
-    for n, local in enumerate(np.ndindex(*[len(p) for p in positions])):
-        index = tuple(int(p[i]) for p, i in zip(positions, local))
-        reference = fragment_name(options.fragment_name, stem=stem, variable=source.name, index=index)
+    for n, local in enumerate(np.ndindex(*[len(p) for p in plan.positions])):
+        index = tuple(int(p[i]) for p, i in zip(plan.positions, local))
+        reference = in_generation(
+            fragment_name(options.fragment_name, stem=stem, variable=source.name, index=index), generation)
         if reference in references:
             raise ValueError(f"fragment_name {options.fragment_name!r} gives two fragments the name {reference!r}")
         references.add(reference)
@@ -424,8 +481,7 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         written[index] = absolute_reference(uri, options.format) if options.uris == "absolute" else reference
         frag_slices = grid.fragment_slices(index)
         target = FragmentTarget(
-            index=index, shape=grid.fragment_shape(index), uri=uri, reference=written[index],
-            marker=storage.resolve(marker_name(stem, source.name, index), url),
+            index=index, shape=grid.fragment_shape(index), uri=uri, reference=written[index], marker=marker_of(uri),
             token=tokenize(var_token, index, reference),
         )
         if isinstance(x, FragmentSource):
@@ -433,20 +489,20 @@ def _variable_layer(source: WriteSource, model: AggregationDataset, url: str, st
         else:
             blocks = _block_keys(x, chunk_offsets, [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
         slice_keys = []
-        for k, (var, values) in enumerate(sliced):
+        for k, (var, values) in enumerate(plan.sliced):
             where = tuple(frag_slices[source.dims.index(d)] if d in source.dims else slice(None) for d in var.dims)
             key = (slice_name, k, *(_fragment_position(grid, source.dims, d, s) for d, s in zip(var.dims, where)))
             if key not in layers:
                 layers[key] = np.array(values[where])
             slice_keys.append(key)
         key = (write_name, n)
-        layers[key] = (write_fragment, spec, target, blocks, slice_keys, options.semaphore)
+        layers[key] = (write_fragment, spec, target, blocks, slice_keys, options.semaphore, begin)
         keys.append(key)
     aggregated = AggregatedVariable(
-        name=source.name, dims=source.dims, dtype=dtype, attrs=attrs,
+        name=source.name, dims=source.dims, dtype=plan.dtype, attrs=plan.attrs,
         fragments=_fragments(source, grid, written), dialect=options.format, source=url,
     )
-    return aggregated, keys, x
+    return aggregated, keys
 
 
 def fragment_grid(source: WriteSource, model: AggregationDataset, fragment_shape: Any,
@@ -535,40 +591,83 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
     return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
 
 
-def put_aggregation(url: str, payload: bytes, mode: str, profile: storage.ProfileRef) -> None:
+def put_aggregation(url: str, payload: bytes, mode: str, profile: storage.ProfileRef,
+                    lease: Lease | None = None) -> None:
     """Put an encoded aggregation file in place: written under a temporary name, then moved.
 
     ``mode="w-"`` refuses a file that exists by now (it may have appeared
-    since the caller last looked).
+    since the caller last looked). Without ``lease`` (held by the caller), a
+    lease on ``url`` is taken for the while.
     """
-    if mode == "w-" and storage.exists(url, profile):
-        raise FileExistsError(f"{redact(url)} exists (mode='w-' never overwrites)")
-    storage.put_atomic(url, payload, profile)
+    own = lease is None
+    held = Lease.new(url, profile).acquire() if lease is None else lease
+    try:
+        if mode == "w-" and storage.exists(url, profile):
+            raise FileExistsError(f"{redact(url)} exists (mode='w-' never overwrites)")
+        storage.put_atomic(url, payload, profile)
+    finally:
+        if own:
+            held.release()
 
 
-def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]]) -> str:
-    """Put the aggregation file in place (every fragment has succeeded), then the manifest.
+def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
+    """Put the aggregation file in place (every fragment has succeeded), then the manifest;
+    then retire what the previous aggregation referenced and this one does not.
 
     Temporary files that writers killed mid-fragment left beside these
-    fragments are removed first: every fragment is now in place, so no
-    writer of them can still be running.
+    fragments are removed first: every fragment is now in place, and the
+    lease keeps any other writer out.
     """
-    storage.remove_stale_temporaries(
-        [commit.url, *(storage.resolve(rec.uri, commit.url) for recs in records for rec in recs)], commit.profile)
-    put_aggregation(commit.url, commit.payload, commit.mode, commit.profile)
-    fragments: dict[str, dict[str, Any]] = {}
-    if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
+    try:
+        lease.confirm(force=True)
+        if commit.expected is not None and storage.stat(commit.url, commit.profile) != commit.expected:
+            raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
+                                     "run the update again", file=commit.url)
+        new = {storage.resolve(rec.uri, commit.url) for recs in records for rec in recs}
         try:
-            fragments = json.loads(storage.read_bytes(commit.manifest, commit.profile)).get("fragments", {})
+            earlier = json.loads(storage.read_bytes(commit.manifest, commit.profile))
         except (NotFoundError, ValueError, AttributeError):
-            pass
-    for variable, recs in zip(commit.variables, records):
-        entries = fragments.setdefault(variable, {})
-        for rec in recs:
-            entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
-    manifest = {**commit.header, "fragments": fragments}
-    storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
+            earlier = {}
+        schedule(_previous_fragments(commit, earlier), commit.references, commit.url, commit.retired, commit.profile,
+                 commit.keep_previous)
+        storage.remove_stale_temporaries([commit.url, *new], commit.profile)
+        put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease)
+        fragments: dict[str, dict[str, Any]] = {}
+        if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
+            fragments = earlier.get("fragments", {}) if isinstance(earlier, dict) else {}
+        for variable, recs in zip(commit.variables, records):
+            entries = fragments.setdefault(variable, {})
+            for rec in recs:
+                entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
+        manifest = {**commit.header, "fragments": fragments}
+        storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
+        retire(commit.references, commit.url, commit.retired, commit.profile)
+    finally:
+        lease.release()
     return commit.url
+
+
+def _previous_fragments(commit: _Commit, manifest: Any) -> set[str]:
+    """Fragments the aggregation file about to be replaced references that a daskcfa writer
+    made (in a generation directory, or listed in its manifest): what the commit may retire."""
+    if commit.mode == "w-" or not storage.exists(commit.url, commit.profile):
+        return set()
+    listed = set()
+    if isinstance(manifest, dict):
+        for entries in (manifest.get("fragments") or {}).values():
+            listed |= {storage.resolve(e["uri"], commit.url) for e in entries.values() if isinstance(e, dict)}
+    try:
+        ds = storage.open_netcdf(commit.url, profile=commit.profile)
+        try:
+            with HDF5_LOCK:
+                found = aggregated_variables(ds, commit.url)
+        finally:
+            with HDF5_LOCK:
+                ds.close()
+        uris = {storage.resolve(u, commit.url) for v in found.values() for u in v.fragments.locations()}
+    except (CFAError, ValueError):
+        return set()  # not an aggregation we can read: nothing of it is touched
+    return {u for u in uris if generation_of(u) is not None or u in listed}
 
 
 # --------------------------------------------------------------------------
@@ -586,12 +685,6 @@ def fragment_name(template: str, *, stem: str, variable: str, index: tuple[int, 
     """
     var = ".".join(part for part in variable.split("/") if part)
     return template.format(stem=stem, var=var, index=".".join(map(str, index)) or "0")
-
-
-def marker_name(stem: str, variable: str, index: tuple[int, ...]) -> str:
-    """Where a fragment's marker goes, relative to the aggregation file."""
-    return posixpath.join(stem, ".daskcfa", fragment_name("{var}.{index}.json", stem=stem, variable=variable,
-                                                           index=index))
 
 
 def _check_template(template: str, nvariables: int) -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "filesystem",
     "exists",
     "size",
+    "version",
     "read_bytes",
     "read_whole",
     "Blocks",
@@ -390,6 +391,17 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
     return int(info["size"]), token
 
 
+def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
+    """What identifies this version of an object across processes (size and ETag or
+    modification time), for resume tokens; None when it cannot be told (OPeNDAP, unreachable)."""
+    if is_opendap(uri):
+        return None
+    try:
+        return stat(uri, profile)
+    except CFAError:
+        return None
+
+
 def part_size() -> int:
     """Bytes per part when a large object is fetched as concurrent ranged GETs."""
     return max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
@@ -640,8 +652,13 @@ def temporary_name(uri: str) -> str:
 
 
 def put_atomic(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
-    """Write an object so that it appears whole or not at all: under a temporary
-    name, then moved into place; the temporary is removed if anything fails."""
+    """Write an object so that it appears whole or not at all: an object store shows
+    one PUT whole or not at all (a temporary and a copy would leave the temporary
+    behind when the writer is killed between them); a local file is written
+    under a temporary name, then renamed, the temporary removed if anything fails."""
+    if not is_local(uri):
+        put_bytes(uri, data, profile)
+        return
     partial = temporary_name(uri)
     try:
         put_bytes(partial, data, profile)

@@ -21,7 +21,7 @@ import pytest
 from dask.delayed import Delayed
 
 import daskcfa
-from builders import make_truth
+from builders import generation_dir, make_truth
 from daskcfa.archive.verify import KINDS, Problem, VerifyReport
 
 DIMS = ("time", "lat", "lon")
@@ -38,7 +38,7 @@ def write(url, *, storage_options=None, **kw):
 
 
 def fragment(directory: Path, index: tuple[int, ...]) -> Path:
-    return directory / "t" / f"t.tas.{'.'.join(map(str, index))}.nc"
+    return generation_dir(directory / "t") / f"t.tas.{'.'.join(map(str, index))}.nc"
 
 
 def corrupted(data: bytes) -> bytes:
@@ -142,7 +142,7 @@ def test_dropped_size1_dimension_is_accepted(tmp_path):
     x = make_truth((3, 4), "f4", seed=1)
     url = daskcfa.to_cfa(x, str(tmp_path / "s.nc"), variable="v", dims=("time", "x"), attrs={"units": "K"},
                          fragment_shape=(1, 4))
-    path = tmp_path / "s" / "s.v.1.0.nc"
+    path = generation_dir(tmp_path / "s") / "s.v.1.0.nc"
     path.unlink()
     with netCDF4.Dataset(path, "w") as nc:
         nc.createDimension("x", 4)
@@ -191,16 +191,17 @@ def test_remote_fragments_on_s3(s3_server, s3_bucket, s3fs_fs):
     options = s3_server.storage_options
     url = write(f"s3://{s3_bucket}/arch/t.nc", storage_options=options)
     assert daskcfa.verify(url, storage_options=options, deep=True).ok
-    s3fs_fs.rm(f"{s3_bucket}/arch/t/t.tas.0.0.0.nc")
-    key = f"{s3_bucket}/arch/t/t.tas.1.1.0.nc"
+    generation = next(p for p in s3fs_fs.find(f"{s3_bucket}/arch/t") if p.endswith(".nc")).rsplit("/", 1)[0]
+    s3fs_fs.rm(f"{generation}/t.tas.0.0.0.nc")
+    key = f"{generation}/t.tas.1.1.0.nc"
     # (objects built in memory end with unused space: cut into the data themselves)
     s3fs_fs.pipe_file(key, s3fs_fs.cat_file(key)[:4096])
-    key = f"{s3_bucket}/arch/t/t.tas.2.0.0.nc"
+    key = f"{generation}/t.tas.2.0.0.nc"
     s3fs_fs.pipe_file(key, corrupted(s3fs_fs.cat_file(key)))
 
     report = daskcfa.verify(url, storage_options=options, deep=True)
     assert kinds(report) == {(0, 0, 0): "missing", (1, 1, 0): "unreadable", (2, 0, 0): "corrupt"}
-    assert report.problems[0].uri == f"s3://{s3_bucket}/arch/t/t.tas.0.0.0.nc"
+    assert report.problems[0].uri == f"s3://{generation}/t.tas.0.0.0.nc"
     for text in [str(report), *(repr(p) for p in report.problems)]:
         assert s3_server.secret not in text and s3_server.key not in text
 

@@ -59,7 +59,7 @@ def test_truncated_netcdf3_fragment_is_reported_by_from_cfa_and_verify(tmp_path)
     url = daskcfa.to_cfa(values, str(tmp_path / "a.nc"), variable="tas", dims=("time", "lat", "lon"),
                          fragment_shape=(2, 4, 5), fragment_format="NETCDF3_CLASSIC")
     np.testing.assert_array_equal(daskcfa.from_cfa(url).compute(), values)
-    fragment = sorted((tmp_path / "a").glob("*.nc"))[1]
+    fragment = sorted((tmp_path / "a").glob("g-*/*.nc"))[1]
     fragment.write_bytes(fragment.read_bytes()[:250])  # the header and part of the data
     with pytest.raises(FragmentReadError) as info:
         daskcfa.from_cfa(url).compute()
@@ -74,7 +74,7 @@ def test_truncated_netcdf3_fragment_over_http_is_refused(tmp_path, make_http_ser
     www = tmp_path / "www"
     daskcfa.to_cfa(values, str(www / "a.nc"), variable="tas", dims=("time", "lat", "lon"),
                    fragment_shape=(2, 4, 5), fragment_format="NETCDF3_64BIT_OFFSET")
-    fragment = sorted((www / "a").glob("*.nc"))[2]
+    fragment = sorted((www / "a").glob("g-*/*.nc"))[2]
     fragment.write_bytes(fragment.read_bytes()[:300])
     http = make_http_server(www)
     x = daskcfa.from_cfa(http.url_for("a.nc"))

@@ -56,9 +56,9 @@ def _assert_nothing_half_done(directory: Path, target: Path) -> int:
             break
         time.sleep(0.1)
     assert not leftovers, leftovers
-    markers = list(directory.rglob(".daskcfa/*.json"))
+    markers = list(directory.rglob(".daskcfa/*.nc.json"))  # beside their fragments, in the generation
     for marker in markers:
-        fragment = marker.parent.parent / marker.name.replace("tas.", "tas.tas.", 1).replace(".json", ".nc")
+        fragment = marker.parent.parent / marker.name.removesuffix(".json")
         with open(fragment, "rb") as f:
             assert f.read(4) == b"\x89HDF"
     return len(markers)
@@ -188,8 +188,8 @@ def test_permission_denied_on_the_target_directory(tmp_path, immutable):
     target = out / "tas.nca"
     with pytest.raises(daskcfa.CFAError) as info:
         _write(expected, target)
-    err = info.value
-    assert "Operation not permitted" in str(err) and err.fragment is not None, err
+    err = info.value  # the write's lease, beside the aggregation file, is refused: before any fragment
+    assert "Operation not permitted" in str(err) and "lease" in str(err), err
     assert list(out.iterdir()) == []
     subprocess.run(["chattr", "-i", str(out)], check=True)
     _write(expected, target)
@@ -197,15 +197,16 @@ def test_permission_denied_on_the_target_directory(tmp_path, immutable):
 
 
 def test_permission_denied_at_commit(tmp_path, immutable):
-    """Fragments can be written but the aggregation's directory refuses new files: the
-    commit fails with a StorageError, no aggregation file and no temporary appear."""
+    """The fragments' directory is writable but the aggregation's refuses new files: the
+    write's lease (taken first, beside the aggregation file) is refused with a StorageError,
+    before any fragment is written; no aggregation file and no temporary appear."""
     expected = truth((4, 64, 128), seed=53)
     target = tmp_path / "out" / "tas.nca"
     (tmp_path / "out" / "tas").mkdir(parents=True)
     immutable(tmp_path / "out")  # out/ is frozen; out/tas/ (the fragments' directory) is not
     with pytest.raises(daskcfa.StorageError, match="Operation not permitted"):
         _write(expected, target)
-    assert _assert_nothing_half_done(tmp_path / "out", target) == 4
+    assert _assert_nothing_half_done(tmp_path / "out", target) == 0
     subprocess.run(["chattr", "-i", str(tmp_path / "out")], check=True)
     _write(expected, target)
     assert_matches(daskcfa.from_cfa(str(target)).compute(), expected)

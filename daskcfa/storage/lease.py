@@ -1,0 +1,437 @@
+"""Write generations, leases and retirement: why a write never mixes, loses or resurrects data.
+
+**Generations.** Every write puts its fragments under names of their own: a
+*generation* directory, ``g-<16 hex digits>``, inserted before each fragment's
+file name (S3netCDF4's readable names are kept inside it:
+``a7/g-0123456789abcdef/a7.tas.0.0.nc``). The generation is derived from what
+the write stores (the fragments' resume tokens), so the very same call after
+a crash continues the same generation and skips what is already stored,
+while any other call writes beside the committed dataset, never over it.
+The aggregation file is the single switch: until it is replaced, readers see
+only the previous generation; after, only the new one.
+
+**Leases.** A write holds a lease on its target for its whole duration: a
+small object beside the aggregation file, ``.<name>.lease``, created only if
+absent (a hard link locally, ``If-None-Match: *`` on S3) and replaced only by
+compare-and-swap (a rename to a unique name locally, ``If-Match: <ETag>`` on
+S3). It records the owner (a random id per write), the host and process that
+started the write, the generation and an expiry that fragment tasks extend
+as they go. A lease whose process is gone (same host) or whose expiry has
+passed is stale: a successor takes it over, and one successor only.
+
+**Retirement.** The fragments of the previous aggregation that the new one
+no longer references, and that a daskcfa writer made (in a generation
+directory, or listed in the writer's manifest), are listed in
+``<stem>/.daskcfa/retired.json`` *before* the switch (:func:`schedule`), then
+deleted with their markers after it (:func:`retire`) -- at once, or by the
+first commit after a grace period. A writer killed in between leaves them
+listed for the next commit, never orphaned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import posixpath
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import dask.config
+import fsspec.asyn
+
+from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError
+from . import _translated, delete, exists, filesystem, is_local, local_path, put_atomic, read_bytes
+from .profiles import ProfileRef
+
+__all__ = [
+    "GENERATION",
+    "generation_name",
+    "in_generation",
+    "generation_of",
+    "marker_of",
+    "lease_uri",
+    "Lease",
+    "schedule",
+    "retire",
+]
+
+#: The name of a generation directory.
+GENERATION = re.compile(r"^g-[0-9a-f]{16}$")
+
+
+def generation_name(token: str) -> str:
+    """The generation of a write whose fragments have resume tokens summarised by ``token``."""
+    return "g-" + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def in_generation(reference: str, generation: str) -> str:
+    """A fragment reference moved into ``generation``: the directory goes right before the file name."""
+    head, sep, name = reference.rpartition("/")
+    return f"{head}{sep}{generation}/{name}"
+
+
+def generation_of(uri: str) -> str | None:
+    """The generation directory a fragment URI lies in, if any."""
+    parent = posixpath.basename(posixpath.dirname(uri.split("?", 1)[0].rstrip("/")))
+    return parent if GENERATION.match(parent) else None
+
+
+def marker_of(fragment: str) -> str:
+    """A fragment's resume marker: hidden, in its own directory (rebuild and scans skip it)."""
+    head, sep, name = fragment.rpartition("/")
+    return f"{head}{sep}.daskcfa/{name}.json"
+
+
+def lease_uri(url: str) -> str:
+    """Where the lease on the aggregation file ``url`` lives: hidden, beside it."""
+    head, sep, name = url.rpartition("/")
+    return f"{head}{sep}.{name}.lease"
+
+
+#: When this process last found each (lease, owner) still held (time.monotonic()).
+_CONFIRMED: dict[tuple[str, str], float] = {}
+
+
+def _ttl() -> float:
+    return float(dask.config.get("daskcfa.write.lease-seconds", 600))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process
+    return True
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The exclusive right to write one target (see the module docstring). Safe to pickle:
+    it names the lease object and the owner, never a credential."""
+
+    uri: str  #: the lease object
+    target: str  #: the aggregation file it guards
+    owner: str
+    host: str
+    pid: int
+    generation: str
+    profile: ProfileRef = field(default=ProfileRef(None), compare=False)
+
+    @classmethod
+    def new(cls, target: str, profile: ProfileRef, generation: str = "") -> "Lease":
+        """A lease for a write this process starts (not yet acquired)."""
+        return cls(lease_uri(target), target, uuid.uuid4().hex, socket.gethostname(), os.getpid(), generation,
+                   profile)
+
+    # -- the record --
+
+    def _record(self) -> bytes:
+        return json.dumps({"owner": self.owner, "host": self.host, "pid": self.pid, "generation": self.generation,
+                           "expires": time.time() + _ttl()}).encode()
+
+    def _describe(self, record: dict[str, Any]) -> str:
+        left = float(record.get("expires", 0)) - time.time()
+        return (f"a write by process {record.get('pid')} on {record.get('host')!r} (generation "
+                f"{record.get('generation')}, lease {'expired' if left < 0 else f'valid for {left:.0f} s more'})")
+
+    def _stale(self, record: dict[str, Any]) -> bool:
+        """Expired, or its process is gone, or it is an earlier attempt at this very write by the
+        process that started this one (a failed ``compute()`` re-run: it resumes the same generation)."""
+        if float(record.get("expires", 0)) < time.time():
+            return True
+        if record.get("host") != socket.gethostname():
+            return False
+        if record.get("pid") == self.pid and record.get("generation") == self.generation and self.generation:
+            return True
+        return not _pid_alive(int(record.get("pid", 0)))
+
+    # -- operations --
+
+    def acquire(self, wait: float = 0.0) -> "Lease":
+        """Take the lease (or confirm we hold it). A live holder makes it wait up to ``wait``
+        seconds, then raise :class:`WriteConflictError` naming it; a stale one is taken over."""
+        try:
+            return self._take(wait)
+        except StorageError as exc:
+            raise StorageError(f"cannot take the write lease on the target: {exc.reason}", file=self.uri) from None
+
+    def _take(self, wait: float) -> "Lease":
+        deadline = time.monotonic() + wait
+        delay = 0.05
+        for attempt in itertools.count():
+            found = _read(self.uri, self.profile)
+            if found is None:
+                if _create(self.uri, self._record(), self.profile):
+                    return self
+            else:
+                record, tag = found
+                if record.get("owner") == self.owner:
+                    return self
+                if self._stale(record):
+                    if _swap(self.uri, tag, self._record(), self.profile):
+                        return self
+                elif time.monotonic() >= deadline:
+                    raise WriteConflictError(f"another writer holds the target: {self._describe(record)}; "
+                                             f"retry when it has finished", file=self.target)
+            if attempt >= 20 and time.monotonic() >= deadline:  # (a lease changing under us all along)
+                raise WriteConflictError("cannot take the lease on the target: other writers keep changing it",
+                                         file=self.target)
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+    def confirm(self, *, force: bool = False) -> None:
+        """Check (in any task of the write) that the lease is still ours, extending it when
+        half its time has passed; a writer that lost it stops before writing anything more.
+
+        Fragment tasks look at most every few seconds per process (one small GET per
+        fragment would cost an S3 write ~1 %): a lease is only taken over once its
+        writer's process is gone or it expired, which takes minutes. ``force``: look now
+        (the commit)."""
+        key = (self.uri, self.owner)
+        if not force and time.monotonic() - _CONFIRMED.get(key, -1e9) < min(5.0, _ttl() / 10):
+            return
+        found = _read(self.uri, self.profile)
+        if found is None or found[0].get("owner") != self.owner:
+            holder = "nobody" if found is None else self._describe(found[0])
+            raise WriteConflictError(f"this write lost its lease on the target (now held by {holder}); nothing "
+                                     "of it was committed", file=self.target)
+        record, tag = found
+        if float(record.get("expires", 0)) - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(),
+                                                                                     self.profile):
+            self.confirm(force=True)  # someone changed it meanwhile: look again
+        _CONFIRMED[key] = time.monotonic()
+
+    def release(self) -> None:
+        """Give the lease up if it is still ours (after the commit, or when the write failed).
+        Never raises: a lease that cannot be removed now (storage down) is stale once this
+        process ends or it expires, and the write's own outcome is what the caller must see."""
+        try:
+            found = _read(self.uri, self.profile)
+            if found is not None and found[0].get("owner") == self.owner:
+                _remove(self.uri, found[1], self.profile)
+        except (CFAError, OSError):
+            pass
+
+
+# --------------------------------------------------------------------------
+# The lease object: create if absent, read, compare-and-swap, remove
+# --------------------------------------------------------------------------
+
+
+def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
+    """The lease record and its tag (the bytes locally, the ETag on S3), or None if there is none."""
+    if is_local(uri):
+        try:
+            with open(local_path(uri), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        tag: Any = data
+    else:
+        fs, path = filesystem(uri, profile)
+        bucket, key, _ = fs.split_path(path)
+        try:
+            with _translated(uri):
+                response = fs.call_s3("get_object", Bucket=bucket, Key=key)
+                body = response["Body"]
+                try:
+                    data = fsspec.asyn.sync(fs.loop, body.read)
+                finally:
+                    body.close()
+        except NotFoundError:
+            return None
+        tag = response.get("ETag")
+    try:
+        record = json.loads(data)
+    except ValueError:
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    return record, tag  # an unreadable record has no owner and no expiry: stale, taken over
+
+
+def _create(uri: str, data: bytes, profile: ProfileRef) -> bool:
+    """Create the lease object only if absent; whether we did."""
+    if is_local(uri):
+        path = local_path(uri)
+        temporary = f"{path}.{uuid.uuid4().hex}"
+        with _translated(uri):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(temporary, "wb") as f:
+                f.write(data)
+            try:
+                os.link(temporary, path)  # atomic, fails if the name exists (also on NFS v3+)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(temporary)
+    return _conditional_put(uri, data, profile, IfNoneMatch="*")
+
+
+def _swap(uri: str, tag: Any, data: bytes, profile: ProfileRef) -> bool:
+    """Replace the lease object only if it still is what we read (``tag``); whether we did."""
+    if not is_local(uri):
+        return _conditional_put(uri, data, profile, IfMatch=tag)
+    path = local_path(uri)
+    grave = f"{path}.{uuid.uuid4().hex}.old"
+    with _translated(uri):
+        try:
+            os.rename(path, grave)  # only one of several racing successors moves it
+        except FileNotFoundError:
+            return False
+        with open(grave, "rb") as f:
+            moved = f.read()
+        if moved != tag:  # we moved a newer lease: put it back (unless yet another appeared)
+            try:
+                os.link(grave, path)
+            except FileExistsError:
+                pass
+            os.unlink(grave)
+            return False
+        os.unlink(grave)
+    return _create(uri, data, profile)
+
+
+def _remove(uri: str, tag: Any, profile: ProfileRef) -> None:
+    if is_local(uri):
+        path = local_path(uri)
+        grave = f"{path}.{uuid.uuid4().hex}.old"
+        try:
+            os.rename(path, grave)
+        except FileNotFoundError:
+            return
+        with open(grave, "rb") as f:
+            moved = f.read()
+        if moved != tag:
+            try:
+                os.link(grave, path)
+            except FileExistsError:
+                pass
+        os.unlink(grave)
+        return
+    try:
+        delete(uri, profile)
+    except NotFoundError:
+        pass
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    seen, current = 0, exc
+    while current is not None and seen < 8:
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and (response.get("Error", {}).get("Code") == "PreconditionFailed" or
+                                           response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412):
+            return True
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return False
+
+
+def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: str) -> bool:
+    fs, path = filesystem(uri, profile)
+    bucket, key, _ = fs.split_path(path)
+    try:
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+        return True
+    except Exception as exc:
+        if _precondition_failed(exc):
+            return False
+        with _translated(uri):
+            raise
+
+
+# --------------------------------------------------------------------------
+# Retirement of the previous generation
+# --------------------------------------------------------------------------
+
+
+def _listed(target: str, record: str, profile: ProfileRef) -> dict[str, float]:
+    """The retired fragments ``record`` lists (absolute URIs) and when each is due."""
+    root = target.rpartition("/")[0] + "/"
+    try:
+        listed = json.loads(read_bytes(record, profile)).get("retired", {})
+        return {root + r: float(t) for r, t in listed.items() if isinstance(r, str)}
+    except (CFAError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def _store(listed: dict[str, float], target: str, record: str, profile: ProfileRef) -> None:
+    root = target.rpartition("/")[0] + "/"
+    kept = {u[len(root):]: t for u, t in listed.items() if u.startswith(root)}
+    try:
+        put_atomic(record, json.dumps({"retired": kept}, indent=1).encode(), profile)
+    except CFAError:
+        pass  # the fragments stay: space, never data
+
+
+def schedule(old: Iterable[str], new: Iterable[str], target: str, record: str, profile: ProfileRef,
+             keep_for: float = 0.0) -> None:
+    """Before the switch: list in ``record`` the fragments ``old`` (absolute URIs the previous
+    aggregation referenced and a daskcfa writer made) that ``new`` does not reference, due in
+    ``keep_for`` seconds. Listed first, so that a writer killed between the switch and
+    :func:`retire` leaves them for the next commit to delete, never orphaned. The list holds
+    references relative to the aggregation file's directory (a copied dataset never deletes
+    the original's files)."""
+    leaving = set(old) - set(new)
+    if not leaving:
+        return
+    listed = _listed(target, record, profile)
+    due = time.time() + keep_for
+    for uri in leaving:
+        listed.setdefault(uri, due)
+    _store(listed, target, record, profile)
+
+
+def retire(new: Iterable[str], target: str, record: str, profile: ProfileRef) -> list[str]:
+    """After the switch: delete the listed fragments that are due and that ``new`` (the
+    committed aggregation) does not reference, with their markers.
+
+    Only fragments inside the directory of the aggregation file ``target`` are
+    ever deleted (an aggregation file may point anywhere). Returns what was
+    deleted. Failures cost space, never data: they stay listed for the next commit.
+    """
+    root = target.rpartition("/")[0] + "/"
+    listed = _listed(target, record, profile)
+    if not listed:
+        return []
+    current = set(new)
+    now = time.time()
+    waiting = {u: t for u, t in listed.items() if u not in current}
+    deleted = []
+    for uri in sorted(u for u, t in waiting.items() if t <= now):
+        del waiting[uri]
+        relative = uri[len(root):] if uri.startswith(root) else ""
+        if not relative or ".." in relative.split("/"):
+            continue  # outside the dataset's directory: never ours to delete
+        try:
+            for each in (uri, marker_of(uri)):
+                if exists(each, profile):
+                    delete(each, profile)
+            deleted.append(uri)
+        except CFAError:
+            waiting[uri] = now
+    _prune_empty(deleted)
+    _store(waiting, target, record, profile)
+    return deleted
+
+
+def _prune_empty(deleted: list[str]) -> None:
+    """Remove local generation directories (and their marker directories) left empty."""
+    for directory in sorted({posixpath.dirname(u) for u in deleted if is_local(u)}, reverse=True):
+        if generation_of(directory + "/x") is None:
+            continue
+        for each in (posixpath.join(directory, ".daskcfa"), directory):
+            try:
+                os.rmdir(local_path(each))
+            except (OSError, StorageError):
+                pass
+

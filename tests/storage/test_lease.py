@@ -1,0 +1,134 @@
+"""Leases on write targets (``daskcfa.storage.lease``), on local disk and on the real S3 server.
+
+Exclusive creation, stale leases of dead or expired writers taken over by
+exactly one successor, a writer that lost its lease stopped, and first of all
+what SeaweedFS honours: ``If-None-Match: *`` and ``If-Match`` on PUT.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import botocore.exceptions
+import dask
+import pytest
+
+from daskcfa import WriteConflictError
+from daskcfa.storage import register
+from daskcfa.storage.lease import GENERATION, Lease, generation_name, in_generation, lease_uri, marker_of
+
+
+class Place:
+    """A target URL, its storage profile, and raw access to its lease object."""
+
+    def __init__(self, url: str, profile, read, write) -> None:
+        self.url, self.profile, self.read, self.write = url, profile, read, write
+
+    def plant(self, **record) -> None:
+        """A lease as another (possibly dead) writer left it."""
+        data = {"owner": "someone", "host": "elsewhere", "pid": 1, "generation": "g-0000000000000000",
+                "expires": time.time() + 600, **record}
+        self.write(json.dumps(data).encode())
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request, tmp_path):
+    if request.param == "local":
+        url = str(tmp_path / "t.nca")
+        path = lease_uri(url)
+        return Place(url, register(None, protocol="file"), lambda: open(path, "rb").read(),
+                     lambda data: open(path, "wb").write(data))
+    server = request.getfixturevalue("s3_server")
+    bucket, client = server.new_bucket(), server.client()
+    return Place(f"s3://{bucket}/d/t.nca", register(server.storage_options, protocol="s3"),
+                 lambda: client.get_object(Bucket=bucket, Key="d/.t.nca.lease")["Body"].read(),
+                 lambda data: client.put_object(Bucket=bucket, Key="d/.t.nca.lease", Body=data))
+
+
+def test_s3_server_honours_conditional_puts(s3_server):
+    """SeaweedFS 4.48: a second create-if-absent and a PUT with a wrong ETag are refused (412)."""
+    client, bucket = s3_server.client(), s3_server.new_bucket()
+    client.put_object(Bucket=bucket, Key="k", Body=b"one", IfNoneMatch="*")
+    with pytest.raises(botocore.exceptions.ClientError, match="PreconditionFailed"):
+        client.put_object(Bucket=bucket, Key="k", Body=b"two", IfNoneMatch="*")
+    with pytest.raises(botocore.exceptions.ClientError, match="PreconditionFailed"):
+        client.put_object(Bucket=bucket, Key="k", Body=b"two", IfMatch='"0123"')
+    etag = client.head_object(Bucket=bucket, Key="k")["ETag"]
+    client.put_object(Bucket=bucket, Key="k", Body=b"three", IfMatch=etag)
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"three"
+
+
+def test_a_live_lease_excludes_others(place):
+    url, profile, raw = place.url, place.profile, place.read
+    first = Lease.new(url, profile, "g-1111111111111111").acquire()
+    assert json.loads(raw())["owner"] == first.owner
+    first.acquire()  # the holder again: fine
+    with pytest.raises(WriteConflictError, match=r"another writer holds the target: a write by process \d+"):
+        Lease.new(url, profile, "g-2222222222222222").acquire()
+    first.release()
+    Lease.new(url, profile, "g-2222222222222222").acquire()
+
+
+def test_dead_or_expired_holders_are_taken_over(place):
+    url, profile, raw = place.url, place.profile, place.read
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    place.plant(host=socket.gethostname(), pid=int(dead.stdout))  # a killed writer on this host
+    successor = Lease.new(url, profile, "g-3333333333333333").acquire()
+    assert json.loads(raw())["owner"] == successor.owner
+    place.plant(expires=time.time() - 1)  # an expired lease of a writer on another host
+    Lease.new(url, profile, "g-4444444444444444").acquire()
+    with pytest.raises(WriteConflictError):
+        successor.confirm(force=True)  # it lost the lease: it must not write or commit anything more
+
+
+def test_one_successor_wins(place):
+    """Eight writers at once on a stale lease (and eight on none): exactly one gets it each time."""
+    url, profile = place.url, place.profile
+    for stale in (False, True):
+        if stale:
+            place.plant(expires=time.time() - 1)
+        candidates = [Lease.new(url, profile, f"g-{n:016x}") for n in range(8)]
+        won, barrier = [], threading.Barrier(len(candidates))
+
+        def take(lease: Lease) -> None:
+            barrier.wait()
+            try:
+                lease.acquire()
+                won.append(lease)
+            except WriteConflictError:
+                pass
+
+        threads = [threading.Thread(target=take, args=(c,)) for c in candidates]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1, won
+        won[0].confirm(force=True)
+        won[0].release()
+
+
+def test_confirm_extends_the_lease(place):
+    url, profile, raw = place.url, place.profile, place.read
+    with dask.config.set({"daskcfa.write.lease-seconds": 2}):
+        lease = Lease.new(url, profile, "g-5555555555555555").acquire()
+        first = json.loads(raw())["expires"]
+        time.sleep(1.2)  # past half its time (and past the per-process pause between looks)
+        lease.confirm()
+        assert json.loads(raw())["expires"] > first + 1
+        time.sleep(1.2)
+        with pytest.raises(WriteConflictError):  # still valid thanks to the renewal
+            Lease.new(url, profile, "g-6666666666666666").acquire()
+
+
+def test_generation_names():
+    gen = generation_name("abc")
+    assert GENERATION.match(gen) and gen == generation_name("abc") != generation_name("abd")
+    assert in_generation("a7/a7.tas.0.1.nc", gen) == f"a7/{gen}/a7.tas.0.1.nc"
+    assert in_generation("frag_0.nc", gen) == f"{gen}/frag_0.nc"
+    assert marker_of(f"s3://b/a7/{gen}/a7.tas.0.1.nc") == f"s3://b/a7/{gen}/.daskcfa/a7.tas.0.1.nc.json"
