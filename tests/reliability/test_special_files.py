@@ -40,8 +40,8 @@ def _within_deadline(call):
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
 
-    def child():
-        with warnings.catch_warnings(record=True) as caught:
+    def child():  # (dask's thread pool, if the parent made one, did not survive the fork)
+        with warnings.catch_warnings(record=True) as caught, dask.config.set(scheduler="synchronous"):
             warnings.simplefilter("always")
             try:
                 outcome = ("value", call())
