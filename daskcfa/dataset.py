@@ -16,6 +16,7 @@ import netCDF4
 import numpy as np
 
 from . import storage
+from .decode import joined_dtype, text_encoding
 from .errors import CFAError, CFAFormatError
 from .formats import aggregated_variables, walk
 from .formats._netcdf import data_dtype, find_dimension, group_path
@@ -125,9 +126,16 @@ class Variable(_Attributes):
             if self.aggregation is not None:
                 self._data = to_dask(self.aggregation, access=self._access)
             else:
-                array = FileVariableArray(self._url, self.path, self.shape, self.dtype, profile=self._access.profile)
-                meta = np.ma.MaskedArray(np.empty((0,) * self.ndim, dtype=_decoded_dtype(self)))
-                self._data = da.from_array(array, chunks=self.shape or (), asarray=False, meta=meta,
+                shape, dtype = self.shape, _decoded_dtype(self)
+                try:
+                    text = text_encoding(self.attrs, self.dtype, self.ndim)
+                except ValueError as exc:
+                    raise CFAFormatError(str(exc), file=self._url, variable=self.path) from None
+                if text:  # netCDF4-python joins the string length: strings, one dimension fewer
+                    shape, dtype = shape[:-1], joined_dtype(text, shape[-1])
+                array = FileVariableArray(self._url, self.path, shape, dtype, profile=self._access.profile)
+                meta = np.ma.MaskedArray(np.empty((0,) * len(shape), dtype=dtype))
+                self._data = da.from_array(array, chunks=shape or (), asarray=False, meta=meta,
                                            name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
         return self._data
 

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 import netCDF4
 import numpy as np
 
-__all__ = ["Encoding", "chars_to_strings", "default_fill_value", "join_chars", "strings_to_chars", "text_encoding"]
+__all__ = ["Encoding", "chars_to_strings", "default_fill_value", "join_chars", "joined_dtype", "strings_to_chars",
+           "text_encoding"]
 
 
 def default_fill_value(dtype: np.dtype) -> Any:
@@ -75,6 +76,11 @@ def join_chars(chars: np.ndarray, encoding: str) -> np.ndarray:
     if chars.shape[-1] == 0 or chars.size == 0:  # (netCDF4.chartostring fails on a zero string length)
         return np.full(chars.shape[:-1], "", f"{kind}{max(chars.shape[-1], 1)}")
     return np.asarray(netCDF4.chartostring(chars, encoding=encoding))
+
+
+def joined_dtype(encoding: str, width: int) -> np.dtype:
+    """The dtype :func:`join_chars` returns for strings of ``width`` characters."""
+    return join_chars(np.zeros((0, width), "S1"), encoding).dtype
 
 
 def strings_to_chars(strings: np.ndarray, width: int, encoding: str | None) -> np.ndarray:

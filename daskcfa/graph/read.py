@@ -18,7 +18,7 @@ import dask.array as da
 import numpy as np
 from dask.utils import parse_bytes
 
-from ..decode import Encoding, join_chars, text_encoding
+from ..decode import Encoding, join_chars, joined_dtype, text_encoding
 from ..errors import CFAFormatError, FragmentReadError
 from .. import storage
 from ..fragments import readahead
@@ -57,7 +57,7 @@ class AggregatedArray:
         self.shape = variable.shape[:-1] if self.text else variable.shape
         self.ndim = len(self.shape)
         if self.text:
-            self.dtype = join_chars(np.zeros((0, variable.shape[-1]), "S1"), self.text).dtype
+            self.dtype = joined_dtype(self.text, variable.shape[-1])
         else:
             self.dtype = self.encoding.decoded_dtype if decode else np.dtype(variable.dtype)
         self.target = Target(

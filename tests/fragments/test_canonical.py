@@ -434,6 +434,28 @@ def test_char_aggregation_encoding_errors(tmp_path):
         daskcfa.from_cfa(str(e / "agg.nc"))
 
 
+def test_open_cfa_char_variables_with_encoding(tmp_path, where):
+    """``open_cfa``: an aggregated and an ordinary char variable with ``_Encoding`` have
+    dask arrays of the strings netCDF4-python returns (declared shape = computed shape)."""
+    d = tmp_path / "dsenc"
+    d.mkdir()
+    sizes, uris = code_fragments(d, "char", "NETCDF4")
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, attrs={"_Encoding": "utf-8"})
+    with netCDF4.Dataset(str(d / "agg.nc"), "a") as ds:
+        label = ds.createVariable("label", "S1", ("n", "len"))
+        label._Encoding = "utf-8"
+        label.set_auto_chartostring(False)
+        label[...] = CODE_BYTES[::-1]
+    base, extra = where(d)
+    ds = daskcfa.open_cfa(f"{base}/agg.nc", **extra)
+    for name, expected in (("code", CODES), ("label", CODES[::-1])):
+        data = ds[name].data
+        assert ds[name].shape == (6, 4) and data.shape == (6,) and data.dtype == np.dtype("U4")
+        got = data.compute()
+        assert got.shape == data.shape and got.dtype == data.dtype and np.ma.getdata(got).tolist() == expected
+        assert np.ma.getdata(data[2:4].compute()).tolist() == expected[2:4]
+
+
 @pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF4"])
 def test_char_aggregation_with_encoding_through_the_xarray_backend(tmp_path, fmt):
     """xarray decodes ``_Encoding`` itself: the aggregation reaches it as an ordinary file's variable does."""
