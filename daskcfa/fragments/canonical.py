@@ -58,7 +58,9 @@ class Target:
     #: same dtype and masking and no packing is then passed on as stored, and
     #: its values are compared with the fill value once rather than twice
     masked_as: Encoding | None = None
-    #: a char aggregation's ``_Encoding``, with which vlen string fragments become its characters
+    #: a char aggregation's ``_Encoding`` (``masked_as`` then set): it holds strings, whose
+    #: characters are never missing one by one (a fragment's missing characters hold the
+    #: aggregation's fill value, its padding); vlen string fragments are encoded with it
     text_encoding: str | None = None
 
     @property
@@ -170,7 +172,10 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
     raw = encoding.as_stored(raw) if _masked_later(encoding, units, ref, target) else encoding.decode(raw)
     data = post(raw)
     data = _convert_units(data, units, ref, target)
-    return _cast(data, target, f"fragment variable {name!r}")
+    data = _cast(data, target, f"fragment variable {name!r}")
+    if target.text_encoding is not None and np.ma.getmask(data) is not np.ma.nomask:
+        data = np.ma.MaskedArray(data.filled(target.masked_as.output_fill))
+    return data
 
 
 class _CharStrings:

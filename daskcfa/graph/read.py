@@ -70,7 +70,7 @@ class AggregatedArray:
             profile=access.profile,
             policy=access.policy,
             missing=access.missing,
-            masked_as=self.encoding if decode and (mask or self.text) else None,
+            masked_as=self.encoding if (decode and mask) or chars_encoding else None,
             text_encoding=chars_encoding,
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)

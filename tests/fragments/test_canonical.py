@@ -409,6 +409,22 @@ def test_cfa06_char_aggregation_with_encoding(tmp_path, where):
     assert read(where, d, "code", mask=False).compute().tolist() == CODES + ["", ""]
 
 
+@pytest.mark.parametrize("fill", [b"\x00", b"x"])
+def test_char_aggregation_with_encoding_fragment_fill_is_padding(tmp_path, fill):
+    """A fragment's own char fill value (even NUL given explicitly) marks characters missing;
+    in canonical form they hold the aggregation's fill (NUL): the strings are whole, not masked."""
+    d = tmp_path / "fragfill"
+    d.mkdir()
+    stored = np.array([b"ab", b"", b"c"], "S2").view("S1").reshape(3, 2).copy()
+    stored[stored == b""] = fill
+    write_fragment(d / "frag0.nc", "c", {"n": 3, "len": 2}, stored, dtype="S1", attrs={"_FillValue": fill})
+    write_aggregation(d / "agg.nc", "c", "S1", {"n": 3, "len": 2}, [[3], [2]], uris=[["frag0.nc"]],
+                      attrs={"_Encoding": "utf-8"})
+    got = daskcfa.from_cfa(str(d / "agg.nc")).compute()
+    assert not np.ma.getmaskarray(got).any() and np.ma.getdata(got).tolist() == ["ab", "", "c"]
+    assert daskcfa.from_cfa(str(d / "agg.nc"), mask=False).compute().tolist() == ["ab", "", "c"]
+
+
 def test_char_aggregation_encoding_errors(tmp_path):
     """A string too long for the string length is refused (never truncated), bytes that
     are not the declared encoding and an unknown encoding raise daskcfa errors naming them."""
