@@ -138,7 +138,9 @@ class Encoding:
     unsigned: bool = False
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype) -> "Encoding":
+    def from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype, *, no_fill: bool = False) -> "Encoding":
+        """``no_fill``: the variable is stored without netCDF's fill (netCDF-4 "NOFILL"), which
+        netCDF4-python takes to mean that a byte variable has no default fill value."""
         dtype = np.dtype(dtype)
         unsigned = dtype.kind == "i" and str(attrs.get("_Unsigned", "false")).lower() == "true"
         view = np.dtype(f"u{dtype.itemsize}") if unsigned else dtype
@@ -149,7 +151,8 @@ class Encoding:
 
         fill = as_stored(attrs["_FillValue"]) if "_FillValue" in attrs else None
         explicit = fill is not None
-        if fill is None:  # netCDF's default fill of the stored type (its bytes, for an _Unsigned one)
+        if fill is None and not (no_fill and dtype.kind in "iu" and dtype.itemsize == 1):
+            # netCDF's default fill of the stored type (its bytes, for an _Unsigned one)
             fill = default_fill_value(view) if not unsigned else np.asarray(default_fill_value(dtype)).view(view)
         missing = ()
         if "missing_value" in attrs:

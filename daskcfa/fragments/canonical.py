@@ -167,7 +167,7 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
         file_key, post = _file_selection(var, ref, key, target, uri)
         raw = var.read(file_key)
         # attributes are read lazily, so only while the file is open
-        encoding = Encoding.from_attrs(var.attrs, var.dtype)
+        encoding = Encoding.from_attrs(var.attrs, var.dtype, no_fill=var.no_fill)
         units = {k: var.attrs[k] for k in ("units", "calendar") if k in var.attrs}
     raw = encoding.as_stored(raw) if _masked_later(encoding, units, ref, target) else encoding.decode(raw)
     data = post(raw)
@@ -189,7 +189,7 @@ class _CharStrings:
                                     f"than the limit of {max_string_length():,} (dask config "
                                     "'daskcfa.limits.max-string-length')")
         self._var = var
-        self.name, self.attrs = var.name, var.attrs
+        self.name, self.attrs, self.no_fill = var.name, var.attrs, var.no_fill
         self.shape, self.dtype = tuple(var.shape)[:-1], np.dtype(object)
 
     @property
@@ -207,7 +207,7 @@ class _StringChars:
 
     def __init__(self, var: Any, width: int, encoding: str | None) -> None:
         self._var, self._width, self._encoding = var, width, encoding
-        self.name, self.attrs = var.name, var.attrs
+        self.name, self.attrs, self.no_fill = var.name, var.attrs, var.no_fill
         self.shape, self.dtype = tuple(var.shape) + (width,), np.dtype("S1")
 
     @property

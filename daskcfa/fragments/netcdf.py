@@ -27,6 +27,8 @@ class NetCDF4Variable:
         self.shape = tuple(var.shape)
         self.dtype = np.dtype(var.dtype) if var.dtype is not str else np.dtype(object)
         self.attrs: dict[str, Any] = {k: var.getncattr(k) for k in var.ncattrs()}
+        #: stored without netCDF's fill (no default fill value for a byte variable)
+        self.no_fill = self.dtype.kind in "iu" and self.dtype.itemsize == 1 and var.get_fill_value() is None
 
     def read(self, key: tuple) -> np.ndarray:
         """Stored values: no masking, scaling or ``_Unsigned`` view; ``char`` arrays

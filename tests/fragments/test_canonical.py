@@ -646,6 +646,33 @@ def test_unsigned_masking_follows_netcdf4(tmp_path):
     np.testing.assert_array_equal(np.ma.getdata(got)[~expected.mask], values[~expected.mask])
 
 
+@pytest.mark.parametrize("nofill", [True, False])
+def test_byte_fragments_without_fill_have_no_default_fill(tmp_path, where, engine, nofill):
+    """A byte fragment written without netCDF's fill (NOFILL) has no default fill value:
+    netCDF4-python leaves its -127 / 255 unmasked, and so must the aggregation (with
+    fill, they are missing)."""
+    d = tmp_path / f"nofill-{nofill}"
+    d.mkdir()
+    blocks = [("u1", {}, np.array([1, 255], "u1")), ("i1", {}, np.array([-127, 2], "i1")),
+              ("i1", {"_Unsigned": "true"}, np.array([129, 3], "u1"))]  # (129: the bytes of -127)
+    for i, (dtype, attrs, values) in enumerate(blocks):
+        with netCDF4.Dataset(str(d / f"frag{i}.nc"), "w") as ds:
+            ds.createDimension("time", 2)
+            var = ds.createVariable("v", dtype, ("time",), fill_value=False if nofill else None)
+            var.set_auto_maskandscale(False)
+            var.setncatts(attrs)
+            var[...] = values.view(dtype)
+    write_aggregation(d / "agg.nc", "v", "i2", {"time": 6}, [[2, 2, 2]], uris=["frag0.nc", "frag1.nc", "frag2.nc"])
+    expected = np.ma.MaskedArray([1, 255, -127, 2, 129, 3], mask=[False, not nofill, not nofill, False, False, False],
+                                 dtype="i2")  # (an _Unsigned byte is never equal to the signed default fill)
+    for i, (dtype, attrs, values) in enumerate(blocks):  # the truth is what netCDF4-python reads from the fragment
+        with netCDF4.Dataset(str(d / f"frag{i}.nc")) as ds:
+            assert np.ma.getmaskarray(ds["v"][...]).tolist() == expected.mask[2 * i: 2 * i + 2].tolist()
+    got = read(where, d, "v").compute()
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), expected.mask)
+    np.testing.assert_array_equal(np.ma.getdata(got)[~expected.mask], expected.data[~expected.mask])
+
+
 def test_unsigned_values_out_of_range_are_refused(tmp_path):
     d = tmp_path / "unsigned-range"
     d.mkdir()
