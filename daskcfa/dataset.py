@@ -46,12 +46,13 @@ class FileVariableArray:
     so that dask arrays over it can be pickled to other processes)."""
 
     def __init__(self, url: str, path: str, shape: tuple[int, ...], dtype: np.dtype, *, mask: bool = True,
-                 profile: storage.ProfileRef = storage.NO_PROFILE) -> None:
+                 profile: storage.ProfileRef = storage.NO_PROFILE, strings: bool = True) -> None:
         self.url, self.path, self.shape, self.dtype, self.mask, self.profile = url, path, shape, dtype, mask, profile
+        self.strings = strings  # False: characters, even with _Encoding
         self.ndim = len(shape)
 
     def __dask_tokenize__(self) -> tuple:
-        return (type(self).__name__, self.url, self.path, self.mask, self.profile)
+        return (type(self).__name__, self.url, self.path, self.mask, self.profile, self.strings)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         ds = storage.open_netcdf(self.url, profile=self.profile)
@@ -59,6 +60,7 @@ class FileVariableArray:
             with HDF5_LOCK:
                 var = ds[self.path]
                 var.set_auto_mask(self.mask)
+                var.set_auto_chartostring(self.strings)
                 data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
                 return np.ma.asarray(data) if self.mask and np.ndim(data) else data
         finally:
@@ -122,22 +124,31 @@ class Variable(_Attributes):
 
     @property
     def data(self) -> da.Array:
+        """Decoded values; a char variable with ``_Encoding`` as strings (netCDF4-python's rule)."""
         if self._data is None:
-            if self.aggregation is not None:
-                self._data = to_dask(self.aggregation, access=self._access)
-            else:
-                shape, dtype = self.shape, _decoded_dtype(self)
-                try:
-                    text = text_encoding(self.attrs, self.dtype, self.ndim)
-                except ValueError as exc:
-                    raise CFAFormatError(str(exc), file=self._url, variable=self.path) from None
-                if text:  # netCDF4-python joins the string length: strings, one dimension fewer
-                    shape, dtype = shape[:-1], joined_dtype(text, shape[-1])
-                array = FileVariableArray(self._url, self.path, shape, dtype, profile=self._access.profile)
-                meta = np.ma.MaskedArray(np.empty((0,) * len(shape), dtype=dtype))
-                self._data = da.from_array(array, chunks=shape or (), asarray=False, meta=meta,
-                                           name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
+            self._data = self._dask(strings=True)
         return self._data
+
+    @property
+    def characters(self) -> da.Array:
+        """:attr:`data`, but a char variable with ``_Encoding`` as its characters (its own
+        shape): what a writer stores to keep the variable as it was."""
+        return self._dask(strings=False)
+
+    def _dask(self, *, strings: bool) -> da.Array:
+        if self.aggregation is not None:
+            return to_dask(self.aggregation, access=self._access, strings=strings)
+        shape, dtype = self.shape, _decoded_dtype(self)
+        try:
+            text = text_encoding(self.attrs, self.dtype, self.ndim) if strings else None
+        except ValueError as exc:
+            raise CFAFormatError(str(exc), file=self._url, variable=self.path) from None
+        if text:  # netCDF4-python joins the string length: strings, one dimension fewer
+            shape, dtype = shape[:-1], joined_dtype(text, shape[-1])
+        array = FileVariableArray(self._url, self.path, shape, dtype, profile=self._access.profile, strings=strings)
+        meta = np.ma.MaskedArray(np.empty((0,) * len(shape), dtype=dtype))
+        return da.from_array(array, chunks=shape or (), asarray=False, meta=meta,
+                             name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
 
     def __getattr__(self, name: str) -> Any:
         attrs = self.__dict__.get("attrs", {})

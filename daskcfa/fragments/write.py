@@ -150,6 +150,8 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
     refused, as netCDF has no missing value for them (writing would unmask them).
     """
     dtype = np.dtype(dtype)
+    if dtype == np.dtype("S1"):  # characters have a fill value (NUL by default), as numbers have
+        return np.ma.filled(values, Encoding.from_attrs(attrs, dtype).output_fill)
     if dtype.kind not in "biuf":
         if np.ma.getmask(values) is not np.ma.nomask and np.ma.getmask(values).any():
             raise FragmentError(f"{int(np.ma.getmask(values).sum()):,} string values are masked, which netCDF "

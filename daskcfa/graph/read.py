@@ -38,7 +38,7 @@ class AggregatedArray:
     """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
 
     def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None,
-                 decode: bool = True) -> None:
+                 decode: bool = True, strings: bool = True) -> None:
         access = access or Access.default(variable.source)
         self.variable = variable
         self.mask = mask
@@ -52,8 +52,9 @@ class AggregatedArray:
         except ValueError as exc:
             raise CFAFormatError(str(exc), file=variable.source, variable=variable.name) from None
         #: a char variable with ``_Encoding``: its last dimension (the string length)
-        #: joined into strings, as netCDF4-python returns it (None: values as stored)
-        self.text = chars_encoding if decode else None
+        #: joined into strings, as netCDF4-python returns it (None: characters; ``strings=False``
+        #: keeps them, for writers that store the variable as it was)
+        self.text = chars_encoding if decode and strings else None
         self.shape = variable.shape[:-1] if self.text else variable.shape
         self.ndim = len(self.shape)
         if self.text:
@@ -89,7 +90,8 @@ class AggregatedArray:
             stamp = os.stat(source).st_mtime_ns if os.path.exists(source) else None
         except OSError:
             stamp = None
-        return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.decode, self.target.profile,
+        return (type(self).__name__, source, stamp, self.variable.name, self.mask, self.decode, self.text,
+                self.target.profile,
                 self.target.policy, self.target.missing)
 
     def __getitem__(self, key: Any) -> np.ndarray:
@@ -269,9 +271,10 @@ def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ..
 
 
 def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,
-            access: Access | None = None) -> da.Array:
-    """A dask array over ``variable``; by default exactly one chunk per fragment."""
-    array = AggregatedArray(variable, mask=mask, access=access)
+            access: Access | None = None, strings: bool = True) -> da.Array:
+    """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``: see
+    :class:`AggregatedArray`)."""
+    array = AggregatedArray(variable, mask=mask, access=access, strings=strings)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
         meta = np.ma.MaskedArray(meta)

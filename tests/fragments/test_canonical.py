@@ -472,6 +472,31 @@ def test_open_cfa_char_variables_with_encoding(tmp_path, where):
         assert np.ma.getdata(data[2:4].compute()).tolist() == expected[2:4]
 
 
+def test_char_variables_with_encoding_rewritten(tmp_path):
+    """``to_cfa`` of an opened dataset and ``refragment`` store a char variable with ``_Encoding``
+    as it was (characters, NUL padded), so that it reads back as the same strings."""
+    from daskcfa.archive.refragment import refragment
+
+    d = tmp_path / "src"
+    d.mkdir()
+    sizes, uris = code_fragments(d, "mixed", "NETCDF4")
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, attrs={"_Encoding": "utf-8"})
+    with netCDF4.Dataset(str(d / "agg.nc"), "a") as ds:
+        label = ds.createVariable("label", "S1", ("n", "len"))
+        label._Encoding = "utf-8"
+        label.set_auto_chartostring(False)
+        label[...] = CODE_BYTES[::-1]
+    with daskcfa.open_cfa(str(d / "agg.nc")) as ds:
+        daskcfa.to_cfa(ds, str(tmp_path / "copy.nc"), fragment_shape={"n": 4})
+    refragment(str(d / "agg.nc"), str(tmp_path / "split.nc"), fragment_shape={"n": 2})
+    for name in ("copy.nc", "split.nc"):
+        x = daskcfa.from_cfa(str(tmp_path / name), "code")
+        assert x.dtype == np.dtype("U4") and np.ma.getdata(x.compute()).tolist() == CODES
+    with daskcfa.open_cfa(str(tmp_path / "copy.nc")) as ds:
+        assert ds["code"].shape == ds["label"].shape == (6, 4)
+        assert np.ma.getdata(ds["label"].data.compute()).tolist() == CODES[::-1]
+
+
 @pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF4"])
 def test_char_aggregation_with_encoding_through_the_xarray_backend(tmp_path, fmt):
     """xarray decodes ``_Encoding`` itself: the aggregation reaches it as an ordinary file's variable does."""
