@@ -16,6 +16,7 @@ import netCDF4
 import numpy as np
 
 from . import storage
+from .decode import joined_dtype, text_encoding
 from .errors import CFAError, CFAFormatError
 from .formats import aggregated_variables, walk
 from .formats._netcdf import data_dtype, find_dimension, group_path
@@ -45,13 +46,14 @@ class FileVariableArray:
     so that dask arrays over it can be pickled to other processes)."""
 
     def __init__(self, url: str, path: str, shape: tuple[int, ...], dtype: np.dtype, *, mask: bool = True,
-                 profile: storage.ProfileRef = storage.NO_PROFILE) -> None:
+                 profile: storage.ProfileRef = storage.NO_PROFILE, strings: bool = True) -> None:
         self.url, self.path, self.shape, self.dtype, self.mask, self.profile = url, path, shape, dtype, mask, profile
+        self.strings = strings  # False: characters, even with _Encoding
         self.ndim = len(shape)
 
     def __dask_tokenize__(self) -> tuple:
         # the file's version, not the profile's name (it differs between processes: resuming must not)
-        return (type(self).__name__, self.url, storage.version(self.url, self.profile), self.path, self.mask)
+        return (type(self).__name__, self.url, storage.version(self.url, self.profile), self.path, self.mask, self.strings)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         ds = storage.open_netcdf(self.url, profile=self.profile)
@@ -59,6 +61,7 @@ class FileVariableArray:
             with HDF5_LOCK:
                 var = ds[self.path]
                 var.set_auto_mask(self.mask)
+                var.set_auto_chartostring(self.strings)
                 data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
                 return np.ma.asarray(data) if self.mask and np.ndim(data) else data
         finally:
@@ -122,15 +125,31 @@ class Variable(_Attributes):
 
     @property
     def data(self) -> da.Array:
+        """Decoded values; a char variable with ``_Encoding`` as strings (netCDF4-python's rule)."""
         if self._data is None:
-            if self.aggregation is not None:
-                self._data = to_dask(self.aggregation, access=self._access)
-            else:
-                array = FileVariableArray(self._url, self.path, self.shape, self.dtype, profile=self._access.profile)
-                meta = np.ma.MaskedArray(np.empty((0,) * self.ndim, dtype=_decoded_dtype(self)))
-                self._data = da.from_array(array, chunks=self.shape or (), asarray=False, meta=meta,
-                                           name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
+            self._data = self._dask(strings=True)
         return self._data
+
+    @property
+    def characters(self) -> da.Array:
+        """:attr:`data`, but a char variable with ``_Encoding`` as its characters (its own
+        shape): what a writer stores to keep the variable as it was."""
+        return self._dask(strings=False)
+
+    def _dask(self, *, strings: bool) -> da.Array:
+        if self.aggregation is not None:
+            return to_dask(self.aggregation, access=self._access, strings=strings)
+        shape, dtype = self.shape, _decoded_dtype(self)
+        try:
+            text = text_encoding(self.attrs, self.dtype, self.ndim) if strings else None
+        except ValueError as exc:
+            raise CFAFormatError(str(exc), file=self._url, variable=self.path) from None
+        if text:  # netCDF4-python joins the string length: strings, one dimension fewer
+            shape, dtype = shape[:-1], joined_dtype(text, shape[-1])
+        array = FileVariableArray(self._url, self.path, shape, dtype, profile=self._access.profile, strings=strings)
+        meta = np.ma.MaskedArray(np.empty((0,) * len(shape), dtype=dtype))
+        return da.from_array(array, chunks=shape or (), asarray=False, meta=meta,
+                             name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
 
     def __getattr__(self, name: str) -> Any:
         attrs = self.__dict__.get("attrs", {})

@@ -10,6 +10,7 @@ netCDF4-python would.
 
 from __future__ import annotations
 
+import codecs
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -17,7 +18,8 @@ from typing import Any, Mapping
 import netCDF4
 import numpy as np
 
-__all__ = ["Encoding", "chars_to_strings", "default_fill_value"]
+__all__ = ["Encoding", "chars_to_strings", "default_fill_value", "join_chars", "joined_dtype", "strings_to_chars",
+           "text_encoding"]
 
 
 def default_fill_value(dtype: np.dtype) -> Any:
@@ -39,6 +41,61 @@ def chars_to_strings(chars: np.ndarray) -> np.ndarray:
     if not chars.size:
         return np.full(chars.shape[:-1], "", dtype=object)
     return np.asarray(netCDF4.chartostring(chars, encoding="utf-8")).astype(object)
+
+
+#: ``_Encoding`` values with which netCDF4-python joins characters into bytes, not text
+_BYTES = ("none", "None", "bytes")
+
+
+def text_encoding(attrs: Mapping[str, Any], dtype: np.dtype, ndim: int) -> str | None:
+    """The ``_Encoding`` with which netCDF4-python returns a ``char`` variable's
+    values as strings (its last dimension joined), or None when it returns characters.
+
+    Raises ValueError for an ``_Encoding`` that names no codec (netCDF4-python
+    would fail on every read)."""
+    if np.dtype(dtype) != np.dtype("S1") or ndim == 0 or "_Encoding" not in attrs:
+        return None
+    name = attrs["_Encoding"]
+    if not isinstance(name, str):
+        raise ValueError(f"_Encoding {name!r} is not text")
+    if name not in _BYTES:
+        try:
+            codecs.lookup(name)
+        except LookupError:
+            raise ValueError(f"_Encoding {name!r} names no known text encoding") from None
+    return name
+
+
+def join_chars(chars: np.ndarray, encoding: str) -> np.ndarray:
+    """Characters with their last axis joined as netCDF4-python joins them for a
+    variable with ``_Encoding``: fixed width = the string length (``U``, or ``S``
+    for ``none``/``bytes``), trailing NULs dropped. Raises UnicodeDecodeError on
+    bytes the encoding cannot decode."""
+    chars = np.asarray(chars)
+    kind = "S" if encoding in _BYTES else "U"
+    if chars.shape[-1] == 0 or chars.size == 0:  # (netCDF4.chartostring fails on a zero string length)
+        return np.full(chars.shape[:-1], "", f"{kind}{max(chars.shape[-1], 1)}")
+    return np.asarray(netCDF4.chartostring(chars, encoding=encoding))
+
+
+def joined_dtype(encoding: str, width: int) -> np.dtype:
+    """The dtype :func:`join_chars` returns for strings of ``width`` characters."""
+    return join_chars(np.zeros((0, width), "S1"), encoding).dtype
+
+
+def strings_to_chars(strings: np.ndarray, width: int, encoding: str | None) -> np.ndarray:
+    """Strings as the characters of a ``char`` variable of string length ``width``
+    (a new last axis; NUL padded): the reverse of :func:`join_chars`, text encoded
+    with ``encoding`` (UTF-8 when None or a bytes one). Raises ValueError for a
+    string longer than ``width`` bytes: it is never truncated."""
+    codec = "utf-8" if encoding in (None, *_BYTES) else encoding
+    strings = np.asarray(strings, dtype=object)
+    encoded = [b"" if s is None else s if isinstance(s, bytes) else str(s).encode(codec) for s in strings.reshape(-1)]
+    longest = max(map(len, encoded), default=0)
+    if longest > width:
+        raise ValueError(f"holds a string of {longest} bytes, longer than the string length {width}")
+    fixed = np.array(encoded, dtype=f"S{max(width, 1)}").reshape(strings.shape)
+    return fixed.reshape(-1).view("S1").reshape(strings.shape + (max(width, 1),))[..., :width]
 
 
 def _scalar(value: Any) -> Any:
@@ -81,7 +138,9 @@ class Encoding:
     unsigned: bool = False
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype) -> "Encoding":
+    def from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype, *, no_fill: bool = False) -> "Encoding":
+        """``no_fill``: the variable is stored without netCDF's fill (netCDF-4 "NOFILL"), which
+        netCDF4-python takes to mean that a byte variable has no default fill value."""
         dtype = np.dtype(dtype)
         unsigned = dtype.kind == "i" and str(attrs.get("_Unsigned", "false")).lower() == "true"
         view = np.dtype(f"u{dtype.itemsize}") if unsigned else dtype
@@ -92,7 +151,8 @@ class Encoding:
 
         fill = as_stored(attrs["_FillValue"]) if "_FillValue" in attrs else None
         explicit = fill is not None
-        if fill is None:  # netCDF's default fill of the stored type (its bytes, for an _Unsigned one)
+        if fill is None and not (no_fill and dtype.kind in "iu" and dtype.itemsize == 1):
+            # netCDF's default fill of the stored type (its bytes, for an _Unsigned one)
             fill = default_fill_value(view) if not unsigned else np.asarray(default_fill_value(dtype)).view(view)
         missing = ()
         if "missing_value" in attrs:

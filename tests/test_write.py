@@ -491,6 +491,15 @@ def test_string_arrays_refused_where_they_cannot_be_stored(tmp_path):
         assert not (tmp_path / "b.nc").exists()
 
 
+def test_strings_with_nul_refused(tmp_path):
+    """A netCDF (vlen) string ends at its first NUL: written, "a\\x00b" would read back as "a"."""
+    for i, data in enumerate((np.array(["ab", "a\x00b"], "U4"), np.array(["ab", "cd\x00"], object),
+                              da.from_array(np.array(["x", "y\x00z"], object), chunks=1))):
+        with pytest.raises(daskcfa.FragmentError, match="holds a NUL character"):
+            daskcfa.to_cfa(data, str(tmp_path / f"n{i}.nc"), variable="code", dims=("n",))
+        assert not (tmp_path / f"n{i}.nc").exists()
+
+
 def test_unsigned_aggregation_rewritten(tmp_path):
     """``byte`` data with ``_Unsigned`` written by ``to_cfa``, then re-fragmented, read back as uint8."""
     values = np.array([0, 1, 127, 128, 200, 254, 7, 255], "u1")

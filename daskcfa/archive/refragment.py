@@ -167,7 +167,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     staged = []
     for var in chosen:
         assert var.plan is not None
-        array = AggregatedArray(var.aggregation, access=var.access)
+        array = AggregatedArray(var.aggregation, access=var.access, strings=False)
         var.source.data = SplitSource(var.plan, array, var.source.attrs, var.source.dtype, root, profile)
         if var.plan.strategy == "staged":
             staged.append(var.source.data.staging)
@@ -198,7 +198,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
     chosen = _select(found, variables, description)
     for var in chosen:
         target = fragment_grid(var.source, model, fragment_shape, max_fragment_size)
-        dtype = AggregatedArray(var.aggregation, access=var.access).dtype
+        dtype = AggregatedArray(var.aggregation, access=var.access, strings=False).dtype
         # (staged pieces are .npy files, which hold no Python objects without pickle: strings go direct)
         var.plan = plan_split(var.source.name, _layout(var.aggregation, var.access), target, dtype.itemsize, budget,
                               strategy="direct" if dtype.kind == "O" and strategy == "auto" else strategy)

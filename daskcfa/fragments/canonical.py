@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import cf_units
 import numpy as np
 
-from ..decode import Encoding, chars_to_strings
+from ..decode import Encoding, chars_to_strings, strings_to_chars
 from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
                       MissingFragmentError, NotFoundError, UnitsError, redact)
 from ..formats.limits import max_string_length
@@ -59,6 +59,10 @@ class Target:
     #: same dtype and masking and no packing is then passed on as stored, and
     #: its values are compared with the fill value once rather than twice
     masked_as: Encoding | None = None
+    #: a char aggregation's ``_Encoding`` (``masked_as`` then set): it holds strings, whose
+    #: characters are never missing one by one (a fragment's missing characters hold the
+    #: aggregation's fill value, its padding); vlen string fragments are encoded with it
+    text_encoding: str | None = None
 
     @property
     def default_identifier(self) -> str:
@@ -169,6 +173,8 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
                        expected_nbytes=expected) as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
             var = _CharStrings(var)  # a char array's last dimension is the string length
+        elif target.dtype.kind == "S" and np.dtype(var.dtype).kind == "O" and len(var.shape) == len(ref.shape) - 1:
+            var = _StringChars(var, ref.shape[-1], target.text_encoding)  # the string length is the last dimension
         elif target.dtype.kind == "S" and len(var.shape) == len(ref.shape) + 1:
             raise FragmentShapeError(f"fragment variable {name!r} holds strings (its last dimension is their "
                                      "length), but the char aggregation variable holds characters: its "
@@ -177,12 +183,15 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
         file_key, post = _file_selection(var, ref, key, target, uri)
         raw = var.read(file_key)
         # attributes are read lazily, so only while the file is open
-        encoding = Encoding.from_attrs(var.attrs, var.dtype)
+        encoding = Encoding.from_attrs(var.attrs, var.dtype, no_fill=var.no_fill)
         units = {k: var.attrs[k] for k in ("units", "calendar") if k in var.attrs}
     raw = encoding.as_stored(raw) if _masked_later(encoding, units, ref, target) else encoding.decode(raw)
     data = post(raw)
     data = _convert_units(data, units, ref, target)
-    return _cast(data, target, f"fragment variable {name!r}")
+    data = _cast(data, target, f"fragment variable {name!r}")
+    if target.text_encoding is not None and np.ma.getmask(data) is not np.ma.nomask:
+        data = np.ma.MaskedArray(data.filled(target.masked_as.output_fill))
+    return data
 
 
 class _CharStrings:
@@ -196,7 +205,7 @@ class _CharStrings:
                                     f"than the limit of {max_string_length():,} (dask config "
                                     "'daskcfa.limits.max-string-length')")
         self._var = var
-        self.name, self.attrs = var.name, var.attrs
+        self.name, self.attrs, self.no_fill = var.name, var.attrs, var.no_fill
         self.shape, self.dtype = tuple(var.shape)[:-1], np.dtype(object)
 
     @property
@@ -206,6 +215,27 @@ class _CharStrings:
     def read(self, key: tuple) -> np.ndarray:
         length = (slice(0, self._var.shape[-1], 1),) if self._var.shape else ()  # (a scalar char: one character)
         return chars_to_strings(self._var.read(key + length))
+
+
+class _StringChars:
+    """A vlen string fragment variable read as the characters of a ``char``
+    aggregation whose last dimension is the string length (``width``)."""
+
+    def __init__(self, var: Any, width: int, encoding: str | None) -> None:
+        self._var, self._width, self._encoding = var, width, encoding
+        self.name, self.attrs, self.no_fill = var.name, var.attrs, var.no_fill
+        self.shape, self.dtype = tuple(var.shape) + (width,), np.dtype("S1")
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(self._var.dims) + ("string length",)
+
+    def read(self, key: tuple) -> np.ndarray:
+        try:
+            chars = strings_to_chars(self._var.read(key[:-1]), self._width, self._encoding)
+        except ValueError as exc:  # (too long: never truncated; or not encodable)
+            raise FragmentShapeError(f"fragment variable {self.name!r} {exc} of the char aggregation") from None
+        return chars[..., key[-1]]
 
 
 def _check_kind(values: np.ndarray, target: Target, what: str) -> np.ndarray:

@@ -53,7 +53,7 @@ class _Variable:
         self._var = var
         self._name = name
         self._fallback = fallback  # () -> the same file opened with netCDF4
-        self.name, self.shape, self.dtype = var.name, var.shape, var.dtype
+        self.name, self.shape, self.dtype, self.no_fill = var.name, var.shape, var.dtype, var.no_fill
         self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, self._fallback_attrs)
 
     def _fallback_attrs(self) -> Mapping[str, Any]:

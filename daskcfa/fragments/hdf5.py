@@ -257,6 +257,8 @@ class HDF5Variable:
         self._fill = fill[0].astype(self.dtype)
         #: Bytes one decoded chunk takes (0: contiguous), which a read holds in memory at once.
         self.chunk_nbytes = 0
+        #: stored without netCDF's fill (netCDF-C's NOFILL: HDF5 never writes fill values)
+        self.no_fill = dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
         if self.chunks is not None:
             self.chunk_nbytes = self._chunk_nbytes = math.prod(self.chunks) * self._stored.itemsize
             self._chunk_strides = tuple(math.prod(self.chunks[j + 1:]) for j in range(len(self.chunks)))

@@ -29,6 +29,8 @@ class NetCDF4Variable:
         chunking = var.chunking() if self.shape else None  # (netCDF-3: None; contiguous: a string)
         #: Bytes netCDF-C decodes at once for one chunk (0: not chunked; vlen strings count their pointers).
         self.chunk_nbytes = math.prod(chunking) * self.dtype.itemsize if isinstance(chunking, list) else 0
+        #: stored without netCDF's fill (no default fill value for a byte variable)
+        self.no_fill = self.dtype.kind in "iu" and self.dtype.itemsize == 1 and var.get_fill_value() is None
 
     def read(self, key: tuple) -> np.ndarray:
         """Stored values: no masking, scaling or ``_Unsigned`` view; ``char`` arrays

@@ -298,6 +298,8 @@ class NetCDF3Variable:
         self.attrs = layout.header.attributes(var.attributes)
         #: netCDF-3 stores no chunks: nothing is decoded beyond the selection read
         self.chunk_nbytes = 0
+        #: netCDF-3 records no per-variable NOFILL: netCDF4-python applies the default fill
+        self.no_fill = False
         itemsize = self._stored.itemsize
         #: bytes from one index to the next along each dimension (records for the first of a record variable)
         self._strides = tuple(itemsize * math.prod(self.shape[k + 1:]) for k in range(len(self.shape)))

@@ -131,6 +131,12 @@ class Slabs:
         """Called once the fragment is stored and its marker written: what fed it may go."""
 
 
+def _holds_nul(text: np.ndarray) -> bool:
+    """Whether any string holds a NUL (fixed-width ``U`` keeps only those before the last other character)."""
+    return any(isinstance(s, (str, bytes)) and ("\x00" in s if isinstance(s, str) else b"\x00" in s)
+               for s in text.reshape(-1).tolist())
+
+
 def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
     """Data values as they are stored: packed, missing points set to the fill value, in ``dtype``.
 
@@ -143,11 +149,17 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
     refused, as netCDF has no missing value for them (writing would unmask them).
     """
     dtype = np.dtype(dtype)
+    if dtype == np.dtype("S1"):  # characters have a fill value (NUL by default), as numbers have
+        return np.ma.filled(values, Encoding.from_attrs(attrs, dtype).output_fill)
     if dtype.kind not in "biuf":
         if np.ma.getmask(values) is not np.ma.nomask and np.ma.getmask(values).any():
             raise FragmentError(f"{int(np.ma.getmask(values).sum()):,} string values are masked, which netCDF "
                                 "cannot store (strings have no missing value): fill them first, e.g. with \"\"")
-        return np.asarray(values)
+        values = np.asarray(values)
+        if values.dtype.kind in "OU" and _holds_nul(values):
+            raise FragmentError("a string value holds a NUL character, where a netCDF string ends (writing "
+                                "would truncate it): remove or replace the NULs first")
+        return values
     encoding = Encoding.from_attrs(attrs, dtype)
     data = np.ma.getdata(values)
     mask = np.ma.getmask(values)

@@ -17,14 +17,15 @@ import dask.array as da
 import numpy as np
 from dask.utils import parse_bytes
 
-from ..decode import Encoding
+from ..decode import Encoding, join_chars, joined_dtype, text_encoding
+from ..errors import CFAFormatError, FragmentReadError
 from .. import storage
 from ..fragments import readahead
 from ..fragments.canonical import Target, read_fragment
 from ..fragments.files import small_object_size
 from ..model import AggregatedVariable, FragmentGrid
 from ..storage.access import Access
-from .indexing import array_axis_move, output_shape, split_key
+from .indexing import array_axis_move, expand_key, output_shape, split_key
 
 __all__ = ["AggregatedArray", "Access", "to_dask", "merged_chunks"]
 
@@ -36,7 +37,7 @@ class AggregatedArray:
     """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
 
     def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None,
-                 decode: bool = True) -> None:
+                 decode: bool = True, strings: bool = True) -> None:
         access = access or Access.default(variable.source)
         self.variable = variable
         self.mask = mask
@@ -44,10 +45,21 @@ class AggregatedArray:
         #: such as xarray that apply the variable's own masking and packing
         self.decode = decode
         self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
-        self.shape = variable.shape
-        self.ndim = len(self.shape)
-        self.dtype = self.encoding.decoded_dtype if decode else np.dtype(variable.dtype)
         attrs = variable.attrs
+        try:
+            chars_encoding = text_encoding(attrs, variable.dtype, len(variable.shape))
+        except ValueError as exc:
+            raise CFAFormatError(str(exc), file=variable.source, variable=variable.name) from None
+        #: a char variable with ``_Encoding``: its last dimension (the string length)
+        #: joined into strings, as netCDF4-python returns it (None: characters; ``strings=False``
+        #: keeps them, for writers that store the variable as it was)
+        self.text = chars_encoding if decode and strings else None
+        self.shape = variable.shape[:-1] if self.text else variable.shape
+        self.ndim = len(self.shape)
+        if self.text:
+            self.dtype = joined_dtype(self.text, variable.shape[-1])
+        else:
+            self.dtype = self.encoding.decoded_dtype if decode else np.dtype(variable.dtype)
         self.target = Target(
             variable=variable.name,
             source=variable.source,
@@ -58,7 +70,8 @@ class AggregatedArray:
             profile=access.profile,
             policy=access.policy,
             missing=access.missing,
-            masked_as=self.encoding if decode and mask else None,
+            masked_as=self.encoding if (decode and mask) or chars_encoding else None,
+            text_encoding=chars_encoding,
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
         self._ahead_uris: dict[tuple[int, ...], str | None] = {}
@@ -74,15 +87,20 @@ class AggregatedArray:
         # The aggregation file's version (a rewrite gives new fragment names, so a new version), not
         # the storage profile's name, which differs between processes: a resumed write must match.
         return (type(self).__name__, self.variable.source, storage.version(self.variable.source, self.target.profile),
-                self.variable.name, self.mask, self.decode, self.target.policy, self.target.missing)
+                self.variable.name, self.mask, self.decode, self.text, self.target.policy, self.target.missing)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         grid = self.variable.fragments.grid
+        if self.text:  # whole strings: every character
+            key = expand_key(key, self.ndim) + (slice(None),)
         dims = split_key(grid, key)
         stored = self._assemble(dims)
         raw = np.ma.getdata(stored)
         missing = np.ma.getmask(stored)
-        if not self.decode:  # stored values, in the variable's own type (xarray applies _Unsigned)
+        if self.text:  # characters as stored, the fill value where missing (joined below)
+            result = stored if missing is np.ma.nomask else np.ma.MaskedArray(
+                np.where(missing, self.encoding.output_fill, raw), mask=missing)
+        elif not self.decode:  # stored values, in the variable's own type (xarray applies _Unsigned)
             result = raw if missing is np.ma.nomask else np.where(
                 missing, np.asarray(self.encoding.output_fill).astype(raw.dtype), raw)
             result = result.view(self.dtype) if result.dtype != self.dtype else result
@@ -91,8 +109,25 @@ class AggregatedArray:
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
         if any(d.reverse for d in dims):
             result = result[flips]
-        move = array_axis_move(key, self.ndim)
-        return result if move is None else np.moveaxis(result, *move)
+        move = array_axis_move(key, len(self.variable.shape))
+        result = result if move is None else np.moveaxis(result, *move)
+        return self._join(result) if self.text else result
+
+    def _join(self, chars: np.ma.MaskedArray) -> np.ndarray:
+        """Characters joined into strings (netCDF4-python's rule); a string with a
+        character from a missing fragment is masked, as missing strings are."""
+        try:
+            strings = join_chars(np.ma.getdata(chars), self.text)
+        except UnicodeDecodeError as exc:
+            raise FragmentReadError(f"characters {exc.object[:80]!r} are not {self.text} text, as the variable's "
+                                    f"_Encoding says ({exc.reason})", file=self.variable.source,
+                                    variable=self.variable.name) from None
+        if not self.mask:
+            return strings
+        missing = np.ma.getmask(chars)
+        result = np.ma.MaskedArray(strings, mask=np.ma.nomask if missing is np.ma.nomask else missing.any(axis=-1))
+        result.set_fill_value("" if strings.dtype.kind == "U" else b"")
+        return result
 
     def _assemble(self, dims: list) -> np.ma.MaskedArray:
         """Read every fragment piece the index touches, in canonical (stored) form."""
@@ -216,12 +251,12 @@ def merged_chunks(grid: FragmentGrid, itemsize: int, limit: int) -> tuple[tuple[
 def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
     grid = array.variable.fragments.grid
     if isinstance(chunks, str) and chunks == "fragments":
-        return _dask_chunks(grid.sizes)
+        return _dask_chunks(grid.sizes)[: array.ndim]  # (joined strings: every fragment along their length)
     if isinstance(chunks, str) and chunks == "auto":
         chunks = dask.config.get("array.chunk-size")
     if isinstance(chunks, (str, int)) and not isinstance(chunks, bool):
         limit = parse_bytes(chunks) if isinstance(chunks, str) else int(chunks)
-        return _dask_chunks(merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit))
+        return _dask_chunks(merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit))[: array.ndim]
     return chunks
 
 
@@ -231,9 +266,10 @@ def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ..
 
 
 def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,
-            access: Access | None = None) -> da.Array:
-    """A dask array over ``variable``; by default exactly one chunk per fragment."""
-    array = AggregatedArray(variable, mask=mask, access=access)
+            access: Access | None = None, strings: bool = True) -> da.Array:
+    """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``: see
+    :class:`AggregatedArray`)."""
+    array = AggregatedArray(variable, mask=mask, access=access, strings=strings)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
         meta = np.ma.MaskedArray(meta)

@@ -213,7 +213,7 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
 def request_from_dataset(ds: Any) -> WriteRequest:
     """A :class:`daskcfa.Dataset`: aggregated variables re-fragmented, ordinary ones copied."""
     model, aggregated = dataset_model(ds)
-    sources = [WriteSource(v.path, v.data, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)) for v in aggregated]
+    sources = [WriteSource(v.path, v.characters, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)) for v in aggregated]
     return WriteRequest(model, sources)
 
 
@@ -291,7 +291,7 @@ def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
                 aggregated.append(var)
             else:
                 model.variables.append(PlainVariable(var.path, tuple(var.dims), var.dtype, dict(var.attrs),
-                                                     encode_values(var[...], var.attrs, var.dtype)))
+                                                     encode_values(var.characters.compute(), var.attrs, var.dtype)))
     return model, aggregated
 
 

@@ -324,6 +324,195 @@ def test_char_aggregation_returns_characters_like_netcdf4(tmp_path, where, fmt, 
     assert read(where, d, "code", mask=False).compute().tolist() == chars.tolist()
 
 
+# A char aggregation with _Encoding: netCDF4-python returns strings (the string length joined)
+CODES = ["abc", "a\x00b", "", "fghi", "dé", "x"]  # an embedded NUL stays (in a char fragment); "dé": 3 bytes
+CODE_BYTES = np.array([c.encode("utf-8") for c in CODES], "S4").view("S1").reshape(len(CODES), 4)
+
+
+def code_fragments(d: Path, layout: str, fmt: str) -> tuple[list, list]:
+    """Fragments of CODES (rows split 2 + 4); ``mixed``: the second a vlen string variable;
+    ``split``: the string length split 1 + 3 too. Returns the map rows and the URIs."""
+    rows = [(0, 2), (2, 6)]
+    if layout == "split":
+        uris = []
+        for i, (lo, hi) in enumerate(rows):
+            for j, (a, b) in enumerate([(0, 1), (1, 4)]):
+                write_fragment(d / f"frag{i}{j}.nc", "code", {"n": hi - lo, "len": b - a}, CODE_BYTES[lo:hi, a:b],
+                               dtype="S1", fmt=fmt)
+                uris.append(f"frag{i}{j}.nc")
+        return [[2, 4], [1, 3]], [uris[:2], uris[2:]]
+    write_fragment(d / "frag0.nc", "code", {"n": 2, "len": 4}, CODE_BYTES[:2], dtype="S1", fmt=fmt)
+    if layout == "mixed":
+        write_fragment(d / "frag1.nc", "code", {"n": 4}, CODES[2:], dtype=None, style="vlen")
+    else:
+        write_fragment(d / "frag1.nc", "code", {"n": 4, "len": 4}, CODE_BYTES[2:], dtype="S1", fmt=fmt)
+    return [[2, 4], [4]], [["frag0.nc"], ["frag1.nc"]]
+
+
+@pytest.mark.parametrize("fmt, layout", [("NETCDF3_CLASSIC", "char"), ("NETCDF3_CLASSIC", "split"),
+                                         ("NETCDF4", "mixed")])
+def test_char_aggregation_with_encoding_reads_strings_like_netcdf4(tmp_path, where, fmt, layout):
+    """``_Encoding`` on a char aggregation: whole strings of the string length's width
+    (``<U4``), one dimension fewer, one chunk per fragment row, as netCDF4-python reads
+    the same variable in an ordinary file."""
+    d = tmp_path / "enc"
+    d.mkdir()
+    sizes, uris = code_fragments(d, layout, fmt)
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, fmt=fmt,
+                      attrs={"_Encoding": "utf-8"})
+    expected = np.array(CODES, "U4")
+    plain = write_fragment(tmp_path / "plain.nc", "code", {"n": 6, "len": 4}, CODE_BYTES, dtype="S1", fmt=fmt,
+                           attrs={"_Encoding": "utf-8"})
+    with netCDF4.Dataset(str(plain)) as ds:  # the truth is what netCDF4-python reads from an ordinary file
+        assert ds["code"][:].dtype == expected.dtype and ds["code"][:].tolist() == expected.tolist()
+    x = read(where, d, "code")
+    assert x.shape == (6,) and x.dtype == expected.dtype and x.chunks == ((2, 4),)
+    got = x.compute()
+    assert got.dtype == expected.dtype and not np.ma.getmaskarray(got).any()
+    assert np.ma.getdata(got).tolist() == CODES
+    assert np.ma.getdata(x[1:5].compute()).tolist() == CODES[1:5]
+    assert np.ma.getdata(x[::-2].compute()).tolist() == CODES[::-2]
+    assert np.ma.getdata(x[[4, 0]].compute()).tolist() == ["dé", "abc"]
+    assert x[1].compute()[()] == "a\x00b"
+    filled = read(where, d, "code", mask=False).compute()
+    assert type(filled) is np.ndarray and filled.tolist() == CODES
+
+
+def test_cfa06_char_aggregation_with_encoding(tmp_path, where):
+    """CFA-0.6.2 (char instruction variables): a char/vlen mix with ``_Encoding``, one
+    fragment wholly missing: its strings masked, the empty string beneath."""
+    d = tmp_path / "cfa06enc"
+    d.mkdir()
+    code_fragments(d, "mixed", "NETCDF4")
+    with netCDF4.Dataset(str(d / "agg.nc"), "w") as ds:
+        ds.Conventions = "CF-1.11 CFA-0.6.2"
+        ds.createDimension("n", 8)
+        ds.createDimension("len", 4)
+        ds.createDimension("f_n", 3)
+        ds.createDimension("f_len", 1)
+        ds.createDimension("i", 2)
+        ds.createDimension("j", 3)
+        loc = ds.createVariable("cfa_location", "i4", ("i", "j"))
+        loc[...] = np.ma.masked_equal([[2, 4, 2], [4, -1, -1]], -1)
+        put_strings(ds, "cfa_file", ("f_n", "f_len"), [["frag0.nc"], ["frag1.nc"], [""]], "char")
+        put_strings(ds, "cfa_format", (), "nc", "char")
+        put_strings(ds, "cfa_address", ("f_n", "f_len"), [["code"], ["code"], [""]], "char")
+        var = ds.createVariable("code", "S1", ())
+        var._Encoding = "utf-8"
+        var.aggregated_dimensions = "n len"
+        var.aggregated_data = "location: cfa_location file: cfa_file format: cfa_format address: cfa_address"
+    x = read(where, d, "code")
+    assert x.shape == (8,) and x.dtype == np.dtype("U4") and x.chunks == ((2, 4, 2),)
+    got = x.compute()
+    assert np.ma.getmaskarray(got).tolist() == [False] * 6 + [True] * 2
+    assert np.ma.getdata(got).tolist() == CODES + ["", ""]
+    assert read(where, d, "code", mask=False).compute().tolist() == CODES + ["", ""]
+
+
+@pytest.mark.parametrize("fill", [b"\x00", b"x"])
+def test_char_aggregation_with_encoding_fragment_fill_is_padding(tmp_path, fill):
+    """A fragment's own char fill value (even NUL given explicitly) marks characters missing;
+    in canonical form they hold the aggregation's fill (NUL): the strings are whole, not masked."""
+    d = tmp_path / "fragfill"
+    d.mkdir()
+    stored = np.array([b"ab", b"", b"c"], "S2").view("S1").reshape(3, 2).copy()
+    stored[stored == b""] = fill
+    write_fragment(d / "frag0.nc", "c", {"n": 3, "len": 2}, stored, dtype="S1", attrs={"_FillValue": fill})
+    write_aggregation(d / "agg.nc", "c", "S1", {"n": 3, "len": 2}, [[3], [2]], uris=[["frag0.nc"]],
+                      attrs={"_Encoding": "utf-8"})
+    got = daskcfa.from_cfa(str(d / "agg.nc")).compute()
+    assert not np.ma.getmaskarray(got).any() and np.ma.getdata(got).tolist() == ["ab", "", "c"]
+    assert daskcfa.from_cfa(str(d / "agg.nc"), mask=False).compute().tolist() == ["ab", "", "c"]
+
+
+def test_char_aggregation_encoding_errors(tmp_path):
+    """A string too long for the string length is refused (never truncated), bytes that
+    are not the declared encoding and an unknown encoding raise daskcfa errors naming them."""
+    d = tmp_path / "encerr"
+    d.mkdir()
+    write_fragment(d / "frag0.nc", "code", {"n": 2}, ["abcd", "abcdé"], dtype=None, style="vlen")
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 2, "len": 4}, [[2], [4]], uris=[["frag0.nc"]],
+                      attrs={"_Encoding": "utf-8"})
+    with pytest.raises(daskcfa.FragmentShapeError, match="string of 6 bytes, longer than the string length 4") as info:
+        daskcfa.from_cfa(str(d / "agg.nc")).compute()
+    assert info.value.fragment == (0, 0) and info.value.variable == "/code"
+    e = tmp_path / "badbytes"
+    e.mkdir()
+    write_fragment(e / "frag0.nc", "code", {"n": 1, "len": 2}, np.array([[b"\xff", b"a"]]), dtype="S1")
+    write_aggregation(e / "agg.nc", "code", "S1", {"n": 1, "len": 2}, [[1], [2]], uris=[["frag0.nc"]],
+                      attrs={"_Encoding": "utf-8"})
+    with pytest.raises(daskcfa.FragmentReadError, match="not utf-8 text") as info:
+        daskcfa.from_cfa(str(e / "agg.nc")).compute()
+    assert "agg.nc" in str(info.value) and info.value.variable == "/code"
+    with netCDF4.Dataset(str(e / "agg.nc"), "a") as ds:
+        ds["code"]._Encoding = "no-such-codec"
+    with pytest.raises(daskcfa.CFAFormatError, match="no-such-codec"):
+        daskcfa.from_cfa(str(e / "agg.nc"))
+
+
+def test_open_cfa_char_variables_with_encoding(tmp_path, where):
+    """``open_cfa``: an aggregated and an ordinary char variable with ``_Encoding`` have
+    dask arrays of the strings netCDF4-python returns (declared shape = computed shape)."""
+    d = tmp_path / "dsenc"
+    d.mkdir()
+    sizes, uris = code_fragments(d, "char", "NETCDF4")
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, attrs={"_Encoding": "utf-8"})
+    with netCDF4.Dataset(str(d / "agg.nc"), "a") as ds:
+        label = ds.createVariable("label", "S1", ("n", "len"))
+        label._Encoding = "utf-8"
+        label.set_auto_chartostring(False)
+        label[...] = CODE_BYTES[::-1]
+    base, extra = where(d)
+    ds = daskcfa.open_cfa(f"{base}/agg.nc", **extra)
+    for name, expected in (("code", CODES), ("label", CODES[::-1])):
+        data = ds[name].data
+        assert ds[name].shape == (6, 4) and data.shape == (6,) and data.dtype == np.dtype("U4")
+        got = data.compute()
+        assert got.shape == data.shape and got.dtype == data.dtype and np.ma.getdata(got).tolist() == expected
+        assert np.ma.getdata(data[2:4].compute()).tolist() == expected[2:4]
+
+
+def test_char_variables_with_encoding_rewritten(tmp_path):
+    """``to_cfa`` of an opened dataset and ``refragment`` store a char variable with ``_Encoding``
+    as it was (characters, NUL padded), so that it reads back as the same strings."""
+    from daskcfa.archive.refragment import refragment
+
+    d = tmp_path / "src"
+    d.mkdir()
+    sizes, uris = code_fragments(d, "mixed", "NETCDF4")
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, attrs={"_Encoding": "utf-8"})
+    with netCDF4.Dataset(str(d / "agg.nc"), "a") as ds:
+        label = ds.createVariable("label", "S1", ("n", "len"))
+        label._Encoding = "utf-8"
+        label.set_auto_chartostring(False)
+        label[...] = CODE_BYTES[::-1]
+    with daskcfa.open_cfa(str(d / "agg.nc")) as ds:
+        daskcfa.to_cfa(ds, str(tmp_path / "copy.nc"), fragment_shape={"n": 4})
+    refragment(str(d / "agg.nc"), str(tmp_path / "split.nc"), fragment_shape={"n": 2})
+    for name in ("copy.nc", "split.nc"):
+        x = daskcfa.from_cfa(str(tmp_path / name), "code")
+        assert x.dtype == np.dtype("U4") and np.ma.getdata(x.compute()).tolist() == CODES
+    with daskcfa.open_cfa(str(tmp_path / "copy.nc")) as ds:
+        assert ds["code"].shape == ds["label"].shape == (6, 4)
+        assert np.ma.getdata(ds["label"].data.compute()).tolist() == CODES[::-1]
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF4"])
+def test_char_aggregation_with_encoding_through_the_xarray_backend(tmp_path, fmt):
+    """xarray decodes ``_Encoding`` itself: the aggregation reaches it as an ordinary file's variable does."""
+    xr = pytest.importorskip("xarray")
+    d = tmp_path / "xrenc"
+    d.mkdir()
+    sizes, uris = code_fragments(d, "mixed" if fmt == "NETCDF4" else "split", fmt)
+    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, fmt=fmt,
+                      attrs={"_Encoding": "utf-8"})
+    plain = write_fragment(tmp_path / "plain.nc", "code", {"n": 6, "len": 4}, CODE_BYTES, dtype="S1", fmt=fmt,
+                           attrs={"_Encoding": "utf-8"})
+    with xr.open_dataset(d / "agg.nc", engine="daskcfa") as got, xr.open_dataset(plain) as want:
+        xr.testing.assert_identical(got["code"].load(), want["code"].load())
+        assert got["code"].values.tolist() == CODES
+
+
 def test_strings_into_a_char_aggregation_without_their_length_are_refused(tmp_path):
     """``char`` aggregated data without the string-length dimension are characters,
     one per element (as netCDF4-python reads such a variable): strings do not fit."""
@@ -480,6 +669,33 @@ def test_unsigned_masking_follows_netcdf4(tmp_path):
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(np.ma.getmaskarray(got), expected.mask)
     np.testing.assert_array_equal(np.ma.getdata(got)[~expected.mask], values[~expected.mask])
+
+
+@pytest.mark.parametrize("nofill", [True, False])
+def test_byte_fragments_without_fill_have_no_default_fill(tmp_path, where, engine, nofill):
+    """A byte fragment written without netCDF's fill (NOFILL) has no default fill value:
+    netCDF4-python leaves its -127 / 255 unmasked, and so must the aggregation (with
+    fill, they are missing)."""
+    d = tmp_path / f"nofill-{nofill}"
+    d.mkdir()
+    blocks = [("u1", {}, np.array([1, 255], "u1")), ("i1", {}, np.array([-127, 2], "i1")),
+              ("i1", {"_Unsigned": "true"}, np.array([129, 3], "u1"))]  # (129: the bytes of -127)
+    for i, (dtype, attrs, values) in enumerate(blocks):
+        with netCDF4.Dataset(str(d / f"frag{i}.nc"), "w") as ds:
+            ds.createDimension("time", 2)
+            var = ds.createVariable("v", dtype, ("time",), fill_value=False if nofill else None)
+            var.set_auto_maskandscale(False)
+            var.setncatts(attrs)
+            var[...] = values.view(dtype)
+    write_aggregation(d / "agg.nc", "v", "i2", {"time": 6}, [[2, 2, 2]], uris=["frag0.nc", "frag1.nc", "frag2.nc"])
+    expected = np.ma.MaskedArray([1, 255, -127, 2, 129, 3], mask=[False, not nofill, not nofill, False, False, False],
+                                 dtype="i2")  # (an _Unsigned byte is never equal to the signed default fill)
+    for i, (dtype, attrs, values) in enumerate(blocks):  # the truth is what netCDF4-python reads from the fragment
+        with netCDF4.Dataset(str(d / f"frag{i}.nc")) as ds:
+            assert np.ma.getmaskarray(ds["v"][...]).tolist() == expected.mask[2 * i: 2 * i + 2].tolist()
+    got = read(where, d, "v").compute()
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), expected.mask)
+    np.testing.assert_array_equal(np.ma.getdata(got)[~expected.mask], expected.data[~expected.mask])
 
 
 def test_unsigned_values_out_of_range_are_refused(tmp_path):
