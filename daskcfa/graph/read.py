@@ -83,11 +83,14 @@ class AggregatedArray:
         # what read-ahead learnt in this process stays here (a worker starts afresh)
         return {**self.__dict__, "_last_read": None, "_ahead_uris": {}}
 
-    def __dask_tokenize__(self) -> tuple:
+    def __dask_tokenize__(self) -> str:
         # The aggregation file's version (a rewrite gives new fragment names, so a new version), not
         # the storage profile's name, which differs between processes: a resumed write must match.
-        return (type(self).__name__, self.variable.source, storage.version(self.variable.source, self.target.profile),
-                self.variable.name, self.mask, self.decode, self.text, self.target.policy, self.target.missing)
+        # (Tokenized here: dask does not normalise what this returns, so the policy's own token
+        # would not be used.)
+        return dask.base.tokenize(
+            type(self).__name__, self.variable.source, storage.version(self.variable.source, self.target.profile),
+            self.variable.name, self.mask, self.decode, self.text, self.target.policy, self.target.missing)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         grid = self.variable.fragments.grid

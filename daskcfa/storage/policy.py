@@ -98,6 +98,11 @@ class LocationPolicy:
         prefixes = tuple(p if p == DEFAULT else _prefix(p) for p in allowed_locations)
         return cls(base=normalise(base), allowed=prefixes, profile=profile)
 
+    def __dask_tokenize__(self) -> tuple:
+        # What it allows, not its profile's name, which differs between processes: a write
+        # resumed in a new process must plan the same generation.
+        return (type(self).__name__, self.base, self.allowed)
+
     def check(self, uri: str) -> None:
         """Raise :class:`UnsafeURIError` unless ``uri`` is allowed."""
         if not self.allows(uri):
