@@ -450,18 +450,24 @@ def test_char_aggregation_encoding_errors(tmp_path):
         daskcfa.from_cfa(str(e / "agg.nc"))
 
 
-def test_open_cfa_char_variables_with_encoding(tmp_path, where):
-    """``open_cfa``: an aggregated and an ordinary char variable with ``_Encoding`` have
-    dask arrays of the strings netCDF4-python returns (declared shape = computed shape)."""
-    d = tmp_path / "dsenc"
+def encoded_dataset(d: Path, style: str) -> Path:
+    """A directory with ``agg.nc``: the char aggregation ``code`` (fragments of ``style``) and an
+    ordinary char variable ``label``, both with ``_Encoding``."""
     d.mkdir()
-    sizes, uris = code_fragments(d, "char", "NETCDF4")
+    sizes, uris = code_fragments(d, style, "NETCDF4")
     write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, attrs={"_Encoding": "utf-8"})
     with netCDF4.Dataset(str(d / "agg.nc"), "a") as ds:
         label = ds.createVariable("label", "S1", ("n", "len"))
         label._Encoding = "utf-8"
         label.set_auto_chartostring(False)
         label[...] = CODE_BYTES[::-1]
+    return d
+
+
+def test_open_cfa_char_variables_with_encoding(tmp_path, where):
+    """``open_cfa``: an aggregated and an ordinary char variable with ``_Encoding`` have
+    dask arrays of the strings netCDF4-python returns (declared shape = computed shape)."""
+    d = encoded_dataset(tmp_path / "dsenc", "char")
     base, extra = where(d)
     ds = daskcfa.open_cfa(f"{base}/agg.nc", **extra)
     for name, expected in (("code", CODES), ("label", CODES[::-1])):
@@ -477,15 +483,7 @@ def test_char_variables_with_encoding_rewritten(tmp_path):
     as it was (characters, NUL padded), so that it reads back as the same strings."""
     from daskcfa.archive.refragment import refragment
 
-    d = tmp_path / "src"
-    d.mkdir()
-    sizes, uris = code_fragments(d, "mixed", "NETCDF4")
-    write_aggregation(d / "agg.nc", "code", "S1", {"n": 6, "len": 4}, sizes, uris=uris, attrs={"_Encoding": "utf-8"})
-    with netCDF4.Dataset(str(d / "agg.nc"), "a") as ds:
-        label = ds.createVariable("label", "S1", ("n", "len"))
-        label._Encoding = "utf-8"
-        label.set_auto_chartostring(False)
-        label[...] = CODE_BYTES[::-1]
+    d = encoded_dataset(tmp_path / "src", "mixed")
     with daskcfa.open_cfa(str(d / "agg.nc")) as ds:
         daskcfa.to_cfa(ds, str(tmp_path / "copy.nc"), fragment_shape={"n": 4})
     refragment(str(d / "agg.nc"), str(tmp_path / "split.nc"), fragment_shape={"n": 2})
