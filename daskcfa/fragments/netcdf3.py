@@ -10,6 +10,9 @@ Character variables are left to netCDF4-python (its char-to-string rules):
 
 A file shorter than its header says is refused: netCDF-C reads the missing
 tail as zeros or garbage without complaint.
+
+A file's first 64 KiB are read at once: the whole header of most files, and
+the whole of a small one (whose descriptor is then closed at once).
 """
 
 from __future__ import annotations
@@ -41,90 +44,108 @@ _CHAR = 2
 _MAX_HEADER = 256 << 20
 #: a dense selection is read in one range when that reads at most this many times the bytes wanted
 _DENSE = 2
+#: bytes read first: the whole header of most files, and the whole of a small file
+_FIRST_READ = 1 << 16
 
 
 @dataclass(frozen=True)
 class _Var:
     name: str
     dimids: tuple[int, ...]
-    attributes: tuple[int, int]  #: where its attribute list lies in the header (decoded on demand)
+    attributes: int  #: where its attribute list starts in the header (decoded on demand)
     nc_type: int
     begin: int
 
 
+class _Truncated(Exception):
+    """The header runs past the bytes at hand."""
+
+
+_U32 = struct.Struct(">I").unpack_from
+_U64 = struct.Struct(">Q").unpack_from
+
+
 class _Header:
-    """Big-endian reads through a netCDF-3 header, fetching more bytes as needed."""
+    """One pass over a netCDF-3 header held in ``buf`` (big-endian; counts and sizes
+    are 64-bit in CDF-5, offsets 64-bit from CDF-2 on). Written for speed: archives
+    hold thousands of small files, and each read parses its file's header. Reading
+    past ``buf`` raises ``struct.error`` or :class:`_Truncated`."""
 
-    def __init__(self, read: Callable[[int, int], Any], version: int, length: int) -> None:
-        self._read = read  # (offset, n) -> up to n bytes
-        self._length = min(length, _MAX_HEADER)  # (what a hostile count may make us read)
-        self._buffer = b""
-        self.pos = 4
-        self.wide = version == 5  # CDF-5: 64-bit counts and sizes
-        self._uint = struct.Struct(">I")
-        self._count = struct.Struct(">Q" if self.wide else ">I")
-        self._offset = struct.Struct(">I" if version == 1 else ">Q")
+    def __init__(self, buf: bytes, version: int) -> None:
+        self.buf = buf
+        self.version = version
+        self.wide = version == 5
+        self._count, self._csize = (_U64, 8) if self.wide else (_U32, 4)
+        self._offset = _U32 if version == 1 else _U64
 
-    def _need(self, n: int) -> int:
-        """The position of the next ``n`` bytes, which are now in the buffer."""
-        pos, end = self.pos, self.pos + n
-        if end > len(self._buffer):
-            if end > self._length:
-                raise EOFError
-            self._buffer = bytes(self._read(0, min(max(end, 2 * len(self._buffer), 1 << 16), self._length)))
-            if end > len(self._buffer):
-                raise EOFError
-        self.pos = end
-        return pos
+    def name(self, pos: int) -> tuple[str, int]:
+        """The name at ``pos`` and the position after it."""
+        n = self._count(self.buf, pos)[0]
+        pos += self._csize
+        raw = self.buf[pos:pos + n]
+        if len(raw) != n:
+            raise _Truncated
+        return raw.decode("utf-8", "replace"), pos + n + (-n % 4)
 
-    def _unpack(self, form: struct.Struct) -> int:
-        pos = self._need(form.size)
-        return form.unpack_from(self._buffer, pos)[0]
+    def attributes(self, pos: int, decode: bool = False) -> tuple[dict[str, Any], int]:
+        """The attribute list at ``pos`` (values decoded only with ``decode``) and the position after it."""
+        buf, count, csize, wide = self.buf, self._count, self._csize, self.wide
+        n = count(buf, pos + 4)[0]  # (past the NC_ATTRIBUTE or ABSENT tag)
+        pos += 4 + csize
+        attrs: dict[str, Any] = {}
+        for _ in range(n):
+            length = count(buf, pos)[0]
+            name_end = pos + csize + length
+            pos = name_end + (-length % 4)
+            code = _U32(buf, pos)[0]
+            if code not in _TYPES or (code > 6 and not wide):
+                raise ValueError(f"unknown type {code}")
+            values = count(buf, pos + 4)[0]
+            pos += 4 + csize
+            nbytes = values * _TYPES[code].itemsize
+            if pos + nbytes > len(buf):
+                raise _Truncated
+            if decode:
+                name = buf[name_end - length:name_end].decode("utf-8", "replace")
+                attrs[name] = _attribute(buf[pos:pos + nbytes], code, values)
+            pos += nbytes + (-nbytes % 4)
+        return attrs, pos
 
-    def uint(self) -> int:
-        return self._unpack(self._uint)
-
-    def count(self) -> int:
-        return self._unpack(self._count)
-
-    def offset(self) -> int:
-        return self._unpack(self._offset)
-
-    def raw(self, n: int) -> bytes:
-        """``n`` bytes, then the padding to a multiple of 4."""
-        pos = self._need(n + (-n % 4))
-        return self._buffer[pos:pos + n]
-
-    def name(self) -> str:
-        return self.raw(self.count()).decode("utf-8", "replace")
-
-    def nc_type(self) -> int:
-        code = self.uint()
-        if code not in _TYPES or (code > 6 and not self.wide):
-            raise ValueError(f"unknown type {code}")
-        return code
-
-    def skip_attributes(self) -> tuple[int, int]:
-        """Pass over an attribute list; where it lies."""
-        start = self.pos
-        self.uint()  # NC_ATTRIBUTE or ABSENT
-        for _ in range(self.count()):
-            self.raw(self.count())
-            code = self.nc_type()
-            self.raw(self.count() * _TYPES[code].itemsize)
-        return start, self.pos
-
-    def attributes(self, where: tuple[int, int]) -> dict[str, Any]:
-        """The attribute list at ``where`` (see :meth:`skip_attributes`), decoded."""
-        self.pos = where[0]
-        self.uint()
-        attrs = {}
-        for _ in range(self.count()):
-            name = self.name()
-            code = self.nc_type()
-            n = self.count()
-            attrs[name] = _attribute(self.raw(n * _TYPES[code].itemsize), code, n)
-        return attrs
+    def layout(self) -> "_Layout":
+        """The whole header parsed."""
+        buf, count, csize = self.buf, self._count, self._csize
+        numrecs = count(buf, 4)[0]
+        pos = 8 + csize  # (past the NC_DIMENSION or ABSENT tag)
+        ndims = count(buf, pos)[0]
+        pos += csize
+        dims = []
+        for _ in range(ndims):
+            name, pos = self.name(pos)
+            dims.append((name, count(buf, pos)[0]))
+            pos += csize
+        _, pos = self.attributes(pos)  # (global attributes: a fragment's are not read)
+        nvars = count(buf, pos + 4)[0]  # (past the NC_VARIABLE or ABSENT tag)
+        pos += 4 + csize
+        variables: dict[str, _Var] = {}
+        for _ in range(nvars):
+            name, pos = self.name(pos)
+            rank = count(buf, pos)[0]
+            pos += csize
+            if pos + rank * csize > len(buf):
+                raise _Truncated
+            dimids = tuple(count(buf, pos + k * csize)[0] for k in range(rank))
+            pos += rank * csize
+            attributes = pos
+            _, pos = self.attributes(pos)
+            code = _U32(buf, pos)[0]
+            if code not in _TYPES or (code > 6 and not self.wide):
+                raise ValueError(f"unknown type {code}")
+            begin = self._offset(buf, pos + 4 + csize)[0]  # (past vsize: recomputed, it saturates)
+            pos += 4 + csize + (4 if self._offset is _U32 else 8)
+            if any(d >= ndims for d in dimids):
+                raise ValueError("bad dimension id")
+            variables[name] = _Var(name, dimids, attributes, code, begin)
+        return _Layout(self, numrecs, dims, variables)
 
 
 def _attribute(raw: bytes, code: int, n: int) -> Any:
@@ -139,27 +160,14 @@ def _attribute(raw: bytes, code: int, n: int) -> Any:
 class _Layout:
     """A parsed netCDF-3 header: dimensions, global attributes, variables and record size."""
 
-    def __init__(self, h: _Header) -> None:
-        self.header = h
-        numrecs = h.count()
-        self.streaming = numrecs == (1 << (64 if h.wide else 32)) - 1
+    def __init__(self, header: _Header, numrecs: int, dims: list[tuple[str, int]],
+                 variables: dict[str, _Var]) -> None:
+        self.header = header
+        self.streaming = numrecs == (1 << (64 if header.wide else 32)) - 1
         self.numrecs = 0 if self.streaming else numrecs
-        h.uint()  # NC_DIMENSION or ABSENT
-        self.dims: list[tuple[str, int]] = [(h.name(), h.count()) for _ in range(h.count())]
-        h.skip_attributes()  # (global attributes: a fragment's are not read)
-        h.uint()  # NC_VARIABLE or ABSENT
-        self.vars: dict[str, _Var] = {}
-        for _ in range(h.count()):
-            name = h.name()
-            dimids = tuple(h.count() for _ in range(h.count()))
-            attributes = h.skip_attributes()
-            code = h.nc_type()
-            h.count()  # vsize: recomputed below (it saturates for large variables)
-            begin = h.offset()
-            if any(d >= len(self.dims) for d in dimids):
-                raise ValueError("bad dimension id")
-            self.vars[name] = _Var(name, dimids, attributes, code, begin)
-        records = [v for v in self.vars.values() if self.is_record(v)]
+        self.dims = dims
+        self.vars = variables
+        records = [v for v in variables.values() if self.is_record(v)]
         # one record variable: its records are not padded; else each holds every record variable's padded slice
         self.recsize = self.slab(records[0]) if len(records) == 1 else sum(_padded(self.slab(v)) for v in records)
 
@@ -190,14 +198,24 @@ def _padded(n: int) -> int:
     return n + (-n % 4)
 
 
-def _parse(read: Callable[[int, int], Any], length: int) -> _Layout:
-    head = bytes(read(0, 4))
-    if head not in SIGNATURES:
+def _parse(read: Callable[[int, int], Any], length: int, first: Any = b"") -> _Layout:
+    """The layout of the file that ``read`` reads (``length`` bytes long, beginning with ``first``).
+    A header longer than ``first`` is read again, twice as much each time (a count
+    in a hostile header may claim more than the file holds: the file's length bounds it)."""
+    buf = bytes(first) if len(first) >= 4 else bytes(read(0, min(length, _FIRST_READ)))
+    if buf[:4] not in SIGNATURES:
         raise FragmentReadError("not a netCDF-3 file")
-    try:
-        layout = _Layout(_Header(read, head[3], length))
-    except (EOFError, ValueError, UnicodeError, struct.error):
-        raise FragmentReadError(f"malformed or truncated netCDF-3 header ({length} bytes)") from None
+    limit = min(length, _MAX_HEADER)
+    while True:
+        try:
+            layout = _Header(buf, buf[3]).layout()
+            break
+        except (_Truncated, struct.error):
+            if len(buf) >= limit:
+                raise FragmentReadError(f"malformed or truncated netCDF-3 header ({length} bytes)") from None
+            buf = bytes(read(0, min(limit, max(2 * len(buf), _FIRST_READ))))
+        except (ValueError, UnicodeError):
+            raise FragmentReadError(f"malformed or truncated netCDF-3 header ({length} bytes)") from None
     needed = layout.extent()
     if needed is not None and length < needed:
         raise FragmentReadError(f"truncated netCDF-3 file: {length} bytes, its header describes {needed}")
@@ -223,15 +241,21 @@ class NetCDF3File:
 
     def __init__(self, *, fd: int | None = None, data: Any = None) -> None:
         self._fd = fd
-        if fd is not None:
-            self._layout = _parse(self._read_some, os.fstat(fd).st_size)
+        if fd is not None:  # its first bytes read now (a small file: all of it, and closed)
+            length = os.fstat(fd).st_size
+            self._data: Any = memoryview(os.pread(fd, min(length, _FIRST_READ), 0))
+            if len(self._data) == length:
+                self.close()
+            first = self._data
         else:
             self._data = data if isinstance(data, Blocks) else memoryview(data).cast("B")
-            self._layout = _parse(self._read_some, len(self._data))
+            length = len(self._data)
+            first = self._data.read(0, min(length, _FIRST_READ)) if isinstance(data, Blocks) else self._data[:_FIRST_READ]
+        self._layout = _parse(self._read_some, length, first)
 
     def _read_some(self, offset: int, n: int) -> Any:
         """Up to ``n`` bytes from ``offset`` (fewer at the end of the file)."""
-        if self._fd is not None:
+        if self._fd is not None and offset + n > len(self._data):  # (beyond the first bytes)
             return os.pread(self._fd, n, offset)
         if isinstance(self._data, Blocks):
             return self._data.read(offset, n)
@@ -286,6 +310,11 @@ def open_netcdf3(path: str) -> NetCDF3File | None:
 class NetCDF3Variable:
     """One variable of a :class:`NetCDF3File`; :meth:`read` returns raw stored values, native byte order."""
 
+    #: netCDF-3 stores no chunks: nothing is decoded beyond the selection read
+    chunk_nbytes = 0
+    #: netCDF-3 records no per-variable NOFILL: netCDF4-python applies the default fill
+    no_fill = False
+
     def __init__(self, file: NetCDF3File, var: _Var) -> None:
         layout = file._layout
         self._file = file
@@ -295,11 +324,7 @@ class NetCDF3Variable:
         self.dims = tuple(layout.dims[d][0] for d in var.dimids)
         self.shape = layout.shape(var)
         self.dtype = self._stored.newbyteorder("=")
-        self.attrs = layout.header.attributes(var.attributes)
-        #: netCDF-3 stores no chunks: nothing is decoded beyond the selection read
-        self.chunk_nbytes = 0
-        #: netCDF-3 records no per-variable NOFILL: netCDF4-python applies the default fill
-        self.no_fill = False
+        self.attrs = layout.header.attributes(var.attributes, decode=True)[0]
         itemsize = self._stored.itemsize
         #: bytes from one index to the next along each dimension (records for the first of a record variable)
         self._strides = tuple(itemsize * math.prod(self.shape[k + 1:]) for k in range(len(self.shape)))
