@@ -26,6 +26,7 @@ from ..fragments.files import small_object_size
 from ..model import AggregatedVariable, FragmentGrid
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
+from .masked import masked_chunk
 
 __all__ = ["AggregatedArray", "Access", "to_dask", "merged_chunks"]
 
@@ -109,6 +110,8 @@ class AggregatedArray:
             result = result.view(self.dtype) if result.dtype != self.dtype else result
         else:
             result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
+            if self.mask:
+                result = masked_chunk(result)
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
         if any(d.reverse for d in dims):
             result = result[flips]
@@ -275,7 +278,7 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
     array = AggregatedArray(variable, mask=mask, access=access, strings=strings)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
-        meta = np.ma.MaskedArray(meta)
+        meta = np.ma.MaskedArray(meta) if array.text else masked_chunk(np.ma.MaskedArray(meta))
     name = f"cfa-{variable.basename}-{dask.base.tokenize(array, chunks)}"
     return da.from_array(
         array,
