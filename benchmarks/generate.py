@@ -124,6 +124,9 @@ SCENARIO_DATA: dict[str, tuple[DatasetSpec, DatasetSpec]] = {
         DatasetSpec(200, (1, 18, 36), file_format="NETCDF3_CLASSIC"),
     ),
 }
+# The whole-array mean scenarios read the read scenarios' data.
+SCENARIO_DATA["mean-uncompressed"] = SCENARIO_DATA["read-uncompressed"]
+SCENARIO_DATA["mean-zlib"] = SCENARIO_DATA["read-zlib"]
 
 
 # A tiny dataset each tool reads once, in the measured process but before the
@@ -137,6 +140,8 @@ S3_SCENARIOS = {
     "s3-read-uncompressed": "read-uncompressed",
     "s3-read-zlib": "read-zlib",
     "s3-timeseries": "timeseries",
+    "s3-mean-uncompressed": "mean-uncompressed",
+    "s3-mean-zlib": "mean-zlib",
 }
 
 

@@ -19,6 +19,8 @@ Scenario kinds:
   time step (a full read + mean; the per-time means also catch misplaced
   fragments, which a plain mean would not).
 * ``timeseries``: ``x[:, py, px]`` with (py, px) the grid centre.
+* ``mean``: the whole-array mean accumulated in float64 (``x.mean(dtype="f8")``),
+  with each tool's default masking (the README's example operation).
 
 The ``s3-*`` scenarios do the same on the same datasets uploaded to a local
 S3 server; the server (endpoint, credentials, bucket, metrics address) comes
@@ -53,6 +55,10 @@ SCENARIO_KIND = {
     "s3-read-uncompressed": "read",
     "s3-read-zlib": "read",
     "s3-timeseries": "timeseries",
+    "mean-uncompressed": "mean",
+    "mean-zlib": "mean",
+    "s3-mean-uncompressed": "mean",
+    "s3-mean-zlib": "mean",
 }
 
 NEUTRAL_CWD = "/"  # tools that must not depend on the working directory run here
@@ -127,6 +133,8 @@ def _dask_op(kind: str, ds: Dataset, x, **compute_kw):
         return x
     if kind == "read":
         return x.mean(axis=(1, 2)).compute(**compute_kw)
+    if kind == "mean":
+        return x.mean(dtype="f8").compute(**compute_kw)
     py, px = ds.point
     return x[:, py, px].compute(**compute_kw)
 
@@ -141,6 +149,8 @@ def _dask_describe(kind, ds, value, probe):
 
 
 def _array_result(kind, value) -> dict:
+    if kind == "mean":
+        return {"mean": float(value), "dtype": str(np.asarray(value).dtype)}
     a = np.asarray(value)
     key = "spatial_mean" if kind == "read" else "series"
     return {key: a.astype(np.float64).ravel().tolist(), "dtype": str(a.dtype)}
@@ -151,6 +161,8 @@ def _xr_op(kind, ds, da_):
         return da_
     if kind == "read":
         return da_.mean(dim=("lat", "lon")).values
+    if kind == "mean":
+        return da_.mean(dtype="f8").values
     py, px = ds.point
     return da_.isel(lat=py, lon=px).values
 
@@ -361,7 +373,17 @@ def _raw_values(nc, kind, point):
     (read scenarios) or the point (time series), as stored."""
     v = nc.variables["tas"]
     v.set_auto_maskandscale(False)
+    if kind == "mean":  # (this fragment's sum and count)
+        return np.array([v[...].sum(dtype="f8"), v.size])
     return v[...].mean(axis=(1, 2)) if kind == "read" else v[:, point[0], point[1]]
+
+
+def _raw_result(kind, parts):
+    """What a raw loop returns from its fragments' parts."""
+    if kind == "mean":
+        total, count = np.sum(parts, axis=0)
+        return total / count
+    return np.concatenate(parts)
 
 
 def tool_raw_loop(kind, ds):
@@ -377,7 +399,7 @@ def tool_raw_loop(kind, ds):
         for path in files:
             with netCDF4.Dataset(path) as nc:
                 out.append(_raw_values(nc, kind, ds.point))
-        return np.concatenate(out)
+        return _raw_result(kind, out)
 
     return run, lambda v, p: _array_result(kind, v), None
 
@@ -442,7 +464,7 @@ def tool_raw_s3_serial(kind, ds, one_get=False):
             buf = fs.cat_file(url, **({"max_concurrency": 1} if one_get else {}))
             with netCDF4.Dataset("fragment.nc", memory=buf) as nc:
                 out.append(_raw_values(nc, kind, ds.point))
-        return np.concatenate(out)
+        return _raw_result(kind, out)
 
     return run, lambda v, p: _array_result(kind, v), None
 
