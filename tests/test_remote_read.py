@@ -510,6 +510,24 @@ def test_read_ahead_fetches_each_object_once_along_a_time_series(walk_dataset, s
     assert used["used"] > 0 and used["started"] <= WALK
 
 
+@pytest.mark.parametrize("scheduler", ["synchronous", "threads"])
+def test_read_ahead_within_chunks_of_merged_fragments(walk_dataset, scheduler):
+    """A chunk of several small remote fragments (``chunks="1KiB"``: 8 fragments a chunk) reads
+    them as a walk: the next ones are fetched ahead, each object exactly once."""
+    built, http, _ = walk_dataset
+    x = daskcfa.from_cfa(http.url_for("ds/" + built.path.name), built.variable, chunks="1KiB")
+    assert len(x.chunks[0]) < WALK // 4
+    http.reset()
+    before = __import__("daskcfa.fragments.readahead", fromlist=["stats"]).stats()
+    with dask.config.set({"daskcfa.io.readahead": 4, "scheduler": scheduler}):
+        got = x.compute()
+    assert_matches(got, built.expected)
+    gets = {p: n for p, n in _fragment_gets(http).items() if not p.endswith(built.path.name)}
+    assert len(gets) == WALK and set(gets.values()) == {1}, "every object fetched exactly once"
+    used = _used(before)
+    assert used["used"] >= WALK // 2 and used["started"] <= WALK
+
+
 def test_read_ahead_stops_near_the_end_of_a_partial_walk(walk_dataset):
     built, http, x = walk_dataset
     http.reset()

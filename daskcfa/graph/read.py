@@ -5,6 +5,11 @@ xarray's backend arrays): indexing it reads just the needed part of just the
 needed fragments. ``dask.array.from_array`` turns it into one task per chunk,
 and dask fuses later slicing into those tasks, so ``x[:, 5, 7]`` reads one
 point per fragment rather than whole fragments.
+
+A chunk may also hold whole neighbouring fragments (``chunks="256MiB"``):
+worth it for thousands of kilobyte fragments, where a dask task costs more
+than reading one; a chunk's reads then walk along its fragments, reading
+small remote objects ahead as a walk across chunks does.
 """
 
 from __future__ import annotations
@@ -148,6 +153,7 @@ class AggregatedArray:
         values = np.empty(shape, self.target.dtype)
         mask = np.ma.nomask
         for pieces in combos:
+            self._read_ahead(pieces)  # (a chunk of several fragments walks along them too)
             block = self._piece(pieces)
             where = _placement(pieces)
             values[where] = np.ma.getdata(block)
@@ -169,7 +175,7 @@ class AggregatedArray:
         depth = readahead.depth()
         index = tuple(p.fragment for p in pieces)
         last, self._last_read = self._last_read, index
-        if not depth or last is None:
+        if not depth or last is None or self._is_local(index):
             return
         moved = [a for a, (i, j) in enumerate(zip(index, last)) if i != j]
         if len(moved) != 1 or abs(index[moved[0]] - last[moved[0]]) > 2:  # (threads take turns)
@@ -187,6 +193,13 @@ class AggregatedArray:
             if uri:
                 uris.append(uri)
         readahead.read_ahead(uris, self.target.profile, self.target.policy)
+
+    def _is_local(self, index: tuple[int, ...]) -> bool:
+        """Whether the fragment at ``index`` is (first) a local file: a walk from it reads
+        nothing ahead (a cheap look, made before the fragments ahead are looked up)."""
+        uris = self.variable.fragments.uris
+        first = uris[index][0] if uris is not None else None
+        return storage.is_local(self.variable.source) and (not first or storage.is_local(str(first)))
 
     def _ahead_uri(self, index: tuple[int, ...]) -> str | None:
         """What read-ahead may fetch for the fragment at ``index``: its URI, ""
