@@ -430,6 +430,19 @@ def tool_raw_bytes(kind, ds):
     return run, lambda v, p: {"bytes": int(v)}, None
 
 
+def tool_dask_floor(kind, ds):
+    """dask alone on an array of the same chunks with no I/O (``da.zeros``): the cost of
+    scheduling one task per fragment, below which no reader of one chunk per fragment can go."""
+    if kind == "open":
+        raise CannotDo("not applicable")
+    import dask.array as da
+
+    def run():
+        return _dask_op(kind, ds, da.zeros(ds.shape, chunks=tuple(ds.frag_shape), dtype="f4"))
+
+    return run, lambda v, p: {"context": "no I/O"}, None
+
+
 def tool_raw_s3_cat(kind, ds):
     """Parallel download of every fragment object (s3fs ``cat`` of the list:
     concurrent GETs): the download limit of the S3 scenarios."""
@@ -473,6 +486,7 @@ TOOLS = {
     "raw-agg": tool_raw_agg,
     "raw-loop": tool_raw_loop,
     "raw-bytes": tool_raw_bytes,
+    "dask-floor": tool_dask_floor,
     "daskcfa": tool_daskcfa,
     "daskcfa-processes": tool_daskcfa_processes,
     "daskcfa-distributed": tool_daskcfa_distributed,
