@@ -1,6 +1,7 @@
 """Open one variable of one fragment file with the best engine and strategy.
 
-Engines, chosen from a file's first bytes: HDF5-based files (netCDF-4) are
+Engines, chosen from a file's first bytes (or, for a Zarr store, from its URI:
+:mod:`.zarr`): HDF5-based files (netCDF-4) are
 read *directly* — h5py locates the chunks, and the bytes are read and
 decompressed outside the HDF5 lock, so threads decode in parallel. netCDF-3
 files are read directly too (:mod:`.netcdf3`: header parsed, values read with
@@ -33,6 +34,7 @@ from . import readahead
 from .manager import manager
 from .netcdf import NetCDF4File
 from .netcdf3 import SIGNATURES as NETCDF3_SIGNATURES, NetCDF3File, open_netcdf3
+from .zarr import ZarrFile, is_zarr
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _READS = itertools.count()  #: distinct keys for handles that are never shared
@@ -234,7 +236,10 @@ def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = 
     :class:`NotFoundError` when the file does not exist; only regular local
     files are opened.
     """
-    if storage.is_local(uri):
+    if is_zarr(uri):  # (a store is a directory or a prefix: never one object)
+        key = ("zarr", uri, next(_READS))  # (opened afresh by each read: a store has no version to check)
+        handle = manager().open(key, lambda: _open_zarr(uri, profile, policy), files=1, label=uri, keep=False)
+    elif storage.is_local(uri):
         path = storage.local_path(uri)
         try:
             stat = storage.local_stat(uri)
@@ -252,6 +257,13 @@ def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = 
         handle = _remote_handle(uri, profile, policy, fraction, expected_nbytes)
     with handle as (file, _):
         yield file.first_variable([name] if isinstance(name, str) else name)
+
+
+def _open_zarr(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:
+    def no_netcdf4() -> NetCDF4File:
+        raise FragmentReadError("a Zarr store is read by zarr-python only")
+
+    return FragmentFile(uri, direct=ZarrFile(uri, profile, policy=policy), netcdf4=no_netcdf4)
 
 
 def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:

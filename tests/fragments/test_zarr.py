@@ -1,0 +1,168 @@
+"""Zarr fragments (``daskcfa.fragments.zarr``): Zarr v2 and v3 stores written by zarr-python and
+xarray, and netCDF-C's NCZarr, mixed with netCDF fragments in one aggregation, locally and on
+the S3 test server, read equal to numpy ground truth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+from builders import assert_matches, build_cf113, make_truth
+from remote_helpers import rewrite_uris
+
+zarr = pytest.importorskip("zarr")
+xr = pytest.importorskip("xarray")
+
+DIMS = ("time", "lat", "lon")
+SIZES = ((2, 3, 1), (4,), (5,))
+FILL = np.float32(-1e20)
+
+
+def _zarr_v2(path: Path, name: str, block: np.ma.MaskedArray) -> str:
+    array = zarr.create_array(str(path), name=name, shape=block.shape, dtype="f4", zarr_format=2, fill_value=FILL,
+                              attributes={"_ARRAY_DIMENSIONS": list(DIMS), "units": "K"})
+    array[...] = block.filled(FILL)
+    return path.name
+
+
+def _zarr_v3(path: Path, name: str, block: np.ma.MaskedArray) -> str:
+    array = zarr.create_array(str(path), name=name, shape=block.shape, dtype=">f4", zarr_format=3,
+                              chunks=(1,) + block.shape[1:], dimension_names=list(DIMS),
+                              attributes={"_FillValue": float(FILL), "units": "K"})
+    array[...] = block.filled(FILL)
+    return path.name
+
+
+def _xarray(fmt: int):
+    def write(path: Path, name: str, block: np.ma.MaskedArray) -> str:
+        data = block.astype("f4").filled(np.nan)
+        xr.Dataset({name: (DIMS, data, {"units": "K"})}).to_zarr(str(path), zarr_format=fmt, mode="w",
+                                                                consolidated=False)
+        return path.name
+    return write
+
+
+def _xarray_packed(path: Path, name: str, block: np.ma.MaskedArray) -> str:
+    ds = xr.Dataset({name: (DIMS, block.astype("f8").filled(np.nan), {"units": "K"})})
+    ds[name].encoding = {"dtype": "i2", "scale_factor": 0.01, "add_offset": 260.0, "_FillValue": -32768}
+    ds.to_zarr(str(path), zarr_format=3, mode="w", consolidated=False)
+    return path.name
+
+
+def _nczarr(path: Path, name: str, block: np.ma.MaskedArray) -> str:
+    with netCDF4.Dataset(f"file://{path}#mode=nczarr,file", "w") as nc:
+        for dim, n in zip(DIMS, block.shape):
+            nc.createDimension(dim, n)
+        var = nc.createVariable(name, "f4", DIMS, fill_value=FILL)
+        var.units = "K"
+        var[...] = block
+    return f"{path.name}#mode=nczarr,file"
+
+
+WRITERS = {"zarr-v2": _zarr_v2, "zarr-v3": _zarr_v3, "xarray-v2": _xarray(2), "xarray-v3": _xarray(3),
+           "xarray-packed": _xarray_packed, "nczarr": _nczarr}
+
+
+def _blocks(sizes):
+    """Each fragment's index and its slices of the aggregated array."""
+    starts = [np.concatenate([[0], np.cumsum(row)[:-1]]) for row in sizes]
+    for index in np.ndindex(*(len(row) for row in sizes)):
+        yield index, tuple(slice(int(s[i]), int(s[i]) + row[i]) for s, row, i in zip(starts, sizes, index))
+
+
+def _with_zarr_fragments(tmp_path: Path, writer: str, every: int = 2):
+    """A CF-1.13 aggregation whose every ``every``-th fragment is a Zarr store (the rest netCDF)."""
+    built = build_cf113(tmp_path / "ds", make_truth((6, 4, 5), "f4", seed=9, masked=0.2), DIMS, SIZES)
+    renamed = {}
+    for k, (index, where) in enumerate(_blocks(SIZES)):
+        if k % every:
+            continue
+        old = built.fragment_uris[index][0]
+        store = built.path.parent / f"zarr_{k}.zarr"
+        renamed[old] = WRITERS[writer](store, "tas", built.expected[where])
+    rewrite_uris(built.path, built.names["uris"], lambda u: renamed.get(u, u))
+    return built, renamed
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_zarr_fragments_read_equal_to_the_ground_truth(tmp_path, placed, writer):
+    built, renamed = _with_zarr_fragments(tmp_path, writer)
+    assert renamed, "no fragment was made a Zarr store"
+    url, options = placed(built.path)
+    x = daskcfa.from_cfa(url, "tas", storage_options=options)
+    assert x.chunks == built.chunks
+    packed = writer == "xarray-packed"
+    assert_matches(x.compute(), built.expected, atol=0.006 if packed else 0.0, rtol=0 if packed else 1e-6)
+    assert_matches(x[:, 1, 2:4].compute(), built.expected[:, 1, 2:4], atol=0.006 if packed else 0.0,
+                   rtol=0 if packed else 1e-6)
+
+
+def test_every_fragment_zarr_and_strided_selection(tmp_path):
+    built, _ = _with_zarr_fragments(tmp_path, "zarr-v3", every=1)
+    x = daskcfa.from_cfa(str(built.path), "tas")
+    assert_matches(x[::2, 1:, ::3].compute(), built.expected[::2, 1:, ::3])
+    assert_matches(x[5, 3, 4].compute(), built.expected[5, 3, 4])
+
+
+def test_missing_zarr_store_is_a_missing_fragment(tmp_path):
+    built, renamed = _with_zarr_fragments(tmp_path, "zarr-v2")
+    gone = built.path.parent / next(iter(renamed.values()))
+    import shutil
+
+    shutil.rmtree(gone)
+    x = daskcfa.from_cfa(str(built.path), "tas")
+    with pytest.raises(daskcfa.MissingFragmentError) as info:
+        x.compute()
+    assert info.value.fragment == (0, 0, 0) and "zarr_0.zarr" in str(info.value)
+    with pytest.warns(daskcfa.CFAWarning, match="zarr_0.zarr|fragment \\(0, 0, 0\\)"):
+        values = daskcfa.from_cfa(str(built.path), "tas", missing="fill")[:2].compute()
+    assert np.ma.getmaskarray(values).all()
+
+
+@pytest.mark.parametrize("damage", ["metadata", "variable", "strings"])
+def test_damaged_zarr_store_is_a_clear_fragment_error(tmp_path, damage):
+    built, renamed = _with_zarr_fragments(tmp_path, "zarr-v2")
+    store = built.path.parent / next(iter(renamed.values()))
+    if damage == "metadata":
+        (store / "tas" / ".zarray").write_text("{not json")
+    elif damage == "variable":
+        (store / "tas").rename(store / "other")
+    else:
+        array = zarr.create_array(str(store), name="tas", shape=(2, 4, 5), dtype="U4", zarr_format=2,
+                                  overwrite=True, attributes={"_ARRAY_DIMENSIONS": list(DIMS)})
+        array[...] = "abcd"
+    x = daskcfa.from_cfa(str(built.path), "tas")
+    with pytest.raises(daskcfa.FragmentReadError) as info:
+        x.compute()
+    assert info.value.fragment == (0, 0, 0)
+    assert "zarr_0.zarr" in str(info.value)
+
+
+def test_zarr_fragment_refused_outside_the_allowed_locations(tmp_path):
+    built, renamed = _with_zarr_fragments(tmp_path, "zarr-v3")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = next(iter(renamed.values()))
+    (built.path.parent / moved).rename(elsewhere / moved)
+    rewrite_uris(built.path, built.names["uris"], lambda u: str(elsewhere / u) if u == moved else u)
+    x = daskcfa.from_cfa(str(built.path), "tas", allowed_locations=[str(built.path.parent)])
+    with pytest.raises(daskcfa.UnsafeURIError) as info:
+        x.compute()
+    assert info.value.fragment == (0, 0, 0)
+    assert_matches(daskcfa.from_cfa(str(built.path), "tas").compute(), built.expected)  # (local: anywhere)
+
+
+def test_nczarr_written_by_netcdf_c_keeps_its_float32_fill(tmp_path):
+    """NCZarr records each attribute's netCDF type: a float32 fill value is compared as float32
+    (-1e20 in float64 is not the float32 value stored)."""
+    built, renamed = _with_zarr_fragments(tmp_path, "nczarr", every=1)
+    store = built.path.parent / next(iter(renamed.values())).split("#")[0]
+    attrs = json.loads((store / "tas" / ".zattrs").read_text())
+    assert attrs["_nczarr_attr"]["types"]["_FillValue"] == "<f4"
+    values = daskcfa.from_cfa(str(built.path), "tas").compute()
+    assert np.ma.getmaskarray(values).sum() == np.ma.getmaskarray(built.expected).sum() > 0
