@@ -63,7 +63,11 @@ class ZarrFile:
 
     def __init__(self, uri: str, profile: ProfileRef = storage.NO_PROFILE, *,
                  policy: LocationPolicy | None = None) -> None:
-        import zarr
+        try:
+            import zarr
+        except ImportError:
+            raise FragmentReadError("a Zarr fragment needs zarr-python (pip install 'daskcfa[zarr]')",
+                                    file=uri) from None
 
         self.uri = uri
         location = store_uri(uri)
