@@ -166,3 +166,22 @@ def test_nczarr_written_by_netcdf_c_keeps_its_float32_fill(tmp_path):
     assert attrs["_nczarr_attr"]["types"]["_FillValue"] == "<f4"
     values = daskcfa.from_cfa(str(built.path), "tas").compute()
     assert np.ma.getmaskarray(values).sum() == np.ma.getmaskarray(built.expected).sum() > 0
+
+
+def test_zarr_chunk_larger_than_the_memory_budget_is_refused_before_decoding(tmp_path):
+    """A store may declare one chunk of gigabytes (its bytes a few of zeros compressed): the chunk
+    is counted against the memory budget before zarr decodes it, as HDF5 chunks are."""
+    import dask
+
+    built, renamed = _with_zarr_fragments(tmp_path, "zarr-v3", every=1)
+    store = built.path.parent / next(iter(renamed.values()))
+    meta = json.loads((store / "tas" / "zarr.json").read_text())
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [20_000, 20_000, 20_000]  # 32 TB a chunk
+    (store / "tas" / "zarr.json").write_text(json.dumps(meta))
+    for chunk in (store / "tas" / "c").rglob("*"):
+        if chunk.is_file():
+            chunk.unlink()
+    with dask.config.set({"daskcfa.budget.memory": "64MiB"}):
+        with pytest.raises(daskcfa.BudgetError) as info:
+            daskcfa.from_cfa(str(built.path), "tas")[:2].compute()
+    assert info.value.fragment == (0, 0, 0)
