@@ -36,7 +36,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import cf_units
 import cftime
 import dask
 import numpy as np
@@ -46,6 +45,7 @@ from ..decode import Encoding, default_fill_value
 from ..errors import AggregationError, CFAError, CFAWarning, StorageError, redact
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
+from ..units import Unit
 
 __all__ = ["FileInfo", "VariableInfo", "scan", "scan_files", "expand_sources", "sources_profile",
            "plan_aggregation", "same_values"]
@@ -475,7 +475,7 @@ class _Planner:
             if calendar is not None:
                 dates = cftime.num2date(values, str(own), calendar, only_use_cftime_datetimes=True)
                 return np.asarray(cftime.date2num(dates, target_units, calendar), dtype=np.float64)
-            return cf_units.Unit(str(own)).convert(values.astype(np.float64), cf_units.Unit(target_units))
+            return Unit(str(own)).convert(values.astype(np.float64), Unit(target_units))
         except (ValueError, TypeError) as exc:
             raise AggregationError(f"coordinate {name!r} in units {own!r} cannot be converted to {target_units!r} "
                                    f"({exc})", variable=name, file=info.uri) from None
@@ -839,7 +839,7 @@ def _convertible(units: Any, ref_units: Any, calendar: Any) -> bool:
     if units is None or ref_units is None:
         return units is None and ref_units is None
     try:
-        return cf_units.Unit(str(units), calendar=calendar).is_convertible(cf_units.Unit(str(ref_units),
+        return Unit(str(units), calendar=calendar).is_convertible(Unit(str(ref_units),
                                                                                          calendar=calendar))
     except ValueError:
         return False

@@ -16,7 +16,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import cf_units
 import numpy as np
 
 from ..decode import Encoding, chars_to_strings, strings_to_chars
@@ -27,6 +26,7 @@ from ..model import FragmentRef
 from .. import storage
 from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
+from ..units import Unit
 from .files import open_fragment
 
 __all__ = ["Target", "read_fragment", "allowed_uris"]
@@ -420,8 +420,8 @@ def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Targ
         return data
     calendar = attrs.get("calendar", target.calendar)
     try:
-        source = cf_units.Unit(str(units), calendar=calendar)
-        dest = cf_units.Unit(str(target.units), calendar=target.calendar or calendar)
+        source = Unit(str(units), calendar=calendar)
+        dest = Unit(str(target.units), calendar=target.calendar or calendar)
     except ValueError as exc:
         raise UnitsError(f"cannot interpret units: {exc}") from None
     if source == dest:

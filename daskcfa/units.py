@@ -1,0 +1,22 @@
+"""cf-units, imported so that a process's locale cannot stop it.
+
+cf-units switches ``LC_NUMERIC`` to ``"C"`` while it loads UDUNITS-2, then
+restores the name :func:`locale.getlocale` gave. Python 3.11 reports a
+``C.UTF-8`` locale set from the environment (as Sphinx, IPython and many
+GUI programs set it) as ``en_US.UTF-8``, which cannot be set back where that
+locale is not installed: the import fails with ``locale.Error`` after the
+switch to ``"C"``, so a second import succeeds.
+"""
+
+from __future__ import annotations
+
+import locale
+
+try:
+    import cf_units
+except locale.Error:
+    import cf_units
+
+Unit = cf_units.Unit
+
+__all__ = ["Unit"]
