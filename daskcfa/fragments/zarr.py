@@ -1,9 +1,14 @@
-"""Fragments stored as Zarr: Zarr v2 or v3 stores and netCDF-C's NCZarr, read with zarr-python.
+"""Fragments stored as Zarr: Zarr v2 or v3 stores, netCDF-C's NCZarr, and fsspec reference sets.
 
 A fragment is a Zarr store when its URI says so, as netCDF-C spells it
 (``file:///d/f0.zarr#mode=nczarr,file``, ``s3://b/f0.zarr#mode=zarr,s3``) or
-by the ``.zarr`` suffix of its path (``f0.zarr``, ``s3://b/f0.zarr/``). The
-store is reached through the storage layer (credentials by reference, the
+by the ``.zarr`` suffix of its path (``f0.zarr``, ``s3://b/f0.zarr/``). A
+fragment named ``*.json`` (or ``*.parq``/``*.parquet``) is an fsspec
+reference set (kerchunk's format, versions 0 and 1), which presents a Zarr
+store whose chunks are byte ranges of other files: each target is resolved
+against the reference set's location and checked by the safe-URI policy when
+it is read (a reference set is untrusted input, as an aggregation file is).
+The store is reached through the storage layer (credentials by reference, the
 safe-URI policy's checked HTTP client) and its variable is read as a netCDF
 variable is, under the same canonical-form rules:
 
@@ -20,15 +25,19 @@ variable is, under the same canonical-form rules:
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 import struct
 from typing import Any, Mapping
 
 import numpy as np
+from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from .. import storage
-from ..errors import FragmentReadError, NotFoundError
+from ..errors import CFAError, FragmentReadError, NotFoundError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
@@ -47,10 +56,16 @@ def _mode(uri: str) -> list[str]:
 
 
 def is_zarr(uri: str) -> bool:
-    """Whether the fragment at ``uri`` is a Zarr store (its URI says so: a Zarr mode, or ``.zarr``)."""
+    """Whether the fragment at ``uri`` is read as Zarr (its URI says so: a Zarr mode, ``.zarr``,
+    or a reference set's ``.json``/``.parq``)."""
     if any(m in ("zarr", "nczarr") for m in _mode(uri)):
         return True
-    return store_uri(uri).rstrip("/").endswith(".zarr")
+    return store_uri(uri).rstrip("/").endswith(".zarr") or is_reference_set(uri)
+
+
+def is_reference_set(uri: str) -> bool:
+    """Whether ``uri`` names an fsspec reference set (JSON, or a Parquet directory)."""
+    return store_uri(uri).rstrip("/").endswith((".json", ".parq", ".parquet"))
 
 
 def store_uri(uri: str) -> str:
@@ -72,13 +87,17 @@ class ZarrFile:
         self.uri = uri
         location = store_uri(uri)
         try:
-            if storage.is_local(location):
+            if is_reference_set(location):
+                store: Any = zarr.storage.FsspecStore(_references(location, profile, policy), read_only=True)
+            elif storage.is_local(location):
                 path = storage.local_path(location)
-                store: Any = zarr.storage.LocalStore(path, read_only=True)
+                store = zarr.storage.LocalStore(path, read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
             self._group = zarr.open_group(store, mode="r")
+        except CFAError:
+            raise
         except FileNotFoundError:
             raise NotFoundError("not found", file=uri) from None
         except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -107,9 +126,71 @@ def _async(fs: Any) -> Any:
     """``fs`` as zarr-python's store wants it (asynchronous), its requests still made on fsspec's
     own event loop, with the rest of daskcfa's I/O (zarr runs a loop of its own: an s3fs or
     HTTP session bound to one loop cannot serve the other)."""
-    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
-
     return AsyncFileSystemWrapper(fs, asynchronous=True)
+
+
+def _references(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> Any:
+    """The reference set at ``uri`` as an asynchronous filesystem whose targets are checked when read."""
+    if uri.rstrip("/").endswith((".parq", ".parquet")):
+        fs, path = storage.filesystem(uri, profile, policy=policy)
+        references: Any = LazyReferenceMapper(path.rstrip("/"), fs=fs)
+    else:
+        size = storage.size(uri, profile, policy=policy)
+        if size > max_reference_bytes():
+            raise FragmentReadError(f"a JSON reference set of {size:,} bytes is more than daskcfa reads "
+                                    f"({max_reference_bytes():,}: dask config 'daskcfa.limits.max-memory' / 8); "
+                                    "store large reference sets as Parquet")
+        try:
+            references = json.loads(bytes(storage.read_bytes(uri, profile, known_size=size, policy=policy)))
+        except (ValueError, UnicodeError) as exc:
+            raise FragmentReadError(f"not a JSON reference set ({exc})") from None
+        if not isinstance(references, dict):
+            raise FragmentReadError("not a JSON reference set (not an object)")
+    return _CheckedReferences(references, base=uri, profile=profile, policy=policy)
+
+
+def max_reference_bytes() -> int:
+    """The largest JSON reference set read (its objects take several times its size in memory)."""
+    return storage.config_bytes("daskcfa.limits.max-memory", 1 << 30) // 8
+
+
+class _CheckedReferences(ReferenceFileSystem):
+    """An fsspec reference set whose every target is resolved against the set's own location
+    (never the working directory), allowed by the policy and read through the storage layer."""
+
+    def __init__(self, references: Any, *, base: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
+        self._base, self._profile, self._policy = base, profile, policy
+        self._allowed: dict[str, str] = {}  # target as written -> resolved and allowed
+        local = AsyncFileSystemWrapper(LocalFileSystem(), asynchronous=True)
+        try:
+            super().__init__(references, fs={None: local, "file": local}, asynchronous=True,
+                             skip_instance_cache=True)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise FragmentReadError(f"malformed reference set ({type(exc).__name__}: {exc})") from None
+
+    def _cat_common(self, path: str, start: Any = None, end: Any = None) -> Any:
+        target, first, last = super()._cat_common(path, start=start, end=end)
+        if isinstance(target, bytes):  # (inline data)
+            return target, first, last
+        return self._target(str(target)), first, last
+
+    def _target(self, target: str) -> str:
+        resolved = self._allowed.get(target)
+        if resolved is None:
+            resolved = storage.resolve(target, self._base)
+            if self._policy is not None:
+                self._policy.check(resolved)
+            if storage.is_local(resolved):
+                try:  # (regular files only: a FIFO would block the read)
+                    storage.local_stat(resolved)
+                except CFAError as exc:  # (never FileNotFoundError: zarr would read it as a chunk not written)
+                    raise FragmentReadError(f"reference target {target!r}: {exc.reason}") from None
+                resolved = storage.local_path(resolved)
+            elif storage.scheme_of(resolved) not in self.fss:
+                fs, _ = storage.filesystem(resolved, self._profile, policy=self._policy)
+                self.fss[storage.scheme_of(resolved)] = AsyncFileSystemWrapper(fs, asynchronous=True)
+            self._allowed[target] = resolved
+        return resolved
 
 
 def _absent(exc: BaseException) -> bool:

@@ -185,3 +185,109 @@ def test_zarr_chunk_larger_than_the_memory_budget_is_refused_before_decoding(tmp
         with pytest.raises(daskcfa.BudgetError) as info:
             daskcfa.from_cfa(str(built.path), "tas")[:2].compute()
     assert info.value.fragment == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------------
+# fsspec reference sets (kerchunk's format) as fragments
+# ---------------------------------------------------------------------------
+def _reference_set(nc_path: Path, name: str, target: str, version: int = 1) -> dict:
+    """A reference set for variable ``name`` of a netCDF-4 file, built from the fsspec reference
+    specification and the file's HDF5 chunk locations (no kerchunk)."""
+    import h5py
+
+    with netCDF4.Dataset(nc_path) as nc:
+        var = nc[name]
+        attrs = {k: var.getncattr(k) for k in var.ncattrs()}
+        dims = list(var.dimensions)
+    zattrs = {"_ARRAY_DIMENSIONS": dims, **{k: (v.item() if hasattr(v, "item") else v) for k, v in attrs.items()}}
+    with h5py.File(nc_path, "r") as f:
+        d = f[name]
+        chunks = list(d.chunks or d.shape)
+        compressor = {"id": "zlib", "level": int(d.compression_opts)} if d.compression == "gzip" else None
+        filters = [{"id": "shuffle", "elementsize": d.dtype.itemsize}] if d.shuffle else None
+        where = "{{u}}" if version == 1 else target
+        refs = {".zgroup": json.dumps({"zarr_format": 2}), f"{name}/.zattrs": json.dumps(zattrs),
+                f"{name}/.zarray": json.dumps({"zarr_format": 2, "shape": list(d.shape), "chunks": chunks,
+                                                "dtype": d.dtype.str, "compressor": compressor,
+                                                "filters": filters, "fill_value": None, "order": "C"})}
+        if d.chunks is None:
+            refs[f"{name}/" + ".".join("0" * len(chunks))] = [where, d.id.get_offset(), d.id.get_storage_size()]
+        else:
+            for i in range(d.id.get_num_chunks()):
+                info = d.id.get_chunk_info(i)
+                key = ".".join(str(o // c) for o, c in zip(info.chunk_offset, chunks))
+                refs[f"{name}/{key}"] = [where, info.byte_offset, info.size]
+    return {"version": 1, "templates": {"u": target}, "refs": refs} if version == 1 else refs
+
+
+def _with_reference_fragments(tmp_path: Path, version: int = 1,
+                              target=lambda path: f"{path.parent.name}/{path.name}"):
+    """A CF-1.13 aggregation whose every other fragment is a reference set into its netCDF file."""
+    built = build_cf113(tmp_path / "ds", make_truth((6, 4, 5), "f4", seed=9, masked=0.2), DIMS, SIZES)
+    renamed = {}
+    for k, (index, _) in enumerate(_blocks(SIZES)):
+        if k % 2:
+            continue
+        nc_path = built.fragment_files[index]
+        refs = _reference_set(nc_path, "tas", target(nc_path), version)
+        name = f"refs_{k}.json"
+        (built.path.parent / name).write_text(json.dumps(refs))
+        renamed[built.fragment_uris[index][0]] = name
+    rewrite_uris(built.path, built.names["uris"], lambda u: renamed.get(u, u))
+    return built, renamed
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_reference_set_fragments_read_equal_to_the_ground_truth(tmp_path, placed, version, other_cwd):
+    # relative targets resolve against the reference set's location (the aggregation's directory),
+    # never the working directory
+    built, renamed = _with_reference_fragments(tmp_path, version)
+    url, options = placed(built.path)
+    x = daskcfa.from_cfa(url, "tas", storage_options=options)
+    assert_matches(x.compute(), built.expected)
+    assert_matches(x[1:4, 2, ::2].compute(), built.expected[1:4, 2, ::2])
+
+
+def test_reference_set_target_outside_the_allowed_locations_is_refused(tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\x00" * 4096)
+    built, renamed = _with_reference_fragments(tmp_path, target=lambda p: str(secret))
+    x = daskcfa.from_cfa(str(built.path), "tas", allowed_locations=[str(built.path.parent)])
+    with pytest.raises(daskcfa.UnsafeURIError) as info:
+        x.compute()
+    assert info.value.fragment in {(0, 0, 0), (2, 0, 0)} and "secret.bin" in str(info.value)
+
+
+def test_reference_set_target_on_another_bucket_is_refused(tmp_path, s3_server):
+    fs = s3_server.filesystem()
+    home, other = s3_server.new_bucket(), s3_server.new_bucket()
+    fs.pipe(f"{other}/victim.nc", b"\x00" * 4096)
+    built, renamed = _with_reference_fragments(tmp_path, target=lambda p: f"s3://{other}/victim.nc")
+    fs.put(str(built.path.parent) + "/", f"{home}/ds/", recursive=True)
+    x = daskcfa.from_cfa(f"s3://{home}/ds/{built.path.name}", "tas", storage_options=s3_server.storage_options)
+    with pytest.raises(daskcfa.UnsafeURIError) as info:
+        x.compute()
+    assert info.value.fragment in {(0, 0, 0), (2, 0, 0)}
+
+
+@pytest.mark.parametrize("damage", ["not-json", "not-an-object", "fifo-target", "missing-target"])
+def test_damaged_reference_set_is_a_clear_fragment_error(tmp_path, damage):
+    import os
+
+    built, renamed = _with_reference_fragments(tmp_path)
+    refs = built.path.parent / next(iter(renamed.values()))
+    if damage == "not-json":
+        refs.write_text("{oops")
+    elif damage == "not-an-object":
+        refs.write_text("[1, 2]")
+    else:
+        target = tmp_path / "target.nc"
+        if damage == "fifo-target":
+            os.mkfifo(target)
+        text = json.loads(refs.read_text())
+        text["templates"]["u"] = str(target)
+        refs.write_text(json.dumps(text))
+    x = daskcfa.from_cfa(str(built.path), "tas")
+    with pytest.raises(daskcfa.FragmentReadError) as info:
+        x.compute()
+    assert info.value.fragment == (0, 0, 0)
