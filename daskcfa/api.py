@@ -13,11 +13,10 @@ from . import storage
 from .dataset import Dataset
 from .errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
-from .formats._netcdf import find_variable
+from .formats.netcdf import find_variable
 from .graph import write as _write
 from .graph.plan import plan_fragments
 from .graph.read import to_dask
-from .locks import HDF5_LOCK
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
 from .storage.lease import Lease
@@ -51,17 +50,14 @@ def read_aggregation(url: str, variable: str | None = None, *, storage_options: 
         url, access = open_aggregation(url, storage_options)
     else:
         url = storage.normalise(url)
-    ds = storage.open_netcdf(url, profile=access.profile)
-    try:
-        with HDF5_LOCK:
+    with storage.netcdf_file(url, profile=access.profile) as ds:
+        try:
             return _select(ds, url, variable)
-    except CFAError:
-        raise
-    except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
-        raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url, variable=variable) from exc
-    finally:
-        with HDF5_LOCK:
-            ds.close()
+        except CFAError:
+            raise
+        except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
+            raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url,
+                                 variable=variable) from exc
 
 
 def from_cfa(

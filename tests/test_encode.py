@@ -20,7 +20,7 @@ import pytest
 import daskcfa
 from daskcfa.errors import CFAFormatError
 from daskcfa.formats import aggregated_variables
-from daskcfa.formats._netcdf import read_strings
+from daskcfa.formats.netcdf import read_strings
 from daskcfa.formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation, write_aggregation
 from daskcfa.model import (
     AggregatedVariable,

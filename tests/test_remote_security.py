@@ -367,7 +367,7 @@ def test_s3netcdf4_alias_config(tmp_path, s3_server, s3_bucket, s3fs_fs, monkeyp
     config["hosts"]["s3://myalias"]["credentials"]["secretKey"] = "Alias-wrong-secret-0123456789"
     path.write_text(json.dumps(config))
     os.utime(path, ns=(1, 10**18))  # a new mtime: the configuration is reloaded
-    monkeypatch.setattr(daskcfa.storage.profiles, "_S3NC_RECHECK_SECONDS", 0.0)  # (now, not in 1 s)
+    monkeypatch.setattr(daskcfa.storage.s3nc, "_S3NC_RECHECK_SECONDS", 0.0)  # (now, not in 1 s)
     with pytest.raises(daskcfa.StorageError) as info:
         daskcfa.from_cfa(url, "tas")
     _assert_clean(info.value, "Alias-wrong-secret-0123456789", s3_server.secret)

@@ -53,7 +53,6 @@ from ..dataset import Dataset
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
 from ..graph.write import dataset_model, put_aggregation
-from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
@@ -104,12 +103,8 @@ def relocate(
     if not in_place and mode == "w-" and storage.exists(new_url, out_profile):
         raise FileExistsError(f"{redact(new_url)} exists; relocate with mode='w' to overwrite it")
     with _local_copy(url, access) as local:
-        with HDF5_LOCK:
-            nc = storage.open_netcdf(local)
-            try:
-                data_model = nc.data_model
-            finally:
-                nc.close()
+        with storage.netcdf_file(local) as nc:
+            data_model = nc.data_model
         with dask.config.set(scheduler="sync"):  # (a local temporary file: no cluster can read it)
             model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]

@@ -44,7 +44,6 @@ import numpy as np
 from .. import storage
 from ..decode import Encoding, default_fill_value
 from ..errors import AggregationError, CFAError, CFAWarning, StorageError, redact
-from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 
 __all__ = ["FileInfo", "VariableInfo", "scan", "scan_files", "expand_sources", "sources_profile",
@@ -232,18 +231,18 @@ def _scan_one(uri: str, profile: storage.ProfileRef) -> FileInfo | str:
 
 def _in_file(uri: str, profile: storage.ProfileRef, what: str, read: Callable[[Any], Any]) -> Any:
     """``read(dataset)`` under the netCDF lock, or why the file cannot be read (a string)."""
+    opened = False
     try:
-        ds = storage.open_netcdf(uri, profile=profile)
+        with storage.netcdf_file(uri, profile=profile) as ds:
+            opened = True
+            try:
+                return read(ds)
+            except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
+                return f"cannot read its {what} ({type(exc).__name__}: {redact(str(exc))[:200]})"
     except CFAError as exc:
-        return exc.reason
-    try:
-        with HDF5_LOCK:
-            return read(ds)
-    except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
-        return f"cannot read its {what} ({type(exc).__name__}: {redact(str(exc))[:200]})"
-    finally:
-        with HDF5_LOCK:
-            ds.close()
+        if opened:
+            raise
+        return exc.reason  # it cannot be opened
 
 
 def _describe(ds: Any, uri: str) -> FileInfo:

@@ -13,7 +13,7 @@ import netCDF4
 
 from ..errors import CFAError, CFAFormatError
 from ..model import AggregatedVariable
-from . import _netcdf as nc
+from . import netcdf as nc
 from . import cf
 from .limits import check_group_depth, parsing
 

@@ -59,7 +59,7 @@ from ..errors import CFAFormatError
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
 from ..storage.uri import absolute, is_local, normalise
-from ._netcdf import INSTRUCTION_ATTRS, Where, partition_grid
+from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
 __all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions",
            "absolute_reference"]

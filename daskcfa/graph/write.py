@@ -50,7 +50,6 @@ from ..fragments.write import (
     encode_values,
     write_fragment,
 )
-from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from ..storage.uri import check_uri_style
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
@@ -657,13 +656,8 @@ def _previous_fragments(commit: _Commit, manifest: Any) -> set[str]:
         for entries in (manifest.get("fragments") or {}).values():
             listed |= {storage.resolve(e["uri"], commit.url) for e in entries.values() if isinstance(e, dict)}
     try:
-        ds = storage.open_netcdf(commit.url, profile=commit.profile)
-        try:
-            with HDF5_LOCK:
-                found = aggregated_variables(ds, commit.url)
-        finally:
-            with HDF5_LOCK:
-                ds.close()
+        with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
+            found = aggregated_variables(ds, commit.url)
         uris = {storage.resolve(u, commit.url) for v in found.values() for u in v.fragments.locations()}
     except (CFAError, ValueError):
         return set()  # not an aggregation we can read: nothing of it is touched
