@@ -36,7 +36,8 @@ from ..fragments.files import open_fragment
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
-from ..graph.write import WriteRequest, WriteSource, dataset_model, fragment_grid, write_graph
+from ..graph.write import WriteRequest, WriteSource, fragment_grid, write_graph
+from ..inputs import dataset_model
 from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
@@ -291,12 +292,10 @@ def _single_file(var: Any, url: str) -> AggregatedVariable:
     (the file's own packing and missing values applied, in canonical form):
     the unpacked dtype, without storage attributes but the fill value.
     """
-    from ..decode import Encoding
+    from ..decode import STORAGE_ATTRS, Encoding
 
     encoding = Encoding.from_attrs(var.attrs, var.dtype)
-    attrs = {k: v for k, v in var.attrs.items()
-             if k not in ("scale_factor", "add_offset", "_Unsigned", "valid_min", "valid_max", "valid_range",
-                          "missing_value", "_FillValue")}
+    attrs = {k: v for k, v in var.attrs.items() if k not in STORAGE_ATTRS}
     if encoding.is_packed or encoding.unsigned:
         dtype = np.dtype(encoding.decoded_dtype)
     else:

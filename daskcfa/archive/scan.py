@@ -42,16 +42,13 @@ import dask
 import numpy as np
 
 from .. import storage
-from ..decode import Encoding, default_fill_value
+from ..decode import STORAGE_ATTRS, Encoding, default_fill_value
 from ..errors import AggregationError, CFAError, CFAWarning, StorageError, redact
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 
 __all__ = ["FileInfo", "VariableInfo", "scan", "scan_files", "expand_sources", "sources_profile",
            "plan_aggregation", "same_values"]
 
-#: Attributes describing how values are stored rather than what they mean.
-_STORAGE_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "valid_min", "valid_max",
-                  "valid_range", "_Unsigned")
 _NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf", ".h5", ".hdf5")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 #: Files named in one error message before "and N more".
@@ -701,7 +698,7 @@ class _Planner:
             pieces = {index: self.infos[n].values[name] for index, n in self.grid.items()}
             dtype = var.dtype
         elif var.is_numeric:
-            attrs = {k: v for k, v in attrs.items() if k not in _STORAGE_ATTRS}
+            attrs = {k: v for k, v in attrs.items() if k not in STORAGE_ATTRS}
             dtype = np.dtype(np.float64)
         else:
             dtype = var.dtype
@@ -792,14 +789,14 @@ def _aggregated_encoding(fragments: list[VariableInfo], ref: VariableInfo) -> tu
     describes the unpacked data: the common unpacked dtype, without the
     storage attributes, with netCDF's default fill value for masked points.
     """
-    storage_attrs = [{k: a.attrs.get(k) for k in _STORAGE_ATTRS if k in a.attrs} for a in fragments]
+    storage_attrs = [{k: a.attrs.get(k) for k in STORAGE_ATTRS if k in a.attrs} for a in fragments]
     uniform = all(f.dtype == ref.dtype for f in fragments) and all(_same_attrs(s, storage_attrs[0])
                                                                    for s in storage_attrs)
     encodings = [Encoding.from_attrs(f.attrs, f.dtype) for f in fragments]
     if uniform and not encodings[0].is_packed:
         return ref.dtype, dict(ref.attrs)
     dtype = np.result_type(*(e.decoded_dtype for e in encodings))
-    attrs = {k: v for k, v in ref.attrs.items() if k not in _STORAGE_ATTRS}
+    attrs = {k: v for k, v in ref.attrs.items() if k not in STORAGE_ATTRS}
     fill = default_fill_value(dtype)
     if fill is not None:
         attrs["_FillValue"] = fill
