@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -210,28 +210,6 @@ class Fragments:
         if self.uris is None:
             return set()
         return {str(u) for u in self.uris.ravel() if u is not None and str(u) != ""}
-
-    @classmethod
-    def from_refs(cls, grid: FragmentGrid, refs: Mapping[tuple[int, ...], FragmentRef]) -> "Fragments":
-        """Build columns from sparse per-fragment records (legacy JSON/group dialects)."""
-        gshape = grid.grid_shape
-        width = max((len(r.uris) for r in refs.values()), default=1) or 1
-        uris = np.full(gshape + (width,), "", dtype=object)
-        identifiers = np.full(gshape, None, dtype=object)
-        units = axes = rev = None
-        for index, ref in refs.items():
-            uris[index][: len(ref.uris)] = ref.uris
-            identifiers[index] = ref.identifier
-            if ref.units is not None:
-                units = units if units is not None else np.full(gshape, None, dtype=object)
-                units[index] = ref.units
-            if ref.axes is not None:
-                axes = axes if axes is not None else np.full(gshape, None, dtype=object)
-                axes[index] = ref.axes
-            if ref.reversed is not None:
-                rev = rev if rev is not None else np.full(gshape, None, dtype=object)
-                rev[index] = ref.reversed
-        return cls(grid, uris=uris, identifiers=identifiers, units=units, axes=axes, reversed=rev)
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -43,11 +43,9 @@ aggregation file (what every dialect resolves them against).
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import re
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -61,7 +59,7 @@ from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentG
 from ..storage.uri import absolute, is_local, normalise
 from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
-__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions",
+__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "encode_aggregation", "fragment_conventions",
            "absolute_reference"]
 
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
@@ -76,34 +74,10 @@ _VERSION_WORD = re.compile(r"CFA?-\S*$")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
-def write_aggregation(
-    target: str | os.PathLike[str],
-    dataset: AggregationDataset,
-    *,
-    format: str = "CF-1.13",
-    file_format: str = "NETCDF4",
-) -> None:
-    """Write ``dataset`` as an aggregation file at local path ``target`` (overwrites).
-
-    The file is written beside ``target`` under a temporary name and moved
-    into place when complete, so a failed write never leaves a truncated
-    aggregation file (or destroys the one that was there).
-    """
-    layout = _Layout.of(dataset, format, file_format)
-    target = Path(target)
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
-    try:
-        _write_file(partial, layout, file_format)
-        os.replace(partial, target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 def encode_aggregation(
     dataset: AggregationDataset, *, format: str = "CF-1.13", file_format: str = "NETCDF4"
 ) -> bytes:
-    """The bytes of the aggregation file :func:`write_aggregation` would write (for any target).
+    """The bytes of the aggregation file of ``dataset`` (put in place by :mod:`daskcfa.storage.publish`).
 
     Built as a file in a private temporary directory, not in netCDF-C's
     memory: an in-memory netCDF-4 image has a root group without link

@@ -48,7 +48,6 @@ __all__ = [
     "VariablePlan",
     "plan_split",
     "refine",
-    "read_elements",
     "COPIES",
     "FIXED_OVERHEAD",
     "STRATEGIES",
@@ -214,11 +213,6 @@ def _covered(source: SourceLayout, d: int, start: int, stop: int) -> int:
         first, last = (a // c) * c, min(-(-b // c) * c, f1 - f0)
         total += last - first
     return total
-
-
-def read_elements(source: SourceLayout, region: Sequence[slice]) -> int:
-    """Elements the source decodes to read ``region`` (product over dimensions: the chunks form a grid)."""
-    return math.prod(_covered(source, d, s.start, s.stop) for d, s in enumerate(region))
 
 
 def _cells_read(source: SourceLayout, grid: FragmentGrid) -> int:
