@@ -63,7 +63,7 @@ class FileVariableArray:
             return np.ma.asarray(data) if self.mask and np.ndim(data) else data
 
 
-class _Attributes:
+class _AttributeAccessors:
     """netCDF4-python's attribute accessors over an ``attrs`` dict."""
 
     attrs: dict[str, Any]
@@ -79,7 +79,7 @@ class _Attributes:
             raise AttributeError(f"{self.path!r} has no attribute {name!r}") from None
 
 
-class Variable(_Attributes):
+class Variable(_AttributeAccessors):
     """One variable, aggregated or not, like ``netCDF4.Variable``.
 
     ``dtype`` is the stored dtype (as netCDF4-python reports it); ``data``
@@ -95,6 +95,12 @@ class Variable(_Attributes):
         self._url = url
         self._access = access or Access.default(url)
         self._data: da.Array | None = None
+
+    @property
+    def read_access(self) -> Access:
+        """How this variable's files are read (profile, policy, missing fragments): readers
+        built over the variable (the xarray backend, refragment) read as it does."""
+        return self._access
 
     @property
     def dimensions(self) -> tuple[str, ...]:
@@ -174,7 +180,7 @@ def _decoded_dtype(var: Variable) -> np.dtype:
 
 
 @dataclass
-class Group(_Attributes):
+class Group(_AttributeAccessors):
     """A group: dimensions, variables, sub-groups and attributes."""
 
     name: str

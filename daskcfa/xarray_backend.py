@@ -49,13 +49,13 @@ def _variable(var: Variable, url: str) -> XrVariable:
     attrs = dict(var.attrs)
     encoding: dict[str, Any] = {"source": url, "dtype": var.dtype}
     if var.aggregation is not None:
-        array = AggregatedArray(var.aggregation, decode=False, access=var._access)
+        array = AggregatedArray(var.aggregation, decode=False, access=var.read_access)
         # Missing fragments hold the fill value: declare it so that xarray masks them.
         if "_FillValue" not in attrs and var.dtype.kind in "iuf":
             attrs["_FillValue"] = default_fill_value(var.dtype)
         encoding["preferred_chunks"] = dict(zip(var.dims, var.aggregation.fragments.grid.sizes))
     else:
-        array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, profile=var._access.profile)
+        array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, profile=var.read_access.profile)
     data = indexing.LazilyIndexedArray(_LazyArray(array))
     return XrVariable(var.dims, data, attrs, encoding)
 

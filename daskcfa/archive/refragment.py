@@ -84,7 +84,7 @@ class RefragmentPlan:
 
 
 @dataclass
-class _Variable:
+class _Refragmented:
     """One variable to re-fragment: what to write (``source``), what to read, and its plan."""
 
     source: WriteSource
@@ -188,7 +188,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
 
 def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, max_fragment_size: int | str,
              max_mem: int | str, storage_options: Mapping[str, Any] | None
-             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Variable]]:
+             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Refragmented]]:
     """The model to write, the variables to re-fragment, each planned."""
     budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
     strategy = dask.config.get("daskcfa.refragment.strategy", "auto")
@@ -209,7 +209,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
 
 
 def _open_source(source: Any, variables: Sequence[str] | None, storage_options: Mapping[str, Any] | None
-                 ) -> tuple[AggregationDataset, list[_Variable], str]:
+                 ) -> tuple[AggregationDataset, list[_Refragmented], str]:
     if isinstance(source, Dataset):
         return (*_from_dataset(source), source.url)
     if isinstance(source, (list, tuple)) or _is_pattern(source):
@@ -229,15 +229,15 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     return (*_from_dataset(ds), url)
 
 
-def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Variable]]:
+def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Refragmented]]:
     model, aggregated = dataset_model(ds)
-    found = [_Variable(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
-                       v._access) for v in aggregated]
+    found = [_Refragmented(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
+                       v.read_access) for v in aggregated]
     return model, found
 
 
 def _from_files(sources: Any, variables: Sequence[str] | None,
-                storage_options: Mapping[str, Any] | None) -> tuple[AggregationDataset, list[_Variable]]:
+                storage_options: Mapping[str, Any] | None) -> tuple[AggregationDataset, list[_Refragmented]]:
     from .scan import scan
 
     model = scan(sources, variables=variables, storage_options=storage_options)
@@ -248,11 +248,11 @@ def _from_files(sources: Any, variables: Sequence[str] | None,
         places = sorted({posixpath.dirname(u) + "/" for u in av.fragments.locations()})
         policy = LocationPolicy.for_aggregation(av.source, ["default", *places])
         access = Access(storage.register(storage_options, protocol=storage.scheme_of(av.source)), policy)
-        found.append(_Variable(WriteSource(av.name, None, av.dims, np.dtype(av.dtype), dict(av.attrs)), av, access))
+        found.append(_Refragmented(WriteSource(av.name, None, av.dims, np.dtype(av.dtype), dict(av.attrs)), av, access))
     return model, found
 
 
-def _select(found: list[_Variable], variables: Sequence[str] | None, description: str) -> list[_Variable]:
+def _select(found: list[_Refragmented], variables: Sequence[str] | None, description: str) -> list[_Refragmented]:
     if not found:
         raise VariableNotFoundError("nothing to re-fragment: the source has no data variable with dimensions",
                                     file=description)
@@ -327,9 +327,7 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
         access.policy.check(uri)
         with open_fragment(uri, ref.variable_names(aggregation.basename), profile=access.profile,
                            policy=access.policy, fraction=0.0, expected_nbytes=1 << 62) as var:
-            stored = var._var  # the engine's variable: the direct HDF5 reader knows the layout
-            chunks = getattr(stored, "chunks", None)
-            filters = getattr(stored, "_filters", ())
+            chunks, compressed = var.layout
             dims = tuple(var.dims)
     except CFAError as exc:
         if isinstance(exc, (NotFoundError, FragmentReadError)):
@@ -341,7 +339,7 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
     if not set(by_dim) <= set(aggregation.dims):
         return SourceLayout(grid)
     shape = tuple(int(by_dim.get(d, 1)) for d in aggregation.dims)  # dimensions a fragment omits have size 1
-    return SourceLayout(grid, shape, compressed=bool(filters))
+    return SourceLayout(grid, shape, compressed=compressed)
 
 
 def _is_pattern(source: Any) -> bool:

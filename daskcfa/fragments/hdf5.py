@@ -252,6 +252,7 @@ class HDF5Variable:
         elif layout != h5py.h5d.CHUNKED:
             raise DirectReadUnsupported(f"storage layout {layout} is not supported ({self._where})")
         self._filters = _filter_pipeline(dcpl, self._where)
+        self.compressed = bool(self._filters)  #: whether chunks go through filters (read amplification)
         fill = np.zeros((1,), self._stored)
         dcpl.get_fill_value(fill)
         self._fill = fill[0].astype(self.dtype)
