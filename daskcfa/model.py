@@ -11,13 +11,15 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import posixpath
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["FragmentGrid", "Fragments", "FragmentRef", "AggregatedVariable"]
+__all__ = ["FragmentGrid", "Fragments", "FragmentRef", "AggregatedVariable", "PlainVariable", "Dimension",
+           "AggregationDataset", "ancestry"]
 
 
 @dataclass(frozen=True)
@@ -278,3 +280,23 @@ class AggregationDataset:
     dimensions: list[Dimension] = field(default_factory=list)
     variables: list[PlainVariable] = field(default_factory=list)
     aggregated: list[AggregatedVariable] = field(default_factory=list)
+
+    def dimension_size(self, group: str, name: str) -> int | None:
+        """The size of dimension ``name`` as seen from ``group`` (None: not visible there)."""
+        sizes = {d.name: d.size for d in self.dimensions}
+        return next((sizes[p] for g in ancestry(group) if (p := posixpath.join(g, name)) in sizes), None)
+
+    def find_variable(self, group: str, name: str) -> PlainVariable | None:
+        """The ordinary variable ``name`` as seen from ``group``."""
+        by_path = {v.name: v for v in self.variables}
+        return next((by_path[p] for g in ancestry(group) if (p := posixpath.join(g, name)) in by_path), None)
+
+
+def ancestry(group: str) -> Iterator[str]:
+    """``group`` and its ancestors, innermost first: where netCDF looks for a name
+    used in ``group`` (dimension scoping; CF's search for coordinates)."""
+    while True:
+        yield group
+        if group == "/":
+            return
+        group = posixpath.dirname(group.rstrip("/")) or "/"

@@ -517,38 +517,19 @@ def _settle_unlimited(model: AggregationDataset) -> None:
     model.dimensions = [replace(d, unlimited=d.unlimited and spanned(d)) for d in model.dimensions]
 
 
-def _ancestry(group: str) -> list[str]:
-    out = [group]
-    while group != "/":
-        group = posixpath.dirname(group) or "/"
-        out.append(group)
-    return out
-
-
 def _dimension_size(model: AggregationDataset, group: str, name: str) -> int:
-    """The size of dimension ``name`` as seen from ``group`` (netCDF scoping: the group, then its ancestors)."""
-    sizes = {d.name: d.size for d in model.dimensions}
-    for g in _ancestry(group):
-        path = posixpath.join(g, name)
-        if path in sizes:
-            return sizes[path]
-    raise CFAFormatError(f"dimension {name!r} is not defined in group {group!r} or above")
-
-
-def _find_plain(model: AggregationDataset, group: str, name: str) -> PlainVariable | None:
-    by_path = {v.name: v for v in model.variables}
-    for g in _ancestry(group):
-        var = by_path.get(posixpath.join(g, name))
-        if var is not None:
-            return var
-    return None
+    """The size of dimension ``name`` as seen from ``group``; an error when none is visible there."""
+    size = model.dimension_size(group, name)
+    if size is None:
+        raise CFAFormatError(f"dimension {name!r} is not defined in group {group!r} or above")
+    return size
 
 
 def _axes(model: AggregationDataset, source: WriteSource) -> dict[str, str]:
     """Axis classes from the ``axis`` attributes of the variable's coordinate variables."""
     axes = {}
     for dim in source.dims:
-        coord = _find_plain(model, source.group, dim)
+        coord = model.find_variable(source.group, dim)
         if coord is not None and coord.dims == (dim,) and "axis" in coord.attrs:
             axes[dim] = str(coord.attrs["axis"])
     return axes
@@ -609,12 +590,12 @@ def _sliced_variables(model: AggregationDataset, source: WriteSource) -> tuple[l
     wanted = list(source.dims) + str(source.attrs.get("coordinates", "")).split()
     chosen: dict[str, PlainVariable] = {}
     for name in wanted:
-        var = _find_plain(model, source.group, name)
+        var = model.find_variable(source.group, name)
         if var is None or var.name in chosen or posixpath.basename(var.name) == source.basename:
             continue
         chosen[var.name] = var
         bounds = var.attrs.get("bounds")
-        bvar = _find_plain(model, source.group, str(bounds)) if bounds is not None else None
+        bvar = model.find_variable(source.group, str(bounds)) if bounds is not None else None
         if bvar is not None:
             chosen.setdefault(bvar.name, bvar)
     sliced, extra, seen = [], {}, set()
