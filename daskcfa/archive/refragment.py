@@ -19,7 +19,6 @@ prefix: combined first with :func:`daskcfa.archive.scan.scan`) or an open
 
 from __future__ import annotations
 
-import os
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -220,7 +219,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     from ..api import open_cfa
 
     url = storage.normalise(source)
-    if not storage.is_opendap(url) and _is_directory(url):
+    if not storage.is_opendap(url) and storage.is_directory(url):
         return (*_from_files(url, variables, storage_options), url)
     ds = open_cfa(url, storage_options=storage_options)
     if not ds.aggregated_variables:  # a plain netCDF file: it is the one fragment of each data variable
@@ -344,13 +343,6 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
 
 def _is_pattern(source: Any) -> bool:
     return isinstance(source, str) and any(c in source for c in "*?[")
-
-
-def _is_directory(url: str) -> bool:
-    """A directory (or a prefix, written with a trailing slash) holds the files to combine."""
-    if storage.is_local(url):
-        return os.path.isdir(storage.local_path(url))
-    return url.endswith("/")
 
 
 def _describe(sources: Any) -> str:

@@ -15,8 +15,9 @@ import inspect
 import io
 import os
 import re
+import shutil
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 import dask.config
 import fsspec
@@ -35,7 +36,8 @@ from .uri import is_local, scheme_of
 __all__ = [
     "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size",
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
-    "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "listdir", "delete",
+    "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
+    "is_directory", "remove_tree", "listdir", "delete",
 ]
 
 NO_PROFILE = ProfileRef(None)
@@ -411,6 +413,43 @@ def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
         return sorted(found)
     scheme = scheme_of(uri)
     return sorted(f"{scheme}://{p}" if "://" not in p else p for p in found)
+
+
+def put_stream(uri: str, write: Callable[[IO[bytes]], None], profile: ProfileRef = NO_PROFILE) -> None:
+    """Write an object through ``write(file)``: straight into a local file (no second
+    copy in memory), else into a buffer put in one request."""
+    if is_local(uri):
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with translated(uri), open(path, "wb") as f:
+            write(f)
+        return
+    buffer = io.BytesIO()
+    write(buffer)
+    put_bytes(uri, buffer.getvalue(), profile)
+
+
+def is_directory(uri: str) -> bool:
+    """A local directory, or a remote prefix (object stores have no directories: written with a trailing slash)."""
+    if is_local(uri):
+        return os.path.isdir(local_path(uri))
+    return uri.endswith("/")
+
+
+def remove_tree(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Delete a directory (or every object under a prefix) and all it holds; nothing there is no error.
+    A local directory's parent goes too once it is empty (a shared parent of several such trees)."""
+    if is_local(uri):
+        path = local_path(uri)
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # not empty: another tree still uses it
+        return
+    fs, path = filesystem(uri, profile)
+    if with_retries(uri, fs.exists, path):
+        with_retries(uri, fs.rm, path, recursive=True)
 
 
 def delete(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
