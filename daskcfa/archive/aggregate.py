@@ -26,7 +26,9 @@ from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, ref
 from ..storage.lease import generation_of
 from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
 from ..storage.uri import absolute as absolute_uri, check_uri_style
-from .scan import FileInfo, expand_sources, plan_aggregation, same_values, scan, scan_files, sources_profile
+from .aggregation_plan import FileInfo, same_values
+from .scan import plan_aggregation, scan, scan_files
+from .sources import expand_sources, sources_profile
 
 __all__ = ["scan", "aggregate", "rebuild"]
 
