@@ -14,12 +14,15 @@ import itertools
 import posixpath
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 __all__ = ["FragmentGrid", "Fragments", "FragmentRef", "AggregatedVariable", "PlainVariable", "Dimension",
-           "AggregationDataset", "ancestry"]
+           "AggregationDataset", "ancestry", "BOUNDS_ATTRS", "is_coordinate_variable"]
+
+#: Attributes by which a coordinate variable names the variable holding its cell boundaries (CF 7.1, 7.4).
+BOUNDS_ATTRS = ("bounds", "climatology")
 
 
 @dataclass(frozen=True)
@@ -300,3 +303,8 @@ def ancestry(group: str) -> Iterator[str]:
         if group == "/":
             return
         group = posixpath.dirname(group.rstrip("/")) or "/"
+
+
+def is_coordinate_variable(name: str, dims: Sequence[str]) -> bool:
+    """A CF coordinate variable: one-dimensional and named after its dimension (``name`` may be a path)."""
+    return tuple(dims) == (posixpath.basename(name),)

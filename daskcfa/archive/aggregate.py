@@ -24,7 +24,14 @@ from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
 from ..storage.lease import generation_of
-from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
+from ..model import (
+    BOUNDS_ATTRS,
+    AggregatedVariable,
+    AggregationDataset,
+    Dimension,
+    PlainVariable,
+    is_coordinate_variable,
+)
 from ..storage.uri import absolute as absolute_uri, check_uri_style
 from .aggregation_plan import FileInfo, same_values
 from .scan import plan_aggregation, scan, scan_files
@@ -235,9 +242,10 @@ def _data_variables(info: FileInfo) -> list[str]:
     auxiliary = set()
     for var in info.variables.values():
         auxiliary |= set(str(var.attrs.get("coordinates", "")).split())
-        if var.dims == (var.name,):
-            auxiliary |= {str(var.attrs[k]) for k in ("bounds", "climatology") if k in var.attrs}
-    return [n for n, v in info.variables.items() if v.dims != (n,) and n not in auxiliary and v.is_numeric]
+        if is_coordinate_variable(var.name, var.dims):
+            auxiliary |= {str(var.attrs[k]) for k in BOUNDS_ATTRS if k in var.attrs}
+    return [n for n, v in info.variables.items()
+            if not is_coordinate_variable(n, v.dims) and n not in auxiliary and v.is_numeric]
 
 
 def _in_group(model: AggregationDataset, group: str) -> AggregationDataset:

@@ -28,7 +28,16 @@ import numpy as np
 
 from ..decode import STORAGE_ATTRS, Encoding, default_fill_value
 from ..errors import AggregationError, CFAWarning, redact
-from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
+from ..model import (
+    BOUNDS_ATTRS,
+    AggregatedVariable,
+    AggregationDataset,
+    Dimension,
+    FragmentGrid,
+    Fragments,
+    PlainVariable,
+    is_coordinate_variable,
+)
 
 __all__ = ["VariableInfo", "FileInfo", "PlainReads", "Planner", "digest", "same_values", "FILES_NAMED"]
 
@@ -142,7 +151,7 @@ class Planner:
                 chosen += [n for n in related if n in everywhere and n not in chosen]
             for name in list(chosen):
                 var = next(i.variables[name] for i in self.infos if name in i.variables)
-                if var.dims == (name,):
+                if is_coordinate_variable(name, var.dims):
                     chosen += [b for b in (var.attrs.get("bounds"), var.attrs.get("climatology"))
                                if isinstance(b, str) and b in everywhere and b not in chosen]
         for name in chosen:
@@ -185,7 +194,7 @@ class Planner:
         return "number" if var.is_numeric else str(var.dtype)
 
     def _is_coordinate(self, name: str) -> bool:
-        return self.infos[0].variables[name].dims == (name,)
+        return is_coordinate_variable(name, self.infos[0].variables[name].dims)
 
     def _bounds_of(self) -> dict[str, str]:
         """Bounds variable -> the coordinate variable it bounds."""
@@ -193,7 +202,7 @@ class Planner:
         out = {}
         for name in self.wanted:
             if self._is_coordinate(name):
-                for key in ("bounds", "climatology"):
+                for key in BOUNDS_ATTRS:
                     b = first[name].attrs.get(key)
                     if isinstance(b, str) and b in self.wanted and first[b].dims[:1] == (name,):
                         out[b] = name

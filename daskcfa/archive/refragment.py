@@ -37,7 +37,7 @@ from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
 from ..graph.write import WriteRequest, WriteSource, fragment_grid, write_graph
 from ..inputs import dataset_model
-from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid
+from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid, is_coordinate_variable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from .aggregate import prepare_target
@@ -278,7 +278,7 @@ def _data_variables(ds: Dataset) -> list[Any]:
     found = []
     for group in ds.walk():
         for var in group.variables.values():
-            coordinate = len(var.dims) == 1 and var.dims[0] == var.name
+            coordinate = is_coordinate_variable(var.name, var.dims)
             if var.ndim and var.dtype.kind in "biuf" and not coordinate and var.name not in referenced:
                 found.append(var)
     return found

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import storage
 from ..errors import AggregationError, CFAError, redact
-from ..model import AggregationDataset
+from ..model import BOUNDS_ATTRS, AggregationDataset, is_coordinate_variable
 from .aggregation_plan import FILES_NAMED, FileInfo, PlainReads, Planner, VariableInfo, digest
 from .sources import expand_sources, sources_profile
 
@@ -124,9 +124,9 @@ def _describe(ds: Any, uri: str) -> FileInfo:
 
 def _coordinate_names(variables: Mapping[str, VariableInfo]) -> list[str]:
     """Coordinate variables (1-D, named after their dimension) and the variables bounding them."""
-    names = [n for n, v in variables.items() if v.dims == (n,)]
+    names = [n for n, v in variables.items() if is_coordinate_variable(n, v.dims)]
     for name in list(names):
-        for key in ("bounds", "climatology"):
+        for key in BOUNDS_ATTRS:
             bounds = variables[name].attrs.get(key)
             if isinstance(bounds, str) and bounds in variables and bounds not in names \
                     and variables[bounds].dims[:1] == (name,):

@@ -48,7 +48,15 @@ from ..fragments.write import (
     encode_values,
     write_fragment,
 )
-from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
+from ..model import (
+    AggregatedVariable,
+    AggregationDataset,
+    Dimension,
+    FragmentGrid,
+    Fragments,
+    PlainVariable,
+    is_coordinate_variable,
+)
 from ..storage.uri import check_uri_style
 from ..storage.publish import put_aggregation, refuse_existing
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
@@ -530,7 +538,7 @@ def _axes(model: AggregationDataset, source: WriteSource) -> dict[str, str]:
     axes = {}
     for dim in source.dims:
         coord = model.find_variable(source.group, dim)
-        if coord is not None and coord.dims == (dim,) and "axis" in coord.attrs:
+        if coord is not None and is_coordinate_variable(dim, coord.dims) and "axis" in coord.attrs:
             axes[dim] = str(coord.attrs["axis"])
     return axes
 
