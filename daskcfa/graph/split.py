@@ -193,7 +193,7 @@ class SplitSource(FragmentSource):
 
     # -- the writer's hook --
 
-    def fragment_blocks(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
+    def fragment_values(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
         if grid.sizes != self.plan.target.sizes:
             raise ValueError(f"{self.plan.variable}: the writer planned fragments {grid.sizes}, the split plan "
                              f"{self.plan.target.sizes}")

@@ -79,12 +79,12 @@ class FragmentSource:
     The split graph (:mod:`daskcfa.graph.split`) reads each target fragment's
     region straight from the source, slab by slab. It is a dask collection
     (its graph holds any tasks the fragment tasks depend on) whose
-    :meth:`fragment_blocks` gives the ``blocks`` argument of one fragment task.
+    :meth:`fragment_values` gives the ``values`` argument of one fragment task.
     """
 
     name: str  #: identifies the data (part of the fragments' resume tokens)
 
-    def fragment_blocks(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
+    def fragment_values(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
         raise NotImplementedError
 
 
@@ -308,9 +308,10 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
             token=tokenize(var_token, index, reference),
         )
         if isinstance(x, FragmentSource):
-            blocks = x.fragment_blocks(grid, index)
+            fragment_data = x.fragment_values(grid, index)
         else:
-            blocks = _block_keys(x, chunk_offsets, [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
+            fragment_data = _chunk_keys(x, chunk_offsets,
+                                        [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
         slice_keys = []
         for k, (var, values) in enumerate(plan.sliced):
             where = tuple(frag_slices[source.dims.index(d)] if d in source.dims else slice(None) for d in var.dims)
@@ -319,7 +320,7 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
                 layers[key] = np.array(values[where])
             slice_keys.append(key)
         key = (write_name, n)
-        layers[key] = (write_fragment, spec, target, blocks, slice_keys, options.semaphore, begin)
+        layers[key] = (write_fragment, spec, target, fragment_data, slice_keys, options.semaphore, begin)
         keys.append(key)
     aggregated = AggregatedVariable(
         name=source.name, dims=source.dims, dtype=plan.dtype, attrs=plan.attrs,
@@ -566,7 +567,7 @@ def _bounds(source: WriteSource, full: tuple[int, ...], grid: FragmentGrid) -> t
     return tuple(start), tuple(stop)
 
 
-def _block_keys(x: da.Array, chunk_offsets: list[np.ndarray], slices: list[slice]) -> Any:
+def _chunk_keys(x: da.Array, chunk_offsets: list[np.ndarray], slices: list[slice]) -> Any:
     """Key of the one chunk holding a fragment, or nested lists of the chunks tiling it."""
     ranges = [range(int(np.searchsorted(off, s.start)), int(np.searchsorted(off, s.stop)))
               for off, s in zip(chunk_offsets, slices)]
