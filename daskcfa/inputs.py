@@ -28,8 +28,6 @@ __all__ = ["request_from_array", "request_from_dataset", "request_for_update", "
            "dataset_model"]
 
 
-
-
 def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
                        coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
     """A numpy or dask array with its name, dimensions, attributes and 1-D coordinates.

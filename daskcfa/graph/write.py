@@ -3,8 +3,8 @@
 What to write arrives as a :class:`WriteRequest` (:mod:`daskcfa.inputs`
 makes one of whatever ``to_cfa`` was given): the dialect-independent
 :class:`~daskcfa.model.AggregationDataset` with its ordinary variables, plus
-the lazily computed values of each variable to aggregate. Per variable, :func:`~daskcfa.graph.plan.plan_fragments`
-chooses the fragment grid; the data are rechunked to it only when their dask
+the lazily computed values of each variable to aggregate. Per variable,
+:func:`~daskcfa.graph.plan.plan_fragments` chooses the fragment grid; the data are rechunked to it only when their dask
 chunks are not aligned with it (:func:`~daskcfa.graph.plan.aligned_chunks`;
 finer aligned chunks are assembled by the fragment task itself).
 
