@@ -24,14 +24,8 @@ from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
 from ..storage.lease import generation_of
-from ..model import (
-    BOUNDS_ATTRS,
-    AggregatedVariable,
-    AggregationDataset,
-    Dimension,
-    PlainVariable,
-    is_coordinate_variable,
-)
+from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, PlainVariable,
+                     is_coordinate_variable)
 from ..storage.uri import absolute as absolute_uri, check_uri_style
 from .aggregation_plan import FileInfo, same_values
 from .scan import plan_aggregation, scan, scan_files

@@ -28,16 +28,8 @@ import numpy as np
 
 from ..decode import STORAGE_ATTRS, Encoding, default_fill_value
 from ..errors import AggregationError, CFAWarning, redact
-from ..model import (
-    BOUNDS_ATTRS,
-    AggregatedVariable,
-    AggregationDataset,
-    Dimension,
-    FragmentGrid,
-    Fragments,
-    PlainVariable,
-    is_coordinate_variable,
-)
+from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments,
+                     PlainVariable, is_coordinate_variable)
 
 __all__ = ["VariableInfo", "FileInfo", "PlainReads", "Planner", "digest", "same_values", "FILES_NAMED"]
 

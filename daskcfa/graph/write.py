@@ -48,15 +48,8 @@ from ..fragments.write import (
     encode_values,
     write_fragment,
 )
-from ..model import (
-    AggregatedVariable,
-    AggregationDataset,
-    Dimension,
-    FragmentGrid,
-    Fragments,
-    PlainVariable,
-    is_coordinate_variable,
-)
+from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
+                     is_coordinate_variable)
 from ..storage.uri import check_uri_style
 from ..storage.publish import put_aggregation, refuse_existing
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
