@@ -6,7 +6,7 @@ byte counters, and pydap for OPeNDAP. Datasets are written by
 tests/builders.py from numpy ground truth, uploaded, and read back.
 
 The safe-URI policy, credential handling and secrecy are in
-test_remote_security.py; this module covers reading: every dialect on S3,
+storage/test_policy.py; this module covers reading: every dialect on S3,
 mixed locations, HTTP byte-range economy, OPeNDAP, relative resolution and
 concurrency.
 """
