@@ -10,9 +10,9 @@ from typing import Sequence
 
 from ..errors import CFAError
 from .local import local_path
-from .objects import NO_PROFILE, delete, exists, filesystem, put_bytes, with_retries
+from .objects import NO_PROFILE, delete, exists, filesystem, put_bytes
 from .profiles import ProfileRef
-from .retry import translated
+from .retry import translated, with_retries
 from .uri import is_local
 
 __all__ = ["commit", "temporary_name", "put_atomic", "remove_stale_temporaries"]
