@@ -3,9 +3,7 @@ expanded to a list of file URLs (nothing is opened)."""
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 from typing import Sequence
 
 from .. import storage
@@ -14,7 +12,6 @@ from ..errors import AggregationError, StorageError, redact
 __all__ = ["sources_profile", "expand_sources"]
 
 _NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf", ".h5", ".hdf5")
-_GLOB_CHARS = re.compile(r"[*?\[]")
 
 
 def sources_profile(sources: str | Sequence[str], storage_options: Mapping[str, Any] | None) -> storage.ProfileRef:
@@ -37,8 +34,8 @@ def expand_sources(sources: str | Sequence[str], profile: storage.ProfileRef = s
     found: list[str] = []
     for source in sources:
         source = os.fspath(source)
-        if _GLOB_CHARS.search(source):
-            matches = _glob(source, profile)
+        if storage.GLOB_CHARS.search(source):
+            matches = storage.glob(source, profile)
             if not matches:
                 raise AggregationError("no file matches the pattern", file=source)
             found += matches
@@ -73,28 +70,3 @@ def _is_directory(source: str, profile: storage.ProfileRef) -> bool:
         return bool(fs.isdir(path))
     except Exception as exc:  # client libraries raise their own types
         raise StorageError(f"cannot list ({type(exc).__name__}: {redact(str(exc))[:200]})", file=source) from None
-
-
-def _glob(pattern: str, profile: storage.ProfileRef) -> list[str]:
-    """Files matching a glob (``*`` stays within a path segment, ``**`` crosses them)."""
-    if storage.is_local(pattern):
-        import glob
-
-        path = storage.local_path(pattern)
-        return sorted(storage.normalise(p) for p in glob.glob(path, recursive=True) if os.path.isfile(p))
-    head = _GLOB_CHARS.split(pattern, 1)[0].rpartition("/")[0]
-    listed = storage.listdir(head, profile)
-    regex = re.compile(_glob_regex(pattern))
-    return sorted(u for u in listed if regex.fullmatch(u))
-
-
-def _glob_regex(pattern: str) -> str:
-    out = []
-    for part in re.split(r"(\*\*/?|\*)", pattern):
-        if part.startswith("**"):
-            out.append(".*")
-        elif part == "*":
-            out.append("[^/]*")
-        else:
-            out.append(fnmatch.translate(part)[4:-3])  # "(?s:" ... ")\Z"
-    return "".join(out)

@@ -17,6 +17,7 @@ from .local import free_space, irregular, local_path, local_stat, open_local
 from .netcdf import netcdf_file, open_netcdf
 from .objects import (
     BLOCKS_CACHED,
+    GLOB_CHARS,
     NO_PROFILE,
     block_size,
     config_bytes,
@@ -24,6 +25,7 @@ from .objects import (
     exists,
     fetch_soon,
     filesystem,
+    glob,
     is_directory,
     is_opendap,
     listdir,
@@ -82,6 +84,8 @@ __all__ = [
     "put_stream",
     "is_directory",
     "remove_tree",
+    "glob",
+    "GLOB_CHARS",
     "listdir",
     "delete",
     "commit",

@@ -31,13 +31,13 @@ from .local import local_path, local_stat, open_local
 from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
 from .retry import Refused, refusals, translated, with_retries
-from .uri import is_local, scheme_of
+from .uri import is_local, normalise, scheme_of
 
 __all__ = [
     "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size",
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
     "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
-    "is_directory", "remove_tree", "listdir", "delete",
+    "GLOB_CHARS", "glob", "is_directory", "remove_tree", "listdir", "delete",
 ]
 
 NO_PROFILE = ProfileRef(None)
@@ -427,6 +427,26 @@ def put_stream(uri: str, write: Callable[[IO[bytes]], None], profile: ProfileRef
     buffer = io.BytesIO()
     write(buffer)
     put_bytes(uri, buffer.getvalue(), profile)
+
+
+#: What makes a URI a glob pattern.
+GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def glob(pattern: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
+    """Files matching a glob, as URIs, sorted: fsspec's glob for every scheme (``*`` within
+    a path segment, ``**`` across them). Hidden files and directories (``.name``: writers'
+    temporaries and markers) match only a pattern that names them, as in a shell."""
+    fs, path = filesystem(normalise(pattern) if is_local(pattern) else pattern, profile)
+    found = with_retries(pattern, fs.glob, path, detail=True)
+    head = GLOB_CHARS.split(path, 1)[0].rpartition("/")[0]
+    hidden_asked = "/." in path[len(head):]
+    files = [p for p, info in found.items() if info.get("type") == "file"
+             and (hidden_asked or not any(part.startswith(".") for part in p[len(head):].split("/")))]
+    if is_local(pattern):
+        return sorted(normalise(p) for p in files)
+    scheme = scheme_of(pattern)
+    return sorted(p if "://" in p else f"{scheme}://{p}" for p in files)
 
 
 def is_directory(uri: str) -> bool:
