@@ -13,14 +13,15 @@ from . import storage
 from .dataset import Dataset
 from .errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
-from .formats._netcdf import find_variable
-from .graph import write as _write
+from .formats.netcdf import find_variable
+from . import inputs
+from .graph.write import write_graph
 from .graph.plan import plan_fragments
 from .graph.read import to_dask
-from .locks import HDF5_LOCK
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
 from .storage.lease import Lease
+from .storage.publish import check_mode, refuse_existing
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
@@ -51,17 +52,14 @@ def read_aggregation(url: str, variable: str | None = None, *, storage_options: 
         url, access = open_aggregation(url, storage_options)
     else:
         url = storage.normalise(url)
-    ds = storage.open_netcdf(url, profile=access.profile)
-    try:
-        with HDF5_LOCK:
+    with storage.netcdf_file(url, profile=access.profile) as ds:
+        try:
             return _select(ds, url, variable)
-    except CFAError:
-        raise
-    except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
-        raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url, variable=variable) from exc
-    finally:
-        with HDF5_LOCK:
-            ds.close()
+        except CFAError:
+            raise
+        except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
+            raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url,
+                                 variable=variable) from exc
 
 
 def from_cfa(
@@ -259,13 +257,10 @@ def to_cfa(
     :class:`CFAError` naming the fragment; errors raised while computing the
     input data are the input's own.
     """
-    if mode not in _write.MODES:
-        raise ValueError(f"mode must be one of {', '.join(_write.MODES)}, got {mode!r}")
+    check_mode(mode)
     url = storage.normalise(url)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    exists = storage.exists(url, profile)
-    if mode == "w-" and exists:
-        raise FileExistsError(f"{url} exists; use mode='w' to overwrite it or mode='r+' to update it")
+    exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it or mode='r+' to update it")
     if mode == "r+":
         if not exists:
             raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
@@ -276,16 +271,18 @@ def to_cfa(
         lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait", 600)))
     try:
         if mode == "r+":
-            request = _write.request_for_update(url, storage_options, data, variable, region)
+            version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
+            existing = open_cfa(url, storage_options=storage_options)
+            request = inputs.request_for_update(existing, url, version, data, variable, region)
         elif isinstance(data, Dataset):
             _no_region(region, "a daskcfa.Dataset")
-            request = _write.request_from_dataset(data)
+            request = inputs.request_from_dataset(data)
         elif _is_xarray(data):
             _no_region(region, "an xarray object")
-            request = _write.request_from_xarray(data, variable)
+            request = inputs.request_from_xarray(data, variable)
         else:
-            request = _write.request_from_array(data, variable, dims, attrs, coords, region)
-        delayed = _write.write_graph(
+            request = inputs.request_from_array(data, variable, dims, attrs, coords, region)
+        delayed = write_graph(
             request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
             fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
             profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease,

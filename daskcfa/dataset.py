@@ -19,9 +19,8 @@ from . import storage
 from .decode import joined_dtype, text_encoding
 from .errors import CFAError, CFAFormatError
 from .formats import aggregated_variables, walk
-from .formats._netcdf import data_dtype, find_dimension, group_path
+from .formats.netcdf import data_dtype, find_dimension, group_path
 from .graph.read import to_dask
-from .locks import HDF5_LOCK
 from .model import AggregatedVariable, Fragments
 from .storage.access import Access
 
@@ -56,20 +55,15 @@ class FileVariableArray:
         return (type(self).__name__, self.url, storage.version(self.url, self.profile), self.path, self.mask, self.strings)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        ds = storage.open_netcdf(self.url, profile=self.profile)
-        try:
-            with HDF5_LOCK:
-                var = ds[self.path]
-                var.set_auto_mask(self.mask)
-                var.set_auto_chartostring(self.strings)
-                data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
-                return np.ma.asarray(data) if self.mask and np.ndim(data) else data
-        finally:
-            with HDF5_LOCK:
-                ds.close()
+        with storage.netcdf_file(self.url, profile=self.profile) as ds:
+            var = ds[self.path]
+            var.set_auto_mask(self.mask)
+            var.set_auto_chartostring(self.strings)
+            data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
+            return np.ma.asarray(data) if self.mask and np.ndim(data) else data
 
 
-class _Attributes:
+class _AttributeAccessors:
     """netCDF4-python's attribute accessors over an ``attrs`` dict."""
 
     attrs: dict[str, Any]
@@ -85,7 +79,7 @@ class _Attributes:
             raise AttributeError(f"{self.path!r} has no attribute {name!r}") from None
 
 
-class Variable(_Attributes):
+class Variable(_AttributeAccessors):
     """One variable, aggregated or not, like ``netCDF4.Variable``.
 
     ``dtype`` is the stored dtype (as netCDF4-python reports it); ``data``
@@ -101,6 +95,12 @@ class Variable(_Attributes):
         self._url = url
         self._access = access or Access.default(url)
         self._data: da.Array | None = None
+
+    @property
+    def read_access(self) -> Access:
+        """How this variable's files are read (profile, policy, missing fragments): readers
+        built over the variable (the xarray backend, refragment) read as it does."""
+        return self._access
 
     @property
     def dimensions(self) -> tuple[str, ...]:
@@ -180,7 +180,7 @@ def _decoded_dtype(var: Variable) -> np.dtype:
 
 
 @dataclass
-class Group(_Attributes):
+class Group(_AttributeAccessors):
     """A group: dimensions, variables, sub-groups and attributes."""
 
     name: str
@@ -233,17 +233,13 @@ class Dataset(Group):
 
     @classmethod
     def open(cls, url: str, *, access: Access) -> "Dataset":
-        ds = storage.open_netcdf(url, profile=access.profile)
-        try:
-            with HDF5_LOCK:
+        with storage.netcdf_file(url, profile=access.profile) as ds:
+            try:
                 return _build(cls, ds, url, access)
-        except CFAError:
-            raise
-        except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
-            raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
-        finally:
-            with HDF5_LOCK:
-                ds.close()
+            except CFAError:
+                raise
+            except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
+                raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
 
     def close(self) -> None:
         """Nothing stays open between reads; kept for netCDF4-python familiarity."""

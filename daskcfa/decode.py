@@ -18,8 +18,13 @@ from typing import Any, Mapping
 import netCDF4
 import numpy as np
 
-__all__ = ["Encoding", "chars_to_strings", "default_fill_value", "join_chars", "joined_dtype", "strings_to_chars",
-           "text_encoding"]
+__all__ = ["Encoding", "PACKING_ATTRS", "STORAGE_ATTRS", "chars_to_strings", "default_fill_value", "join_chars",
+           "joined_dtype", "strings_to_chars", "text_encoding"]
+
+#: Attributes that make values mean something else than what is stored (CF packing).
+PACKING_ATTRS = ("scale_factor", "add_offset")
+#: Attributes describing how values are stored rather than what they mean (in the stored type).
+STORAGE_ATTRS = (*PACKING_ATTRS, "_FillValue", "missing_value", "valid_min", "valid_max", "valid_range", "_Unsigned")
 
 
 def default_fill_value(dtype: np.dtype) -> Any:

@@ -9,6 +9,13 @@ xarray's netcdf4 engine takes its own locks (``NETCDFC_LOCK``, and
 ``HDF5_LOCK`` for local files), so when xarray is importable this lock is
 built on those very lock objects: a graph that reads through xarray and
 daskcfa at once serialises on one lock instead of crashing netCDF-C.
+
+Despite its name (xarray's), it guards the libhdf5 that netCDF-C links, not
+h5py's: the direct HDF5 engine's h5py calls take h5py's own lock instead. That
+is safe because the PyPI wheels of h5py and netCDF4 each load their own copy
+of libhdf5 (``h5py.libs``, ``netcdf4.libs``), which share no state; a build
+linking both to one libhdf5 would need those calls under this lock too
+(``docs/reliability.md``).
 """
 
 from __future__ import annotations

@@ -11,13 +11,18 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import posixpath
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["FragmentGrid", "Fragments", "FragmentRef", "AggregatedVariable"]
+__all__ = ["FragmentGrid", "Fragments", "FragmentRef", "AggregatedVariable", "PlainVariable", "Dimension",
+           "AggregationDataset", "ancestry", "BOUNDS_ATTRS", "is_coordinate_variable"]
+
+#: Attributes by which a coordinate variable names the variable holding its cell boundaries (CF 7.1, 7.4).
+BOUNDS_ATTRS = ("bounds", "climatology")
 
 
 @dataclass(frozen=True)
@@ -211,28 +216,6 @@ class Fragments:
             return set()
         return {str(u) for u in self.uris.ravel() if u is not None and str(u) != ""}
 
-    @classmethod
-    def from_refs(cls, grid: FragmentGrid, refs: Mapping[tuple[int, ...], FragmentRef]) -> "Fragments":
-        """Build columns from sparse per-fragment records (legacy JSON/group dialects)."""
-        gshape = grid.grid_shape
-        width = max((len(r.uris) for r in refs.values()), default=1) or 1
-        uris = np.full(gshape + (width,), "", dtype=object)
-        identifiers = np.full(gshape, None, dtype=object)
-        units = axes = rev = None
-        for index, ref in refs.items():
-            uris[index][: len(ref.uris)] = ref.uris
-            identifiers[index] = ref.identifier
-            if ref.units is not None:
-                units = units if units is not None else np.full(gshape, None, dtype=object)
-                units[index] = ref.units
-            if ref.axes is not None:
-                axes = axes if axes is not None else np.full(gshape, None, dtype=object)
-                axes[index] = ref.axes
-            if ref.reversed is not None:
-                rev = rev if rev is not None else np.full(gshape, None, dtype=object)
-                rev[index] = ref.reversed
-        return cls(grid, uris=uris, identifiers=identifiers, units=units, axes=axes, reversed=rev)
-
 
 def _str_or_none(value: Any) -> str | None:
     if value is None or value is np.ma.masked:
@@ -300,3 +283,28 @@ class AggregationDataset:
     dimensions: list[Dimension] = field(default_factory=list)
     variables: list[PlainVariable] = field(default_factory=list)
     aggregated: list[AggregatedVariable] = field(default_factory=list)
+
+    def dimension_size(self, group: str, name: str) -> int | None:
+        """The size of dimension ``name`` as seen from ``group`` (None: not visible there)."""
+        sizes = {d.name: d.size for d in self.dimensions}
+        return next((sizes[p] for g in ancestry(group) if (p := posixpath.join(g, name)) in sizes), None)
+
+    def find_variable(self, group: str, name: str) -> PlainVariable | None:
+        """The ordinary variable ``name`` as seen from ``group``."""
+        by_path = {v.name: v for v in self.variables}
+        return next((by_path[p] for g in ancestry(group) if (p := posixpath.join(g, name)) in by_path), None)
+
+
+def ancestry(group: str) -> Iterator[str]:
+    """``group`` and its ancestors, innermost first: where netCDF looks for a name
+    used in ``group`` (dimension scoping; CF's search for coordinates)."""
+    while True:
+        yield group
+        if group == "/":
+            return
+        group = posixpath.dirname(group.rstrip("/")) or "/"
+
+
+def is_coordinate_variable(name: str, dims: Sequence[str]) -> bool:
+    """A CF coordinate variable: one-dimensional and named after its dimension (``name`` may be a path)."""
+    return tuple(dims) == (posixpath.basename(name),)

@@ -1,37 +1,15 @@
-"""Distributed worker plugins."""
+"""Distributed worker plugins (:class:`StorageProfiles` lives with the profiles it installs)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .fragments.manager import DEFAULT_FILEHANDLES, DEFAULT_MEMORY, Budget, manager
-from .storage import profiles
+from .storage.profiles import StorageProfiles
 
 __all__ = ["StorageProfiles", "FragmentBudget", "fragment_stats"]
-
-
-class StorageProfiles(WorkerPlugin):
-    """Installs storage options on every worker (also on workers that join later),
-    so that tasks can refer to them by name instead of carrying credentials."""
-
-    idempotent = True
-
-    def __init__(self, profiles_by_name: Mapping[str, Mapping[str, Any]]) -> None:
-        self._profiles = {k: dict(v) for k, v in profiles_by_name.items()}
-
-    @classmethod
-    def from_options(cls, storage_options: Mapping[str, Any], *, protocol: str = "s3") -> "StorageProfiles":
-        """The plugin for options given to ``from_cfa(..., storage_options=...)``."""
-        ref = profiles.register(storage_options, protocol=protocol)
-        return cls(profiles.encoded({ref.name: profiles._REGISTRY[ref.name]})) if ref.name else cls({})
-
-    def setup(self, worker: Any) -> None:
-        profiles.install(self._profiles)
-
-    def __repr__(self) -> str:
-        return f"StorageProfiles({sorted(self._profiles)})"
 
 
 class FragmentBudget(WorkerPlugin):

@@ -25,6 +25,7 @@ from .api import open_cfa
 from .dataset import Dataset, FileVariableArray, Group, Variable
 from .decode import default_fill_value
 from .graph.read import AggregatedArray
+from .model import is_coordinate_variable
 
 __all__ = ["DaskCFABackendEntrypoint", "open_dataset", "open_datatree"]
 
@@ -49,13 +50,13 @@ def _variable(var: Variable, url: str) -> XrVariable:
     attrs = dict(var.attrs)
     encoding: dict[str, Any] = {"source": url, "dtype": var.dtype}
     if var.aggregation is not None:
-        array = AggregatedArray(var.aggregation, decode=False, access=var._access)
+        array = AggregatedArray(var.aggregation, decode=False, access=var.read_access)
         # Missing fragments hold the fill value: declare it so that xarray masks them.
         if "_FillValue" not in attrs and var.dtype.kind in "iuf":
             attrs["_FillValue"] = default_fill_value(var.dtype)
         encoding["preferred_chunks"] = dict(zip(var.dims, var.aggregation.fragments.grid.sizes))
     else:
-        array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, profile=var._access.profile)
+        array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, profile=var.read_access.profile)
     data = indexing.LazilyIndexedArray(_LazyArray(array))
     return XrVariable(var.dims, data, attrs, encoding)
 
@@ -74,7 +75,8 @@ def _to_xarray(ds: Dataset, node: Group, drop_variables: Iterable[str] | None) -
     dropped = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables or ())
     variables = {name: _variable(var, ds.url) for name, var in node.variables.items() if name not in dropped}
     out = XrDataset(variables, attrs=dict(node.attrs))
-    return out.set_coords([n for n in variables if n in node.dimensions and variables[n].dims == (n,)])
+    return out.set_coords([n for n in variables
+                           if n in node.dimensions and is_coordinate_variable(n, variables[n].dims)])
 
 
 # xarray's CF decoding options, passed through to ``xarray.conventions.decode_cf``

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 # ---------------------------------------------------------------------------
-# Fixtures for the end-to-end read tests (test_read_dialects.py,
-# test_bad_input.py, test_cfdm_interop.py), which build real aggregation
+# Fixtures for the end-to-end read tests (formats/test_read_dialects.py,
+# formats/test_bad_input.py, formats/test_cfdm_interop.py), which build real aggregation
 # datasets with tests/builders.py.
 # ---------------------------------------------------------------------------
 sys.path.insert(0, str(Path(__file__).parent))  # `import builders` from any test module

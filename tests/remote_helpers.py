@@ -1,4 +1,4 @@
-"""Helpers shared by the remote-storage tests (test_remote_*.py)."""
+"""Helpers shared by the tests that read from S3, HTTP and OPeNDAP."""
 
 from __future__ import annotations
 

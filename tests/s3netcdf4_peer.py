@@ -1,4 +1,4 @@
-"""Run S3netCDF4 2.1rc1 in its own venv (``.venv-s3nc``), driven by tests/test_s3netcdf4_interop.py.
+"""Run S3netCDF4 2.1rc1 in its own venv (``.venv-s3nc``), driven by tests/formats/test_s3netcdf4_interop.py.
 
     python s3netcdf4_peer.py read PATH VARIABLE OUT.npy
     python s3netcdf4_peer.py write PATH FORMAT CFA_VERSION VARIABLE IN.npy SUBARRAY_SHAPE

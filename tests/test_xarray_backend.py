@@ -9,7 +9,7 @@ import xarray as xr
 import daskcfa
 import daskcfa.xarray_backend
 from builders import DIALECTS, Frag, build, build_cf113, make_truth
-from test_read_graph import bytes_read, chunked_archive, fragment_bytes
+from read_helpers import bytes_read, chunked_archive, fragment_bytes
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
 

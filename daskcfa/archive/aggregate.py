@@ -22,16 +22,16 @@ import numpy as np
 from .. import storage
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
-from ..graph.write import put_aggregation
+from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
 from ..storage.lease import generation_of
-from ..model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable
+from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, PlainVariable,
+                     is_coordinate_variable)
 from ..storage.uri import absolute as absolute_uri, check_uri_style
-from .scan import FileInfo, expand_sources, plan_aggregation, same_values, scan, scan_files, sources_profile
+from .aggregation_plan import FileInfo, same_values
+from .scan import plan_aggregation, scan, scan_files
+from .sources import expand_sources, sources_profile
 
 __all__ = ["scan", "aggregate", "rebuild"]
-
-_MODES = ("w-", "w")
-
 
 def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequence[str] | None = None,
               variables: Sequence[str] | None = None, format: str = "CF-1.13", uris: str = "relative",
@@ -103,12 +103,10 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
 def prepare_target(target: str, storage_options: Mapping[str, Any] | None, mode: str
                    ) -> tuple[str, storage.ProfileRef]:
     """The normalised target URL and its storage profile; ``mode`` checked, an existing target refused for "w-"."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    check_mode(mode, WHOLE_FILE_MODES)
     url = storage.normalise(target)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    if mode == "w-" and storage.exists(url, profile):
-        raise FileExistsError(f"{url} exists; use mode='w' to overwrite it")
+    refuse_existing(url, mode, profile, "use mode='w' to overwrite it")
     return url, profile
 
 
@@ -238,9 +236,10 @@ def _data_variables(info: FileInfo) -> list[str]:
     auxiliary = set()
     for var in info.variables.values():
         auxiliary |= set(str(var.attrs.get("coordinates", "")).split())
-        if var.dims == (var.name,):
-            auxiliary |= {str(var.attrs[k]) for k in ("bounds", "climatology") if k in var.attrs}
-    return [n for n, v in info.variables.items() if v.dims != (n,) and n not in auxiliary and v.is_numeric]
+        if is_coordinate_variable(var.name, var.dims):
+            auxiliary |= {str(var.attrs[k]) for k in BOUNDS_ATTRS if k in var.attrs}
+    return [n for n, v in info.variables.items()
+            if not is_coordinate_variable(n, v.dims) and n not in auxiliary and v.is_numeric]
 
 
 def _in_group(model: AggregationDataset, group: str) -> AggregationDataset:

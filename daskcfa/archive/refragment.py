@@ -19,7 +19,6 @@ prefix: combined first with :func:`daskcfa.archive.scan.scan`) or an open
 
 from __future__ import annotations
 
-import os
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -36,8 +35,9 @@ from ..fragments.files import open_fragment
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
-from ..graph.write import WriteRequest, WriteSource, dataset_model, fragment_grid, write_graph
-from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid
+from ..graph.write import WriteRequest, WriteSource, fragment_grid, write_graph
+from ..inputs import dataset_model
+from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid, is_coordinate_variable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from .aggregate import prepare_target
@@ -83,7 +83,7 @@ class RefragmentPlan:
 
 
 @dataclass
-class _Variable:
+class _Refragmented:
     """One variable to re-fragment: what to write (``source``), what to read, and its plan."""
 
     source: WriteSource
@@ -187,7 +187,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
 
 def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, max_fragment_size: int | str,
              max_mem: int | str, storage_options: Mapping[str, Any] | None
-             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Variable]]:
+             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Refragmented]]:
     """The model to write, the variables to re-fragment, each planned."""
     budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
     strategy = dask.config.get("daskcfa.refragment.strategy", "auto")
@@ -208,7 +208,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
 
 
 def _open_source(source: Any, variables: Sequence[str] | None, storage_options: Mapping[str, Any] | None
-                 ) -> tuple[AggregationDataset, list[_Variable], str]:
+                 ) -> tuple[AggregationDataset, list[_Refragmented], str]:
     if isinstance(source, Dataset):
         return (*_from_dataset(source), source.url)
     if isinstance(source, (list, tuple)) or _is_pattern(source):
@@ -219,7 +219,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     from ..api import open_cfa
 
     url = storage.normalise(source)
-    if not storage.is_opendap(url) and _is_directory(url):
+    if not storage.is_opendap(url) and storage.is_directory(url):
         return (*_from_files(url, variables, storage_options), url)
     ds = open_cfa(url, storage_options=storage_options)
     if not ds.aggregated_variables:  # a plain netCDF file: it is the one fragment of each data variable
@@ -228,15 +228,15 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     return (*_from_dataset(ds), url)
 
 
-def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Variable]]:
+def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Refragmented]]:
     model, aggregated = dataset_model(ds)
-    found = [_Variable(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
-                       v._access) for v in aggregated]
+    found = [_Refragmented(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
+                       v.read_access) for v in aggregated]
     return model, found
 
 
 def _from_files(sources: Any, variables: Sequence[str] | None,
-                storage_options: Mapping[str, Any] | None) -> tuple[AggregationDataset, list[_Variable]]:
+                storage_options: Mapping[str, Any] | None) -> tuple[AggregationDataset, list[_Refragmented]]:
     from .scan import scan
 
     model = scan(sources, variables=variables, storage_options=storage_options)
@@ -247,11 +247,11 @@ def _from_files(sources: Any, variables: Sequence[str] | None,
         places = sorted({posixpath.dirname(u) + "/" for u in av.fragments.locations()})
         policy = LocationPolicy.for_aggregation(av.source, ["default", *places])
         access = Access(storage.register(storage_options, protocol=storage.scheme_of(av.source)), policy)
-        found.append(_Variable(WriteSource(av.name, None, av.dims, np.dtype(av.dtype), dict(av.attrs)), av, access))
+        found.append(_Refragmented(WriteSource(av.name, None, av.dims, np.dtype(av.dtype), dict(av.attrs)), av, access))
     return model, found
 
 
-def _select(found: list[_Variable], variables: Sequence[str] | None, description: str) -> list[_Variable]:
+def _select(found: list[_Refragmented], variables: Sequence[str] | None, description: str) -> list[_Refragmented]:
     if not found:
         raise VariableNotFoundError("nothing to re-fragment: the source has no data variable with dimensions",
                                     file=description)
@@ -278,7 +278,7 @@ def _data_variables(ds: Dataset) -> list[Any]:
     found = []
     for group in ds.walk():
         for var in group.variables.values():
-            coordinate = len(var.dims) == 1 and var.dims[0] == var.name
+            coordinate = is_coordinate_variable(var.name, var.dims)
             if var.ndim and var.dtype.kind in "biuf" and not coordinate and var.name not in referenced:
                 found.append(var)
     return found
@@ -291,12 +291,10 @@ def _single_file(var: Any, url: str) -> AggregatedVariable:
     (the file's own packing and missing values applied, in canonical form):
     the unpacked dtype, without storage attributes but the fill value.
     """
-    from ..decode import Encoding
+    from ..decode import STORAGE_ATTRS, Encoding
 
     encoding = Encoding.from_attrs(var.attrs, var.dtype)
-    attrs = {k: v for k, v in var.attrs.items()
-             if k not in ("scale_factor", "add_offset", "_Unsigned", "valid_min", "valid_max", "valid_range",
-                          "missing_value", "_FillValue")}
+    attrs = {k: v for k, v in var.attrs.items() if k not in STORAGE_ATTRS}
     if encoding.is_packed or encoding.unsigned:
         dtype = np.dtype(encoding.decoded_dtype)
     else:
@@ -328,9 +326,7 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
         access.policy.check(uri)
         with open_fragment(uri, ref.variable_names(aggregation.basename), profile=access.profile,
                            policy=access.policy, fraction=0.0, expected_nbytes=1 << 62) as var:
-            stored = var._var  # the engine's variable: the direct HDF5 reader knows the layout
-            chunks = getattr(stored, "chunks", None)
-            filters = getattr(stored, "_filters", ())
+            chunks, compressed = var.layout
             dims = tuple(var.dims)
     except CFAError as exc:
         if isinstance(exc, (NotFoundError, FragmentReadError)):
@@ -342,18 +338,11 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
     if not set(by_dim) <= set(aggregation.dims):
         return SourceLayout(grid)
     shape = tuple(int(by_dim.get(d, 1)) for d in aggregation.dims)  # dimensions a fragment omits have size 1
-    return SourceLayout(grid, shape, compressed=bool(filters))
+    return SourceLayout(grid, shape, compressed=compressed)
 
 
 def _is_pattern(source: Any) -> bool:
     return isinstance(source, str) and any(c in source for c in "*?[")
-
-
-def _is_directory(url: str) -> bool:
-    """A directory (or a prefix, written with a trailing slash) holds the files to combine."""
-    if storage.is_local(url):
-        return os.path.isdir(storage.local_path(url))
-    return url.endswith("/")
 
 
 def _describe(sources: Any) -> str:

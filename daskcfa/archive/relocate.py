@@ -52,8 +52,8 @@ from .. import storage
 from ..dataset import Dataset
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
-from ..graph.write import dataset_model, put_aggregation
-from ..locks import HDF5_LOCK
+from ..inputs import dataset_model
+from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
@@ -92,8 +92,7 @@ def relocate(
     absolute (for readers that resolve relative ones against their working
     directory); ``mapping`` may then be empty, to convert an archive in place.
     """
-    if mode not in ("w-", "w"):
-        raise ValueError(f"mode must be 'w-' or 'w', got {mode!r}")
+    check_mode(mode, WHOLE_FILE_MODES)
     absolute = check_uri_style(uris) == "absolute"
     rules = _PrefixRules(mapping, empty_ok=absolute)
     url = storage.normalise(url)
@@ -101,15 +100,11 @@ def relocate(
     in_place = new_url == url
     access = Access.for_aggregation(url, storage_options)
     out_profile = storage.register(storage_options, protocol=storage.scheme_of(new_url))
-    if not in_place and mode == "w-" and storage.exists(new_url, out_profile):
-        raise FileExistsError(f"{redact(new_url)} exists; relocate with mode='w' to overwrite it")
+    if not in_place:
+        refuse_existing(new_url, mode, out_profile, "relocate with mode='w' to overwrite it")
     with _local_copy(url, access) as local:
-        with HDF5_LOCK:
-            nc = storage.open_netcdf(local)
-            try:
-                data_model = nc.data_model
-            finally:
-                nc.close()
+        with storage.netcdf_file(local) as nc:
+            data_model = nc.data_model
         with dask.config.set(scheduler="sync"):  # (a local temporary file: no cluster can read it)
             model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]

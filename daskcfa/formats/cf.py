@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CFAFormatError, CFAWarning
 from ..model import AggregatedVariable, FragmentGrid, Fragments
-from . import _netcdf as nc
+from . import netcdf as nc
 from .limits import check_fragment_count
 
 

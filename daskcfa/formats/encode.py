@@ -43,25 +43,24 @@ aggregation file (what every dialect resolves them against).
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import re
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import netCDF4
 import numpy as np
 
+from ..decode import default_fill_value
 from ..errors import CFAFormatError
 from ..locks import HDF5_LOCK
-from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
+from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable, ancestry
 from ..storage.uri import absolute, is_local, normalise
-from ._netcdf import INSTRUCTION_ATTRS, Where, partition_grid
+from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
-__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions",
+__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "encode_aggregation", "fragment_conventions",
            "absolute_reference"]
 
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
@@ -76,34 +75,10 @@ _VERSION_WORD = re.compile(r"CFA?-\S*$")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
-def write_aggregation(
-    target: str | os.PathLike[str],
-    dataset: AggregationDataset,
-    *,
-    format: str = "CF-1.13",
-    file_format: str = "NETCDF4",
-) -> None:
-    """Write ``dataset`` as an aggregation file at local path ``target`` (overwrites).
-
-    The file is written beside ``target`` under a temporary name and moved
-    into place when complete, so a failed write never leaves a truncated
-    aggregation file (or destroys the one that was there).
-    """
-    layout = _Layout.of(dataset, format, file_format)
-    target = Path(target)
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
-    try:
-        _write_file(partial, layout, file_format)
-        os.replace(partial, target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 def encode_aggregation(
     dataset: AggregationDataset, *, format: str = "CF-1.13", file_format: str = "NETCDF4"
 ) -> bytes:
-    """The bytes of the aggregation file :func:`write_aggregation` would write (for any target).
+    """The bytes of the aggregation file of ``dataset`` (put in place by :mod:`daskcfa.storage.publish`).
 
     Built as a file in a private temporary directory, not in netCDF-C's
     memory: an in-memory netCDF-4 image has a root group without link
@@ -191,7 +166,7 @@ class _Layout:
         """A dimension of ``size`` for variables in ``group``: one made earlier when visible, else a new one."""
         for path in self.made.get((wanted, size), ()):
             owner, name = _split(path)
-            if owner in _ancestry(group):
+            if owner in ancestry(group):
                 return name
         name = self.name(wanted)
         self.flat.dimensions.append(Dimension(_join(group, name), size))
@@ -244,7 +219,7 @@ class _Layout:
             return self.instruction(group, wanted, dims, np.int32, np.ones((1,) * len(dims), dtype=np.int32))
         width = max(grid.grid_shape)
         dtype = self.integers(np.array([max(row, default=0) for row in grid.sizes]))
-        values = np.full((grid.ndim, width), _default_fill(dtype), dtype=dtype)
+        values = np.full((grid.ndim, width), default_fill_value(dtype), dtype=dtype)
         for d, row in enumerate(grid.sizes):
             values[d, : len(row)] = row
         dims = (
@@ -278,7 +253,7 @@ class _Layout:
             if "/" in dim:
                 candidates = [posixpath.normpath(_join(group, dim))]
             else:
-                candidates = [_join(g, dim) for g in _ancestry(group)]
+                candidates = [_join(g, dim) for g in ancestry(group)]
             found = next((self.sizes[c] for c in candidates if c in self.sizes), None)
             if found is None:
                 raise _error(av, f"aggregated dimension {dim!r} is not a dimension of the dataset")
@@ -378,7 +353,7 @@ def _encode_cfa05(layout: _Layout, av: AggregatedVariable) -> None:
     pm_dims = tuple(posixpath.basename(d) for d in av.dims)
 
     dtype = layout.integers(parts.stop)
-    fill = _default_fill(dtype)
+    fill = default_fill_value(dtype)
     index = np.full(grid_shape + (ndim,), fill, dtype=dtype)
     location = np.full(grid_shape + (ndim, 2), fill, dtype=dtype)
     shape = np.full(grid_shape + (ndim,), fill, dtype=dtype)
@@ -541,7 +516,7 @@ def _unique_values(av: AggregatedVariable) -> tuple[np.ndarray, Any]:
     mask = np.ma.getmaskarray(values)
     if not mask.any():
         return values.data, None
-    fill = np.asarray(av.attrs.get("_FillValue", _default_fill(av.dtype)), dtype=av.dtype)[()]
+    fill = np.asarray(av.attrs.get("_FillValue", default_fill_value(av.dtype)), dtype=av.dtype)[()]
     if (values.data[~mask] == fill).any():
         raise _error(av, f"a fragment's unique value equals the fill value {fill!r} marking missing fragments")
     return values.filled(fill), fill
@@ -595,7 +570,7 @@ def _emit(nc: netCDF4.Dataset, flat: AggregationDataset) -> None:
         out.setncatts(attrs)
         if var.data is not None:
             out.set_auto_maskandscale(False)
-            out[...] = var.data if text else np.ma.filled(var.data, _default_fill(var.dtype) if fill is None else fill)
+            out[...] = var.data if text else np.ma.filled(var.data, default_fill_value(var.dtype) if fill is None else fill)
     for dim in flat.dimensions:
         owner, name = _split(dim.name)
         written = len(group(owner).dimensions[name])
@@ -659,11 +634,6 @@ def _is_text(dtype: np.dtype) -> bool:
     return dtype.kind in "OU" or (dtype.kind == "S" and dtype.itemsize != 1)
 
 
-def _default_fill(dtype: Any) -> Any:
-    dtype = np.dtype(dtype)
-    return np.array(netCDF4.default_fillvals[dtype.str[1:]], dtype=dtype)[()]
-
-
 def _split(path: str) -> tuple[str, str]:
     """``"/g/x"`` -> ``("/g", "x")``; ``"/x"`` -> ``("/", "x")``."""
     head, _, name = path.rpartition("/")
@@ -672,15 +642,6 @@ def _split(path: str) -> tuple[str, str]:
 
 def _join(group: str, name: str) -> str:
     return posixpath.join(group, name)
-
-
-def _ancestry(group: str) -> Iterable[str]:
-    """``group`` and its ancestors, innermost first (netCDF's dimension scoping)."""
-    while True:
-        yield group
-        if group == "/":
-            return
-        group = _split(group)[0]
 
 
 def _first_where(mask: np.ndarray) -> tuple[int, ...]:

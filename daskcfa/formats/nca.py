@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import CFAFormatError
 from ..model import AggregatedVariable, Fragments
-from ._netcdf import (
+from .netcdf import (
     Where,
     data_attributes,
     data_dtype,

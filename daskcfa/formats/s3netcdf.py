@@ -22,7 +22,7 @@ import netCDF4
 import numpy as np
 
 from ..model import AggregatedVariable, Fragments
-from ._netcdf import (
+from .netcdf import (
     Where,
     data_attributes,
     data_dtype,

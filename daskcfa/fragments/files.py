@@ -58,6 +58,11 @@ class _Variable:
         self.name, self.shape, self.dtype, self.no_fill = var.name, var.shape, var.dtype, var.no_fill
         self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, self._fallback_attrs)
 
+    @property
+    def layout(self) -> tuple[tuple[int, ...] | None, bool]:
+        """The chunk shape (None: contiguous, or not told by the engine) and whether chunks are filtered."""
+        return getattr(self._var, "chunks", None), bool(getattr(self._var, "compressed", False))
+
     def _fallback_attrs(self) -> Mapping[str, Any]:
         return self._fallback().variable(self._name).attrs
 

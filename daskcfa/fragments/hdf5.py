@@ -5,11 +5,11 @@ process-wide lock while it decompresses: threads reading fragments cannot
 decode in parallel, and every call pays the library's per-call overhead.
 
 Here h5py is used only for *metadata* (layout, filters, fill value, where each
-chunk lies in the file). The raw bytes are fetched with a ``read_ranges``
+chunk lies in the file; netCDF-4's conventions: :mod:`.hdf5_netcdf`). The raw bytes are fetched with a ``read_ranges``
 callable (``os.preadv`` on a local file by default; a remote backend can fetch
 byte ranges concurrently instead), inflated with ISA-L (:mod:`isal`, else
 :mod:`zlib`) and un-shuffled
-with numpy, all of which release the GIL on large buffers.
+with numpy (:mod:`.hdf5_filters`), all of which release the GIL on large buffers.
 
 Only the common storage choices are handled: contiguous or chunked layout with
 the deflate, shuffle and Fletcher-32 filters (and zstd, blosc, bzip2:
@@ -25,23 +25,23 @@ import io
 import itertools
 import math
 import os
-import zlib
-
-try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decode
-    from isal import isal_zlib
-
-    _decompressobj = isal_zlib.decompressobj
-    _INFLATE_ERRORS: tuple[type[Exception], ...] = (isal_zlib.error, zlib.error)
-except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
-    _decompressobj = zlib.decompressobj
-    _INFLATE_ERRORS = (zlib.error,)
-from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 import h5py
 import numpy as np
 
 from ..storage.blocks import Blocks, Buffer
-from .codecs import DECODERS
+from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SHUFFLE, SUPPORTED_FILTERS, inflate_head, unfilter
+from .hdf5_netcdf import (
+    NON_COORD_PREFIX,
+    DirectReadUnsupported,
+    NetCDFAttributes,
+    check_dimensions,
+    check_dtype,
+    dimension_names,
+    is_dimension_only,
+    open_dataset,
+)
 
 __all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges"]
 
@@ -54,32 +54,6 @@ ReadRanges = Callable[[list[tuple[int, int]]], Sequence[Buffer]]
 StoreInfo = h5py.h5d.StoreInfo
 #: A stored chunk to read, the part of it selected and where that goes in the result.
 _ChunkRead = tuple[StoreInfo, tuple[slice, ...], tuple[slice, ...]]
-
-_DEFLATE = h5py.h5z.FILTER_DEFLATE
-_SHUFFLE = h5py.h5z.FILTER_SHUFFLE
-_FLETCHER32 = h5py.h5z.FILTER_FLETCHER32
-
-#: netCDF-C renames a variable whose name clashes with an unrelated dimension.
-_NON_COORD_PREFIX = "_nc4_non_coord_"
-#: ``NAME`` of a dimension scale that is a netCDF dimension but not a variable.
-_DIMENSION_ONLY = b"This is a netCDF dimension but not a netCDF variable"
-
-#: Attributes that netCDF-C keeps for itself and netCDF4-python never reports.
-_HIDDEN_ATTRS = frozenset(
-    {
-        "CLASS",
-        "NAME",
-        "DIMENSION_LIST",
-        "REFERENCE_LIST",
-        "_Netcdf4Dimid",
-        "_Netcdf4Coordinates",
-        "_nc3_strict",
-        "_NCProperties",
-        "_IsNetcdf4",
-        "_SuperblockVersion",
-        "_Codecs",
-    }
-)
 
 #: Compressed bytes handed to one ``read_ranges`` call, to bound memory.
 _BATCH_BYTES = 64 << 20
@@ -130,15 +104,6 @@ class _BlocksFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._position
-
-
-def _inflate_head(raw: Buffer, nbytes: int) -> bytes:
-    """The first ``nbytes`` of a zlib stream, inflating no further."""
-    return _decompressobj().decompress(raw, nbytes)
-
-
-class DirectReadUnsupported(Exception):
-    """Raised when a variable cannot be read directly; the caller falls back to netCDF4."""
 
 
 class HDF5File:
@@ -193,9 +158,9 @@ class HDF5File:
         """The netCDF variable ``name`` (``"v"``, ``"grp/v"`` or ``"/grp/v"``); KeyError if absent."""
         head, _, base = name.strip("/").rpartition("/")
         group = "/" + head + "/" if head else "/"
-        dsid = _open_dataset(self._fid, group + base) if base else None
-        if dsid is not None and _is_dimension_only(dsid):
-            dsid = _open_dataset(self._fid, group + _NON_COORD_PREFIX + base)
+        dsid = open_dataset(self._fid, group + base) if base else None
+        if dsid is not None and is_dimension_only(dsid):
+            dsid = open_dataset(self._fid, group + NON_COORD_PREFIX + base)
         if dsid is None:
             raise KeyError(name)
         where = f"variable {group + base!r} of {self.path!r}"
@@ -236,7 +201,7 @@ class HDF5Variable:
     def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
         self.name = name
         self._where = where  # for error messages
-        self._stored = _check_dtype(dsid, self._where)
+        self._stored = check_dtype(dsid, self._where)
         self.dtype = self._stored.newbyteorder("=")
         self.shape = dsid.shape
         self._read_ranges = read_ranges
@@ -252,6 +217,7 @@ class HDF5Variable:
         elif layout != h5py.h5d.CHUNKED:
             raise DirectReadUnsupported(f"storage layout {layout} is not supported ({self._where})")
         self._filters = _filter_pipeline(dcpl, self._where)
+        self.compressed = bool(self._filters)  #: whether chunks go through filters (read amplification)
         fill = np.zeros((1,), self._stored)
         dcpl.get_fill_value(fill)
         self._fill = fill[0].astype(self.dtype)
@@ -266,13 +232,13 @@ class HDF5Variable:
             self._index: dict[tuple[int, ...], StoreInfo] = {}
             self._index_complete = False
 
-        _check_dimensions(dsid, self._where)
+        check_dimensions(dsid, self._where)
         self.attrs = NetCDFAttributes(dsid, self._where)
 
     @functools.cached_property
     def dims(self) -> tuple[str, ...]:
         """netCDF dimension names (looked up on first use: few reads need them)."""
-        return _dimension_names(h5py.Dataset(self._dsid), self._where)
+        return dimension_names(h5py.Dataset(self._dsid), self._where)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
@@ -382,77 +348,18 @@ class HDF5Variable:
         costs half the decompression. The rest of the chunk is left unset.
         """
         if (needed is not None and needed < _PARTIAL_INFLATE * self._chunk_nbytes
-                and [code for code, _ in self._filters] == [_DEFLATE] and not info.filter_mask & 1):
+                and [code for code, _ in self._filters] == [DEFLATE] and not info.filter_mask & 1):
             try:
-                head = _inflate_head(raw, needed)
-            except _INFLATE_ERRORS as err:
+                head = inflate_head(raw, needed)
+            except INFLATE_ERRORS as err:
                 raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             if len(head) != needed:
                 raise OSError(f"chunk at {info.chunk_offset} holds fewer than {needed} bytes ({self._where})")
             chunk = np.empty(self._chunk_nbytes, np.uint8)
             chunk[:needed] = np.frombuffer(head, np.uint8)
             return chunk.view(self._stored).reshape(self.chunks)
-        buf = np.frombuffer(raw, np.uint8)
-        for i in reversed(range(len(self._filters))):
-            if info.filter_mask >> i & 1:
-                continue
-            code, param = self._filters[i]
-            if code == _DEFLATE:
-                try:  # never past the chunk's size, a checksum and one byte to tell a longer stream:
-                    # a stream inflating to more than its chunk is no bomb
-                    buf = np.frombuffer(_inflate_head(buf, self._chunk_nbytes + 5), np.uint8)
-                except _INFLATE_ERRORS as err:
-                    raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
-            elif code == _SHUFFLE:
-                buf = _unshuffle(buf, param)
-            elif code in DECODERS:  # its output: the chunk, and the checksums of filters applied before it
-                checksums = sum(c == _FLETCHER32 and not info.filter_mask >> j & 1
-                                for j, (c, _) in enumerate(self._filters[:i]))
-                buf = DECODERS[code](buf, self._chunk_nbytes + 4 * checksums)
-            else:
-                if not _fletcher32_matches(buf):
-                    raise OSError(f"Fletcher-32 checksum mismatch in chunk at {info.chunk_offset} "
-                                  f"({self._where})")
-                buf = buf[:-4]
-        if buf.size != self._chunk_nbytes:
-            raise OSError(
-                f"chunk at {info.chunk_offset} holds {buf.size} bytes, "
-                f"expected {self._chunk_nbytes} ({self._where})"
-            )
+        buf = unfilter(raw, self._filters, info.filter_mask, self._chunk_nbytes, info.chunk_offset, self._where)
         return buf.view(self._stored).reshape(self.chunks)
-
-
-# -- metadata ---------------------------------------------------------------
-
-
-def _open_dataset(fid: h5py.h5f.FileID, path: str) -> h5py.h5d.DatasetID | None:
-    """The dataset at ``path``, or None when nothing (or something else) is there."""
-    try:
-        obj = h5py.h5o.open(fid, path.encode())
-    except (KeyError, ValueError):  # no such link, or a path through a non-group
-        return None
-    return obj if isinstance(obj, h5py.h5d.DatasetID) else None
-
-
-def _is_dimension_only(dsid: h5py.h5d.DatasetID) -> bool:
-    if not h5py.h5a.exists(dsid, b"NAME"):
-        return False
-    name = _read_attr(h5py.h5a.open(dsid, b"NAME"))
-    return isinstance(name, bytes) and name.startswith(_DIMENSION_ONLY)
-
-
-def _check_dtype(dsid: h5py.h5d.DatasetID, where: str) -> np.dtype:
-    """The numpy dtype of a plain numeric dataset; anything else is unsupported."""
-    dtype = dsid.dtype
-    if dtype.kind in "iuf" and h5py.check_enum_dtype(dtype) is None:
-        # the bytes on disk must be exactly this numpy type (no odd precision or
-        # padding); the byte order of one-byte types is moot (netCDF-C sets it)
-        stored, expected = dsid.get_type(), h5py.h5t.py_create(dtype).copy()
-        if dtype.itemsize == 1:
-            expected.set_order(stored.get_order())
-        if stored.equal(expected):
-            return dtype
-    raise DirectReadUnsupported(f"data type {dtype} is not supported ({where})")
 
 
 def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int]]:
@@ -460,122 +367,11 @@ def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int
     pipeline = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, values, name = dcpl.get_filter(i)
-        if code not in (_DEFLATE, _SHUFFLE, _FLETCHER32) and code not in DECODERS:
+        if code not in SUPPORTED_FILTERS:
             label = name.decode(errors="replace")
             raise DirectReadUnsupported(f"filter {label!r} ({code}) is not supported ({where})")
-        pipeline.append((code, int(values[0]) if code == _SHUFFLE else 0))
+        pipeline.append((code, int(values[0]) if code == SHUFFLE else 0))
     return pipeline
-
-
-def _check_dimensions(dsid: h5py.h5d.DatasetID, where: str) -> None:
-    """The cheap part of :func:`_dimension_names`'s checks, done when a variable is opened."""
-    if dsid.rank == 0:
-        return
-    if h5py.h5ds.is_scale(dsid):
-        if dsid.rank > 1:
-            raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    elif not h5py.h5a.exists(dsid, b"DIMENSION_LIST"):
-        raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
-
-
-def _dimension_names(dataset: h5py.Dataset, where: str) -> tuple[str, ...]:
-    """netCDF dimension names, from the dimension scales attached to ``dataset``."""
-    if dataset.ndim == 0:
-        return ()
-    if dataset.is_scale:
-        # A coordinate variable is its own dimension scale; netCDF-C records the
-        # other dimensions of a multi-dimensional one only by dimension id.
-        if dataset.ndim == 1:
-            return (dataset.name.rpartition("/")[2],)
-        raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    scales = dataset.attrs.get("DIMENSION_LIST")  # object references, a list per axis
-    if scales is None or len(scales) != dataset.ndim or not all(len(refs) for refs in scales):
-        raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
-    names = []
-    for refs in scales:
-        path = h5py.h5r.get_name(refs[0], dataset.id).decode()  # 3x faster than dataset.dims
-        names.append(path.rpartition("/")[2].removeprefix(_NON_COORD_PREFIX))
-    return tuple(names)
-
-
-class NetCDFAttributes(Mapping[str, Any]):
-    """A variable's attributes as netCDF4-python reports them (see its ``_get_att``).
-
-    Each value is read on first use: decoding needs a few of them, and reading
-    every attribute of every fragment would cost more than finding its chunk.
-    An attribute of a type netCDF4-python reads but this reader does not raises
-    :class:`DirectReadUnsupported` when read.
-    """
-
-    def __init__(self, dsid: h5py.h5d.DatasetID, where: str) -> None:
-        self._dsid = dsid
-        self._where = where
-        self._values: dict[str, Any] = {}
-        self._names: list[str] | None = None
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            pass
-        if name not in self:
-            raise KeyError(name)
-        value = self._values[name] = _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
-        return value
-
-    def __contains__(self, name: object) -> bool:
-        if name in self._values:
-            return True
-        return (isinstance(name, str) and name not in _HIDDEN_ATTRS
-                and bool(h5py.h5a.exists(self._dsid, name.encode())))
-
-    def __iter__(self) -> Iterator[str]:
-        if self._names is None:
-            tracked = self._dsid.get_create_plist().get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED
-            order = h5py.h5.INDEX_CRT_ORDER if tracked else h5py.h5.INDEX_NAME
-            names: list[str] = []
-            h5py.h5a.iterate(self._dsid, lambda name: names.append(name.decode("utf-8", errors="replace")),
-                             index_type=order)
-            self._names = [name for name in names if name not in _HIDDEN_ATTRS]
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
-    tid = aid.get_type()
-    if isinstance(tid, h5py.h5t.TypeStringID):
-        if aid.get_space().get_simple_extent_type() == h5py.h5s.NULL:
-            return ""
-        if tid.is_variable_str():
-            strings = [_text(s) for s in np.ravel(_read_attr(aid))]
-            return strings[0] if len(strings) == 1 else strings
-        # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
-        raw = np.empty(aid.shape, aid.dtype)
-        aid.read(raw, mtype=tid)
-        return _text(raw.tobytes())
-    if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
-        native = np.dtype(aid.dtype).newbyteorder("=")
-        if aid.shape is None:  # an HDF5 null dataspace
-            return np.empty(0, native)
-        values = np.asarray(_read_attr(aid), native).ravel()
-        return values[0] if values.size == 1 else values
-    raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
-
-
-def _read_attr(aid: h5py.h5a.AttrID) -> Any:
-    """An attribute's value as numpy (variable-length strings as ``bytes`` objects)."""
-    shape = aid.shape
-    value = np.zeros(shape if shape is not None else (), aid.dtype)
-    aid.read(value, mtype=h5py.h5t.py_create(aid.dtype))
-    return value[()] if shape == () else value
-
-
-def _text(value: str | bytes) -> str:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", errors="replace")
-    return value.replace("\x00", "")
 
 
 # -- selections -------------------------------------------------------------
@@ -655,45 +451,3 @@ def _check_length(buf: Buffer, expected: int, where: str) -> None:
     got = memoryview(buf).nbytes
     if got != expected:
         raise OSError(f"short read: got {got} bytes, expected {expected} ({where})")
-
-
-def _unshuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
-    """Undo HDF5's shuffle filter: byte ``j`` of every element was stored in plane ``j``."""
-    n = buf.size // itemsize
-    if n <= 1 or itemsize == 1:
-        return buf
-    out = np.empty_like(buf)
-    elements = out[: n * itemsize].reshape(n, itemsize)
-    for j in range(itemsize):  # one plane at a time is ~3x faster than a transposed copy
-        elements[:, j] = buf[j * n : (j + 1) * n]
-    out[n * itemsize :] = buf[n * itemsize :]  # a ragged tail is stored unshuffled
-    return out
-
-
-def _fletcher32_matches(buf: np.ndarray) -> bool:
-    """Check the checksum HDF5 appends (4 bytes, little-endian) to a Fletcher-32 filtered chunk.
-
-    HDF5 sums big-endian 16-bit words modulo 65535 (an odd last byte is the high
-    byte of a final word). ``sum2`` weighs word ``i`` of ``n`` by ``n - i``;
-    those weights repeat every 65535 words, so words are first summed per
-    position modulo 65535 and weighted once. HDF5 also accepts the checksum
-    with the bytes of each half swapped (written by releases before 1.6.3).
-    """
-    modulus = 65535
-    body, tail = buf[:-4], buf[-4:]
-    if body.size % 2:
-        body = np.append(body, np.uint8(0))
-    words = body.view(">u2")
-    n = words.size
-    if n >= modulus:
-        full = n - n % modulus
-        columns = words[:full].reshape(-1, modulus).sum(axis=0, dtype=np.uint64)
-        columns[: n - full] += words[full:]
-    else:
-        columns = words.astype(np.uint64)
-    weights = ((n - np.arange(columns.size, dtype=np.int64)) % modulus).astype(np.uint64)
-    sum1 = int(columns.sum()) % modulus
-    sum2 = int(((columns % modulus) * weights).sum()) % modulus
-    stored = int.from_bytes(tail.tobytes(), "little")
-    halves_swapped = int.from_bytes(tail[[1, 0, 3, 2]].tobytes(), "little")
-    return any((c & 0xFFFF) % modulus == sum1 and (c >> 16) % modulus == sum2 for c in (stored, halves_swapped))

@@ -46,7 +46,7 @@ class Budget:
 
     @classmethod
     def from_config(cls) -> "Budget":
-        from ..storage.profiles import s3nc_config
+        from ..storage.s3nc import s3nc_config
 
         resources = s3nc_config().resources
         handles = dask.config.get("daskcfa.budget.filehandles", None)
@@ -68,7 +68,7 @@ class Budget:
 
 def _bytes(text: str) -> int:
     """dask's sizes (``512MiB``, ``1GB``), else S3netCDF4's (decimal units up to ``YB``)."""
-    from ..storage.profiles import parse_size
+    from ..storage.s3nc import parse_size
 
     try:
         return parse_bytes(text)

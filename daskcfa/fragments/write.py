@@ -184,11 +184,11 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
     return out.view(dtype) if encoding.unsigned else out
 
 
-def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, sliced: Sequence[np.ndarray],
+def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, sliced: Sequence[np.ndarray],
                    semaphore: Any = None, lease: Lease | None = None) -> FragmentRecord:
     """Write one fragment unless an identical one is already stored; return its record.
 
-    ``blocks`` are the fragment's stored values: one array, or nested lists of
+    ``values`` are the fragment's stored values: one array, or nested lists of
     the dask chunks that tile it (assembled here, so aligned chunks need no
     rechunk task), or :class:`Slabs` written one after the other. ``sliced`` holds the values of ``spec.sliced`` for this
     fragment. ``semaphore`` (a ``distributed.Semaphore``) bounds concurrent
@@ -203,10 +203,10 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, blocks: Any, slic
             return done
         if lease is not None:
             lease.confirm()
-        if isinstance(blocks, Slabs):
-            data: Any = blocks
+        if isinstance(values, Slabs):
+            data: Any = values
         else:
-            data = np.asarray(concatenate3(blocks) if isinstance(blocks, list) else blocks, dtype=spec.dtype)
+            data = np.asarray(concatenate3(values) if isinstance(values, list) else values, dtype=spec.dtype)
         if storage.is_local(target.uri):
             nbytes, checksum = _write_local(spec, target, data, sliced)
         else:

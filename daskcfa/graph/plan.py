@@ -27,7 +27,7 @@ from numpy.typing import DTypeLike
 
 from ..model import FragmentGrid
 
-__all__ = ["plan_fragments", "aligned_chunks", "describe", "classify_axes"]
+__all__ = ["plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
 
 _AXIS_CLASSES = ("T", "Z", "Y", "X", "N")
 
@@ -305,3 +305,27 @@ def _lengths_for_limit(shape: tuple[int, ...], itemsize: int, limit: int, classe
                 lengths[axis] = _fit(shape[axis], lengths[axis] - 1)
                 break
     return lengths
+
+
+def merged_chunks(grid: FragmentGrid, itemsize: int, limit: int) -> tuple[tuple[int, ...], ...]:
+    """Chunks made of whole neighbouring fragments, each at most ``limit`` bytes
+    (a single fragment larger than the limit stays one chunk)."""
+    factors = [1] * grid.ndim
+
+    def grouped(sizes: tuple[int, ...], k: int) -> tuple[int, ...]:
+        return tuple(sum(sizes[i : i + k]) for i in range(0, len(sizes), k))
+
+    def largest(fs: list[int]) -> int:
+        return itemsize * int(np.prod([max(grouped(s, k)) if s else 0 for s, k in zip(grid.sizes, fs)]))
+
+    grew = True
+    while grew:
+        grew = False
+        for d, sizes in enumerate(grid.sizes):
+            if factors[d] >= len(sizes):
+                continue
+            trial = factors.copy()
+            trial[d] = min(len(sizes), factors[d] * 2)
+            if largest(trial) <= limit:
+                factors, grew = trial, True
+    return tuple(grouped(s, k) for s, k in zip(grid.sizes, factors))

@@ -28,12 +28,13 @@ from .. import storage
 from ..fragments import readahead
 from ..fragments.canonical import Target, read_fragment
 from ..fragments.files import small_object_size
-from ..model import AggregatedVariable, FragmentGrid
+from ..model import AggregatedVariable
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
 from .masked import masked_chunk
+from .plan import merged_chunks
 
-__all__ = ["AggregatedArray", "Access", "to_dask", "merged_chunks"]
+__all__ = ["AggregatedArray", "Access", "to_dask"]
 
 #: Fragments whose read-ahead URI an array remembers at most.
 _AHEAD_REMEMBERED = 4096
@@ -241,30 +242,6 @@ def _placement(pieces: tuple) -> tuple:
         return tuple(kept)
     arrays = [np.arange(o.start, o.stop) if isinstance(o, slice) else o for o in kept]
     return np.ix_(*arrays)
-
-
-def merged_chunks(grid: FragmentGrid, itemsize: int, limit: int) -> tuple[tuple[int, ...], ...]:
-    """Chunks made of whole neighbouring fragments, each at most ``limit`` bytes
-    (a single fragment larger than the limit stays one chunk)."""
-    factors = [1] * grid.ndim
-
-    def grouped(sizes: tuple[int, ...], k: int) -> tuple[int, ...]:
-        return tuple(sum(sizes[i : i + k]) for i in range(0, len(sizes), k))
-
-    def largest(fs: list[int]) -> int:
-        return itemsize * int(np.prod([max(grouped(s, k)) if s else 0 for s, k in zip(grid.sizes, fs)]))
-
-    grew = True
-    while grew:
-        grew = False
-        for d, sizes in enumerate(grid.sizes):
-            if factors[d] >= len(sizes):
-                continue
-            trial = factors.copy()
-            trial[d] = min(len(sizes), factors[d] * 2)
-            if largest(trial) <= limit:
-                factors, grew = trial, True
-    return tuple(grouped(s, k) for s, k in zip(grid.sizes, factors))
 
 
 def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:

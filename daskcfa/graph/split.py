@@ -27,9 +27,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import os
 import posixpath
-import shutil
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator
@@ -107,20 +105,10 @@ class PieceSlabs(Slabs):
 
 
 def _save(uri: str, values: np.ndarray, profile: storage.ProfileRef) -> None:
-    if storage.is_local(uri):
-        path = storage.local_path(uri)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            np.save(f, values, allow_pickle=False)
-        return
-    buffer = io.BytesIO()
-    np.save(buffer, values, allow_pickle=False)
-    storage.put_bytes(uri, buffer.getvalue(), profile)
+    storage.put_stream(uri, lambda f: np.save(f, values, allow_pickle=False), profile)
 
 
 def _load(uri: str, profile: storage.ProfileRef) -> np.ndarray:
-    if storage.is_local(uri):
-        return np.load(storage.local_path(uri), allow_pickle=False)
     return np.load(io.BytesIO(storage.read_bytes(uri, profile)), allow_pickle=False)
 
 
@@ -161,19 +149,9 @@ def remove_staging(result: str, staging: list[str], profile: storage.ProfileRef)
     """Delete the intermediate stores after the aggregation file was committed; returns ``result``."""
     for location in staging:
         try:
-            if storage.is_local(location):
-                shutil.rmtree(storage.local_path(location), ignore_errors=True)
-            else:
-                fs, path = storage.filesystem(location, profile)
-                if fs.exists(path):
-                    fs.rm(path, recursive=True)
+            storage.remove_tree(location, profile)
         except Exception:  # leftovers cost space, never correctness: the dataset is complete
             pass
-        if storage.is_local(location):  # the shared parent too, once no other run uses it
-            try:
-                os.rmdir(os.path.dirname(storage.local_path(location)))
-            except OSError:
-                pass
     return result
 
 
@@ -215,7 +193,7 @@ class SplitSource(FragmentSource):
 
     # -- the writer's hook --
 
-    def fragment_blocks(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
+    def fragment_values(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
         if grid.sizes != self.plan.target.sizes:
             raise ValueError(f"{self.plan.variable}: the writer planned fragments {grid.sizes}, the split plan "
                              f"{self.plan.target.sizes}")

@@ -40,7 +40,7 @@ from dask.utils import format_bytes, parse_bytes
 
 from ..errors import BudgetError
 from ..model import FragmentGrid
-from .read import merged_chunks
+from .plan import merged_chunks
 
 __all__ = [
     "SourceLayout",
@@ -48,7 +48,6 @@ __all__ = [
     "VariablePlan",
     "plan_split",
     "refine",
-    "read_elements",
     "COPIES",
     "FIXED_OVERHEAD",
     "STRATEGIES",
@@ -216,11 +215,6 @@ def _covered(source: SourceLayout, d: int, start: int, stop: int) -> int:
     return total
 
 
-def read_elements(source: SourceLayout, region: Sequence[slice]) -> int:
-    """Elements the source decodes to read ``region`` (product over dimensions: the chunks form a grid)."""
-    return math.prod(_covered(source, d, s.start, s.stop) for d, s in enumerate(region))
-
-
 def _cells_read(source: SourceLayout, grid: FragmentGrid) -> int:
     """Elements decoded when every cell of ``grid`` is read on its own (separable per dimension)."""
     return math.prod(sum(_covered(source, d, a, b) for a, b in zip(off, off[1:])) for d, off in enumerate(grid.offsets))
@@ -350,29 +344,42 @@ def plan_split(variable: str, source: SourceLayout, target: FragmentGrid, itemsi
     costs = {"direct": _cost(direct, source), "staged": _cost(staged, source)}
     if strategy == "auto":
         strategy = "direct" if costs["direct"] <= costs["staged"] else "staged"
-    chosen = dict(direct if strategy == "direct" else staged)
-    del chosen["_itemsize"]
+    chosen = direct if strategy == "direct" else staged
     return VariablePlan(variable=variable, shape=target.shape, itemsize=itemsize, source=source, target=target,
-                        needed_bytes=needed, alternatives=costs, **chosen)  # type: ignore[arg-type]
+                        strategy=chosen.strategy, slabs=chosen.slabs, stages=chosen.stages,
+                        read_bytes=chosen.read_bytes, needed_bytes=needed, read_blocks=chosen.read_blocks,
+                        pieces=chosen.pieces, opens=chosen.opens, alternatives=costs)
 
 
-def _cost(plan: dict, source: SourceLayout) -> float:
+@dataclass(frozen=True)
+class _Candidate:
+    """One way to copy a variable, as the cost model compares them."""
+
+    strategy: Literal["direct", "staged"]
+    slabs: FragmentGrid
+    stages: tuple[StagePlan, ...]
+    read_bytes: int
+    opens: int
+    itemsize: int
+    read_blocks: FragmentGrid | None = None
+    pieces: FragmentGrid | None = None
+
+
+def _cost(plan: _Candidate, source: SourceLayout) -> float:
     weight = DECODE_COST if source.compressed else 1
-    cost = plan["read_bytes"] * weight + plan["opens"] * OPEN_COST
-    if plan["strategy"] == "staged":
-        pieces = plan["pieces"]
-        cost += 2 * math.prod(pieces.shape) * plan["_itemsize"] + 2 * pieces.nfragments * PIECE_COST
+    cost = plan.read_bytes * weight + plan.opens * OPEN_COST
+    if plan.pieces is not None:  # staged: every byte written and read once more
+        cost += 2 * math.prod(plan.pieces.shape) * plan.itemsize + 2 * plan.pieces.nfragments * PIECE_COST
     return float(cost)
 
 
-def _direct(variable: str, source: SourceLayout, target: FragmentGrid, itemsize: int, max_mem: int) -> dict:
+def _direct(variable: str, source: SourceLayout, target: FragmentGrid, itemsize: int, max_mem: int) -> _Candidate:
     slabs = _fitted(variable, target, source, source, itemsize, max_mem)
     stage = StagePlan("direct", target.nfragments, _task_memory(source, itemsize, slabs), slabs)
-    return {"strategy": "direct", "slabs": slabs, "stages": (stage,), "read_bytes": _cells_read(source, slabs) * itemsize,
-            "opens": _opens(source, slabs), "read_blocks": None, "pieces": None, "_itemsize": itemsize}
+    return _Candidate("direct", slabs, (stage,), _cells_read(source, slabs) * itemsize, _opens(source, slabs), itemsize)
 
 
-def _staged(variable: str, source: SourceLayout, target: FragmentGrid, itemsize: int, max_mem: int) -> dict:
+def _staged(variable: str, source: SourceLayout, target: FragmentGrid, itemsize: int, max_mem: int) -> _Candidate:
     # Read side: whole storage chunks, whole fragments when they fit, neighbours merged up to the budget.
     blocks = _fitted(variable, source.grid, source, source, itemsize, max_mem)
     if blocks.grid_shape == source.grid.grid_shape:  # whole fragments fit: merge neighbours (fewer tasks, pieces)
@@ -386,6 +393,5 @@ def _staged(variable: str, source: SourceLayout, target: FragmentGrid, itemsize:
     pieces = refine(blocks, slabs)
     read_stage = StagePlan("read", blocks.nfragments, _task_memory(source, itemsize, blocks), blocks)
     write_stage = StagePlan("write", target.nfragments, _task_memory(None, itemsize, slabs), slabs)
-    return {"strategy": "staged", "slabs": slabs, "stages": (read_stage, write_stage),
-            "read_bytes": _cells_read(source, blocks) * itemsize, "opens": _opens(source, blocks),
-            "read_blocks": blocks, "pieces": pieces, "_itemsize": itemsize}
+    return _Candidate("staged", slabs, (read_stage, write_stage), _cells_read(source, blocks) * itemsize,
+                      _opens(source, blocks), itemsize, read_blocks=blocks, pieces=pieces)

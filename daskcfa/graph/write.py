@@ -1,12 +1,10 @@
 """The write graph behind :func:`daskcfa.to_cfa`: one task per fragment, then one commit.
 
-What to write arrives as a dask or numpy array, a :class:`daskcfa.Dataset`
-(every aggregated variable re-fragmented, ordinary variables copied) or an
-xarray object; it is first brought to one form (:class:`WriteRequest`): the
-dialect-independent :class:`~daskcfa.model.AggregationDataset` with its
-ordinary variables, plus the lazily computed values of each variable to
-aggregate. Then, per variable, :func:`~daskcfa.graph.plan.plan_fragments`
-chooses the fragment grid; the data are rechunked to it only when their dask
+What to write arrives as a :class:`WriteRequest` (:mod:`daskcfa.inputs`
+makes one of whatever ``to_cfa`` was given): the dialect-independent
+:class:`~daskcfa.model.AggregationDataset` with its ordinary variables, plus
+the lazily computed values of each variable to aggregate. Per variable,
+:func:`~daskcfa.graph.plan.plan_fragments` chooses the fragment grid; the data are rechunked to it only when their dask
 chunks are not aligned with it (:func:`~daskcfa.graph.plan.aligned_chunks`;
 finer aligned chunks are assembled by the fragment task itself).
 
@@ -27,7 +25,7 @@ import json
 import posixpath
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import dask.array as da
 import numpy as np
@@ -36,8 +34,8 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
-from ..decode import Encoding, default_fill_value
-from ..errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError, WriteConflictError, redact
+from ..decode import PACKING_ATTRS, STORAGE_ATTRS, Encoding, default_fill_value
+from ..errors import CFAError, CFAFormatError, NotFoundError, WriteConflictError
 from ..formats import aggregated_variables
 from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..fragments.write import (
@@ -50,35 +48,22 @@ from ..fragments.write import (
     encode_values,
     write_fragment,
 )
-from ..locks import HDF5_LOCK
-from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
+from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
+                     is_coordinate_variable)
 from ..storage.uri import check_uri_style
+from ..storage.publish import put_aggregation, refuse_existing
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
-    "MODES",
     "WriteRequest",
     "WriteSource",
     "FragmentSource",
     "fragment_grid",
-    "request_from_array",
-    "request_from_dataset",
-    "dataset_model",
-    "request_from_xarray",
-    "request_for_update",
     "write_graph",
     "commit_aggregation",
-    "put_aggregation",
     "fragment_name",
 ]
-
-MODES = ("w-", "w", "r+")
-#: Attributes that make values mean something else than what is stored (CF packing).
-_PACKING = ("scale_factor", "add_offset")
-#: Attributes describing how values are stored, in the stored type.
-_STORAGE_ATTRS = frozenset({*_PACKING, "_FillValue", "missing_value", "valid_min", "valid_max", "valid_range",
-                            "_Unsigned"})
 
 
 class FragmentSource:
@@ -87,12 +72,12 @@ class FragmentSource:
     The split graph (:mod:`daskcfa.graph.split`) reads each target fragment's
     region straight from the source, slab by slab. It is a dask collection
     (its graph holds any tasks the fragment tasks depend on) whose
-    :meth:`fragment_blocks` gives the ``blocks`` argument of one fragment task.
+    :meth:`fragment_values` gives the ``values`` argument of one fragment task.
     """
 
     name: str  #: identifies the data (part of the fragments' resume tokens)
 
-    def fragment_blocks(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
+    def fragment_values(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
         raise NotImplementedError
 
 
@@ -161,167 +146,6 @@ class _Commit:
     references: frozenset[str]  #: every fragment URI the new aggregation file references
 
 
-# --------------------------------------------------------------------------
-# Inputs
-# --------------------------------------------------------------------------
-
-
-def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
-                       coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
-    """A numpy or dask array with its name, dimensions, attributes and 1-D coordinates.
-
-    With ``region``, ``data`` is only that part of the array: the full size of
-    every dimension in ``region`` comes from its coordinates.
-    """
-    if variable is None or dims is None:
-        raise TypeError("writing an array needs variable= (its name) and dims= (its dimension names)")
-    data = _as_array(data)
-    dims = tuple(dims)
-    if len(dims) != data.ndim:
-        raise ValueError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
-    attrs = dict(attrs or {})
-    packing = [k for k in _PACKING if k in attrs]
-    if packing:
-        raise ValueError(f"attrs carry {', '.join(packing)}: to_cfa writes an array's values as they are; "
-                         "to store packed values, write an xarray object with the packing in its encoding")
-    dtype = _storable(np.dtype(data.dtype), variable)
-    if "_FillValue" not in attrs and "missing_value" not in attrs:
-        # An explicit fill value: tools that only honour _FillValue (xarray) still see masked points.
-        attrs["_FillValue"] = default_fill_value(dtype)
-    region = _region(region, dims)
-    sizes = dict(zip(dims, data.shape))
-    model = AggregationDataset()
-    for dim, given in (coords or {}).items():
-        if dim not in dims:
-            raise ValueError(f"coords names {dim!r}, which is not one of the dimensions {dims!r}")
-        values, coord_attrs = _coordinate(given, dim)
-        if dim in region:
-            sizes[dim] = len(values)
-        elif len(values) != sizes[dim]:
-            raise ValueError(f"coordinate {dim!r} has {len(values)} values, the dimension has size {sizes[dim]}")
-        dtype_c = _storable(values.dtype, dim)
-        model.variables.append(PlainVariable(f"/{dim}", (dim,), dtype_c, coord_attrs,
-                                             encode_values(values, coord_attrs, dtype_c)))
-    missing = [d for d in region if d not in (coords or {})]
-    if missing:
-        raise ValueError(f"region along {missing}: give coords= for those dimensions (they set the full size)")
-    model.dimensions = [Dimension(f"/{d}", sizes[d]) for d in dims]
-    name = variable if variable.startswith("/") else f"/{variable}"
-    return WriteRequest(model, [WriteSource(name, data, dims, dtype, attrs, region=region)])
-
-
-def request_from_dataset(ds: Any) -> WriteRequest:
-    """A :class:`daskcfa.Dataset`: aggregated variables re-fragmented, ordinary ones copied."""
-    model, aggregated = dataset_model(ds)
-    sources = [WriteSource(v.path, v.characters, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)) for v in aggregated]
-    return WriteRequest(model, sources)
-
-
-def request_for_update(url: str, storage_options: Mapping[str, Any] | None, data: Any, variable: str | None,
-                       region: Mapping[str, slice] | None) -> WriteRequest:
-    """``mode="r+"``: the existing aggregation, with ``data`` going to ``region`` of one variable."""
-    from ..api import open_cfa
-
-    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
-    existing = open_cfa(url, storage_options=storage_options)
-    model, aggregated = dataset_model(existing)
-    by_path = {v.path: v for v in aggregated}
-    if variable is None:
-        if len(by_path) != 1:
-            raise VariableNotFoundError(f"choose the variable to update with variable=: {', '.join(sorted(by_path))}",
-                                        file=url)
-        variable = next(iter(by_path))
-    path = variable if variable.startswith("/") else f"/{variable}"
-    if path not in by_path:
-        raise VariableNotFoundError(f"{variable!r} is not an aggregated variable of the file; aggregated variables: "
-                                    f"{', '.join(sorted(by_path))}", file=url)
-    target = by_path[path]
-    model.aggregated = [v.aggregation for v in aggregated if v.path != path]
-    source = WriteSource(path, _as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
-                     existing=target.aggregation, region=_region(region, tuple(target.dims)))
-    return WriteRequest(model, [source], version)
-
-
-def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
-    """An xarray ``Dataset`` or ``DataArray``, encoded by xarray's own CF encoder.
-
-    ``xarray.conventions`` applies each variable's ``encoding`` (``dtype``,
-    ``_FillValue``, ``scale_factor``/``add_offset``, time units) and adds the
-    ``coordinates`` attributes, so values are stored exactly as
-    ``Dataset.to_netcdf`` would store them. Data variables with dimensions
-    and a numeric dtype are aggregated; coordinates and everything else
-    become ordinary variables of the aggregation file.
-    """
-    import xarray as xr
-
-    if isinstance(obj, xr.DataArray):
-        name = variable or obj.name
-        if name is None:
-            raise TypeError("the DataArray has no name: pass variable=")
-        obj = obj.to_dataset(name=name)
-    variables, attrs = xr.conventions.encode_dataset_coordinates(obj)
-    variables, attrs = xr.conventions.cf_encoder(variables, attrs)
-    unlimited = set(obj.encoding.get("unlimited_dims", ()) or ())
-    model = AggregationDataset(attrs=dict(attrs))
-    model.dimensions = [Dimension(f"/{d}", int(n), d in unlimited) for d, n in obj.sizes.items()]
-    sources = []
-    for name, var in variables.items():
-        dtype = np.dtype(var.dtype)
-        if name in obj.data_vars and var.ndim and dtype.kind in "biuf":
-            sources.append(WriteSource(f"/{name}", var.data, tuple(var.dims), _storable(dtype, name), dict(var.attrs),
-                                   encoded=True))
-        else:
-            model.variables.append(PlainVariable(f"/{name}", tuple(var.dims), dtype, dict(var.attrs),
-                                                 np.asarray(var.values)))
-    return WriteRequest(model, sources)
-
-
-def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
-    """The aggregation file's contents but the aggregated variables, and those variables."""
-    model = AggregationDataset(attrs=dict(ds.attrs))
-    aggregated = []
-    for group in ds.walk():
-        if group is not ds:
-            model.group_attrs[group.path] = dict(group.attrs)
-        for dim in group.dimensions.values():
-            model.dimensions.append(Dimension(posixpath.join(group.path, dim.name), dim.size, dim.unlimited))
-        for var in group.variables.values():
-            if var.is_aggregated:
-                aggregated.append(var)
-            else:
-                model.variables.append(PlainVariable(var.path, tuple(var.dims), var.dtype, dict(var.attrs),
-                                                     encode_values(var.characters.compute(), var.attrs, var.dtype)))
-    return model, aggregated
-
-
-def _coordinate(given: Any, dim: str) -> tuple[np.ndarray, dict[str, Any]]:
-    """Coordinate values, and attributes when given as a ``(values, attrs)`` pair."""
-    attrs: Mapping[str, Any] = {}
-    if isinstance(given, tuple) and len(given) == 2 and isinstance(given[1], Mapping):
-        given, attrs = given
-    values = _as_array(given)
-    if values.ndim != 1:
-        raise ValueError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
-    return values, dict(attrs)
-
-
-def _as_array(data: Any) -> Any:
-    """A dask array as is, anything else as a numpy array (masked arrays stay masked)."""
-    if isinstance(data, da.Array):
-        return data
-    return np.ma.asanyarray(data) if np.ma.isMaskedArray(data) else np.asarray(data)
-
-
-def _storable(dtype: np.dtype, name: str) -> np.dtype:
-    """``dtype`` if netCDF can store it, else a clear error."""
-    if dtype.kind in "OUS" or (dtype.kind in "iuf" and dtype.str[1:] in ("i1", "u1", "i2", "u2", "i4", "u4", "i8",
-                                                                        "u8", "f4", "f8")):
-        return dtype
-    raise TypeError(f"{name!r} has dtype {dtype}, which netCDF cannot store (cast it first; times need numbers "
-                    "with units, as xarray encodes them)")
-
-
 def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
     """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types."""
     if file_format == "NETCDF4":
@@ -333,16 +157,6 @@ def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
     if dtype.str[1:] not in ("i1", "i2", "i4", "f4", "f8", "S1"):
         raise TypeError(f"{name!r} has dtype {dtype}, which {file_format} fragments cannot hold "
                         "(use NETCDF4 or NETCDF3_64BIT_DATA, or cast the data)")
-
-
-def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[str, slice]:
-    region = dict(region or {})
-    for dim, sl in region.items():
-        if dim not in dims:
-            raise ValueError(f"region names {dim!r}, which is not one of the dimensions {dims!r}")
-        if not isinstance(sl, slice) or sl.step not in (None, 1):
-            raise ValueError(f"region[{dim!r}] must be a slice with step 1, got {sl!r}")
-    return region
 
 
 # --------------------------------------------------------------------------
@@ -415,9 +229,11 @@ _S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
 def _begin(lease: Lease, mode: str) -> Lease:
     """The write's first task: take the lease; ``w-`` refuses a target that exists by now."""
     lease.acquire()
-    if mode == "w-" and storage.exists(lease.target, lease.profile):
+    try:
+        refuse_existing(lease.target, mode, lease.profile)
+    except FileExistsError:
         lease.release()
-        raise FileExistsError(f"{redact(lease.target)} exists (mode='w-' never overwrites)")
+        raise
     return lease
 
 
@@ -485,9 +301,10 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
             token=tokenize(var_token, index, reference),
         )
         if isinstance(x, FragmentSource):
-            blocks = x.fragment_blocks(grid, index)
+            fragment_data = x.fragment_values(grid, index)
         else:
-            blocks = _block_keys(x, chunk_offsets, [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
+            fragment_data = _chunk_keys(x, chunk_offsets,
+                                        [slice(s.start - a, s.stop - a) for s, a in zip(frag_slices, start)])
         slice_keys = []
         for k, (var, values) in enumerate(plan.sliced):
             where = tuple(frag_slices[source.dims.index(d)] if d in source.dims else slice(None) for d in var.dims)
@@ -496,7 +313,7 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
                 layers[key] = np.array(values[where])
             slice_keys.append(key)
         key = (write_name, n)
-        layers[key] = (write_fragment, spec, target, blocks, slice_keys, options.semaphore, begin)
+        layers[key] = (write_fragment, spec, target, fragment_data, slice_keys, options.semaphore, begin)
         keys.append(key)
     aggregated = AggregatedVariable(
         name=source.name, dims=source.dims, dtype=plan.dtype, attrs=plan.attrs,
@@ -531,11 +348,11 @@ def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str,
     if not encoding.is_packed:
         return source.dtype, source.attrs, source.attrs
     if source.existing is not None:
-        return source.dtype, source.attrs, {k: v for k, v in source.attrs.items() if k not in _PACKING}
+        return source.dtype, source.attrs, {k: v for k, v in source.attrs.items() if k not in PACKING_ATTRS}
     # The fragments' fill value, in the unpacked type, as the aggregation's _FillValue: CFAPyX
     # leaves that very number at the points the fragments mark missing (it fills its masked
     # reads with the fragment's fill value), and masks them only when the aggregation says so.
-    attrs = {k: v for k, v in source.attrs.items() if k not in _STORAGE_ATTRS}
+    attrs = {k: v for k, v in source.attrs.items() if k not in STORAGE_ATTRS}
     fill = encoding.fill_value if encoding.fill_value is not None else default_fill_value(encoding.stored_dtype)
     attrs["_FillValue"] = np.asarray(fill).astype(encoding.decoded_dtype)[()]
     return encoding.decoded_dtype, attrs, source.attrs
@@ -591,25 +408,6 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
     return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
 
 
-def put_aggregation(url: str, payload: bytes, mode: str, profile: storage.ProfileRef,
-                    lease: Lease | None = None) -> None:
-    """Put an encoded aggregation file in place: written under a temporary name, then moved.
-
-    ``mode="w-"`` refuses a file that exists by now (it may have appeared
-    since the caller last looked). Without ``lease`` (held by the caller), a
-    lease on ``url`` is taken for the while.
-    """
-    own = lease is None
-    held = Lease.new(url, profile).acquire() if lease is None else lease
-    try:
-        if mode == "w-" and storage.exists(url, profile):
-            raise FileExistsError(f"{redact(url)} exists (mode='w-' never overwrites)")
-        storage.put_atomic(url, payload, profile)
-    finally:
-        if own:
-            held.release()
-
-
 def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
     """Put the aggregation file in place (every fragment has succeeded), then the manifest;
     then retire what the previous aggregation referenced and this one does not.
@@ -657,13 +455,8 @@ def _previous_fragments(commit: _Commit, manifest: Any) -> set[str]:
         for entries in (manifest.get("fragments") or {}).values():
             listed |= {storage.resolve(e["uri"], commit.url) for e in entries.values() if isinstance(e, dict)}
     try:
-        ds = storage.open_netcdf(commit.url, profile=commit.profile)
-        try:
-            with HDF5_LOCK:
-                found = aggregated_variables(ds, commit.url)
-        finally:
-            with HDF5_LOCK:
-                ds.close()
+        with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
+            found = aggregated_variables(ds, commit.url)
         uris = {storage.resolve(u, commit.url) for v in found.values() for u in v.fragments.locations()}
     except (CFAError, ValueError):
         return set()  # not an aggregation we can read: nothing of it is touched
@@ -726,39 +519,20 @@ def _settle_unlimited(model: AggregationDataset) -> None:
     model.dimensions = [replace(d, unlimited=d.unlimited and spanned(d)) for d in model.dimensions]
 
 
-def _ancestry(group: str) -> list[str]:
-    out = [group]
-    while group != "/":
-        group = posixpath.dirname(group) or "/"
-        out.append(group)
-    return out
-
-
 def _dimension_size(model: AggregationDataset, group: str, name: str) -> int:
-    """The size of dimension ``name`` as seen from ``group`` (netCDF scoping: the group, then its ancestors)."""
-    sizes = {d.name: d.size for d in model.dimensions}
-    for g in _ancestry(group):
-        path = posixpath.join(g, name)
-        if path in sizes:
-            return sizes[path]
-    raise CFAFormatError(f"dimension {name!r} is not defined in group {group!r} or above")
-
-
-def _find_plain(model: AggregationDataset, group: str, name: str) -> PlainVariable | None:
-    by_path = {v.name: v for v in model.variables}
-    for g in _ancestry(group):
-        var = by_path.get(posixpath.join(g, name))
-        if var is not None:
-            return var
-    return None
+    """The size of dimension ``name`` as seen from ``group``; an error when none is visible there."""
+    size = model.dimension_size(group, name)
+    if size is None:
+        raise CFAFormatError(f"dimension {name!r} is not defined in group {group!r} or above")
+    return size
 
 
 def _axes(model: AggregationDataset, source: WriteSource) -> dict[str, str]:
     """Axis classes from the ``axis`` attributes of the variable's coordinate variables."""
     axes = {}
     for dim in source.dims:
-        coord = _find_plain(model, source.group, dim)
-        if coord is not None and coord.dims == (dim,) and "axis" in coord.attrs:
+        coord = model.find_variable(source.group, dim)
+        if coord is not None and is_coordinate_variable(dim, coord.dims) and "axis" in coord.attrs:
             axes[dim] = str(coord.attrs["axis"])
     return axes
 
@@ -786,7 +560,7 @@ def _bounds(source: WriteSource, full: tuple[int, ...], grid: FragmentGrid) -> t
     return tuple(start), tuple(stop)
 
 
-def _block_keys(x: da.Array, chunk_offsets: list[np.ndarray], slices: list[slice]) -> Any:
+def _chunk_keys(x: da.Array, chunk_offsets: list[np.ndarray], slices: list[slice]) -> Any:
     """Key of the one chunk holding a fragment, or nested lists of the chunks tiling it."""
     ranges = [range(int(np.searchsorted(off, s.start)), int(np.searchsorted(off, s.stop)))
               for off, s in zip(chunk_offsets, slices)]
@@ -818,12 +592,12 @@ def _sliced_variables(model: AggregationDataset, source: WriteSource) -> tuple[l
     wanted = list(source.dims) + str(source.attrs.get("coordinates", "")).split()
     chosen: dict[str, PlainVariable] = {}
     for name in wanted:
-        var = _find_plain(model, source.group, name)
+        var = model.find_variable(source.group, name)
         if var is None or var.name in chosen or posixpath.basename(var.name) == source.basename:
             continue
         chosen[var.name] = var
         bounds = var.attrs.get("bounds")
-        bvar = _find_plain(model, source.group, str(bounds)) if bounds is not None else None
+        bvar = model.find_variable(source.group, str(bounds)) if bounds is not None else None
         if bvar is not None:
             chosen.setdefault(bvar.name, bvar)
     sliced, extra, seen = [], {}, set()

@@ -1,53 +1,64 @@
 """Storage: where bytes live, behind one URI convention (fsspec's).
 
-Local paths and ``file://``, ``s3://`` (s3fs), ``http(s)://`` (byte ranges)
-and OPeNDAP endpoints all go through these functions, so that the readers
-and writers never care where a file is. Credentials are resolved here, in
-the process doing the I/O, from a :class:`~daskcfa.storage.profiles.ProfileRef`.
-Failures become :class:`~daskcfa.errors.StorageError` subclasses naming the
-URI (never a secret), after bounded retries for transient faults.
+A facade over the modules that do the work, so that callers write
+``storage.read_whole(...)`` wherever a file is: :mod:`.uri` (URIs),
+:mod:`.objects` (fsspec I/O), :mod:`.local` (regular local files only),
+:mod:`.retry` (errors translated, transient faults retried), :mod:`.atomic`
+(temporaries and the move into place), :mod:`.publish` (putting an
+aggregation file in place), :mod:`.netcdf` (opening netCDF files under the
+lock), :mod:`.profiles` (credentials by reference).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import errno
-import functools
-import inspect
-import io
-import os
-import re
-import time
-import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass
-from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISREG, S_ISSOCK
-from typing import Any, Iterator, Mapping, Sequence
-
-import dask.config
-import fsspec
-import fsspec.asyn
-import netCDF4
-import yarl
-from dask.utils import parse_bytes
-
-from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
-from ..locks import HDF5_LOCK
+from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
 from .blocks import Blocks
-from .policy import LocationPolicy
-from .profiles import ProfileRef, register, resolve_options
+from .local import free_space, irregular, local_path, local_stat, open_local
+from .netcdf import netcdf_file, open_netcdf
+from .objects import (
+    BLOCKS_CACHED,
+    GLOB_CHARS,
+    NO_PROFILE,
+    block_size,
+    config_bytes,
+    delete,
+    exists,
+    fetch_soon,
+    filesystem,
+    glob,
+    is_directory,
+    is_opendap,
+    listdir,
+    memory_label,
+    netcdf_memory,
+    open_file,
+    opendap_url,
+    part_size,
+    probe_opendap,
+    put_bytes,
+    put_file,
+    put_stream,
+    read_bytes,
+    read_ranges,
+    read_whole,
+    remove_tree,
+    size,
+    stat,
+    version,
+)
+from .profiles import ProfileRef, register
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
-from .nesting import check_nesting
 
 __all__ = [
     "ProfileRef",
+    "NO_PROFILE",
     "register",
     "normalise",
     "resolve",
     "scheme_of",
     "is_local",
     "is_opendap",
+    "opendap_url",
     "to_local_path",
     "local_path",
     "irregular",
@@ -56,16 +67,25 @@ __all__ = [
     "filesystem",
     "exists",
     "size",
+    "stat",
     "version",
+    "part_size",
     "read_bytes",
     "read_whole",
     "Blocks",
     "read_ranges",
     "fetch_soon",
     "open_file",
+    "BLOCKS_CACHED",
+    "block_size",
     "probe_opendap",
     "put_bytes",
     "put_file",
+    "put_stream",
+    "is_directory",
+    "remove_tree",
+    "glob",
+    "GLOB_CHARS",
     "listdir",
     "delete",
     "commit",
@@ -74,667 +94,8 @@ __all__ = [
     "remove_stale_temporaries",
     "free_space",
     "open_netcdf",
+    "netcdf_file",
+    "netcdf_memory",
     "memory_label",
     "config_bytes",
 ]
-
-NO_PROFILE = ProfileRef(None)
-_DAP_SCHEMES = {"dap2": "http", "dap4": "http", "opendap": "http", "dap2s": "https", "dap4s": "https"}
-_TRANSIENT = (ConnectionError, TimeoutError)
-
-
-def is_opendap(uri: str) -> bool:
-    """OPeNDAP endpoints are named explicitly: ``dap2://``/``dap4://``/``opendap://``
-    URLs, or an ``http(s)`` URL carrying netCDF-C's ``#mode=dap2``/``#dap4`` marker."""
-    return scheme_of(uri) in _DAP_SCHEMES or "#mode=dap" in uri or uri.endswith("#dap4") or uri.endswith("#dap2")
-
-
-def opendap_url(uri: str) -> str:
-    """The http(s) URL netCDF-C's DAP client understands."""
-    scheme = scheme_of(uri)
-    if scheme in _DAP_SCHEMES:
-        return _DAP_SCHEMES[scheme] + uri[len(scheme):]
-    return uri
-
-
-def memory_label(uri: str) -> str:
-    """A harmless name for a netCDF dataset opened from bytes in memory.
-
-    netCDF-C inspects the name even with ``memory=``: an ``s3://`` or
-    ``http://`` name makes it try its own (byte-range/NCZarr) remote access,
-    i.e. fetch the object a second time or fail. Only the last path segment,
-    reduced to safe characters, is kept.
-    """
-    name = uri.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    return "memory-" + (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "dataset")
-
-
-def local_path(uri: str) -> str:
-    """The filesystem path of a local URI."""
-    try:
-        return to_local_path(uri)
-    except ValueError as exc:
-        raise StorageError(str(exc), file=uri) from None
-
-
-_IRREGULAR = ((S_ISDIR, "a directory"), (S_ISFIFO, "a FIFO"), (S_ISCHR, "a character device"),
-              (S_ISBLK, "a block device"), (S_ISSOCK, "a socket"))
-
-
-def irregular(mode: int) -> str | None:
-    """What a local path is when it is not a regular file (``"a FIFO"``...), else None.
-
-    Only regular files are ever opened for reading: opening a FIFO waits for a
-    writer forever, and a device (``/dev/zero``) never ends.
-    """
-    if S_ISREG(mode):
-        return None
-    return next((what for test, what in _IRREGULAR if test(mode)), "a special file")
-
-
-def _refuse_irregular(mode: int, uri: str) -> None:
-    kind = irregular(mode)
-    if kind is not None:
-        raise StorageError(f"not a regular file ({kind}): only regular files are opened", file=uri)
-
-
-def local_stat(uri: str) -> os.stat_result:
-    """``os.stat`` of a local file (links followed), refused unless it is a regular file."""
-    path = local_path(uri)
-    with _translated(uri):
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            raise NotFoundError("file not found", file=uri) from None
-    _refuse_irregular(info.st_mode, uri)
-    return info
-
-
-def open_local(uri: str) -> io.BufferedReader:
-    """A local regular file opened for reading.
-
-    Checked before opening (a device is never opened) and again on the open
-    file: a FIFO swapped in between is opened without blocking, then refused.
-    """
-    local_stat(uri)
-    path = local_path(uri)
-    with _translated(uri):
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        _refuse_irregular(os.fstat(fd).st_mode, uri)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-#: The DAP2 responses netCDF-C asks an endpoint for first (its data come as ``.dods``).
-_DAP_RESPONSES = (".dds", ".das")
-#: HTTP statuses that redirect a request.
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-class _Refused(Exception):
-    """Carries a refusal out of aiohttp, which would turn an ``OSError`` (as
-    :class:`UnsafeURIError` is) into a connection error, and so a retry."""
-
-    def __init__(self, error: CFAError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-@dataclass(frozen=True)
-class _CheckedHops:
-    """aiohttp client middleware: a redirect is followed only where ``policy``
-    allows, each hop checked before it is requested.
-
-    (The requests themselves are not judged again: their URIs were checked as
-    written, and aiohttp's spelling of them may differ, e.g. ``H:80`` -> ``h``.)
-    """
-
-    policy: LocationPolicy
-    #: OPeNDAP probes: the scheme the fragment names its endpoint with; a
-    #: redirect of ``http://h/x.nc.dds`` is judged by the endpoint it leads to
-    #: (``dap2://h/x.nc``)
-    dap_scheme: str | None = None
-
-    async def __call__(self, request: Any, handler: Any) -> Any:
-        response = await handler(request)
-        if response.status not in _REDIRECTS:
-            return response
-        location = response.headers.get("Location")
-        try:
-            target = str(request.url.join(yarl.URL(location))) if location else None
-        except ValueError:
-            return response  # (aiohttp refuses to follow it, with its own error)
-        error: CFAError | None = None
-        if target is None:  # aiohttp would hand the redirect's own body on as the object
-            error = StorageError(f"HTTP {response.status} redirect without a location")
-        else:
-            if self.dap_scheme is not None:
-                head = target.split("?", 1)[0]
-                head = next((head[:-len(s)] for s in _DAP_RESPONSES if head.endswith(s)), head)
-                target = self.dap_scheme + head[head.index("://"):]
-            try:
-                self.policy.check_redirect(target)
-            except UnsafeURIError as exc:
-                error = exc
-        if error is not None:
-            response.release()
-            raise _Refused(error)
-        return response
-
-
-def filesystem(uri: str, profile: ProfileRef = NO_PROFILE, *,
-               policy: LocationPolicy | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem for ``uri`` (credentials resolved here) and the path within it.
-
-    With a ``policy`` (reads on behalf of an aggregation file), HTTP redirects
-    are followed only where the policy allows: every hop is checked before it
-    is requested.
-    """
-    return _filesystem(uri, profile, None if policy is None else _CheckedHops(policy))
-
-
-def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tuple[fsspec.AbstractFileSystem, str]:
-    if is_local(uri):
-        return fsspec.filesystem("file"), local_path(uri)
-    target, options = resolve_options(uri, profile)
-    protocol = scheme_of(target)
-    if protocol == "s3":
-        options.setdefault("use_listings_cache", False)
-    if hops is not None and protocol in ("http", "https"):
-        client = dict(options.get("client_kwargs") or {})
-        client["middlewares"] = (*client.get("middlewares", ()), hops)
-        options["client_kwargs"] = client
-    try:
-        fs = fsspec.filesystem(protocol, **options)
-    except (ValueError, ImportError, TypeError) as exc:
-        raise StorageError(f"cannot use storage scheme {protocol!r}: {redact(str(exc))}", file=uri) from None
-    path = target if protocol in ("http", "https") else fs._strip_protocol(target)
-    return fs, path
-
-
-def config_bytes(key: str, default: int) -> int:
-    """A byte size from dask config: an int, or a string such as ``"16MiB"``."""
-    value = dask.config.get(key, default)
-    return int(parse_bytes(value)) if isinstance(value, str) else int(value)
-
-
-def _retries() -> int:
-    return int(dask.config.get("daskcfa.storage.retries", 3))
-
-
-@contextmanager
-def _translated(uri: str) -> Iterator[None]:
-    """Turn storage exceptions into daskcfa errors naming the URI (secrets removed)."""
-    try:
-        with _refusals(uri):  # (fsspec reports some failures as "not found": look behind them first)
-            yield
-    except CFAError:
-        raise
-    except FileNotFoundError as exc:
-        status = _http_status(exc)
-        if status in (401, 403):  # fsspec's HTTP filesystem reports a refusal as "not found"
-            raise StorageError(f"access denied (HTTP {status})", file=uri) from None
-        if status is not None and status != 404 and status != 410:
-            raise StorageError(f"storage error (HTTP {status})", file=uri) from None
-        raise NotFoundError("not found", file=uri) from None
-    except PermissionError as exc:
-        raise StorageError(f"access denied ({_describe(exc)})", file=uri) from None
-    except (OSError, *_TRANSIENT) as exc:  # (a nested tuple here is a TypeError)
-        raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
-    except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
-        if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
-            status = _http_status(exc)
-            if status in (401, 403):
-                raise StorageError(f"access denied (HTTP {status})", file=uri) from None
-            if status in (404, 410):
-                raise NotFoundError("not found", file=uri) from None
-            raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
-        raise
-
-
-@contextmanager
-def _refusals(uri: str) -> Iterator[None]:
-    """Raise the daskcfa error of a refused redirect (or redirect without a
-    location) behind any exception, naming ``uri``."""
-    try:
-        yield
-    except Exception as exc:
-        refusal = next((e.error for e in _chain(exc) if isinstance(e, _Refused)), None)
-        if refusal is None:
-            raise
-        raise refusal.located(file=uri) from None
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the exceptions behind it (causes, contexts), at most 8."""
-    current: BaseException | None = exc
-    for _ in range(8):
-        if current is None:
-            return
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _http_status(exc: BaseException) -> int | None:
-    """The HTTP error status of the response behind ``exc`` (its cause chain), if any."""
-    for current in _chain(exc):
-        status = getattr(current, "status", None)
-        if isinstance(status, int) and 400 <= status <= 599:
-            return status
-    return None
-
-
-def _describe(exc: BaseException) -> str:
-    return redact(f"{type(exc).__name__}: {exc}")[:300]
-
-
-_TRANSIENT_NAMES = {
-    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-    "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
-}
-
-
-#: What s3fs makes of S3's "InternalError" (500) and "SlowDown"/"ServiceUnavailable" (503): try again.
-_RETRY_ERRNOS = {getattr(errno, "EREMOTEIO", errno.EIO), errno.EBUSY}
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, _TRANSIENT) or any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__):
-        return True
-    if isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS:
-        return True
-    return _http_status(exc) in (500, 502, 503, 504)  # a server restarting, overloaded or behind a failing proxy
-
-
-def _with_retries(uri: str, operation: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``operation`` with bounded retries for transient faults, errors translated."""
-    attempts = _retries() + 1
-    with _translated(uri):
-        for attempt in range(attempts):
-            try:
-                return operation(*args, **kwargs)
-            except Exception as exc:
-                if not _is_transient(exc) or attempt == attempts - 1:
-                    raise
-            time.sleep(min(2.0, 0.2 * 2**attempt))
-    raise AssertionError("unreachable")
-
-
-def exists(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> bool:
-    if is_local(uri):
-        return os.path.exists(local_path(uri))
-    if is_opendap(uri):
-        return True  # only opening tells; a missing endpoint fails with a clear error then
-    fs, path = filesystem(uri, profile, policy=policy)
-    return bool(_with_retries(uri, fs.exists, path))
-
-
-def size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
-    return stat(uri, profile, policy=policy)[0]
-
-
-def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> tuple[int, str]:
-    """An object's size and a token that changes when the object is replaced
-    (ETag, else modification time, else the size), in one request. A local
-    file must be a regular file."""
-    if is_local(uri):
-        info = local_stat(uri)
-        return info.st_size, str(info.st_mtime)  # (the token fsspec's local "mtime" gave)
-    fs, path = filesystem(uri, profile, policy=policy)
-    info = _with_retries(uri, fs.info, path)
-    token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
-                  if info.get(k) is not None), "")
-    return int(info["size"]), token
-
-
-def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
-    """What identifies this version of an object across processes (size and ETag or
-    modification time), for resume tokens; None when it cannot be told (OPeNDAP, unreachable)."""
-    if is_opendap(uri):
-        return None
-    try:
-        return stat(uri, profile)
-    except CFAError:
-        return None
-
-
-def part_size() -> int:
-    """Bytes per part when a large object is fetched as concurrent ranged GETs."""
-    return max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
-
-
-def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-               policy: LocationPolicy | None = None) -> bytes:
-    """A whole object's bytes, in one buffer (see :func:`read_whole`)."""
-    return read_whole(uri, profile, known_size=known_size, policy=policy).tobytes()
-
-
-def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-               size_hint: int | None = None, policy: LocationPolicy | None = None) -> Blocks:
-    """A whole object in memory: one GET, or -- when ``known_size`` says it is
-    large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
-    is about how large the object is expected to be: large S3 objects are
-    received as a stream of blocks, kept as they came (see :mod:`.blocks`).
-    ``policy``: see :func:`filesystem`."""
-    if is_local(uri):
-        with open_local(uri) as f, _translated(uri):
-            return Blocks([f.read()])
-    fs, path = filesystem(uri, profile, policy=policy)
-    if known_size is None or known_size <= 2 * part_size():
-        if not _streams(fs) or (known_size or size_hint or 0) < _STREAM_FROM:
-            return Blocks([_with_retries(uri, fs.cat_file, path, **_one_get(fs))])
-        return Blocks(_with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
-    part = part_size()
-    starts = list(range(0, known_size, part))
-    return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
-
-
-def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *,
-               policy: LocationPolicy | None = None) -> concurrent.futures.Future | None:
-    """Start fetching a whole (small) remote object in the background (on
-    fsspec's event loop), without waiting: the future's result is its bytes,
-    as :class:`Blocks`. None when the object's filesystem has no event loop to
-    run it on (local files)."""
-    if is_local(uri) or is_opendap(uri):
-        return None
-    fs, path = filesystem(uri, profile, policy=policy)
-    if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
-        return None
-    return asyncio.run_coroutine_threadsafe(_get_whole(fs, path), fs.loop)
-
-
-#: Most bytes taken from a streamed response body at a time (a read returns what has arrived).
-_STREAM_READ = 16 << 20
-#: Objects expected to be smaller are received whole: joining a few blocks costs less than streaming them.
-_STREAM_FROM = 1 << 20
-
-
-def _streams(fs: Any) -> bool:
-    """Whether whole objects of ``fs`` are received as a stream of blocks (S3)
-    rather than with ``cat_file``, whose client joins the blocks into one
-    ``bytes`` on the event loop (see :mod:`.blocks`)."""
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "s3" in protocols and getattr(fs, "loop", None) is not None
-
-
-async def _get_whole(fs: Any, path: str) -> Blocks:
-    """One GET of a whole (small) object."""
-    return Blocks([await fs._cat_file(path, **_one_get(fs))])
-
-
-async def _get_blocks(fs: Any, path: str) -> list[bytes]:
-    """One GET of a whole object (S3); its body as the blocks it arrived in."""
-    # As s3fs's own _cat_file does it, less the join (and less its HEAD: see _one_get).
-    bucket, key, version = fs.split_path(path)
-    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-    body = response["Body"]  # (botocore checks the object's checksum, when it has one, at the end)
-    blocks = []
-    try:
-        while block := await body.read(_STREAM_READ):
-            blocks.append(block)
-    finally:
-        body.close()
-    return blocks
-
-
-@functools.lru_cache(maxsize=None)
-def _one_get_options(kind: type) -> tuple[tuple[str, Any], ...]:
-    if "max_concurrency" in inspect.signature(getattr(kind, "_cat_file", kind.cat_file)).parameters:
-        return (("max_concurrency", 1),)
-    return ()
-
-
-def _one_get(fs: Any) -> dict[str, Any]:
-    """Options that make ``cat_file`` fetch a whole object in one GET: s3fs
-    otherwise asks for the object's size first (a HEAD before every GET) to
-    split large objects into concurrent ranged GETs, which :func:`read_whole`
-    does itself when it knows the size."""
-    return dict(_one_get_options(type(fs)))
-
-
-def netcdf_memory(data: bytes) -> bytes:
-    """Bytes netCDF-C can open from memory: it fails on some small netCDF-3
-    files whose header fills the buffer, unless zero bytes follow the data."""
-    return bytes(data) + bytes(4096) if bytes(data[:3]) == b"CDF" else data
-
-
-def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef = NO_PROFILE, *,
-                policy: LocationPolicy | None = None) -> list[bytes]:
-    """Several ``(offset, length)`` byte ranges of one object, fetched concurrently."""
-    if not ranges:
-        return []
-    fs, path = filesystem(uri, profile, policy=policy)
-    starts = [int(o) for o, _ in ranges]
-    ends = [int(o) + int(n) for o, n in ranges]
-
-    def fetch() -> list[bytes]:
-        parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
-        for part in parts:  # some filesystems hand failures back in the list
-            if isinstance(part, BaseException):
-                raise part
-        return parts
-
-    return _with_retries(uri, fetch)
-
-
-#: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).
-BLOCKS_CACHED = 8
-
-
-def block_size() -> int:
-    """Bytes per metadata block fetched for h5py (dask config ``daskcfa.storage.block-size``)."""
-    return config_bytes("daskcfa.storage.block-size", 256 << 10)
-
-
-def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-              policy: LocationPolicy | None = None) -> io.IOBase:
-    """A read-only file object (remote ones cache blocks: for h5py's metadata reads).
-
-    ``known_size`` (when the caller has just asked) saves asking again.
-    """
-    if is_local(uri):
-        return open_local(uri)
-    fs, path = filesystem(uri, profile, policy=policy)
-    options: dict[str, Any] = {"block_size": block_size(),
-                               "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
-    if known_size is not None:
-        options["size"] = int(known_size)
-    return _RemoteFile(uri, _with_retries(uri, lambda: fs.open(path, "rb", **options)))
-
-
-class _RemoteFile(io.RawIOBase):
-    """A remote file object whose refused redirects surface as daskcfa errors
-    naming its URI, also when h5py reads through it."""
-
-    def __init__(self, uri: str, file: Any) -> None:
-        super().__init__()
-        self._uri = uri
-        self._file = file
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        with _refusals(self._uri):
-            data = self._file.read(len(memoryview(buffer).cast("B")))
-        memoryview(buffer).cast("B")[:len(data)] = data
-        return len(data)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
-
-def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:
-    """Raise :class:`UnsafeURIError` if the OPeNDAP endpoint ``uri`` redirects
-    its DDS or DAS where ``policy`` does not allow.
-
-    netCDF-C's DAP client follows every redirect itself (nothing turns that
-    off), so the responses it asks for first are asked for here, through the
-    client that checks every hop. Any other failure is left for netCDF-C to
-    report. A server that redirects only later requests is not caught.
-    """
-    endpoint = opendap_url(uri).split("#", 1)[0]
-    head, query = endpoint.split("?", 1) if "?" in endpoint else (endpoint, "")
-    hops = _CheckedHops(policy, dap_scheme=scheme_of(uri))
-    for suffix in _DAP_RESPONSES:
-        probe = head + suffix + (f"?{query}" if query else "")
-        fs, path = _filesystem(probe, profile, hops)
-        try:
-            with _translated(uri):
-                fs.exists(path)
-        except UnsafeURIError:
-            raise
-        except Exception:
-            continue
-
-
-def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
-    fs, path = filesystem(uri, profile)
-    if is_local(uri):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    _with_retries(uri, fs.pipe_file, path, data)
-
-
-def put_file(uri: str, local: str, profile: ProfileRef = NO_PROFILE) -> None:
-    """Upload the local file ``local`` as the object ``uri`` (streamed: large files need not fit in memory)."""
-    fs, path = filesystem(uri, profile)
-    _with_retries(uri, fs.put_file, local, path)
-
-
-def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
-    """Every object under a prefix (recursively), as URIs."""
-    fs, path = filesystem(uri, profile)
-    found = _with_retries(uri, fs.find, path)
-    if is_local(uri):
-        return sorted(found)
-    scheme = scheme_of(uri)
-    return sorted(f"{scheme}://{p}" if "://" not in p else p for p in found)
-
-
-def delete(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
-    fs, path = filesystem(uri, profile)
-    _with_retries(uri, fs.rm_file, path)
-
-
-def commit(temporary: str, final: str, profile: ProfileRef = NO_PROFILE) -> None:
-    """Move a fully written object into place: a rename locally, copy then delete remotely."""
-    fs, src = filesystem(temporary, profile)
-    _, dst = filesystem(final, profile)
-    if is_local(final):
-        os.replace(src, dst)
-        return
-    _with_retries(final, fs.copy, src, dst)
-    _with_retries(temporary, fs.rm_file, src)
-
-
-#: ``.<name>.<32 hex digits>.part``: what :func:`temporary_name` makes of ``<name>``.
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.part$")
-
-
-def temporary_name(uri: str) -> str:
-    """A unique hidden name beside ``uri``, to write it under before moving it into place."""
-    head, sep, name = uri.rpartition("/")
-    return f"{head}{sep}.{name}.{uuid.uuid4().hex}.part"
-
-
-def put_atomic(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
-    """Write an object so that it appears whole or not at all: an object store shows
-    one PUT whole or not at all (a temporary and a copy would leave the temporary
-    behind when the writer is killed between them); a local file is written
-    under a temporary name, then renamed, the temporary removed if anything fails."""
-    if not is_local(uri):
-        put_bytes(uri, data, profile)
-        return
-    partial = temporary_name(uri)
-    try:
-        put_bytes(partial, data, profile)
-        commit(partial, uri, profile)
-    except BaseException:
-        try:
-            if exists(partial, profile):
-                delete(partial, profile)
-        except CFAError:
-            pass  # the original failure is the one to report
-        raise
-
-
-def remove_stale_temporaries(uris: Sequence[str], profile: ProfileRef = NO_PROFILE) -> list[str]:
-    """Delete the temporaries of ``uris`` that writers killed mid-write left behind.
-
-    Only local files have them (objects are uploaded in one request). Call it
-    only when no other writer of these URIs can be running. Returns what was
-    removed.
-    """
-    wanted: dict[str, set[str]] = {}
-    for uri in uris:
-        if is_local(uri):
-            directory, name = os.path.split(local_path(uri))
-            wanted.setdefault(directory, set()).add(name)
-    removed = []
-    for directory, names in wanted.items():
-        try:
-            entries = list(os.scandir(directory))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            match = _TEMPORARY.match(entry.name)
-            if match and match.group("name") in names:
-                with _translated(entry.path):
-                    try:
-                        os.remove(entry.path)
-                    except FileNotFoundError:
-                        continue
-                removed.append(entry.path)
-    return removed
-
-
-def free_space(uri: str) -> int | None:
-    """Bytes free for writing on the filesystem of a local URI (its nearest existing
-    directory); None for remote URIs or when it cannot be told."""
-    if not is_local(uri):
-        return None
-    path = os.path.dirname(local_path(uri))
-    while path and not os.path.isdir(path):
-        path = os.path.dirname(path)
-    try:
-        stats = os.statvfs(path or ".")
-    except (OSError, ValueError):
-        return None
-    return stats.f_bavail * stats.f_frsize
-
-
-def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
-                profile: ProfileRef | None = None) -> netCDF4.Dataset:
-    """Open an aggregation file (or any netCDF file) for reading, wherever it is."""
-    profile = profile if profile is not None else register(storage_options, protocol=scheme_of(url))
-    try:
-        if is_local(url):
-            local_stat(url)  # (a FIFO would block netCDF-C for ever)
-            with HDF5_LOCK:
-                check_nesting(local_path(url), label=url)
-                return netCDF4.Dataset(local_path(url), "r")
-        if is_opendap(url):
-            with HDF5_LOCK:
-                return netCDF4.Dataset(opendap_url(url), "r")
-        data = netcdf_memory(read_bytes(url, profile))
-        with HDF5_LOCK:
-            check_nesting(data, label=url)
-            return netCDF4.Dataset(memory_label(url), "r", memory=data)
-    except CFAError:
-        raise
-    except OSError as exc:
-        raise StorageError(f"cannot open as netCDF: {redact(str(exc.strerror or exc))}", file=url) from None

@@ -46,7 +46,11 @@ import dask.config
 import fsspec.asyn
 
 from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError
-from . import _translated, delete, exists, filesystem, is_local, local_path, put_atomic, read_bytes
+from .atomic import put_atomic
+from .local import local_path
+from .objects import delete, exists, filesystem, read_bytes
+from .retry import translated
+from .uri import is_local
 from .profiles import ProfileRef
 
 __all__ = [
@@ -239,7 +243,7 @@ def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
         fs, path = filesystem(uri, profile)
         bucket, key, _ = fs.split_path(path)
         try:
-            with _translated(uri):
+            with translated(uri):
                 response = fs.call_s3("get_object", Bucket=bucket, Key=key)
                 body = response["Body"]
                 try:
@@ -263,7 +267,7 @@ def _create(uri: str, data: bytes, profile: ProfileRef) -> bool:
     if is_local(uri):
         path = local_path(uri)
         temporary = f"{path}.{uuid.uuid4().hex}"
-        with _translated(uri):
+        with translated(uri):
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(temporary, "wb") as f:
                 f.write(data)
@@ -283,7 +287,7 @@ def _swap(uri: str, tag: Any, data: bytes, profile: ProfileRef) -> bool:
         return _conditional_put(uri, data, profile, IfMatch=tag)
     path = local_path(uri)
     grave = f"{path}.{uuid.uuid4().hex}.old"
-    with _translated(uri):
+    with translated(uri):
         try:
             os.rename(path, grave)  # only one of several racing successors moves it
         except FileNotFoundError:
@@ -345,7 +349,7 @@ def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: st
     except Exception as exc:
         if _precondition_failed(exc):
             return False
-        with _translated(uri):
+        with translated(uri):
             raise
 
 

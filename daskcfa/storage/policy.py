@@ -37,7 +37,8 @@ from urllib.parse import unquote, urlsplit
 import dask.config
 
 from ..errors import UnsafeURIError, redact
-from .profiles import ProfileRef, resolve_options, s3nc_config
+from .profiles import ProfileRef, resolve_options
+from .s3nc import s3nc_config
 from .uri import is_local, normalise, scheme_of, to_local_path
 
 __all__ = ["LocationPolicy"]

@@ -13,6 +13,8 @@ import posixpath
 import re
 from urllib.parse import quote, unquote, urlsplit
 
+from .s3nc import s3nc_config
+
 __all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "absolute", "URI_STYLES",
            "check_uri_style"]
 
@@ -76,8 +78,6 @@ def check_uri_style(uris: str) -> str:
 
 
 def _is_s3nc_alias(authority: str) -> bool:
-    from .profiles import s3nc_config  # (profiles imports this module)
-
     try:
         return authority in s3nc_config().hosts
     except Exception:  # an unreadable configuration is reported where it is used

@@ -241,14 +241,14 @@ def test_vlen_strings_are_charged_before_they_are_read(tmp_path, monkeypatch, le
     """Shared-string URIs under a limit they fit in: read, the values netCDF4 gives; under one
     they do not fit in: refused. Their lengths are summed from the stored heap pointers, or
     (``lengths_known=False``: storage not understood) the strings are read in charged pieces."""
-    from daskcfa.formats import _netcdf, aggregated_variables
+    from daskcfa.formats import aggregated_variables, netcdf
 
     path = tmp_path / "shared.nc"
     _one_dim_cf(path, 64).close()
     _share_first_string(path, "fragment_uris", 1000)
-    assert _netcdf.stored_string_bytes(str(path), "/fragment_uris") == 64 * 1000
+    assert netcdf.stored_string_bytes(str(path), "/fragment_uris") == 64 * 1000
     if not lengths_known:
-        monkeypatch.setattr(_netcdf, "stored_string_bytes", lambda path, name: None)
+        monkeypatch.setattr(netcdf, "stored_string_bytes", lambda path, name: None)
     with dask_config({"daskcfa.limits.max-memory": "1MiB"}), netCDF4.Dataset(path) as ds:
         parsed = aggregated_variables(ds, str(path))["/tas"]
         expected = ds["fragment_uris"][...]

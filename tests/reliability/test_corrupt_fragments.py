@@ -324,7 +324,7 @@ def test_damaged_fragment_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, strateg
         from daskcfa import storage
         from daskcfa.fragments import hdf5
 
-        monkeypatch.setattr(storage, "_STREAM_FROM", 0)
+        monkeypatch.setattr(storage.objects, "_STREAM_FROM", 0)
         monkeypatch.setattr(hdf5, "_IMAGE_BYTES", 0)
     built = _dataset(tmp_path, {"zlib": True, "chunksizes": (1, 2, 2)})
     victim = _victim(built)

@@ -94,7 +94,7 @@ def test_streamed_read_of_large_objects_rides_out_a_server_restart(tmp_path, s3_
     built = build_cf113(tmp_path / "ds", expected, ("time", "lat", "lon"), ((1,) * 8, (600,), (600,)))
     bucket = server.new_bucket("streamed")
     server.filesystem().put(str(tmp_path / "ds") + "/", f"{bucket}/ds/", recursive=True)
-    assert server.filesystem().size(f"{bucket}/ds/{built.fragment_uris[(0, 0, 0)][0]}") > storage._STREAM_FROM
+    assert server.filesystem().size(f"{bucket}/ds/{built.fragment_uris[(0, 0, 0)][0]}") > storage.objects._STREAM_FROM
     restarts = []
     kill = KillAfter("cfa-", 3, lambda: restarts.append(threading.Thread(target=server.restart, daemon=True)) or
                      restarts[-1].start())

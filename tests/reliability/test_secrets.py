@@ -1,6 +1,6 @@
 """Secrets stay secret through a whole distributed read *and write*, at DEBUG level.
 
-Extends tests/test_remote_security.py (which covers reads, graphs and errors)
+Extends tests/storage/test_policy.py (which covers reads, graphs and errors)
 with ``to_cfa`` on a real LocalCluster: every logger of distributed, daskcfa,
 fsspec, s3fs, botocore, aiohttp... at DEBUG in the client and in every
 worker, plus the workers', nannies' and scheduler's own logs. The secret
@@ -24,8 +24,8 @@ import pytest
 
 import daskcfa
 from builders import assert_matches
-from test_remote_security import (LOGGERS, _start_capture, _stop_capture, _unique_options, _worker_lines,
-                                  _worker_start_capture)
+from secret_helpers import (LOGGERS, _start_capture, _stop_capture, _unique_options, _worker_lines,
+                            _worker_start_capture)
 
 from .conftest import truth
 

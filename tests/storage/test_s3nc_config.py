@@ -16,8 +16,8 @@ import pytest
 import daskcfa
 from builders import assert_matches, build
 from daskcfa.fragments.manager import Budget, manager
-from daskcfa.storage import profiles
-from daskcfa.storage.profiles import parse_size, s3nc_config
+from daskcfa.storage import s3nc
+from daskcfa.storage.s3nc import parse_size, s3nc_config
 from remote_helpers import DIMS, SIZES, truth, upload
 
 #: S3netCDF4's config/.s3nc.json.template as its install step copies it (a jinja2 template, not JSON).
@@ -46,7 +46,7 @@ def s3nc_file(tmp_path, monkeypatch):
     """Where the configuration goes; it is looked at again on every use while the test runs."""
     path = tmp_path / "s3nc.json"
     monkeypatch.setenv("S3_NC_CONFIG", str(path))
-    monkeypatch.setattr(profiles, "_S3NC_RECHECK_SECONDS", 0.0)
+    monkeypatch.setattr(s3nc, "_S3NC_RECHECK_SECONDS", 0.0)
     budget = manager().budget
     yield path
     manager().configure(budget)

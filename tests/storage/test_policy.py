@@ -21,11 +21,11 @@ import pytest
 import daskcfa
 from builders import assert_matches, build
 from remote_helpers import DIMS, SIZES, rewrite_uris, truth, upload
+from secret_helpers import _start_capture, _stop_capture, _unique_options, _worker_lines, _worker_start_capture
 from daskcfa.storage import profiles as storage_profiles
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
 
-LOGGERS = ("distributed", "daskcfa", "fsspec", "s3fs", "botocore", "aiobotocore", "urllib3", "aiohttp", "asyncio")
 VICTIM = (1, 0, 1)  # the fragment whose URI the policy tests replace
 
 
@@ -367,7 +367,7 @@ def test_s3netcdf4_alias_config(tmp_path, s3_server, s3_bucket, s3fs_fs, monkeyp
     config["hosts"]["s3://myalias"]["credentials"]["secretKey"] = "Alias-wrong-secret-0123456789"
     path.write_text(json.dumps(config))
     os.utime(path, ns=(1, 10**18))  # a new mtime: the configuration is reloaded
-    monkeypatch.setattr(daskcfa.storage.profiles, "_S3NC_RECHECK_SECONDS", 0.0)  # (now, not in 1 s)
+    monkeypatch.setattr(daskcfa.storage.s3nc, "_S3NC_RECHECK_SECONDS", 0.0)  # (now, not in 1 s)
     with pytest.raises(daskcfa.StorageError) as info:
         daskcfa.from_cfa(url, "tas")
     _assert_clean(info.value, "Alias-wrong-secret-0123456789", s3_server.secret)
@@ -436,12 +436,6 @@ def test_dask_config_options_and_named_profiles(tmp_path, s3_server, s3_bucket, 
 # ---------------------------------------------------------------------------
 # 7. Secrets never leak: graph, reprs, errors, logs, distributed workers
 # ---------------------------------------------------------------------------
-_counter = iter(range(10**6))
-
-
-def _unique_options(server):
-    """The server's options plus a harmless unique setting, so that they are new to the registry."""
-    return dict(server.storage_options, config_kwargs={"read_timeout": 60 + next(_counter) + 0.5})
 
 
 def _graph_pickles(x):
@@ -491,49 +485,6 @@ def test_http_basic_auth_secret_absent_from_graph_and_errors(tmp_path, make_http
     with pytest.raises(daskcfa.MissingFragmentError) as info:
         x.compute()
     _assert_clean(info.value, token, "http-pw-never-shown")
-
-
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-        self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
-
-    def emit(self, record):
-        try:
-            self.lines.append(self.format(record))
-        except Exception as exc:  # a record that cannot be formatted is kept raw
-            self.lines.append(f"{record.name} {record.msg!r} {record.args!r} ({exc})")
-
-
-def _start_capture(names=LOGGERS):
-    handler = _Capture()
-    saved = []
-    for name in names:
-        logger = logging.getLogger(name)
-        saved.append((logger, logger.level))
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(handler)
-    return handler, saved
-
-
-def _stop_capture(handler, saved):
-    for logger, level in saved:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    return handler.lines
-
-
-def _worker_start_capture(dask_worker=None):
-    handler, _ = _start_capture(LOGGERS)
-    if dask_worker is not None:
-        dask_worker._daskcfa_test_capture = handler
-    return True
-
-
-def _worker_lines(dask_worker=None):
-    handler = getattr(dask_worker, "_daskcfa_test_capture", None)
-    return list(handler.lines) if handler is not None else []
 
 
 def _worker_knows(name, dask_worker=None):

@@ -16,33 +16,15 @@ import pytest
 
 import daskcfa
 from builders import Frag, assert_matches, build_cf113, make_truth
+from read_helpers import SHAPE, SIZES, bytes_read, chunked_archive, fragment_bytes
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
-
-SHAPE = (8, 200, 160)
-SIZES = ((2, 2, 2, 2), (200,), (160,))
-
-
-def bytes_read() -> int:
-    with open("/proc/self/io") as f:
-        return int(next(line for line in f if line.startswith("rchar")).split()[1])
 
 
 @pytest.fixture(params=["direct", "netcdf4"])
 def engine(request):
     with dask.config.set({"daskcfa.io.engine": request.param}):
         yield request.param
-
-
-def chunked_archive(tmp_path, **kw):
-    # Fragments chunked (1, 20, 20) in HDF5, zlib: a point lives in one small chunk.
-    storage = {"zlib": True, "chunksizes": (1, 20, 20)}
-    return build_cf113(tmp_path, make_truth(SHAPE, "f4", seed=3), ("time", "lat", "lon"), SIZES,
-                       frags=lambda index: Frag(storage=storage), **kw)
-
-
-def fragment_bytes(built) -> int:
-    return sum(os.path.getsize(p) for p in built.fragment_files.values())
 
 
 def test_one_task_per_fragment(tmp_path):

@@ -6,7 +6,7 @@ byte counters, and pydap for OPeNDAP. Datasets are written by
 tests/builders.py from numpy ground truth, uploaded, and read back.
 
 The safe-URI policy, credential handling and secrecy are in
-test_remote_security.py; this module covers reading: every dialect on S3,
+storage/test_policy.py; this module covers reading: every dialect on S3,
 mixed locations, HTTP byte-range economy, OPeNDAP, relative resolution and
 concurrency.
 """
@@ -575,9 +575,9 @@ def test_whole_object_gets_ask_for_one_request():
     import fsspec
     import s3fs
 
-    assert storage._one_get(s3fs.S3FileSystem(anon=True)) == {"max_concurrency": 1}
-    assert storage._one_get(fsspec.filesystem("http")) == {}
-    assert storage._one_get(fsspec.filesystem("file")) == {}
+    assert storage.objects._one_get(s3fs.S3FileSystem(anon=True)) == {"max_concurrency": 1}
+    assert storage.objects._one_get(fsspec.filesystem("http")) == {}
+    assert storage.objects._one_get(fsspec.filesystem("file")) == {}
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "chunked"])
@@ -603,16 +603,16 @@ def test_s3_large_objects_are_streamed_whole(tmp_path, s3_server, s3_bucket, s3f
                 v[...] = part
     write_cf113(tmp_path / "ds" / "agg.nc", "tas", DIMS, ((24, 24), (128,), (128,)), [["f/0.nc"], ["f/1.nc"]])
     base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "stream")
-    assert s3fs_fs.size(f"{base}/f/0.nc".removeprefix("s3://")) > storage._STREAM_FROM
+    assert s3fs_fs.size(f"{base}/f/0.nc".removeprefix("s3://")) > storage.objects._STREAM_FROM
     x = daskcfa.from_cfa(f"{base}/agg.nc", "tas", storage_options=s3_server.storage_options)
     streamed = []
-    get_blocks = storage._get_blocks
+    get_blocks = storage.objects._get_blocks
 
     async def counted(fs, path):
         streamed.append(path)
         return await get_blocks(fs, path)
 
-    monkeypatch.setattr(storage, "_get_blocks", counted)
+    monkeypatch.setattr(storage.objects, "_get_blocks", counted)
     for scheduler in ("synchronous", "threads"):
         streamed.clear()
         got = x.compute(scheduler=scheduler)

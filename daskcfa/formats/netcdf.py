@@ -108,12 +108,12 @@ def find_dimension(group: netCDF4.Group, name: str) -> netCDF4.Dimension | None:
 def require_variable(group: netCDF4.Group, name: str, *, variable: str, role: str) -> netCDF4.Variable:
     var = find_variable(group, name)
     if var is None:
-        raise CFAFormatError(
-            f"{role} variable {name!r} named by the aggregation instructions does not exist",
-            file=source_of(group),
-            variable=variable,
-        )
+        raise _missing(group, f"{role} variable {name!r} named by the aggregation instructions", variable)
     return var
+
+
+def _missing(group: netCDF4.Group, what: str, variable: str) -> CFAFormatError:
+    return CFAFormatError(f"{what} does not exist", file=source_of(group), variable=variable)
 
 
 def _where(var: netCDF4.Variable, owner: str | None) -> dict[str, str]:
@@ -357,11 +357,7 @@ def dimension_sizes(group: netCDF4.Group, names: Iterable[str], *, variable: str
     for name in names:
         dim = find_dimension(group, name)
         if dim is None:
-            raise CFAFormatError(
-                f"aggregated dimension {name!r} does not exist",
-                file=source_of(group),
-                variable=variable,
-            )
+            raise _missing(group, f"aggregated dimension {name!r}", variable)
         sizes.append(len(dim))
     check_array_size(names, sizes, file=source_of(group), variable=variable)
     return sizes

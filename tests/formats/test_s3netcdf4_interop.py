@@ -24,8 +24,8 @@ import pytest
 import daskcfa
 from builders import assert_matches, make_truth
 
-REPO = Path(__file__).resolve().parents[1]
-PEER = Path(__file__).resolve().parent / "s3netcdf4_peer.py"
+REPO = Path(__file__).resolve().parents[2]
+PEER = Path(__file__).resolve().parents[1] / "s3netcdf4_peer.py"
 DIMS = ("time", "lat", "lon")
 SHAPE = (8, 4, 6)
 SUBARRAY = (4, 2, 6)  # S3netCDF4 honours a sub-array shape that divides the array evenly

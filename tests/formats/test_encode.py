@@ -20,8 +20,9 @@ import pytest
 import daskcfa
 from daskcfa.errors import CFAFormatError
 from daskcfa.formats import aggregated_variables
-from daskcfa.formats._netcdf import read_strings
-from daskcfa.formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation, write_aggregation
+from daskcfa.formats.netcdf import read_strings
+from daskcfa.formats.encode import FILE_FORMATS, WRITE_FORMATS, encode_aggregation
+from daskcfa.storage import put_atomic
 from daskcfa.model import (
     AggregatedVariable,
     AggregationDataset,
@@ -92,6 +93,11 @@ def example(fmt: str, file_format: str) -> AggregationDataset:
         ds.aggregated.append(aggregated("/g/tas", ("time", "x"), [(6,), (2, 3)],
                                         [["g/tas.0.0.nc", "g/tas.0.1.nc"]], "tas", attrs={"units": "K"}))
     return ds
+
+
+def write_aggregation(path: Any, dataset: AggregationDataset, **options: Any) -> None:
+    """Encode ``dataset`` and put it at ``path`` as the writers do (whole or not at all)."""
+    put_atomic(str(path), encode_aggregation(dataset, **options))
 
 
 def assert_attrs_equal(got: dict[str, Any], expected: dict[str, Any]) -> None:

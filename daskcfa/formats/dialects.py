@@ -1,0 +1,84 @@
+"""Which aggregation variables a file holds, and the dialect parser for each.
+
+Each dialect is detected from the attributes of the variable itself, never
+from the global ``Conventions`` attribute (real files carry wrong or stale
+ones); the legacy parsers are imported on first use.
+"""
+
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import netCDF4
+
+from ..errors import CFAError, CFAFormatError
+from ..model import AggregatedVariable
+from . import netcdf as nc
+from . import cf
+from .limits import check_group_depth, parsing
+
+__all__ = ["dialect_of", "parse_variable", "aggregated_variables", "walk"]
+
+
+def dialect_of(var: netCDF4.Variable) -> str | None:
+    """The family of aggregation instructions a variable carries, if any."""
+    attrs = set(var.ncattrs())
+    if "aggregated_dimensions" in attrs:
+        return "aggregated_dimensions"
+    role = var.getncattr("cf_role") if "cf_role" in attrs else None
+    if role == "cfa_variable":
+        return "cfa_group" if "cfa_group" in attrs else "cfa_array"
+    if role == "nca_variable" or "nca_array" in attrs:
+        return "nca_array"  # (``nca_array`` marks NCA even without cf_role: never read as a scalar)
+    return None
+
+
+def _parser(family: str) -> Callable[[netCDF4.Variable, str], AggregatedVariable]:
+    if family == "aggregated_dimensions":
+        return cf.parse
+    from . import nca, s3netcdf  # legacy dialects, imported on first use
+
+    return {"cfa_group": s3netcdf.parse_cfa05, "cfa_array": s3netcdf.parse_cfa04, "nca_array": nca.parse_nca}[family]
+
+
+def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
+    """Parse one aggregation variable into the model, whatever its dialect."""
+    family = dialect_of(var)
+    if family is None:
+        raise CFAFormatError("not an aggregation variable", file=source, variable=nc.variable_path(var))
+    try:
+        with parsing(source):
+            return _parser(family)(var, source)
+    except CFAError:
+        raise
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        # A malformed file must never surface as a bare Python error.
+        raise CFAFormatError(
+            f"malformed aggregation instructions ({type(exc).__name__}: {exc})",
+            file=source,
+            variable=nc.variable_path(var),
+        ) from exc
+
+
+def walk(group: netCDF4.Group) -> Iterator[netCDF4.Group]:
+    """``group`` and every group below it, parents first, in file order (iteratively:
+    a file nests groups as deep as it likes; deeper than ``max-group-depth`` is refused)."""
+    stack = [(group, 0)]
+    while stack:
+        group, depth = stack.pop()
+        check_group_depth(depth, file=nc.source_of(group), variable=nc.group_path(group))
+        yield group
+        stack.extend((child, depth + 1) for child in reversed(group.groups.values()))
+
+
+def aggregated_variables(dataset: netCDF4.Dataset, source: str) -> dict[str, AggregatedVariable]:
+    """Every aggregation variable of a file, keyed by full path (``/tas``, ``/grp/tas``)."""
+    found: dict[str, AggregatedVariable] = {}
+    with parsing(source):
+        for group in walk(dataset):
+            for var in group.variables.values():
+                if dialect_of(var) is not None:
+                    parsed = parse_variable(var, source)
+                    found[parsed.name] = parsed
+    return found

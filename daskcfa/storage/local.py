@@ -1,0 +1,92 @@
+"""Local files: only regular files are ever opened for reading.
+
+A FIFO would block netCDF-C (or any reader) for ever, and a device such as
+``/dev/zero`` never ends; both are refused before and after opening.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISREG, S_ISSOCK
+
+from ..errors import NotFoundError, StorageError
+from .retry import translated
+from .uri import is_local, to_local_path
+
+__all__ = ["local_path", "irregular", "local_stat", "open_local", "free_space"]
+
+
+def local_path(uri: str) -> str:
+    """The filesystem path of a local URI."""
+    try:
+        return to_local_path(uri)
+    except ValueError as exc:
+        raise StorageError(str(exc), file=uri) from None
+
+
+_IRREGULAR = ((S_ISDIR, "a directory"), (S_ISFIFO, "a FIFO"), (S_ISCHR, "a character device"),
+              (S_ISBLK, "a block device"), (S_ISSOCK, "a socket"))
+
+
+def irregular(mode: int) -> str | None:
+    """What a local path is when it is not a regular file (``"a FIFO"``...), else None.
+
+    Only regular files are ever opened for reading: opening a FIFO waits for a
+    writer forever, and a device (``/dev/zero``) never ends.
+    """
+    if S_ISREG(mode):
+        return None
+    return next((what for test, what in _IRREGULAR if test(mode)), "a special file")
+
+
+def _refuse_irregular(mode: int, uri: str) -> None:
+    kind = irregular(mode)
+    if kind is not None:
+        raise StorageError(f"not a regular file ({kind}): only regular files are opened", file=uri)
+
+
+def local_stat(uri: str) -> os.stat_result:
+    """``os.stat`` of a local file (links followed), refused unless it is a regular file."""
+    path = local_path(uri)
+    with translated(uri):
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise NotFoundError("file not found", file=uri) from None
+    _refuse_irregular(info.st_mode, uri)
+    return info
+
+
+def open_local(uri: str) -> io.BufferedReader:
+    """A local regular file opened for reading.
+
+    Checked before opening (a device is never opened) and again on the open
+    file: a FIFO swapped in between is opened without blocking, then refused.
+    """
+    local_stat(uri)
+    path = local_path(uri)
+    with translated(uri):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _refuse_irregular(os.fstat(fd).st_mode, uri)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def free_space(uri: str) -> int | None:
+    """Bytes free for writing on the filesystem of a local URI (its nearest existing
+    directory); None for remote URIs or when it cannot be told."""
+    if not is_local(uri):
+        return None
+    path = os.path.dirname(local_path(uri))
+    while path and not os.path.isdir(path):
+        path = os.path.dirname(path)
+    try:
+        stats = os.statvfs(path or ".")
+    except (OSError, ValueError):
+        return None
+    return stats.f_bavail * stats.f_frsize

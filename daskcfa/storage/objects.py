@@ -1,0 +1,477 @@
+"""Objects wherever they live, through fsspec: exists, stat, read, put, list, delete.
+
+Local paths and ``file://``, ``s3://`` (s3fs), ``http(s)://`` (byte ranges)
+and OPeNDAP endpoints all go through these functions, so that readers and
+writers never care where a file is. Credentials are resolved here, in the
+process doing the I/O, from a :class:`~daskcfa.storage.profiles.ProfileRef`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import io
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Sequence
+
+import dask.config
+import fsspec
+import fsspec.asyn
+import yarl
+from dask.utils import parse_bytes
+
+from ..errors import CFAError, StorageError, UnsafeURIError, redact
+from .blocks import Blocks
+from .local import local_path, local_stat, open_local
+from .policy import LocationPolicy
+from .profiles import ProfileRef, resolve_options
+from .retry import Refused, refusals, translated, with_retries
+from .uri import is_local, normalise, scheme_of
+
+__all__ = [
+    "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size",
+    "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
+    "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
+    "GLOB_CHARS", "glob", "is_directory", "remove_tree", "listdir", "delete",
+]
+
+NO_PROFILE = ProfileRef(None)
+_DAP_SCHEMES = {"dap2": "http", "dap4": "http", "opendap": "http", "dap2s": "https", "dap4s": "https"}
+
+
+def is_opendap(uri: str) -> bool:
+    """OPeNDAP endpoints are named explicitly: ``dap2://``/``dap4://``/``opendap://``
+    URLs, or an ``http(s)`` URL carrying netCDF-C's ``#mode=dap2``/``#dap4`` marker."""
+    return scheme_of(uri) in _DAP_SCHEMES or "#mode=dap" in uri or uri.endswith("#dap4") or uri.endswith("#dap2")
+
+
+def opendap_url(uri: str) -> str:
+    """The http(s) URL netCDF-C's DAP client understands."""
+    scheme = scheme_of(uri)
+    if scheme in _DAP_SCHEMES:
+        return _DAP_SCHEMES[scheme] + uri[len(scheme):]
+    return uri
+
+
+def memory_label(uri: str) -> str:
+    """A harmless name for a netCDF dataset opened from bytes in memory.
+
+    netCDF-C inspects the name even with ``memory=``: an ``s3://`` or
+    ``http://`` name makes it try its own (byte-range/NCZarr) remote access,
+    i.e. fetch the object a second time or fail. Only the last path segment,
+    reduced to safe characters, is kept.
+    """
+    name = uri.split("#", 1)[0].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return "memory-" + (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "dataset")
+
+
+#: The DAP2 responses netCDF-C asks an endpoint for first (its data come as ``.dods``).
+_DAP_RESPONSES = (".dds", ".das")
+#: HTTP statuses that redirect a request.
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+@dataclass(frozen=True)
+class _CheckedHops:
+    """aiohttp client middleware: a redirect is followed only where ``policy``
+    allows, each hop checked before it is requested.
+
+    (The requests themselves are not judged again: their URIs were checked as
+    written, and aiohttp's spelling of them may differ, e.g. ``H:80`` -> ``h``.)
+    """
+
+    policy: LocationPolicy
+    #: OPeNDAP probes: the scheme the fragment names its endpoint with; a
+    #: redirect of ``http://h/x.nc.dds`` is judged by the endpoint it leads to
+    #: (``dap2://h/x.nc``)
+    dap_scheme: str | None = None
+
+    async def __call__(self, request: Any, handler: Any) -> Any:
+        response = await handler(request)
+        if response.status not in _REDIRECTS:
+            return response
+        location = response.headers.get("Location")
+        try:
+            target = str(request.url.join(yarl.URL(location))) if location else None
+        except ValueError:
+            return response  # (aiohttp refuses to follow it, with its own error)
+        error: CFAError | None = None
+        if target is None:  # aiohttp would hand the redirect's own body on as the object
+            error = StorageError(f"HTTP {response.status} redirect without a location")
+        else:
+            if self.dap_scheme is not None:
+                head = target.split("?", 1)[0]
+                head = next((head[:-len(s)] for s in _DAP_RESPONSES if head.endswith(s)), head)
+                target = self.dap_scheme + head[head.index("://"):]
+            try:
+                self.policy.check_redirect(target)
+            except UnsafeURIError as exc:
+                error = exc
+        if error is not None:
+            response.release()
+            raise Refused(error)
+        return response
+
+
+def filesystem(uri: str, profile: ProfileRef = NO_PROFILE, *,
+               policy: LocationPolicy | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``uri`` (credentials resolved here) and the path within it.
+
+    With a ``policy`` (reads on behalf of an aggregation file), HTTP redirects
+    are followed only where the policy allows: every hop is checked before it
+    is requested.
+    """
+    return _filesystem(uri, profile, None if policy is None else _CheckedHops(policy))
+
+
+def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tuple[fsspec.AbstractFileSystem, str]:
+    if is_local(uri):
+        return fsspec.filesystem("file"), local_path(uri)
+    target, options = resolve_options(uri, profile)
+    protocol = scheme_of(target)
+    if protocol == "s3":
+        options.setdefault("use_listings_cache", False)
+    if hops is not None and protocol in ("http", "https"):
+        client = dict(options.get("client_kwargs") or {})
+        client["middlewares"] = (*client.get("middlewares", ()), hops)
+        options["client_kwargs"] = client
+    try:
+        fs = fsspec.filesystem(protocol, **options)
+    except (ValueError, ImportError, TypeError) as exc:
+        raise StorageError(f"cannot use storage scheme {protocol!r}: {redact(str(exc))}", file=uri) from None
+    path = target if protocol in ("http", "https") else fs._strip_protocol(target)
+    return fs, path
+
+
+def config_bytes(key: str, default: int) -> int:
+    """A byte size from dask config: an int, or a string such as ``"16MiB"``."""
+    value = dask.config.get(key, default)
+    return int(parse_bytes(value)) if isinstance(value, str) else int(value)
+
+
+def exists(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> bool:
+    if is_local(uri):
+        return os.path.exists(local_path(uri))
+    if is_opendap(uri):
+        return True  # only opening tells; a missing endpoint fails with a clear error then
+    fs, path = filesystem(uri, profile, policy=policy)
+    return bool(with_retries(uri, fs.exists, path))
+
+
+def size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
+    return stat(uri, profile, policy=policy)[0]
+
+
+def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> tuple[int, str]:
+    """An object's size and a token that changes when the object is replaced
+    (ETag, else modification time, else the size), in one request. A local
+    file must be a regular file."""
+    if is_local(uri):
+        info = local_stat(uri)
+        return info.st_size, str(info.st_mtime)  # (the token fsspec's local "mtime" gave)
+    fs, path = filesystem(uri, profile, policy=policy)
+    info = with_retries(uri, fs.info, path)
+    token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
+                  if info.get(k) is not None), "")
+    return int(info["size"]), token
+
+
+def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
+    """What identifies this version of an object across processes (size and ETag or
+    modification time), for resume tokens; None when it cannot be told (OPeNDAP, unreachable)."""
+    if is_opendap(uri):
+        return None
+    try:
+        return stat(uri, profile)
+    except CFAError:
+        return None
+
+
+def part_size() -> int:
+    """Bytes per part when a large object is fetched as concurrent ranged GETs."""
+    return max(1, config_bytes("daskcfa.storage.part-size", 16 << 20))
+
+
+def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+               policy: LocationPolicy | None = None) -> bytes:
+    """A whole object's bytes, in one buffer (see :func:`read_whole`)."""
+    return read_whole(uri, profile, known_size=known_size, policy=policy).tobytes()
+
+
+def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+               size_hint: int | None = None, policy: LocationPolicy | None = None) -> Blocks:
+    """A whole object in memory: one GET, or -- when ``known_size`` says it is
+    large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
+    is about how large the object is expected to be: large S3 objects are
+    received as a stream of blocks, kept as they came (see :mod:`.blocks`).
+    ``policy``: see :func:`filesystem`."""
+    if is_local(uri):
+        with open_local(uri) as f, translated(uri):
+            return Blocks([f.read()])
+    fs, path = filesystem(uri, profile, policy=policy)
+    if known_size is None or known_size <= 2 * part_size():
+        if not _streams(fs) or (known_size or size_hint or 0) < _STREAM_FROM:
+            return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
+        return Blocks(with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
+    part = part_size()
+    starts = list(range(0, known_size, part))
+    return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
+
+
+def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *,
+               policy: LocationPolicy | None = None) -> concurrent.futures.Future | None:
+    """Start fetching a whole (small) remote object in the background (on
+    fsspec's event loop), without waiting: the future's result is its bytes,
+    as :class:`Blocks`. None when the object's filesystem has no event loop to
+    run it on (local files)."""
+    if is_local(uri) or is_opendap(uri):
+        return None
+    fs, path = filesystem(uri, profile, policy=policy)
+    if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
+        return None
+    return asyncio.run_coroutine_threadsafe(_get_whole(fs, path), fs.loop)
+
+
+#: Most bytes taken from a streamed response body at a time (a read returns what has arrived).
+_STREAM_READ = 16 << 20
+#: Objects expected to be smaller are received whole: joining a few blocks costs less than streaming them.
+_STREAM_FROM = 1 << 20
+
+
+def _streams(fs: Any) -> bool:
+    """Whether whole objects of ``fs`` are received as a stream of blocks (S3)
+    rather than with ``cat_file``, whose client joins the blocks into one
+    ``bytes`` on the event loop (see :mod:`.blocks`)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "s3" in protocols and getattr(fs, "loop", None) is not None
+
+
+async def _get_whole(fs: Any, path: str) -> Blocks:
+    """One GET of a whole (small) object."""
+    return Blocks([await fs._cat_file(path, **_one_get(fs))])
+
+
+async def _get_blocks(fs: Any, path: str) -> list[bytes]:
+    """One GET of a whole object (S3); its body as the blocks it arrived in."""
+    # As s3fs's own _cat_file does it, less the join (and less its HEAD: see _one_get).
+    bucket, key, version = fs.split_path(path)
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+    body = response["Body"]  # (botocore checks the object's checksum, when it has one, at the end)
+    blocks = []
+    try:
+        while block := await body.read(_STREAM_READ):
+            blocks.append(block)
+    finally:
+        body.close()
+    return blocks
+
+
+@functools.lru_cache(maxsize=None)
+def _one_get_options(kind: type) -> tuple[tuple[str, Any], ...]:
+    if "max_concurrency" in inspect.signature(getattr(kind, "_cat_file", kind.cat_file)).parameters:
+        return (("max_concurrency", 1),)
+    return ()
+
+
+def _one_get(fs: Any) -> dict[str, Any]:
+    """Options that make ``cat_file`` fetch a whole object in one GET: s3fs
+    otherwise asks for the object's size first (a HEAD before every GET) to
+    split large objects into concurrent ranged GETs, which :func:`read_whole`
+    does itself when it knows the size."""
+    return dict(_one_get_options(type(fs)))
+
+
+def netcdf_memory(data: bytes) -> bytes:
+    """Bytes netCDF-C can open from memory: it fails on some small netCDF-3
+    files whose header fills the buffer, unless zero bytes follow the data."""
+    return bytes(data) + bytes(4096) if bytes(data[:3]) == b"CDF" else data
+
+
+def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef = NO_PROFILE, *,
+                policy: LocationPolicy | None = None) -> list[bytes]:
+    """Several ``(offset, length)`` byte ranges of one object, fetched concurrently."""
+    if not ranges:
+        return []
+    fs, path = filesystem(uri, profile, policy=policy)
+    starts = [int(o) for o, _ in ranges]
+    ends = [int(o) + int(n) for o, n in ranges]
+
+    def fetch() -> list[bytes]:
+        parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        for part in parts:  # some filesystems hand failures back in the list
+            if isinstance(part, BaseException):
+                raise part
+        return parts
+
+    return with_retries(uri, fetch)
+
+
+#: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).
+BLOCKS_CACHED = 8
+
+
+def block_size() -> int:
+    """Bytes per metadata block fetched for h5py (dask config ``daskcfa.storage.block-size``)."""
+    return config_bytes("daskcfa.storage.block-size", 256 << 10)
+
+
+def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+              policy: LocationPolicy | None = None) -> io.IOBase:
+    """A read-only file object (remote ones cache blocks: for h5py's metadata reads).
+
+    ``known_size`` (when the caller has just asked) saves asking again.
+    """
+    if is_local(uri):
+        return open_local(uri)
+    fs, path = filesystem(uri, profile, policy=policy)
+    options: dict[str, Any] = {"block_size": block_size(),
+                               "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
+    if known_size is not None:
+        options["size"] = int(known_size)
+    return _RemoteFile(uri, with_retries(uri, lambda: fs.open(path, "rb", **options)))
+
+
+class _RemoteFile(io.RawIOBase):
+    """A remote file object whose refused redirects surface as daskcfa errors
+    naming its URI, also when h5py reads through it."""
+
+    def __init__(self, uri: str, file: Any) -> None:
+        super().__init__()
+        self._uri = uri
+        self._file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        with refusals(self._uri):
+            data = self._file.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:
+    """Raise :class:`UnsafeURIError` if the OPeNDAP endpoint ``uri`` redirects
+    its DDS or DAS where ``policy`` does not allow.
+
+    netCDF-C's DAP client follows every redirect itself (nothing turns that
+    off), so the responses it asks for first are asked for here, through the
+    client that checks every hop. Any other failure is left for netCDF-C to
+    report. A server that redirects only later requests is not caught.
+    """
+    endpoint = opendap_url(uri).split("#", 1)[0]
+    head, query = endpoint.split("?", 1) if "?" in endpoint else (endpoint, "")
+    hops = _CheckedHops(policy, dap_scheme=scheme_of(uri))
+    for suffix in _DAP_RESPONSES:
+        probe = head + suffix + (f"?{query}" if query else "")
+        fs, path = _filesystem(probe, profile, hops)
+        try:
+            with translated(uri):
+                fs.exists(path)
+        except UnsafeURIError:
+            raise
+        except Exception:
+            continue
+
+
+def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
+    fs, path = filesystem(uri, profile)
+    if is_local(uri):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with_retries(uri, fs.pipe_file, path, data)
+
+
+def put_file(uri: str, local: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Upload the local file ``local`` as the object ``uri`` (streamed: large files need not fit in memory)."""
+    fs, path = filesystem(uri, profile)
+    with_retries(uri, fs.put_file, local, path)
+
+
+def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
+    """Every object under a prefix (recursively), as URIs."""
+    fs, path = filesystem(uri, profile)
+    found = with_retries(uri, fs.find, path)
+    if is_local(uri):
+        return sorted(found)
+    scheme = scheme_of(uri)
+    return sorted(f"{scheme}://{p}" if "://" not in p else p for p in found)
+
+
+def put_stream(uri: str, write: Callable[[IO[bytes]], None], profile: ProfileRef = NO_PROFILE) -> None:
+    """Write an object through ``write(file)``: straight into a local file (no second
+    copy in memory), else into a buffer put in one request."""
+    if is_local(uri):
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with translated(uri), open(path, "wb") as f:
+            write(f)
+        return
+    buffer = io.BytesIO()
+    write(buffer)
+    put_bytes(uri, buffer.getvalue(), profile)
+
+
+#: What makes a URI a glob pattern.
+GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def glob(pattern: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
+    """Files matching a glob, as URIs, sorted: fsspec's glob for every scheme (``*`` within
+    a path segment, ``**`` across them). Hidden files and directories (``.name``: writers'
+    temporaries and markers) match only a pattern that names them, as in a shell."""
+    fs, path = filesystem(normalise(pattern) if is_local(pattern) else pattern, profile)
+    found = with_retries(pattern, fs.glob, path, detail=True)
+    head = GLOB_CHARS.split(path, 1)[0].rpartition("/")[0]
+    hidden_asked = "/." in path[len(head):]
+    files = [p for p, info in found.items() if info.get("type") == "file"
+             and (hidden_asked or not any(part.startswith(".") for part in p[len(head):].split("/")))]
+    if is_local(pattern):
+        return sorted(normalise(p) for p in files)
+    scheme = scheme_of(pattern)
+    return sorted(p if "://" in p else f"{scheme}://{p}" for p in files)
+
+
+def is_directory(uri: str) -> bool:
+    """A local directory, or a remote prefix (object stores have no directories: written with a trailing slash)."""
+    if is_local(uri):
+        return os.path.isdir(local_path(uri))
+    return uri.endswith("/")
+
+
+def remove_tree(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Delete a directory (or every object under a prefix) and all it holds; nothing there is no error.
+    A local directory's parent goes too once it is empty (a shared parent of several such trees)."""
+    if is_local(uri):
+        path = local_path(uri)
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # not empty: another tree still uses it
+        return
+    fs, path = filesystem(uri, profile)
+    if with_retries(uri, fs.exists, path):
+        with_retries(uri, fs.rm, path, recursive=True)
+
+
+def delete(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
+    fs, path = filesystem(uri, profile)
+    with_retries(uri, fs.rm_file, path)

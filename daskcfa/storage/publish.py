@@ -1,0 +1,56 @@
+"""Putting an aggregation file in place: the write modes, what each does with a
+target that exists, and the atomic put under a lease.
+
+One home for the rule every writer follows (``to_cfa``, ``aggregate``,
+``rebuild``, ``relocate``, ``refragment``): ``"w-"`` never overwrites, ``"w"``
+replaces, ``"r+"`` updates an existing file.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import redact
+from .atomic import put_atomic
+from .lease import Lease
+from .objects import exists
+from .profiles import ProfileRef
+
+__all__ = ["WRITE_MODES", "WHOLE_FILE_MODES", "check_mode", "refuse_existing", "put_aggregation"]
+
+#: Every write mode (``to_cfa``).
+WRITE_MODES = ("w-", "w", "r+")
+#: The modes of writers that write a whole new file and cannot update one.
+WHOLE_FILE_MODES = ("w-", "w")
+
+
+def check_mode(mode: str, allowed: Sequence[str] = WRITE_MODES) -> str:
+    """``mode`` if it is one of ``allowed``; ValueError otherwise."""
+    if mode not in allowed:
+        raise ValueError(f"mode must be one of {', '.join(allowed)}, got {mode!r}")
+    return mode
+
+
+def refuse_existing(url: str, mode: str, profile: ProfileRef, hint: str = "mode='w-' never overwrites") -> bool:
+    """Whether ``url`` exists; FileExistsError (saying ``hint``) if it does and ``mode`` is ``"w-"``."""
+    found = exists(url, profile)
+    if found and mode == "w-":
+        raise FileExistsError(f"{redact(url)} exists; {hint}")
+    return found
+
+
+def put_aggregation(url: str, payload: bytes, mode: str, profile: ProfileRef, lease: Lease | None = None) -> None:
+    """Put an encoded aggregation file in place: written under a temporary name, then moved.
+
+    ``mode="w-"`` refuses a file that exists by now (it may have appeared
+    since the caller last looked). Without ``lease`` (held by the caller), a
+    lease on ``url`` is taken for the while.
+    """
+    own = lease is None
+    held = Lease.new(url, profile).acquire() if lease is None else lease
+    try:
+        refuse_existing(url, mode, profile)
+        put_atomic(url, payload, profile)
+    finally:
+        if own:
+            held.release()

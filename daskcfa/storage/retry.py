@@ -1,0 +1,133 @@
+"""Storage failures as daskcfa errors naming the URI, after bounded retries.
+
+Every storage call of the package runs inside :func:`translated` (or
+:func:`with_retries`): client libraries raise their own types (botocore,
+aiohttp, fsspec), and a caller must see one :class:`~daskcfa.errors.StorageError`
+family, never a secret.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import dask.config
+
+from ..errors import CFAError, NotFoundError, StorageError, redact
+
+__all__ = ["Refused", "translated", "refusals", "http_status", "with_retries"]
+
+_TRANSIENT = (ConnectionError, TimeoutError)
+
+
+class Refused(Exception):
+    """Carries a refusal out of aiohttp, which would turn an ``OSError`` (as
+    :class:`UnsafeURIError` is) into a connection error, and so a retry."""
+
+    def __init__(self, error: CFAError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _retries() -> int:
+    return int(dask.config.get("daskcfa.storage.retries", 3))
+
+
+@contextmanager
+def translated(uri: str) -> Iterator[None]:
+    """Turn storage exceptions into daskcfa errors naming the URI (secrets removed)."""
+    try:
+        with refusals(uri):  # (fsspec reports some failures as "not found": look behind them first)
+            yield
+    except CFAError:
+        raise
+    except FileNotFoundError as exc:
+        status = http_status(exc)
+        if status in (401, 403):  # fsspec's HTTP filesystem reports a refusal as "not found"
+            raise StorageError(f"access denied (HTTP {status})", file=uri) from None
+        if status is not None and status != 404 and status != 410:
+            raise StorageError(f"storage error (HTTP {status})", file=uri) from None
+        raise NotFoundError("not found", file=uri) from None
+    except PermissionError as exc:
+        raise StorageError(f"access denied ({_describe(exc)})", file=uri) from None
+    except (OSError, *_TRANSIENT) as exc:  # (a nested tuple here is a TypeError)
+        raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
+    except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
+        if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
+            status = http_status(exc)
+            if status in (401, 403):
+                raise StorageError(f"access denied (HTTP {status})", file=uri) from None
+            if status in (404, 410):
+                raise NotFoundError("not found", file=uri) from None
+            raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
+        raise
+
+
+@contextmanager
+def refusals(uri: str) -> Iterator[None]:
+    """Raise the daskcfa error of a refused redirect (or redirect without a
+    location) behind any exception, naming ``uri``."""
+    try:
+        yield
+    except Exception as exc:
+        refusal = next((e.error for e in _chain(exc) if isinstance(e, Refused)), None)
+        if refusal is None:
+            raise
+        raise refusal.located(file=uri) from None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it (causes, contexts), at most 8."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP error status of the response behind ``exc`` (its cause chain), if any."""
+    for current in _chain(exc):
+        status = getattr(current, "status", None)
+        if isinstance(status, int) and 400 <= status <= 599:
+            return status
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    return redact(f"{type(exc).__name__}: {exc}")[:300]
+
+
+_TRANSIENT_NAMES = {
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
+}
+
+
+#: What s3fs makes of S3's "InternalError" (500) and "SlowDown"/"ServiceUnavailable" (503): try again.
+_RETRY_ERRNOS = {getattr(errno, "EREMOTEIO", errno.EIO), errno.EBUSY}
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, _TRANSIENT) or any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS:
+        return True
+    return http_status(exc) in (500, 502, 503, 504)  # a server restarting, overloaded or behind a failing proxy
+
+
+def with_retries(uri: str, operation: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``operation`` with bounded retries for transient faults, errors translated."""
+    attempts = _retries() + 1
+    with translated(uri):
+        for attempt in range(attempts):
+            try:
+                return operation(*args, **kwargs)
+            except Exception as exc:
+                if not _is_transient(exc) or attempt == attempts - 1:
+                    raise
+            time.sleep(min(2.0, 0.2 * 2**attempt))
+    raise AssertionError("unreachable")
