@@ -25,8 +25,6 @@ import traceback
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
-
 __all__ = ["main", "build_parser"]
 
 PROG = "daskcfa"
@@ -129,9 +127,8 @@ def _relocate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .formats.encode import WRITE_FORMATS
-    from .fragments.write import FRAGMENT_FORMATS
+    from ._version import __version__
+    from .choices import FRAGMENT_FORMATS, WRITE_FORMATS
 
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("common options")
@@ -152,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
-    def command(name: str, run: Callable[[argparse.Namespace], int], help: str, description: str):
-        sub = commands.add_parser(name, parents=[common], help=help, description=description)
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str, description: str,
+                aliases: Sequence[str] = ()):
+        sub = commands.add_parser(name, parents=[common], help=help, description=description, aliases=aliases)
         sub.set_defaults(command=name, run=run)
         return sub
 
@@ -174,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     split = command("split", _split, "re-fragment files or an aggregation into a new aggregation",
                     "Re-fragment one or many netCDF files (or a glob), or an aggregation, into a new CFA "
-                    "dataset with a new fragment layout, in parallel, keeping every task under --max-mem.")
+                    "dataset with a new fragment layout, in parallel, keeping every task under --max-mem. "
+                    f"'{PROG} refragment' is the same command, named as the API's daskcfa.refragment.",
+                    aliases=["refragment"])
     split.add_argument("sources", metavar="SOURCE", nargs="+",
                        help="an aggregation file, netCDF files or a glob (quote it)")
     split.add_argument("target", metavar="TARGET", help="the new aggregation file")
@@ -252,7 +252,7 @@ def _format_option(parser: argparse.ArgumentParser, formats: str) -> None:
 
 
 def _uris_option(parser: argparse.ArgumentParser) -> None:
-    from .storage.uri import URI_STYLES
+    from .choices import URI_STYLES
 
     parser.add_argument("--uris", choices=URI_STYLES, default="relative",
                         help="fragment URIs relative to the aggregation file (default) or absolute, for tools that "
@@ -415,6 +415,8 @@ def _as_json(obj: Any, **extra: Any) -> str:
 
 
 def _json_default(value: Any) -> Any:
+    import numpy as np
+
     if isinstance(value, np.dtype):
         return value.str if value.names else str(value)
     if isinstance(value, np.generic):

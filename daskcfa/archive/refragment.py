@@ -42,7 +42,7 @@ from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from .aggregate import prepare_target
 
-__all__ = ["refragment", "plan_refragment", "RefragmentPlan"]
+__all__ = ["refragment", "split", "plan_refragment", "RefragmentPlan"]
 
 #: CF attributes naming variables that describe others (they are copied, never re-fragmented).
 _REFERENCING = ("coordinates", "bounds", "climatology", "ancillary_variables", "cell_measures", "grid_mapping")
@@ -178,6 +178,10 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     if staged:
         result = delayed(remove_staging, pure=True)(result, staged, profile)
     return result.compute() if compute else result
+
+
+#: The command line's name for :func:`refragment` (``daskcfa split``), as an alias.
+split = refragment
 
 
 # --------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from typing import Any, Iterable, Sequence
 import netCDF4
 import numpy as np
 
+from ..choices import WRITE_FORMATS
 from ..errors import CFAFormatError
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
@@ -64,7 +65,6 @@ from ._netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 __all__ = ["WRITE_FORMATS", "FILE_FORMATS", "write_aggregation", "encode_aggregation", "fragment_conventions",
            "absolute_reference"]
 
-WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")
 
 #: Conventions each dialect declares, as its reference writer does. CFA-0.5
