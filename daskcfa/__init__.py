@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import (
     AggregationError,
+    ArgumentError,
     BudgetError,
     CFAError,
     CFAFormatError,
     CFAWarning,
+    ConfigError,
     FragmentError,
     FragmentReadError,
     FragmentShapeError,
@@ -30,6 +32,9 @@ from .errors import (
     VariableNotFoundError,
     WriteConflictError,
 )
+from . import config as _config
+
+_config.register()  # (dask.config.get("daskcfa") shows the defaults, as dask's sub-projects do)
 
 # name -> the module (relative to this package) that defines it
 _LAZY = {
@@ -90,6 +95,8 @@ __all__ = [
     "relocate",
     "describe",
     "AggregationError",
+    "ArgumentError",
+    "ConfigError",
     "WriteConflictError",
     "BudgetError",
     "CFAError",

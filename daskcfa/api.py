@@ -9,7 +9,7 @@ import dask.array as da
 from dask.delayed import Delayed
 import netCDF4
 
-from . import storage
+from . import config, storage
 from .dataset import Dataset
 from .errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
@@ -259,6 +259,7 @@ def to_cfa(
     :class:`CFAError` naming the fragment; errors raised while computing the
     input data are the input's own.
     """
+    config.check()
     if mode not in _write.MODES:
         raise ValueError(f"mode must be one of {', '.join(_write.MODES)}, got {mode!r}")
     url = storage.normalise(url)

@@ -26,6 +26,8 @@ __all__ = [
     "BudgetError",
     "AggregationError",
     "WriteConflictError",
+    "ConfigError",
+    "ArgumentError",
     "CFAWarning",
     "redact",
 ]
@@ -148,6 +150,14 @@ class AggregationError(CFAError, ValueError):
 
 class WriteConflictError(CFAError, RuntimeError):
     """Another writer holds (or took over) the target's lease, or changed the target meanwhile."""
+
+
+class ConfigError(CFAError, ValueError):
+    """A dask config value under ``daskcfa.`` is not valid (checked when an operation starts)."""
+
+
+class ArgumentError(CFAError, ValueError):
+    """An argument names what the data does not have (a dimension, a variable, a group) or is malformed."""
 
 
 class CFAWarning(UserWarning):

@@ -55,7 +55,7 @@ def test_wheel_metadata(built):
     with zipfile.ZipFile(built["wheel"]) as whl:
         names = set(whl.namelist())
         metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert {"daskcfa/py.typed", "daskcfa/daskcfa.yaml"} <= names
+    assert {"daskcfa/py.typed", "daskcfa/daskcfa.yaml", "daskcfa/daskcfa-schema.yaml"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     fields = [line.split(": ", 1) for line in metadata.splitlines() if ": " in line]
     assert ["License-Expression", "BSD-3-Clause"] in fields

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .. import storage
+from .. import config, storage
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..graph.write import put_aggregation
@@ -103,6 +103,7 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
 def prepare_target(target: str, storage_options: Mapping[str, Any] | None, mode: str
                    ) -> tuple[str, storage.ProfileRef]:
     """The normalised target URL and its storage profile; ``mode`` checked, an existing target refused for "w-"."""
+    config.check()
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
     url = storage.normalise(target)

@@ -29,7 +29,7 @@ import numpy as np
 from dask.delayed import Delayed, delayed
 from dask.utils import format_bytes, parse_bytes
 
-from .. import storage
+from .. import config, storage
 from ..dataset import Dataset
 from ..errors import CFAError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
@@ -193,6 +193,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
              max_mem: int | str, storage_options: Mapping[str, Any] | None
              ) -> tuple[RefragmentPlan, AggregationDataset, list[_Variable]]:
     """The model to write, the variables to re-fragment, each planned."""
+    config.check()
     budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
     strategy = dask.config.get("daskcfa.refragment.strategy", "auto")
     if strategy not in STRATEGIES:

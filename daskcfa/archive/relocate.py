@@ -48,7 +48,7 @@ from urllib.parse import quote
 import dask.config
 import numpy as np
 
-from .. import storage
+from .. import config, storage
 from ..dataset import Dataset
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
@@ -92,6 +92,7 @@ def relocate(
     absolute (for readers that resolve relative ones against their working
     directory); ``mapping`` may then be empty, to convert an archive in place.
     """
+    config.check()
     if mode not in ("w-", "w"):
         raise ValueError(f"mode must be 'w-' or 'w', got {mode!r}")
     absolute = check_uri_style(uris) == "absolute"
