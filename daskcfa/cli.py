@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -46,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`daskcfa info ... | head`): stop quietly
+        _silence_stdout()
+        return 141  # (128 + SIGPIPE, as a command the signal ended)
     except Exception as exc:  # every failure ends as one line (or a traceback with --debug)
         if args.debug:
             traceback.print_exc()
@@ -168,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--plot", metavar="OUT.png", help="draw the fragment layout of a variable (needs matplotlib)")
     info.add_argument("--variable", metavar="NAME", help="the variable to plot (default: the only one)")
     info.add_argument("--dims", metavar="DIM,DIM", type=_names,
-                      help="the two dimensions to plot (required for data of more than 2 dimensions)")
+                      help="the two dimensions to plot (default: the two cut into the most fragments)")
 
     split = command("split", _split, "re-fragment files or an aggregation into a new aggregation",
                     "Re-fragment one or many netCDF files (or a glob), or an aggregation, into a new CFA "
@@ -358,24 +362,32 @@ def _progress(args: argparse.Namespace) -> Iterator[None]:
     submitted through a scheduler function that shows
     :func:`distributed.progress` before gathering the results. Unless asked
     for with ``--progress``, bars appear only on a terminal and only for
-    computations lasting over a second.
+    computations lasting over a second. Where stderr is not a terminal (a
+    batch job's log), a line every few percent replaces the bar
+    (:mod:`daskcfa.progress`).
     """
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    terminal = sys.stderr.isatty()
+    show = args.progress if args.progress is not None else terminal
     if not show:
         yield
         return
     delay = 0.0 if args.progress else 1.0
     import dask
-    from distributed import default_client
 
-    try:
-        client = default_client()
-    except ValueError:
-        client = None
+    client = None
+    if "distributed" in sys.modules:  # (otherwise no client can exist: distributed stays unimported)
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:
+            pass
     if client is None:
         from dask.diagnostics import ProgressBar
 
-        with ProgressBar(minimum=delay, out=sys.stderr):
+        from .progress import LineProgress
+
+        with ProgressBar(minimum=delay, out=sys.stderr) if terminal else LineProgress(sys.stderr, minimum=delay):
             yield
         return
 
@@ -388,9 +400,14 @@ def _progress(args: argparse.Namespace) -> Iterator[None]:
         try:
             wait(pending, timeout=delay or 0.001)  # quick computations go without a bar
         except TimeoutError:
-            with contextlib.redirect_stdout(sys.stderr):  # (distributed's bar writes to stdout)
-                progress(pending)
-            print(file=sys.stderr)
+            if not terminal:
+                from .progress import cluster_line_progress
+
+                cluster_line_progress(pending, sys.stderr)
+            else:
+                with contextlib.redirect_stdout(sys.stderr):  # (distributed's bar writes to stdout)
+                    progress(pending)
+                print(file=sys.stderr)
         return client.gather(futures)
 
     with dask.config.set(scheduler=get):
@@ -424,14 +441,42 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def _one_line(exc: BaseException) -> str:
-    """The error as one line: its message, prefixed by its type where the message alone is cryptic."""
+    """The error as one line: its message, prefixed by its type where the message alone is cryptic,
+    with the API's argument names replaced by the command line's options."""
     from .errors import CFAError
 
     text = str(exc) or type(exc).__name__
     if not isinstance(exc, (CFAError, OSError, ValueError, ImportError)):
         text = f"{type(exc).__name__}: {text}"
+    for api, option in _CLI_WORDING:
+        text = api.sub(option, text)
     return _flat(text)
+
+
+#: What the API's messages say -> what the command line's user types instead.
+_CLI_WORDING = [(re.compile(pattern), option) for pattern, option in (
+    (r"(?:use |relocate with )mode='w' to overwrite it(?: or mode='r\+' to update it)?",
+     "use --overwrite to overwrite it"),
+    (r"\bfragment_shape\b", "--fragment-shape"),
+    (r"\bmax_fragment_size\b", "--max-fragment-size"),
+    (r"\bmax_mem=", "--max-mem "),
+    (r"\bconcat_dims=?", "--concat-dims"),
+    (r"\bvariables=", "--variables "),
+    (r"\bdims=", "--dims "),
+    (r"\bdims names\b", "--dims names"),
+    (r"allowed_locations=\[\.\.\.\] or dask config", "dask config"),
+    (r"\bstorage_options\b", "--storage-options"),
+)]
 
 
 def _flat(text: str) -> str:

@@ -101,10 +101,12 @@ class CFAFormatError(CFAError, ValueError):
     """The aggregation file breaks its dialect's rules (bad map, unknown dimension...)."""
 
 
-class VariableNotFoundError(CFAError, LookupError):
-    """A requested variable does not exist (or is ambiguous) in an aggregation file."""
+class VariableNotFoundError(CFAError, KeyError):
+    """A requested variable or group does not exist (or is ambiguous) in an aggregation file.
 
-    def __str__(self) -> str:  # LookupError would otherwise quote the message
+    A :class:`KeyError` (and so a :class:`LookupError`), as ``dataset[name]`` raises."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
         return self.args[0]
 
 

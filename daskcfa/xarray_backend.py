@@ -24,6 +24,7 @@ from xarray.core import indexing
 from .api import open_cfa
 from .dataset import Dataset, FileVariableArray, Group, Variable
 from .decode import default_fill_value
+from .errors import VariableNotFoundError
 from .graph.read import AggregatedArray
 
 __all__ = ["DaskCFABackendEntrypoint", "open_dataset", "open_datatree"]
@@ -66,7 +67,7 @@ def _group(ds: Dataset, group: str | None) -> Group:
         return ds
     node = ds[group]
     if not isinstance(node, Group):
-        raise KeyError(f"{group!r} is a variable, not a group, in {ds.url}")
+        raise VariableNotFoundError(f"group {group!r} is a variable, not a group", file=ds.url)
     return node
 
 

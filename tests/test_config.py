@@ -125,7 +125,8 @@ def test_unknown_key_warns_with_the_nearest_valid_one(archive):
     (warning,) = [w for w in record if "enigne" in str(w.message)]
     assert "did you mean 'daskcfa.io.engine'" in str(warning.message)
     assert warning.filename == __file__  # (points at the user's call)
-    with dask.config.set({"daskcfa.io.zzz": 1}), pytest.warns(daskcfa.CFAWarning, match="valid keys: daskcfa.io.engine"):
+    with dask.config.set({"daskcfa.io.zzz": 1}), \
+            pytest.warns(daskcfa.CFAWarning, match="valid keys: daskcfa.io.engine"):
         daskcfa.open_cfa(archive)
 
 

@@ -30,6 +30,7 @@ from dask.delayed import Delayed, delayed
 from dask.utils import format_bytes, parse_bytes
 
 from .. import config, storage
+from ..arguments import check_fragment_shape
 from ..dataset import Dataset
 from ..errors import CFAError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
@@ -201,6 +202,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
                          f"got {strategy!r}")
     model, found, description = _open_source(source, variables, storage_options)
     chosen = _select(found, variables, description)
+    check_fragment_shape(fragment_shape, [d for v in chosen for d in v.source.dims], file=description)
     for var in chosen:
         target = fragment_grid(var.source, model, fragment_shape, max_fragment_size)
         dtype = AggregatedArray(var.aggregation, access=var.access, strings=False).dtype

@@ -36,6 +36,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
+from ..arguments import check_fragment_shape
 from ..decode import Encoding, default_fill_value
 from ..errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError, WriteConflictError, redact
 from ..formats import aggregated_variables
@@ -367,6 +368,7 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
         raise ValueError("nothing to aggregate: no variable with dimensions and a numeric dtype")
     if keep_previous < 0:
         raise ValueError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
+    check_fragment_shape(fragment_shape, [d for s in request.sources for d in s.dims], file=url)
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
                        _compression(compression, fragment_format), fragment_name, mode, profile, semaphore,
                        check_uri_style(uris))

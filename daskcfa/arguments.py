@@ -1,0 +1,41 @@
+"""Checks of arguments that name things in the data: dimensions, variables, groups.
+
+A misspelt name must not be ignored (``fragment_shape={"tim": 100}`` once
+wrote a single 722 MiB fragment): every such argument is checked against the
+names the data has, and the error names the valid ones and the nearest
+(:mod:`difflib`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable, Mapping
+
+from .errors import ArgumentError
+
+__all__ = ["nearest", "check_names", "check_fragment_shape"]
+
+
+def nearest(name: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the valid name closest to ``name``, or ``""``."""
+    close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_names(argument: str, given: Iterable[str], valid: Iterable[str], what: str = "dimension", *,
+                file: str | None = None) -> None:
+    """Raise :class:`~daskcfa.errors.ArgumentError` if ``given`` holds names not in ``valid``."""
+    valid = list(dict.fromkeys(valid))
+    unknown = [n for n in given if n not in valid]
+    if not unknown:
+        return
+    listed = ", ".join(map(str, valid)) or "none"
+    names = ", ".join(f"{n!r}{nearest(n, valid)}" for n in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    raise ArgumentError(f"{argument} names unknown {what}{plural} {names}; {what}s: {listed}", file=file)
+
+
+def check_fragment_shape(fragment_shape: Any, dims: Iterable[str], *, file: str | None = None) -> None:
+    """A ``fragment_shape`` mapping may only name dimensions of the variables written."""
+    if isinstance(fragment_shape, Mapping):
+        check_names("fragment_shape", fragment_shape, dims, file=file)
