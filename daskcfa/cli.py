@@ -195,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--fragment-format", default="NETCDF4", choices=FRAGMENT_FORMATS,
                        help="netCDF format of the new fragments (default: %(default)s)")
     split.add_argument("--compression", type=_compression, metavar="zlib|JSON",
-                       help='compression of the new fragments: a name (zlib) or JSON createVariable keywords '
-                            '({"zlib": true, "complevel": 1})')
+                       help='compression of the new fragments (default: as the source\'s): none, a name (zlib) or '
+                            'JSON createVariable keywords ({"zlib": true, "complevel": 1})')
     _uris_option(split)
     _mode_option(split)
 
@@ -298,7 +298,7 @@ def _compression(text: str) -> Any:
             return json.loads(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    return None if text.lower() == "none" else text
+    return "none" if text.lower() == "none" else text
 
 
 def _mapping(text: str) -> tuple[str, str]:

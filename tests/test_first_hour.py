@@ -172,3 +172,61 @@ def test_global_and_variable_attributes_as_python_attributes(tmp_path):
     import pickle
 
     assert pickle.loads(pickle.dumps(ds["tas"].attrs)) == ds["tas"].attrs
+
+
+# ---------------------------------------------------------------------------
+# 5. refragment keeps the source's compression; the plan says what it writes
+# ---------------------------------------------------------------------------
+
+
+def _fragment_filters(url: str) -> list[dict]:
+    ds = daskcfa.open_cfa(url)
+    uris = ds["tas"].aggregation.fragments.locations()
+    out = []
+    for uri in uris:
+        with netCDF4.Dataset(daskcfa.storage.to_local_path(daskcfa.storage.resolve(uri, url))) as nc:
+            out.append(nc["tas"].filters())
+    return out
+
+
+def smooth(shape=(8, 128, 128)) -> da.Array:
+    """Data zlib shrinks well, in fragments large enough (64 KiB) for the file's own overhead not to matter."""
+    t, y, x = np.meshgrid(*(np.arange(n, dtype="f4") for n in shape), indexing="ij")
+    return da.from_array(np.round(280 + 10 * np.sin(y / 7) + np.cos(x / 5) + 0.1 * t, 1), chunks=(1, 128, 128))
+
+
+def test_refragment_keeps_compression_by_default(tmp_path):
+    x = smooth()
+    source = daskcfa.to_cfa(x, str(tmp_path / "s.nc"), variable="tas", dims=DIMS, fragment_shape=(1, 128, 128),
+                            compression={"zlib": True, "complevel": 3, "shuffle": False})
+    target = daskcfa.refragment(source, str(tmp_path / "r.nc"), fragment_shape={"time": 4, "lat": 64})
+    filters = _fragment_filters(target)
+    assert len(filters) == 4
+    assert all(f["zlib"] and f["complevel"] == 3 and not f["shuffle"] for f in filters)
+    np.testing.assert_array_equal(daskcfa.from_cfa(target).compute(), x.compute())
+    plain = daskcfa.refragment(source, str(tmp_path / "p.nc"), fragment_shape={"time": 4}, compression="none")
+    assert not any(f["zlib"] for f in _fragment_filters(plain))
+    zstd_or_zlib = daskcfa.refragment(source, str(tmp_path / "z.nc"), fragment_shape={"time": 4},
+                                      compression={"zlib": True, "complevel": 1})
+    assert all(f["zlib"] and f["complevel"] == 1 and f["shuffle"] for f in _fragment_filters(zstd_or_zlib))
+
+
+def test_plan_shows_compression_and_estimated_size(tmp_path):
+    x = smooth()
+    source = daskcfa.to_cfa(x, str(tmp_path / "s.nc"), variable="tas", dims=DIMS, fragment_shape=(1, 128, 128),
+                            compression="zlib")
+    plan = daskcfa.plan_refragment(source, fragment_shape={"time": 4})
+    (output,) = plan.outputs.values()
+    assert output.origin == "source" and output.compression["compression"] == "zlib"
+    assert output.raw_bytes == x.nbytes and output.fragments == 2
+    assert output.nbytes < x.nbytes  # (smooth data: zlib shrinks it)
+    text = str(plan)
+    assert "(as the source)" in text and "estimated output size: " in text and "in memory)" in text
+    target = daskcfa.refragment(source, str(tmp_path / "r.nc"), fragment_shape={"time": 4})
+    written = sum(p.stat().st_size for p in (tmp_path / "r").rglob("*.nc"))
+    assert 0.5 * written < plan.output_bytes < 2 * written
+    assert target
+    none = daskcfa.plan_refragment(source, fragment_shape={"time": 4}, compression="none")
+    assert none.output_bytes == x.nbytes and "uncompressed" in str(none)
+    proc = run("split", source, tmp_path / "c.nc", "--fragment-shape", "time=4", "--plan-only")
+    assert proc.returncode == 0 and "estimated output size: " in proc.stdout and "as the source" in proc.stdout

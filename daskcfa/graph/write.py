@@ -111,6 +111,8 @@ class WriteSource:
     #: r+: the variable as the existing aggregation file describes it
     existing: AggregatedVariable | None = None
     region: dict[str, slice] = field(default_factory=dict)
+    #: this variable's ``createVariable`` compression keywords (None: the write's ``compression``)
+    compression: dict[str, Any] | None = None
 
     @property
     def group(self) -> str:
@@ -453,7 +455,9 @@ def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, opt
     global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
     spec = FragmentSpec(
         variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
-        global_attrs=global_attrs, file_format=options.fragment_format, compression=options.compression,
+        global_attrs=global_attrs, file_format=options.fragment_format,
+        compression=options.compression if source.compression is None else
+        _compression(source.compression, options.fragment_format),
         aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
         group=source.group if options.format in _S3NETCDF4_FORMATS else "/",
     )
