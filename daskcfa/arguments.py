@@ -13,7 +13,16 @@ from typing import Any, Iterable, Mapping
 
 from .errors import ArgumentError
 
-__all__ = ["nearest", "check_names", "check_fragment_shape"]
+__all__ = ["nearest", "check_names", "check_fragment_shape", "check_storage_options"]
+
+#: Options users give s3fs under other libraries' names (boto3, the AWS CLI, other tools) -> s3fs's spelling.
+S3FS_SPELLINGS = {
+    "anonymous": "anon", "anonymous_access": "anon", "no_sign_request": "anon",
+    "access_key": "key", "access_key_id": "key", "aws_access_key_id": "key",
+    "secret_key": "secret", "secret_access_key": "secret", "aws_secret_access_key": "secret",
+    "session_token": "token", "aws_session_token": "token",
+    "region": "client_kwargs={'region_name': ...}", "region_name": "client_kwargs={'region_name': ...}",
+}
 
 
 def nearest(name: str, valid: Iterable[str]) -> str:
@@ -39,3 +48,20 @@ def check_fragment_shape(fragment_shape: Any, dims: Iterable[str], *, file: str 
     """A ``fragment_shape`` mapping may only name dimensions of the variables written."""
     if isinstance(fragment_shape, Mapping):
         check_names("fragment_shape", fragment_shape, dims, file=file)
+
+
+def check_storage_options(options_by_protocol: Mapping[str, Any]) -> None:
+    """Storage options s3fs would only refuse at the first request, with a bare ``TypeError``, refused now.
+
+    ``options_by_protocol`` is keyed by protocol (``{"s3": {...}}``), as the
+    storage profiles hold them. The message names s3fs's spelling
+    (``anonymous`` -> ``anon``) and never quotes a value (it may be a secret).
+    """
+    for protocol in ("s3", "s3a"):
+        options = options_by_protocol.get(protocol)
+        if not isinstance(options, Mapping):
+            continue
+        wrong = [k for k in options if k in S3FS_SPELLINGS]
+        if wrong:
+            fixes = "; ".join(f"{k!r} -> {S3FS_SPELLINGS[k]}" for k in wrong)
+            raise ArgumentError(f"storage_options for {protocol}:// use s3fs's names: {fixes}")

@@ -120,7 +120,10 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         return DataTree.from_dict(self.open_groups_as_dict(filename_or_obj, **kwargs))
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
-        return False  # aggregation files are ordinary netCDF files: ask for engine="daskcfa"
+        # Aggregation files are ordinary netCDF files, and xarray (2026.9) asks its netCDF engines first
+        # (``netcdf_engine_order``): netcdf4 claims every local netCDF/HDF5 file and every remote URL, so no
+        # answer here would be consulted for them. Ask for engine="daskcfa".
+        return False
 
 
 def _relative(path: str, top: str) -> str:

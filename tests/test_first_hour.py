@@ -230,3 +230,40 @@ def test_plan_shows_compression_and_estimated_size(tmp_path):
     assert none.output_bytes == x.nbytes and "uncompressed" in str(none)
     proc = run("split", source, tmp_path / "c.nc", "--fragment-shape", "time=4", "--plan-only")
     assert proc.returncode == 0 and "estimated output size: " in proc.stdout and "as the source" in proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# 12, 13. Names without suffix; examples' --help; storage option spellings
+# ---------------------------------------------------------------------------
+
+
+def test_aggregation_file_without_suffix_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x = da.zeros((4, 6), chunks=(2, 6))
+    with pytest.raises(daskcfa.ArgumentError, match="give it a suffix, such as 'myarchive.nc'"):
+        daskcfa.to_cfa(x, "myarchive", variable="v", dims=("y", "x"))
+    source = write(tmp_path / "s.nc")
+    with pytest.raises(daskcfa.ArgumentError, match="'tiles/'"):
+        daskcfa.refragment(source, str(tmp_path / "tiles"), fragment_shape={"time": 4})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s", "s.nc"]  # (nothing of "myarchive", "tiles")
+    daskcfa.to_cfa(x, "myarchive.nc", variable="v", dims=("y", "x"))  # (as the message says)
+    np.testing.assert_array_equal(daskcfa.from_cfa("myarchive.nc").compute(), np.zeros((4, 6)))
+
+
+def test_sample_example_help_writes_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "sample.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "usage:" in proc.stdout and "URL" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_other_libraries_spellings_of_s3_options_are_named(tmp_path):
+    """``anonymous=True`` (s3fs says ``anon``) is refused before any request (no server needed), naming s3fs's."""
+    with pytest.raises(daskcfa.ArgumentError, match="'anonymous' -> anon"):
+        daskcfa.from_cfa("s3://bucket/x.nc", storage_options={"anonymous": True})
+    with pytest.raises(daskcfa.ArgumentError, match="'aws_secret_access_key' -> secret") as info:
+        daskcfa.to_cfa(da.zeros(4, chunks=2), "s3://bucket/x.nc", variable="v", dims=("x",),
+                       storage_options={"s3": {"key": "k", "aws_secret_access_key": "very-secret"}})
+    assert "very-secret" not in str(info.value)
+    proc = run("info", "s3://bucket/x.nc", "--storage-options", '{"anonymous": true}')
+    assert proc.returncode == 1 and "--storage-options for s3:// use s3fs's names: 'anonymous' -> anon" in proc.stderr

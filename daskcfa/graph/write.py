@@ -38,7 +38,7 @@ from dask.highlevelgraph import HighLevelGraph
 from .. import storage
 from ..arguments import check_fragment_shape
 from ..decode import Encoding, default_fill_value
-from ..errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError, WriteConflictError, redact
+from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError, WriteConflictError, redact
 from ..formats import aggregated_variables
 from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..fragments.write import (
@@ -376,6 +376,7 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
                        check_uri_style(uris))
     _check_template(fragment_name, len(request.sources))
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
+    _check_apart(url, stem)
     _settle_unlimited(request.model)
 
     planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
@@ -701,6 +702,15 @@ def _check_template(template: str, nvariables: int) -> None:
     if "{index}" not in template or (nvariables > 1 and "{var}" not in template):
         raise ValueError(f"fragment_name {template!r} must contain {{index}} (and {{var}} for several variables), "
                          "so that every fragment gets its own name")
+
+
+def _check_apart(url: str, stem: str) -> None:
+    """Refuse, before anything is written, an aggregation file named as its fragments' directory
+    (``to_cfa(x, "myarchive")``: fragments and write markers would go to ``myarchive/``, where the file must go)."""
+    name = posixpath.basename(url.rstrip("/"))
+    if name == stem:
+        raise ArgumentError(f"the aggregation file {name!r} would share its name with its fragments' directory "
+                            f"{name + '/'!r}; give it a suffix, such as {name + '.nc'!r}", file=url)
 
 
 def _compression(compression: Any, fragment_format: str) -> dict[str, Any]:

@@ -44,6 +44,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import dask.config
 
+from ..arguments import check_storage_options
+
 from ..errors import CFAWarning, StorageError, redact
 from . import redaction
 from .uri import scheme_of
@@ -81,6 +83,7 @@ def register(storage_options: Mapping[str, Any] | None, *, protocol: str) -> Pro
     if not set(options) <= _PROTOCOL_KEYS or not options:
         options = {_flat_protocol(protocol): options} if options else {}
     options.update(origins)
+    check_storage_options(options)
     name = "p-" + hmac.new(_SALT, _canonical(options), hashlib.sha256).hexdigest()[:20]
     redaction.remember(options)
     with _LOCK:
