@@ -62,6 +62,12 @@ if TYPE_CHECKING:  # (for type checkers and IDEs: the names as if imported eager
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        if not name.startswith("__"):  # subpackages (daskcfa.storage...), as when they were imported eagerly
+            try:
+                return importlib.import_module(f".{name}", __name__)
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
         raise AttributeError(f"module 'daskcfa' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # (later look-ups do not come here)

@@ -78,6 +78,9 @@ def test_lazy_names_are_the_real_ones():
         assert "no_such_name" in str(exc)
     else:
         raise AssertionError("no AttributeError")
+    # subpackages load on first use, as attributes, as when daskcfa imported them eagerly
+    assert run("import daskcfa\nprint(daskcfa.storage.uri.__name__, daskcfa.graph.__name__)")[1] == [
+        "daskcfa.storage.uri daskcfa.graph"]
 
 
 def test_version_is_the_package_metadata():
