@@ -9,7 +9,7 @@ import dask.array as da
 from dask.delayed import Delayed
 import netCDF4
 
-from . import storage
+from . import config, storage
 from .dataset import Dataset
 from .errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
@@ -257,6 +257,7 @@ def to_cfa(
     :class:`CFAError` naming the fragment; errors raised while computing the
     input data are the input's own.
     """
+    config.check()
     check_mode(mode)
     url = storage.normalise(url)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))

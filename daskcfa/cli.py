@@ -20,12 +20,11 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 import traceback
 import warnings
 from typing import Any, Callable, Iterator, Sequence
-
-import numpy as np
 
 __all__ = ["main", "build_parser"]
 
@@ -48,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`daskcfa info ... | head`): stop quietly
+        _silence_stdout()
+        return 141  # (128 + SIGPIPE, as a command the signal ended)
     except Exception as exc:  # every failure ends as one line (or a traceback with --debug)
         if args.debug:
             traceback.print_exc()
@@ -129,9 +131,8 @@ def _relocate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .formats.encode import WRITE_FORMATS
-    from .fragments.write import FRAGMENT_FORMATS
+    from .version import __version__
+    from .choices import FRAGMENT_FORMATS, WRITE_FORMATS
 
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("common options")
@@ -152,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
-    def command(name: str, run: Callable[[argparse.Namespace], int], help: str, description: str):
-        sub = commands.add_parser(name, parents=[common], help=help, description=description)
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str, description: str,
+                aliases: Sequence[str] = ()):
+        sub = commands.add_parser(name, parents=[common], help=help, description=description, aliases=aliases)
         sub.set_defaults(command=name, run=run)
         return sub
 
@@ -170,11 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--plot", metavar="OUT.png", help="draw the fragment layout of a variable (needs matplotlib)")
     info.add_argument("--variable", metavar="NAME", help="the variable to plot (default: the only one)")
     info.add_argument("--dims", metavar="DIM,DIM", type=_names,
-                      help="the two dimensions to plot (required for data of more than 2 dimensions)")
+                      help="the two dimensions to plot (default: the two cut into the most fragments)")
 
     split = command("split", _split, "re-fragment files or an aggregation into a new aggregation",
                     "Re-fragment one or many netCDF files (or a glob), or an aggregation, into a new CFA "
-                    "dataset with a new fragment layout, in parallel, keeping every task under --max-mem.")
+                    "dataset with a new fragment layout, in parallel, keeping every task under --max-mem. "
+                    f"'{PROG} refragment' is the same command, named as the API's daskcfa.refragment.",
+                    aliases=["refragment"])
     split.add_argument("sources", metavar="SOURCE", nargs="+",
                        help="an aggregation file, netCDF files or a glob (quote it)")
     split.add_argument("target", metavar="TARGET", help="the new aggregation file")
@@ -191,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--fragment-format", default="NETCDF4", choices=FRAGMENT_FORMATS,
                        help="netCDF format of the new fragments (default: %(default)s)")
     split.add_argument("--compression", type=_compression, metavar="zlib|JSON",
-                       help='compression of the new fragments: a name (zlib) or JSON createVariable keywords '
-                            '({"zlib": true, "complevel": 1})')
+                       help='compression of the new fragments (default: as the source\'s): none, a name (zlib) or '
+                            'JSON createVariable keywords ({"zlib": true, "complevel": 1})')
     _uris_option(split)
     _mode_option(split)
 
@@ -252,7 +256,7 @@ def _format_option(parser: argparse.ArgumentParser, formats: str) -> None:
 
 
 def _uris_option(parser: argparse.ArgumentParser) -> None:
-    from .storage.uri import URI_STYLES
+    from .choices import URI_STYLES
 
     parser.add_argument("--uris", choices=URI_STYLES, default="relative",
                         help="fragment URIs relative to the aggregation file (default) or absolute, for tools that "
@@ -294,7 +298,7 @@ def _compression(text: str) -> Any:
             return json.loads(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    return None if text.lower() == "none" else text
+    return "none" if text.lower() == "none" else text
 
 
 def _mapping(text: str) -> tuple[str, str]:
@@ -358,24 +362,32 @@ def _progress(args: argparse.Namespace) -> Iterator[None]:
     submitted through a scheduler function that shows
     :func:`distributed.progress` before gathering the results. Unless asked
     for with ``--progress``, bars appear only on a terminal and only for
-    computations lasting over a second.
+    computations lasting over a second. Where stderr is not a terminal (a
+    batch job's log), a line every few percent replaces the bar
+    (:mod:`daskcfa.progress`).
     """
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    terminal = sys.stderr.isatty()
+    show = args.progress if args.progress is not None else terminal
     if not show:
         yield
         return
     delay = 0.0 if args.progress else 1.0
     import dask
-    from distributed import default_client
 
-    try:
-        client = default_client()
-    except ValueError:
-        client = None
+    client = None
+    if "distributed" in sys.modules:  # (otherwise no client can exist: distributed stays unimported)
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:
+            pass
     if client is None:
         from dask.diagnostics import ProgressBar
 
-        with ProgressBar(minimum=delay, out=sys.stderr):
+        from .progress import LineProgress
+
+        with ProgressBar(minimum=delay, out=sys.stderr) if terminal else LineProgress(sys.stderr, minimum=delay):
             yield
         return
 
@@ -388,9 +400,14 @@ def _progress(args: argparse.Namespace) -> Iterator[None]:
         try:
             wait(pending, timeout=delay or 0.001)  # quick computations go without a bar
         except TimeoutError:
-            with contextlib.redirect_stdout(sys.stderr):  # (distributed's bar writes to stdout)
-                progress(pending)
-            print(file=sys.stderr)
+            if not terminal:
+                from .progress import cluster_line_progress
+
+                cluster_line_progress(pending, sys.stderr)
+            else:
+                with contextlib.redirect_stdout(sys.stderr):  # (distributed's bar writes to stdout)
+                    progress(pending)
+                print(file=sys.stderr)
         return client.gather(futures)
 
     with dask.config.set(scheduler=get):
@@ -415,6 +432,8 @@ def _as_json(obj: Any, **extra: Any) -> str:
 
 
 def _json_default(value: Any) -> Any:
+    import numpy as np
+
     if isinstance(value, np.dtype):
         return value.str if value.names else str(value)
     if isinstance(value, np.generic):
@@ -422,14 +441,42 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def _one_line(exc: BaseException) -> str:
-    """The error as one line: its message, prefixed by its type where the message alone is cryptic."""
+    """The error as one line: its message, prefixed by its type where the message alone is cryptic,
+    with the API's argument names replaced by the command line's options."""
     from .errors import CFAError
 
     text = str(exc) or type(exc).__name__
     if not isinstance(exc, (CFAError, OSError, ValueError, ImportError)):
         text = f"{type(exc).__name__}: {text}"
+    for api, option in _CLI_WORDING:
+        text = api.sub(option, text)
     return _flat(text)
+
+
+#: What the API's messages say -> what the command line's user types instead.
+_CLI_WORDING = [(re.compile(pattern), option) for pattern, option in (
+    (r"(?:use |relocate with )mode='w' to overwrite it(?: or mode='r\+' to update it)?",
+     "use --overwrite to overwrite it"),
+    (r"\bfragment_shape\b", "--fragment-shape"),
+    (r"\bmax_fragment_size\b", "--max-fragment-size"),
+    (r"\bmax_mem=", "--max-mem "),
+    (r"\bconcat_dims=?", "--concat-dims"),
+    (r"\bvariables=", "--variables "),
+    (r"\bdims=", "--dims "),
+    (r"\bdims names\b", "--dims names"),
+    (r"allowed_locations=\[\.\.\.\] or dask config", "dask config"),
+    (r"\bstorage_options\b", "--storage-options"),
+)]
 
 
 def _flat(text: str) -> str:

@@ -17,7 +17,8 @@ import numpy as np
 
 from . import storage
 from .decode import joined_dtype, text_encoding
-from .errors import CFAError, CFAFormatError
+from .arguments import nearest
+from .errors import CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
 from .graph.read import to_dask
@@ -77,6 +78,18 @@ class _AttributeAccessors:
             return self.attrs[name]
         except KeyError:
             raise AttributeError(f"{self.path!r} has no attribute {name!r}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        """netCDF attributes as Python attributes (``ds.author``, ``var.units``), as netCDF4-python.
+
+        Names the object itself defines (``name``, ``dims``, ``shape``...)
+        come first; ``attrs`` / :meth:`getncattr` reach every attribute.
+        """
+        attrs = self.__dict__.get("attrs")  # (absent while unpickling)
+        if attrs is None or name.startswith("__") or name not in attrs:
+            raise AttributeError(f"{type(self).__name__} {self.__dict__.get('path', '')!r} has no attribute "
+                                 f"{name!r}{nearest(name, attrs or ())}")
+        return attrs[name]
 
 
 class Variable(_AttributeAccessors):
@@ -201,8 +214,19 @@ class Group(_AttributeAccessors):
             if i == len(parts) - 1 and part in node.variables:
                 return node.variables[part]
             if part not in node.groups:
-                raise KeyError(path)
+                names = [*node.variables, *node.groups] if i == len(parts) - 1 else list(node.groups)
+                what = "variable or group" if i == len(parts) - 1 else "group"
+                raise VariableNotFoundError(
+                    f"{path!r} does not exist: group {node.path!r} has no {what} {part!r}{nearest(part, names)}; "
+                    f"its {what.replace('variable or group', 'variables and group')}s: {', '.join(names) or 'none'}",
+                    file=self._root().url or None)
             node = node.groups[part]
+        return node
+
+    def _root(self) -> Any:
+        node: Any = self
+        while node.parent is not None:
+            node = node.parent
         return node
 
     def __contains__(self, path: str) -> bool:

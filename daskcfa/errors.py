@@ -26,6 +26,8 @@ __all__ = [
     "BudgetError",
     "AggregationError",
     "WriteConflictError",
+    "ConfigError",
+    "ArgumentError",
     "CFAWarning",
     "redact",
 ]
@@ -99,10 +101,12 @@ class CFAFormatError(CFAError, ValueError):
     """The aggregation file breaks its dialect's rules (bad map, unknown dimension...)."""
 
 
-class VariableNotFoundError(CFAError, LookupError):
-    """A requested variable does not exist (or is ambiguous) in an aggregation file."""
+class VariableNotFoundError(CFAError, KeyError):
+    """A requested variable or group does not exist (or is ambiguous) in an aggregation file.
 
-    def __str__(self) -> str:  # LookupError would otherwise quote the message
+    A :class:`KeyError` (and so a :class:`LookupError`), as ``dataset[name]`` raises."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
         return self.args[0]
 
 
@@ -148,6 +152,14 @@ class AggregationError(CFAError, ValueError):
 
 class WriteConflictError(CFAError, RuntimeError):
     """Another writer holds (or took over) the target's lease, or changed the target meanwhile."""
+
+
+class ConfigError(CFAError, ValueError):
+    """A dask config value under ``daskcfa.`` is not valid (checked when an operation starts)."""
+
+
+class ArgumentError(CFAError, ValueError):
+    """An argument names what the data does not have (a dimension, a variable, a group) or is malformed."""
 
 
 class CFAWarning(UserWarning):

@@ -24,6 +24,7 @@ from xarray.core import indexing
 from .api import open_cfa
 from .dataset import Dataset, FileVariableArray, Group, Variable
 from .decode import default_fill_value
+from .errors import VariableNotFoundError
 from .graph.read import AggregatedArray
 from .model import is_coordinate_variable
 
@@ -67,7 +68,7 @@ def _group(ds: Dataset, group: str | None) -> Group:
         return ds
     node = ds[group]
     if not isinstance(node, Group):
-        raise KeyError(f"{group!r} is a variable, not a group, in {ds.url}")
+        raise VariableNotFoundError(f"group {group!r} is a variable, not a group", file=ds.url)
     return node
 
 
@@ -121,7 +122,10 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         return DataTree.from_dict(self.open_groups_as_dict(filename_or_obj, **kwargs))
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
-        return False  # aggregation files are ordinary netCDF files: ask for engine="daskcfa"
+        # Aggregation files are ordinary netCDF files, and xarray (2026.9) asks its netCDF engines first
+        # (``netcdf_engine_order``): netcdf4 claims every local netCDF/HDF5 file and every remote URL, so no
+        # answer here would be consulted for them. Ask for engine="daskcfa".
+        return False
 
 
 def _relative(path: str, top: str) -> str:

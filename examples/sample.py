@@ -11,7 +11,7 @@ Run as a script to write it: ``python examples/sample.py /path/to/tas.nca``.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from typing import Any, Mapping
 
 import dask.array as da
@@ -61,7 +61,11 @@ def write(url: str, *, storage_options: Mapping[str, Any] | None = None, **to_cf
                           storage_options=storage_options, **to_cfa_options)
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("url", metavar="URL", help="the aggregation file to write (e.g. /tmp/tas.nca)")
+    print(write(parser.parse_args(argv).url))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python examples/sample.py URL")
-    print(write(sys.argv[1]))
+    main()

@@ -125,8 +125,9 @@ def test_no_private_names_imported_from_other_modules() -> None:
 
 
 def test_package_inits_only_re_export() -> None:
-    """A package ``__init__`` holds a docstring, imports, ``__all__``, plain aliases and a module
-    ``__getattr__`` for lazy re-exports, nothing else."""
+    """A package ``__init__`` holds a docstring, imports, ``__all__``, plain aliases and what lazy
+    re-exports need (a table of names to modules, module ``__getattr__``/``__dir__``, imports for type
+    checkers), nothing else."""
     offences = []
     for name, path in MODULES.items():
         if path.name != "__init__.py":
@@ -134,8 +135,14 @@ def test_package_inits_only_re_export() -> None:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            if isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__"):
                 continue  # re-exports imported on first use
+            if (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                    and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body) and not node.orelse):
+                continue  # the lazy names, imported for type checkers
+            if (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict)
+                    and all(isinstance(v, ast.Constant) for v in [*node.value.keys, *node.value.values])):
+                continue  # the table of lazy names and their modules
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 continue  # the docstring
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Tuple,

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .. import storage
+from .. import config, storage
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
@@ -103,6 +103,7 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
 def prepare_target(target: str, storage_options: Mapping[str, Any] | None, mode: str
                    ) -> tuple[str, storage.ProfileRef]:
     """The normalised target URL and its storage profile; ``mode`` checked, an existing target refused for "w-"."""
+    config.check()
     check_mode(mode, WHOLE_FILE_MODES)
     url = storage.normalise(target)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))

@@ -22,6 +22,7 @@ import dask
 import numpy as np
 from dask.utils import format_bytes
 
+from ..arguments import check_names
 from .. import storage
 from ..dataset import Dataset
 from ..errors import CFAError, NotFoundError, VariableNotFoundError, redact
@@ -276,8 +277,8 @@ def plot_layout(url: str, output: str, *, variable: str | None = None, dims: Seq
                 storage_options: Mapping[str, Any] | None = None) -> str:
     """Draw the fragment layout of one aggregated variable into the image file ``output``.
 
-    Fragments are drawn over two dimensions (``dims``; required for data of
-    more than two dimensions), coloured by the directory holding them; the
+    Fragments are drawn over two dimensions (``dims``; by default the two
+    cut into the most fragments), coloured by the directory holding them; the
     fragments shown are those at the first fragment position along the
     other dimensions. Needs matplotlib (``pip install "daskcfa[plot]"``).
     Returns ``output``.
@@ -348,15 +349,17 @@ def _one_variable(ds: Dataset, variable: str | None, url: str) -> AggregatedVari
 def _plot_axes(av: AggregatedVariable, dims: Sequence[str] | None) -> tuple[int | None, int]:
     """Positions of the row and column dimensions (rows None: 1-d data)."""
     if dims is None:
-        if len(av.dims) > 2:
-            raise ValueError(f"{av.name} has {len(av.dims)} dimensions {list(av.dims)}: choose two to plot "
-                             "(dims=, or --dims DIM,DIM)")
         if not av.dims:
             raise ValueError(f"{av.name} is scalar: there is no layout to plot")
-        return (0, 1) if len(av.dims) == 2 else (None, 0)
+        if len(av.dims) == 1:
+            return None, 0
+        # the two dimensions cut into the most fragments (the first ones on a tie), in the data's order
+        counts = av.fragments.grid.grid_shape
+        rows, cols = sorted(sorted(range(len(counts)), key=lambda d: -counts[d])[:2])
+        return rows, cols
     dims = list(dims)
-    unknown = [d for d in dims if d not in av.dims]
-    if unknown or len(dims) not in (1, 2) or len(set(dims)) != len(dims):
+    check_names("dims", dims, av.dims, file=av.source)
+    if len(dims) not in (1, 2) or len(set(dims)) != len(dims):
         raise ValueError(f"choose one or two distinct dimensions of {av.name} to plot from {list(av.dims)}, "
                          f"not {dims}")
     if len(dims) == 1:

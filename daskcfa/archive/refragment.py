@@ -28,7 +28,8 @@ import numpy as np
 from dask.delayed import Delayed, delayed
 from dask.utils import format_bytes, parse_bytes
 
-from .. import storage
+from .. import config, storage
+from ..arguments import check_fragment_shape
 from ..dataset import Dataset
 from ..errors import CFAError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
@@ -42,7 +43,7 @@ from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from .aggregate import prepare_target
 
-__all__ = ["refragment", "plan_refragment", "RefragmentPlan"]
+__all__ = ["refragment", "split", "plan_refragment", "RefragmentPlan", "OutputEstimate"]
 
 #: CF attributes naming variables that describe others (they are copied, never re-fragmented).
 _REFERENCING = ("coordinates", "bounds", "climatology", "ancillary_variables", "cell_measures", "grid_mapping")
@@ -57,6 +58,12 @@ class RefragmentPlan:
     max_mem: int
     variables: dict[str, VariablePlan]
     copied: list[str] = field(default_factory=list)  #: ordinary variables copied into the aggregation file
+    outputs: dict[str, "OutputEstimate"] = field(default_factory=dict)  #: per variable: the new fragments
+
+    @property
+    def output_bytes(self) -> int:
+        """Estimated bytes of all new fragments (see :class:`OutputEstimate`)."""
+        return sum(o.nbytes for o in self.outputs.values())
 
     @property
     def peak_memory(self) -> int:
@@ -77,9 +84,45 @@ class RefragmentPlan:
                  f"{len(self.variables)} variable(s), {self.tasks} tasks, peak task memory "
                  f"{format_bytes(self.peak_memory)}"]
         lines += [str(p) for p in self.variables.values()]
+        lines += [f"output {name}: {o}" for name, o in self.outputs.items()]
+        if self.outputs:
+            lines.append(f"estimated output size: {format_bytes(self.output_bytes)}")
         if self.copied:
             lines.append(f"copied into the aggregation file: {', '.join(self.copied)}")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class OutputEstimate:
+    """The new fragments of one variable: their compression and estimated size.
+
+    ``compression`` holds the ``createVariable`` keywords the fragments are
+    written with; ``origin`` says where they come from (``"source"``: as the
+    source's first stored fragment, the default; ``"given"``; ``"none"``).
+    With the source's compression the size is the data's in-memory size times
+    the source's stored/in-memory ratio (measured on that fragment file);
+    with a compression the source does not use, the ratio is unknown and the
+    in-memory size is given as the estimate (an upper bound, about).
+    """
+
+    fragments: int
+    raw_bytes: int  #: the data's size in memory
+    nbytes: int  #: estimated size of the fragment files
+    compression: dict[str, Any]
+    origin: str
+
+    def __str__(self) -> str:
+        if not self.compression:
+            how = "uncompressed" + (" (as the source)" if self.origin == "source" else "")
+        else:
+            how = ", ".join(f"{k}={v}" for k, v in self.compression.items())
+            how = f"{how} ({'as the source' if self.origin == 'source' else 'as given'})"
+        size = format_bytes(self.nbytes)
+        if self.compression and self.nbytes != self.raw_bytes:
+            size = f"about {size} ({format_bytes(self.raw_bytes)} in memory)"
+        elif self.compression:
+            size = f"{size} in memory (compressed size unknown)"
+        return f"{self.fragments} new fragments, {how}, {size}"
 
 
 @dataclass
@@ -99,11 +142,15 @@ def plan_refragment(source: Any, *, variables: Sequence[str] | None = None,
                     storage_options: Mapping[str, Any] | None = None) -> RefragmentPlan:
     """Plan :func:`refragment` without writing anything (reads only metadata).
 
-    ``format``, ``fragment_format`` and ``compression`` do not change the plan;
-    they are accepted so that a plan and its refragment take the same keywords.
+    The plan also gives each variable's new fragments: their compression
+    (``fragment_format`` and ``compression`` decide it, as for
+    :func:`refragment`) and estimated size. ``format`` does not change the
+    plan; it is accepted so that a plan and its refragment take the same
+    keywords.
     """
-    del format, fragment_format, compression
-    return _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options)[0]
+    del format
+    return _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options,
+                    compression, fragment_format)[0]
 
 
 def refragment(source: Any, target: str, *, variables: Sequence[str] | None = None,
@@ -128,12 +175,17 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     variables
         The data variables to re-fragment (default: all). Coordinates and
         other ordinary variables are always copied into the aggregation file.
-    fragment_shape, max_fragment_size, format, fragment_format, compression, uris
+    fragment_shape, max_fragment_size, format, fragment_format, uris
         As for :func:`daskcfa.to_cfa`: the target fragment layout (e.g.
         ``{"time": 1000, "lat": 128, "lon": 128}`` for spatial tiles), the
-        aggregation dialect, the fragment files' format and compression, and
-        whether fragment URIs are stored relative to the aggregation file or
-        absolute.
+        aggregation dialect, the fragment files' format, and whether fragment
+        URIs are stored relative to the aggregation file or absolute.
+    compression
+        ``None`` (default): each variable compressed as the source (its first
+        stored fragment: codec, level, shuffle, checksum); ``"none"`` (or
+        ``{}``): uncompressed; otherwise as for :func:`daskcfa.to_cfa` (a
+        name such as ``"zlib"`` or ``createVariable`` keywords). netCDF-3
+        fragment formats are never compressed.
     max_mem
         Most memory one task may use (bytes, or a string such as
         ``"256MiB"``). Fragments larger than that are written slab by slab;
@@ -162,7 +214,8 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     overrides the planner's choice.
     """
     url, profile = prepare_target(target, storage_options, mode)
-    plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options)
+    plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options,
+                                   compression, fragment_format)
     root = staging_root(url, dask.config.get("daskcfa.refragment.staging", None))
     staged = []
     for var in chosen:
@@ -173,11 +226,15 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
             staged.append(var.source.data.staging)
     request = WriteRequest(model, [v.source for v in chosen])
     result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
-                         format=format, fragment_format=fragment_format, compression=compression, mode=mode,
+                         format=format, fragment_format=fragment_format, mode=mode,
                          profile=profile, uris=uris)
     if staged:
         result = delayed(remove_staging, pure=True)(result, staged, profile)
     return result.compute() if compute else result
+
+
+#: The command line's name for :func:`refragment` (``daskcfa split``), as an alias.
+split = refragment
 
 
 # --------------------------------------------------------------------------
@@ -186,9 +243,10 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
 
 
 def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, max_fragment_size: int | str,
-             max_mem: int | str, storage_options: Mapping[str, Any] | None
-             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Refragmented]]:
+             max_mem: int | str, storage_options: Mapping[str, Any] | None, compression: Any = None,
+             fragment_format: str = "NETCDF4") -> tuple[RefragmentPlan, AggregationDataset, list[_Refragmented]]:
     """The model to write, the variables to re-fragment, each planned."""
+    config.check()
     budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
     strategy = dask.config.get("daskcfa.refragment.strategy", "auto")
     if strategy not in STRATEGIES:
@@ -196,14 +254,20 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
                          f"got {strategy!r}")
     model, found, description = _open_source(source, variables, storage_options)
     chosen = _select(found, variables, description)
+    check_fragment_shape(fragment_shape, [d for v in chosen for d in v.source.dims], file=description)
     for var in chosen:
         target = fragment_grid(var.source, model, fragment_shape, max_fragment_size)
         dtype = AggregatedArray(var.aggregation, access=var.access, strings=False).dtype
         # (staged pieces are .npy files, which hold no Python objects without pickle: strings go direct)
         var.plan = plan_split(var.source.name, _layout(var.aggregation, var.access), target, dtype.itemsize, budget,
                               strategy="direct" if dtype.kind == "O" and strategy == "auto" else strategy)
+    outputs = {}
+    for var in chosen:
+        assert var.plan is not None
+        outputs[var.source.name] = _output(var, compression, fragment_format)
+        var.source.compression = outputs[var.source.name].compression
     plan = RefragmentPlan(description, budget, {v.source.name: v.plan for v in chosen if v.plan is not None},
-                          copied=[v.name for v in model.variables])
+                          copied=[v.name for v in model.variables], outputs=outputs)
     return plan, model, chosen
 
 
@@ -339,6 +403,78 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
         return SourceLayout(grid)
     shape = tuple(int(by_dim.get(d, 1)) for d in aggregation.dims)  # dimensions a fragment omits have size 1
     return SourceLayout(grid, shape, compressed=compressed)
+
+
+def _output(var: _Refragmented, compression: Any, fragment_format: str) -> OutputEstimate:
+    """The compression of ``var``'s new fragments and their estimated size."""
+    assert var.plan is not None
+    raw = int(np.prod(var.plan.shape, dtype=np.int64)) * int(np.dtype(var.source.dtype).itemsize)
+    fragments = var.plan.target.nfragments
+    if fragment_format.startswith("NETCDF3"):
+        return OutputEstimate(fragments, raw, raw, {}, "none")
+    if compression is None:
+        keywords, ratio = _source_compression(var.aggregation, var.access)
+        return OutputEstimate(fragments, raw, raw if ratio is None else int(raw * ratio), keywords, "source")
+    if compression is False or compression == "none" or (isinstance(compression, Mapping) and not compression):
+        return OutputEstimate(fragments, raw, raw, {}, "none")
+    keywords = {"compression": compression} if isinstance(compression, str) else dict(compression)
+    return OutputEstimate(fragments, raw, raw, keywords, "given")
+
+
+def _source_compression(aggregation: AggregatedVariable, access: Access) -> tuple[dict[str, Any], float | None]:
+    """The ``createVariable`` compression keywords of the first stored fragment, and its stored/in-memory ratio.
+
+    ``({}, None)`` when that fragment cannot be opened (reading reports it
+    properly) or holds no compressed variable.
+    """
+    ref = next((r for r in aggregation.fragments if r.uris), None)
+    if ref is None:
+        return {}, None
+    uri = storage.resolve(ref.uris[0], aggregation.source)
+    try:
+        access.policy.check(uri)
+        nbytes = storage.size(uri, access.profile, policy=access.policy)
+        with storage.netcdf_file(uri, profile=access.profile) as ds:
+            names = [n for n in ref.variable_names(aggregation.basename) if _has_variable(ds, n)]
+            if not names:
+                return {}, None
+            var = ds[names[0]]
+            filters = var.filters() or {}
+            held = int(np.prod(var.shape, dtype=np.int64)) * var.dtype.itemsize if var.dtype != str else 0
+    except (CFAError, OSError):
+        return {}, None
+    keywords = _create_keywords(filters)
+    ratio = min(1.0, nbytes / held) if keywords and held else None
+    return keywords, ratio
+
+
+def _has_variable(ds: Any, path: str) -> bool:
+    try:
+        ds[path]
+    except (KeyError, IndexError):
+        return False
+    return True
+
+
+def _create_keywords(filters: Mapping[str, Any]) -> dict[str, Any]:
+    """netCDF4-python's ``Variable.filters()`` as ``createVariable`` keywords (empty: not compressed)."""
+    out: dict[str, Any] = {}
+    for codec in ("zlib", "zstd", "bzip2"):
+        if filters.get(codec):
+            out["compression"] = codec
+            out["complevel"] = int(filters.get("complevel") or 4)
+    if filters.get("blosc"):
+        blosc = filters["blosc"]
+        out.update(compression=blosc["compressor"], complevel=int(filters.get("complevel") or 4),
+                   blosc_shuffle=int(blosc.get("shuffle", 1)))
+    if filters.get("szip"):
+        szip = filters["szip"]
+        out.update(compression="szip", szip_coding=szip["coding"], szip_pixels_per_block=szip["pixels_per_block"])
+    if out:
+        out["shuffle"] = bool(filters.get("shuffle"))  # (createVariable would shuffle by default)
+        if filters.get("fletcher32"):
+            out["fletcher32"] = True
+    return out
 
 
 def _is_pattern(source: Any) -> bool:

@@ -48,7 +48,7 @@ from urllib.parse import quote
 import dask.config
 import numpy as np
 
-from .. import storage
+from .. import config, storage
 from ..dataset import Dataset
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
@@ -92,6 +92,7 @@ def relocate(
     absolute (for readers that resolve relative ones against their working
     directory); ``mapping`` may then be empty, to convert an archive in place.
     """
+    config.check()
     check_mode(mode, WHOLE_FILE_MODES)
     absolute = check_uri_style(uris) == "absolute"
     rules = _PrefixRules(mapping, empty_ok=absolute)

@@ -4,7 +4,7 @@ expanded to a list of file URLs (nothing is opened)."""
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from .. import storage
 from ..errors import AggregationError, StorageError, redact

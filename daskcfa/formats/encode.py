@@ -53,6 +53,7 @@ from typing import Any, Sequence
 import netCDF4
 import numpy as np
 
+from ..choices import WRITE_FORMATS
 from ..decode import default_fill_value
 from ..errors import CFAFormatError
 from ..locks import HDF5_LOCK
@@ -63,7 +64,6 @@ from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 __all__ = ["WRITE_FORMATS", "FILE_FORMATS", "encode_aggregation", "fragment_conventions",
            "absolute_reference"]
 
-WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")
 
 #: Conventions each dialect declares, as its reference writer does. CFA-0.5

@@ -35,6 +35,7 @@ import numpy as np
 from dask.array.core import concatenate3
 
 from .. import storage
+from ..choices import FRAGMENT_FORMATS
 from ..decode import Encoding
 from ..errors import CFAError, FragmentError, NotFoundError
 from ..locks import HDF5_LOCK
@@ -52,8 +53,6 @@ __all__ = [
     "write_fragment",
 ]
 
-#: netCDF file formats a fragment can be written in.
-FRAGMENT_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA")
 #: ``createVariable`` keywords accepted in ``compression`` (netCDF-4 formats only).
 COMPRESSION_KEYS = frozenset({
     "compression", "zlib", "complevel", "shuffle", "fletcher32", "chunksizes", "least_significant_digit",

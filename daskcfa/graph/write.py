@@ -34,8 +34,9 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
+from ..arguments import check_fragment_shape
 from ..decode import PACKING_ATTRS, STORAGE_ATTRS, Encoding, default_fill_value
-from ..errors import CFAError, CFAFormatError, NotFoundError, WriteConflictError
+from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, WriteConflictError
 from ..formats import aggregated_variables
 from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..fragments.write import (
@@ -95,6 +96,8 @@ class WriteSource:
     #: r+: the variable as the existing aggregation file describes it
     existing: AggregatedVariable | None = None
     region: dict[str, slice] = field(default_factory=dict)
+    #: this variable's ``createVariable`` compression keywords (None: the write's ``compression``)
+    compression: dict[str, Any] | None = None
 
     @property
     def group(self) -> str:
@@ -181,11 +184,13 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
         raise ValueError("nothing to aggregate: no variable with dimensions and a numeric dtype")
     if keep_previous < 0:
         raise ValueError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
+    check_fragment_shape(fragment_shape, [d for s in request.sources for d in s.dims], file=url)
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
                        _compression(compression, fragment_format), fragment_name, mode, profile, semaphore,
                        check_uri_style(uris))
     _check_template(fragment_name, len(request.sources))
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
+    _check_apart(url, stem)
     _settle_unlimited(request.model)
 
     planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
@@ -267,7 +272,9 @@ def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, opt
     global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
     spec = FragmentSpec(
         variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
-        global_attrs=global_attrs, file_format=options.fragment_format, compression=options.compression,
+        global_attrs=global_attrs, file_format=options.fragment_format,
+        compression=options.compression if source.compression is None else
+        _compression(source.compression, options.fragment_format),
         aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
         group=source.group if options.format in _S3NETCDF4_FORMATS else "/",
     )
@@ -488,6 +495,15 @@ def _check_template(template: str, nvariables: int) -> None:
     if "{index}" not in template or (nvariables > 1 and "{var}" not in template):
         raise ValueError(f"fragment_name {template!r} must contain {{index}} (and {{var}} for several variables), "
                          "so that every fragment gets its own name")
+
+
+def _check_apart(url: str, stem: str) -> None:
+    """Refuse, before anything is written, an aggregation file named as its fragments' directory
+    (``to_cfa(x, "myarchive")``: fragments and write markers would go to ``myarchive/``, where the file must go)."""
+    name = posixpath.basename(url.rstrip("/"))
+    if name == stem:
+        raise ArgumentError(f"the aggregation file {name!r} would share its name with its fragments' directory "
+                            f"{name + '/'!r}; give it a suffix, such as {name + '.nc'!r}", file=url)
 
 
 def _compression(compression: Any, fragment_format: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .. import config
 from .policy import LocationPolicy
 from .profiles import ProfileRef, register, split_url_credentials
 from .uri import normalise, scheme_of
@@ -47,6 +48,7 @@ def open_aggregation(url: str, storage_options: Mapping[str, Any] | None = None,
     """The aggregation file's normalised URL, any ``user:password@`` taken out of it
     (into the storage profile, so that reprs, graphs and summaries never show
     it), and the :class:`Access` to read it and its fragments with."""
+    config.check()
     url, storage_options = split_url_credentials(url, storage_options)
     url = normalise(url)
     return url, Access.for_aggregation(url, storage_options, allowed_locations, missing)

@@ -24,6 +24,8 @@ Options for one URI are merged from, lowest priority first:
 
 from __future__ import annotations
 
+import functools
+import sys
 import base64
 import copy
 import hashlib
@@ -37,8 +39,8 @@ from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import dask.config
-from distributed.diagnostics.plugin import WorkerPlugin
 
+from ..arguments import check_storage_options
 from ..errors import StorageError
 from . import redaction
 from .s3nc import s3nc_config
@@ -77,6 +79,7 @@ def register(storage_options: Mapping[str, Any] | None, *, protocol: str) -> Pro
     if not set(options) <= _PROTOCOL_KEYS or not options:
         options = {_flat_protocol(protocol): options} if options else {}
     options.update(origins)
+    check_storage_options(options)
     name = "p-" + hmac.new(_SALT, _canonical(options), hashlib.sha256).hexdigest()[:20]
     redaction.remember(options)
     with _LOCK:
@@ -182,12 +185,11 @@ def install(profiles: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return  # (not imported: there is no client to share with)
     try:
-        from distributed import default_client
-    except ImportError:  # pragma: no cover - distributed is a core dependency
-        return
-    try:
-        client = default_client()
+        client = distributed.default_client()
     except ValueError:
         return  # no cluster: the threaded scheduler shares this process's registry
     name = next(iter(profiles))
@@ -195,7 +197,7 @@ def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
     with _LOCK:
         if shared in _SHARED:
             return
-    client.register_plugin(StorageProfiles(encoded(profiles)), name=f"daskcfa-profiles-{name}")
+    client.register_plugin(_storage_profiles()(encoded(profiles)), name=f"daskcfa-profiles-{name}")
     with _LOCK:
         _SHARED.add(shared)
 
@@ -259,23 +261,37 @@ def resolve_options(uri: str, ref: ProfileRef) -> tuple[str, dict[str, Any]]:
     return uri, options
 
 
-class StorageProfiles(WorkerPlugin):
-    """Installs storage options on every worker (also on workers that join later),
-    so that tasks can refer to them by name instead of carrying credentials."""
+@functools.cache
+def _storage_profiles() -> type:
+    """The worker plugin class, defined when first asked for: distributed is imported only then."""
+    from distributed.diagnostics.plugin import WorkerPlugin
 
-    idempotent = True
+    class StorageProfiles(WorkerPlugin):
+        """Installs storage options on every worker (also on workers that join later),
+        so that tasks can refer to them by name instead of carrying credentials."""
 
-    def __init__(self, profiles_by_name: Mapping[str, Mapping[str, Any]]) -> None:
-        self._profiles = {k: dict(v) for k, v in profiles_by_name.items()}
+        idempotent = True
 
-    @classmethod
-    def from_options(cls, storage_options: Mapping[str, Any], *, protocol: str = "s3") -> "StorageProfiles":
-        """The plugin for options given to ``from_cfa(..., storage_options=...)``."""
-        ref = register(storage_options, protocol=protocol)
-        return cls(encoded({ref.name: _REGISTRY[ref.name]})) if ref.name else cls({})
+        def __init__(self, profiles_by_name: Mapping[str, Mapping[str, Any]]) -> None:
+            self._profiles = {k: dict(v) for k, v in profiles_by_name.items()}
 
-    def setup(self, worker: Any) -> None:
-        install(self._profiles)
+        @classmethod
+        def from_options(cls, storage_options: Mapping[str, Any], *, protocol: str = "s3") -> "StorageProfiles":
+            """The plugin for options given to ``from_cfa(..., storage_options=...)``."""
+            ref = register(storage_options, protocol=protocol)
+            return cls(encoded({ref.name: _REGISTRY[ref.name]})) if ref.name else cls({})
 
-    def __repr__(self) -> str:
-        return f"StorageProfiles({sorted(self._profiles)})"
+        def setup(self, worker: Any) -> None:
+            install(self._profiles)
+
+        def __repr__(self) -> str:
+            return f"StorageProfiles({sorted(self._profiles)})"
+
+    StorageProfiles.__module__, StorageProfiles.__qualname__ = __name__, "StorageProfiles"  # (pickled by name)
+    return StorageProfiles
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StorageProfiles":  # (the worker plugin: see _storage_profiles)
+        return _storage_profiles()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,15 +13,11 @@ import posixpath
 import re
 from urllib.parse import quote, unquote, urlsplit
 
+from ..choices import URI_STYLES
 from .s3nc import s3nc_config
 
 __all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "absolute", "URI_STYLES",
            "check_uri_style"]
-
-#: How an aggregation file refers to its fragments: ``"relative"`` to the aggregation file where both are on
-#: the same storage (the default: the archive moves as a whole), or always ``"absolute"`` URIs, for readers that
-#: resolve relative references against their working directory (cfdm, CFAPyX, S3netCDF4).
-URI_STYLES = ("relative", "absolute")
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 

@@ -93,10 +93,10 @@ def test_plot_layout(tmp_path):
     from matplotlib.image import imread
 
     url = write(tmp_path / "t.nc")
-    with pytest.raises(ValueError, match="choose two to plot"):
-        plot_layout(url, str(tmp_path / "p.png"))
-    with pytest.raises(ValueError, match="not \\['time', 'depth'\\]"):
+    with pytest.raises(daskcfa.ArgumentError, match="dims names unknown dimension 'depth'; dimensions: time, lat, lon"):
         plot_layout(url, str(tmp_path / "p.png"), dims=["time", "depth"])
+    with pytest.raises(ValueError, match="not \\['time', 'time'\\]"):
+        plot_layout(url, str(tmp_path / "p.png"), dims=["time", "time"])
     with pytest.raises(daskcfa.VariableNotFoundError):
         plot_layout(url, str(tmp_path / "p.png"), variable="pr", dims=["time", "lat"])
     out = plot_layout(url, str(tmp_path / "p.png"), dims=["time", "lat"])

@@ -1,0 +1,19 @@
+"""The fixed sets of names the API and the command line accept.
+
+Kept apart from the modules that use them, with no imports, so that building
+the command line's parser (``daskcfa --help``) does not import netCDF4,
+h5py or dask.array.
+"""
+
+__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "URI_STYLES"]
+
+#: Aggregation dialects daskcfa writes.
+WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
+
+#: netCDF file formats a fragment can be written in.
+FRAGMENT_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA")
+
+#: How an aggregation file refers to its fragments: ``"relative"`` to the aggregation file where both are on
+#: the same storage (the default: the archive moves as a whole), or always ``"absolute"`` URIs, for readers that
+#: resolve relative references against their working directory (cfdm, CFAPyX, S3netCDF4).
+URI_STYLES = ("relative", "absolute")

@@ -1,0 +1,178 @@
+"""daskcfa's dask configuration: defaults, schema, registration and checks.
+
+``daskcfa.yaml`` (beside this module) holds the defaults of every
+``daskcfa.*`` key, registered with :func:`dask.config.update_defaults` when
+daskcfa is imported, as distributed registers its own: so
+``dask.config.get("daskcfa")`` shows them, and a user's files in
+``~/.config/dask/`` and ``DASK_DASKCFA__...`` variables override them.
+``daskcfa-schema.yaml`` describes every key in the JSON Schema vocabulary of
+dask's ``dask-schema.yaml``.
+
+:func:`check` validates the current configuration against the schema, when
+an operation starts (opening, writing, re-fragmenting...), so that mistakes
+surface there and not inside a task at compute time: a key under
+``daskcfa.`` that the schema does not know is a :class:`~daskcfa.CFAWarning`
+naming the nearest valid key; a value of the wrong type or outside its
+choices is a :class:`~daskcfa.errors.ConfigError`. Only the subset of JSON
+Schema the schema file uses is implemented (``type``, ``enum``, ``minimum``,
+``items``, ``properties``, ``additionalProperties``), plus ``format: bytes``
+for sizes (an integer, or a string :func:`dask.utils.parse_bytes` reads) and
+``format: size`` for sizes that also take S3netCDF4's units (``"2 YB"``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import threading
+import warnings
+from typing import Any, Iterator, Mapping
+
+import dask.config
+import yaml
+
+from .errors import CFAWarning, ConfigError
+
+__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys"]
+
+_HERE = os.path.dirname(__file__)
+
+
+def _load(name: str) -> dict[str, Any]:
+    with open(os.path.join(_HERE, name)) as fh:
+        return yaml.safe_load(fh)
+
+
+#: The defaults, as in ``daskcfa.yaml``.
+DEFAULTS: dict[str, Any] = _load("daskcfa.yaml")
+#: The schema of the ``daskcfa`` tree (``daskcfa-schema.yaml``'s ``properties.daskcfa``).
+SCHEMA: dict[str, Any] = _load("daskcfa-schema.yaml")["properties"]["daskcfa"]
+
+
+def register() -> None:
+    """Add daskcfa's defaults to dask's (keeping values the user has already set)."""
+    dask.config.update_defaults(DEFAULTS)
+
+
+register()  # on import, as dask's sub-projects register theirs: dask.config.get("daskcfa") shows the defaults
+
+
+def keys(schema: Mapping[str, Any] = SCHEMA, prefix: str = "daskcfa") -> Iterator[str]:
+    """Every dotted key the schema knows (sections and leaves)."""
+    for name, sub in schema.get("properties", {}).items():
+        key = f"{prefix}.{name}"
+        yield key
+        yield from keys(sub, key)
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,), "array": (list, tuple),
+    "object": (dict,), "null": (type(None),),
+}
+
+_checked_lock = threading.Lock()
+_checked: str | None = None  #: repr of the last configuration found valid
+
+
+def check() -> None:
+    """Check ``dask.config.get("daskcfa")`` against the schema (see the module's description).
+
+    Quick when nothing changed since the last check (the configuration's repr
+    is compared); a warning is given once per unknown key and configuration.
+    """
+    global _checked
+    tree = dask.config.get("daskcfa", {})
+    snapshot = repr(tree)
+    if snapshot == _checked:
+        return
+    unknown: list[str] = []
+    _walk(tree, SCHEMA, "daskcfa", unknown)
+    for key in unknown:
+        warnings.warn(f"unknown dask config key {key!r} is ignored; {_hint(key)}", CFAWarning,
+                      stacklevel=_caller_level())
+    with _checked_lock:
+        _checked = snapshot
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside daskcfa (the user's call)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_HERE + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _walk(value: Any, schema: Mapping[str, Any], key: str, unknown: list[str]) -> None:
+    _check_value(value, schema, key)
+    if not isinstance(value, dict):
+        return
+    known = schema.get("properties", {})
+    extra = schema.get("additionalProperties", False if known else True)
+    for name, sub in value.items():
+        canonical = str(name).replace("_", "-")  # (dask treats the two spellings alike)
+        if canonical in known:
+            _walk(sub, known[canonical], f"{key}.{canonical}", unknown)
+        elif isinstance(extra, Mapping):
+            _walk(sub, extra, f"{key}.{name}", unknown)
+        elif not extra:
+            unknown.append(f"{key}.{name}")
+
+
+def _hint(key: str) -> str:
+    """The nearest valid key (compared without the common ``daskcfa.``), else the valid keys beside it."""
+    valid = {k.split(".", 1)[1]: k for k in keys()}
+    near = difflib.get_close_matches(key.split(".", 1)[1].replace("_", "-"), list(valid), n=1, cutoff=0.6)
+    if near:
+        return f"did you mean {valid[near[0]]!r}?"
+    section = key.rsplit(".", 1)[0]
+    siblings = [k for k in valid.values() if k.rsplit(".", 1)[0] == section]
+    return f"valid keys: {', '.join(siblings or sorted(valid.values()))}"
+
+
+def _check_value(value: Any, schema: Mapping[str, Any], key: str) -> None:
+    types = schema.get("type")
+    if "enum" in schema and value not in schema["enum"]:
+        raise ConfigError(f"dask config {key!r} must be one of {', '.join(map(repr, schema['enum']))}, "
+                          f"not {value!r}")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        allowed = tuple(t for name in types for t in _TYPES[name])
+        if not isinstance(value, allowed) or (isinstance(value, bool) and "boolean" not in types):
+            raise ConfigError(f"dask config {key!r} must be {' or '.join(_describe(t) for t in types)}, "
+                              f"not {value!r}")
+    number = value
+    if schema.get("format") in ("bytes", "size") and isinstance(value, str):
+        number = _parse_size(value, s3nc=schema["format"] == "size")
+        if number is None:
+            units = "'16MiB', '2GB'" + (" or S3netCDF4's '2 YB'" if schema["format"] == "size" else "")
+            raise ConfigError(f"dask config {key!r} must be a size such as {units}, or an integer, "
+                              f"not {value!r}")
+    if "minimum" in schema and isinstance(number, (int, float)) and not isinstance(number, bool) \
+            and number < schema["minimum"]:
+        raise ConfigError(f"dask config {key!r} must be at least {schema['minimum']}, not {value!r}")
+    if "items" in schema and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_value(item, schema["items"], f"{key}[{i}]")
+
+
+def _parse_size(text: str, s3nc: bool) -> int | None:
+    """Bytes in dask's units (``16MiB``), or also S3netCDF4's (``2 YB``) if ``s3nc``; None if neither."""
+    from dask.utils import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        if not s3nc:
+            return None
+    from .storage.s3nc import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError:
+        return None
+
+
+def _describe(name: str) -> str:
+    return {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+            "array": "a list", "object": "a mapping", "null": "null (None)"}[name]

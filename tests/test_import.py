@@ -1,0 +1,91 @@
+"""Fast start: ``import daskcfa`` and ``daskcfa --help`` do not import the heavy libraries.
+
+Timings are measured by ``benchmarks/startup.py`` (not asserted here: a busy
+machine would make such a test flaky); what makes them fast is checked
+instead: which modules a fresh interpreter has imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HEAVY = ("distributed", "dask.array", "netCDF4", "h5py", "xarray", "s3fs", "fsspec", "numpy", "cf_units")
+
+
+def run(code: str) -> tuple[set[str], list[str]]:
+    """The heavy modules a fresh interpreter has imported after running ``code``, and what it printed."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).parents[1]).stdout.splitlines()
+    return set(json.loads(out[-1])), out[:-1]
+
+
+def imported_after(code: str) -> set[str]:
+    return run(code)[0]
+
+
+def test_import_daskcfa_imports_nothing_heavy():
+    assert imported_after("import daskcfa; daskcfa.CFAError; daskcfa.__version__") == set()
+
+
+def test_help_imports_nothing_heavy():
+    code = ("import contextlib, io\nfrom daskcfa.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(['split', '--help'])\n    except SystemExit:\n        pass")
+    assert imported_after(code) == set()
+
+
+def test_api_does_not_import_distributed(tmp_path):
+    """daskcfa imports dask.distributed only where a cluster is used (the worker plugins).
+
+    (Computing is not part of the probe: dask's own ``compute`` imports
+    distributed, when installed, to look for a client.)
+    """
+    import dask.array as da
+
+    import daskcfa
+
+    path = str(tmp_path / "a.nc")
+    daskcfa.to_cfa(da.from_array(np.arange(24.0).reshape(4, 6), chunks=(2, 3)), path, dims=("y", "x"),
+                   variable="v")
+    code = ("import daskcfa\n"
+            "names = [n for n in daskcfa.__all__ if n not in ('FragmentBudget', 'StorageProfiles', 'fragment_stats')]\n"
+            "[getattr(daskcfa, n) for n in names]\n"
+            f"print(daskcfa.open_cfa({path!r})['v'].data[1:3].shape)")
+    modules, printed = run(code)
+    assert printed == ["(2, 6)"] and "dask.array" in modules  # (the probe sees what was imported)
+    assert "distributed" not in modules
+    assert "distributed" in imported_after("import daskcfa; daskcfa.FragmentBudget")
+
+
+def test_lazy_names_are_the_real_ones():
+    import daskcfa
+    from daskcfa import api
+    from daskcfa.archive import refragment
+
+    assert daskcfa.open_cfa is api.open_cfa and daskcfa.split is refragment.refragment
+    assert set(daskcfa.__all__) <= set(dir(daskcfa))
+    for name in daskcfa.__all__:
+        assert getattr(daskcfa, name) is not None
+    try:
+        daskcfa.no_such_name
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("no AttributeError")
+    # subpackages load on first use, as attributes, as when daskcfa imported them eagerly
+    assert run("import daskcfa\nprint(daskcfa.storage.uri.__name__, daskcfa.graph.__name__)")[1] == [
+        "daskcfa.storage.uri daskcfa.graph"]
+
+
+def test_version_is_the_package_metadata():
+    from importlib.metadata import version
+
+    import daskcfa
+
+    assert version("daskcfa") == daskcfa.__version__
