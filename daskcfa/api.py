@@ -11,7 +11,7 @@ import netCDF4
 
 from . import config, storage
 from .dataset import Dataset
-from .errors import CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
 from . import inputs
@@ -266,7 +266,7 @@ def to_cfa(
         if not exists:
             raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
         if isinstance(data, Dataset) or _is_xarray(data):
-            raise TypeError("mode='r+' writes an array into an existing aggregation")
+            raise ArgumentError("mode='r+' writes an array into an existing aggregation")
     lease = Lease.new(url, profile)
     if mode == "r+" and compute:  # read, modify and write under one lease: concurrent updates queue up
         lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait", 600)))
@@ -302,7 +302,7 @@ def _is_xarray(data: Any) -> bool:
 
 def _no_region(region: Mapping[str, slice] | None, what: str) -> None:
     if region:
-        raise TypeError(f"region= is for writing arrays, not {what}")
+        raise ArgumentError(f"region= is for writing arrays, not {what}")
 
 
 def _upload_semaphore(limit: int | None, url: str) -> Any:
@@ -310,13 +310,13 @@ def _upload_semaphore(limit: int | None, url: str) -> Any:
     if limit is None:
         return None
     if int(limit) < 1:
-        raise ValueError(f"max_concurrent_uploads must be at least 1, got {limit!r}")
+        raise ArgumentError(f"max_concurrent_uploads must be at least 1, got {limit!r}")
     from distributed import Semaphore, default_client
 
     try:
         default_client()
     except ValueError:
-        raise ValueError("max_concurrent_uploads needs a distributed client (other schedulers are already bounded "
+        raise ArgumentError("max_concurrent_uploads needs a distributed client (other schedulers are already bounded "
                          "by their number of workers)") from None
     return Semaphore(max_leases=int(limit), name=f"daskcfa-uploads-{dask.base.tokenize(url)}")
 

@@ -158,8 +158,10 @@ class ConfigError(CFAError, ValueError):
     """A dask config value under ``daskcfa.`` is not valid (checked when an operation starts)."""
 
 
-class ArgumentError(CFAError, ValueError):
-    """An argument names what the data does not have (a dimension, a variable, a group) or is malformed."""
+class ArgumentError(CFAError, ValueError, TypeError):
+    """An argument names what the data does not have (a dimension, a variable, a group) or is malformed.
+
+    Also a :class:`ValueError` and a :class:`TypeError`, which such errors were before."""
 
 
 class CFAWarning(UserWarning):

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 
 from .decode import PACKING_ATTRS, default_fill_value
-from .errors import VariableNotFoundError
+from .errors import ArgumentError, VariableNotFoundError
 from .fragments.write import encode_values
 from .graph.write import WriteRequest, WriteSource
 from .model import AggregationDataset, Dimension, PlainVariable
@@ -36,15 +36,15 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
     every dimension in ``region`` comes from its coordinates.
     """
     if variable is None or dims is None:
-        raise TypeError("writing an array needs variable= (its name) and dims= (its dimension names)")
+        raise ArgumentError("writing an array needs variable= (its name) and dims= (its dimension names)")
     data = _as_array(data)
     dims = tuple(dims)
     if len(dims) != data.ndim:
-        raise ValueError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
+        raise ArgumentError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
     attrs = dict(attrs or {})
     packing = [k for k in PACKING_ATTRS if k in attrs]
     if packing:
-        raise ValueError(f"attrs carry {', '.join(packing)}: to_cfa writes an array's values as they are; "
+        raise ArgumentError(f"attrs carry {', '.join(packing)}: to_cfa writes an array's values as they are; "
                          "to store packed values, write an xarray object with the packing in its encoding")
     dtype = _storable(np.dtype(data.dtype), variable)
     if "_FillValue" not in attrs and "missing_value" not in attrs:
@@ -55,18 +55,18 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
     model = AggregationDataset()
     for dim, given in (coords or {}).items():
         if dim not in dims:
-            raise ValueError(f"coords names {dim!r}, which is not one of the dimensions {dims!r}")
+            raise ArgumentError(f"coords names {dim!r}, which is not one of the dimensions {dims!r}")
         values, coord_attrs = _coordinate(given, dim)
         if dim in region:
             sizes[dim] = len(values)
         elif len(values) != sizes[dim]:
-            raise ValueError(f"coordinate {dim!r} has {len(values)} values, the dimension has size {sizes[dim]}")
+            raise ArgumentError(f"coordinate {dim!r} has {len(values)} values, the dimension has size {sizes[dim]}")
         dtype_c = _storable(values.dtype, dim)
         model.variables.append(PlainVariable(f"/{dim}", (dim,), dtype_c, coord_attrs,
                                              encode_values(values, coord_attrs, dtype_c)))
     missing = [d for d in region if d not in (coords or {})]
     if missing:
-        raise ValueError(f"region along {missing}: give coords= for those dimensions (they set the full size)")
+        raise ArgumentError(f"region along {missing}: give coords= for those dimensions (they set the full size)")
     model.dimensions = [Dimension(f"/{d}", sizes[d]) for d in dims]
     name = variable if variable.startswith("/") else f"/{variable}"
     return WriteRequest(model, [WriteSource(name, data, dims, dtype, attrs, region=region)])
@@ -116,7 +116,7 @@ def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
     if isinstance(obj, xr.DataArray):
         name = variable or obj.name
         if name is None:
-            raise TypeError("the DataArray has no name: pass variable=")
+            raise ArgumentError("the DataArray has no name: pass variable=")
         obj = obj.to_dataset(name=name)
     variables, attrs = xr.conventions.encode_dataset_coordinates(obj)
     variables, attrs = xr.conventions.cf_encoder(variables, attrs)
@@ -160,7 +160,7 @@ def _coordinate(given: Any, dim: str) -> tuple[np.ndarray, dict[str, Any]]:
         given, attrs = given
     values = _as_array(given)
     if values.ndim != 1:
-        raise ValueError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
+        raise ArgumentError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
     return values, dict(attrs)
 
 
@@ -176,7 +176,7 @@ def _storable(dtype: np.dtype, name: str) -> np.dtype:
     if dtype.kind in "OUS" or (dtype.kind in "iuf" and dtype.str[1:] in ("i1", "u1", "i2", "u2", "i4", "u4", "i8",
                                                                         "u8", "f4", "f8")):
         return dtype
-    raise TypeError(f"{name!r} has dtype {dtype}, which netCDF cannot store (cast it first; times need numbers "
+    raise ArgumentError(f"{name!r} has dtype {dtype}, which netCDF cannot store (cast it first; times need numbers "
                     "with units, as xarray encodes them)")
 
 
@@ -184,7 +184,7 @@ def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[s
     region = dict(region or {})
     for dim, sl in region.items():
         if dim not in dims:
-            raise ValueError(f"region names {dim!r}, which is not one of the dimensions {dims!r}")
+            raise ArgumentError(f"region names {dim!r}, which is not one of the dimensions {dims!r}")
         if not isinstance(sl, slice) or sl.step not in (None, 1):
-            raise ValueError(f"region[{dim!r}] must be a slice with step 1, got {sl!r}")
+            raise ArgumentError(f"region[{dim!r}] must be a slice with step 1, got {sl!r}")
     return region

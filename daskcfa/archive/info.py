@@ -25,7 +25,7 @@ from dask.utils import format_bytes
 from ..arguments import check_names
 from .. import storage
 from ..dataset import Dataset
-from ..errors import CFAError, NotFoundError, VariableNotFoundError, redact
+from ..errors import ArgumentError, CFAError, NotFoundError, VariableNotFoundError, redact
 from ..fragments.canonical import allowed_uris
 from ..model import AggregatedVariable
 from ..storage.access import Access, open_aggregation
@@ -350,7 +350,7 @@ def _plot_axes(av: AggregatedVariable, dims: Sequence[str] | None) -> tuple[int 
     """Positions of the row and column dimensions (rows None: 1-d data)."""
     if dims is None:
         if not av.dims:
-            raise ValueError(f"{av.name} is scalar: there is no layout to plot")
+            raise ArgumentError(f"{av.name} is scalar: there is no layout to plot")
         if len(av.dims) == 1:
             return None, 0
         # the two dimensions cut into the most fragments (the first ones on a tie), in the data's order
@@ -360,7 +360,7 @@ def _plot_axes(av: AggregatedVariable, dims: Sequence[str] | None) -> tuple[int 
     dims = list(dims)
     check_names("dims", dims, av.dims, file=av.source)
     if len(dims) not in (1, 2) or len(set(dims)) != len(dims):
-        raise ValueError(f"choose one or two distinct dimensions of {av.name} to plot from {list(av.dims)}, "
+        raise ArgumentError(f"choose one or two distinct dimensions of {av.name} to plot from {list(av.dims)}, "
                          f"not {dims}")
     if len(dims) == 1:
         return None, av.dims.index(dims[0])

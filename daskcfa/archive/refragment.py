@@ -31,7 +31,7 @@ from dask.utils import format_bytes, parse_bytes
 from .. import config, storage
 from ..arguments import check_fragment_shape
 from ..dataset import Dataset
-from ..errors import CFAError, FragmentReadError, NotFoundError, VariableNotFoundError
+from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
@@ -250,7 +250,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
     budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
     strategy = dask.config.get("daskcfa.refragment.strategy", "auto")
     if strategy not in STRATEGIES:
-        raise ValueError(f"dask config daskcfa.refragment.strategy must be one of {', '.join(STRATEGIES)}, "
+        raise ConfigError(f"dask config daskcfa.refragment.strategy must be one of {', '.join(STRATEGIES)}, "
                          f"got {strategy!r}")
     model, found, description = _open_source(source, variables, storage_options)
     chosen = _select(found, variables, description)
@@ -278,7 +278,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     if isinstance(source, (list, tuple)) or _is_pattern(source):
         return (*_from_files(source, variables, storage_options), _describe(source))
     if not isinstance(source, str):
-        raise TypeError(f"source must be a URL, a list of URLs, a glob or a daskcfa.Dataset, not "
+        raise ArgumentError(f"source must be a URL, a list of URLs, a glob or a daskcfa.Dataset, not "
                         f"{type(source).__name__}")
     from ..api import open_cfa
 

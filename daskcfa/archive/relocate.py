@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import config, storage
 from ..dataset import Dataset
-from ..errors import CFAFormatError, CFAWarning, redact
+from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
 from ..inputs import dataset_model
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
@@ -126,11 +126,11 @@ class _PrefixRules:
 
     def __init__(self, mapping: Mapping[str, str], empty_ok: bool = False) -> None:
         if not mapping and not empty_ok:
-            raise ValueError("relocate needs a mapping of old URI prefixes to new ones")
+            raise ArgumentError("relocate needs a mapping of old URI prefixes to new ones")
         rules = []
         for old, new in mapping.items():
             if not str(old).strip() or not str(new).strip():
-                raise ValueError(f"empty prefix in mapping {redact(str(old))!r} -> {redact(str(new))!r}")
+                raise ArgumentError(f"empty prefix in mapping {redact(str(old))!r} -> {redact(str(new))!r}")
             rules.append((_bare(storage.normalise(str(old).strip())), _new_prefix(str(new).strip())))
         self.rules = sorted(rules, key=lambda rule: len(rule[0]), reverse=True)
         self.used: set[str] = set()

@@ -154,11 +154,11 @@ def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
     if file_format == "NETCDF4":
         return
     if dtype.kind in "OU" or (dtype.kind == "S" and dtype.itemsize > 1):
-        raise TypeError(f"{name!r} holds strings, which only NETCDF4 fragments store (vlen strings)")
+        raise ArgumentError(f"{name!r} holds strings, which only NETCDF4 fragments store (vlen strings)")
     if file_format == "NETCDF3_64BIT_DATA":
         return
     if dtype.str[1:] not in ("i1", "i2", "i4", "f4", "f8", "S1"):
-        raise TypeError(f"{name!r} has dtype {dtype}, which {file_format} fragments cannot hold "
+        raise ArgumentError(f"{name!r} has dtype {dtype}, which {file_format} fragments cannot hold "
                         "(use NETCDF4 or NETCDF3_64BIT_DATA, or cast the data)")
 
 
@@ -179,11 +179,11 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     fragments go to the write's own generation (:mod:`daskcfa.storage.lease`).
     """
     if fragment_format not in FRAGMENT_FORMATS:
-        raise ValueError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
+        raise ArgumentError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
     if not request.sources:
-        raise ValueError("nothing to aggregate: no variable with dimensions and a numeric dtype")
+        raise ArgumentError("nothing to aggregate: no variable with dimensions and a numeric dtype")
     if keep_previous < 0:
-        raise ValueError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
+        raise ArgumentError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
     check_fragment_shape(fragment_shape, [d for s in request.sources for d in s.dims], file=url)
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
                        _compression(compression, fragment_format), fragment_name, mode, profile, semaphore,
@@ -298,7 +298,7 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
         reference = in_generation(
             fragment_name(options.fragment_name, stem=stem, variable=source.name, index=index), generation)
         if reference in references:
-            raise ValueError(f"fragment_name {options.fragment_name!r} gives two fragments the name {reference!r}")
+            raise ArgumentError(f"fragment_name {options.fragment_name!r} gives two fragments the name {reference!r}")
         references.add(reference)
         uri = storage.resolve(reference, url)
         written[index] = absolute_reference(uri, options.format) if options.uris == "absolute" else reference
@@ -376,7 +376,7 @@ def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Arra
     x = source.data
     shape = tuple(sum(row) for row in sizes)
     if x.shape != shape:
-        raise ValueError(f"{source.name}: the data have shape {x.shape}, the region to write has shape {shape}")
+        raise ArgumentError(f"{source.name}: the data have shape {x.shape}, the region to write has shape {shape}")
     if not isinstance(x, da.Array):
         x = da.from_array(x, chunks=sizes, asarray=False)
     elif not aligned_chunks(FragmentGrid(sizes), x.chunks):
@@ -491,9 +491,9 @@ def _check_template(template: str, nvariables: int) -> None:
     try:
         fragment_name(template, stem="s", variable="v", index=(0,))
     except (KeyError, IndexError, ValueError) as exc:
-        raise ValueError(f"fragment_name {template!r} may only use {{stem}}, {{var}} and {{index}} ({exc})") from None
+        raise ArgumentError(f"fragment_name {template!r} may only use {{stem}}, {{var}} and {{index}} ({exc})") from None
     if "{index}" not in template or (nvariables > 1 and "{var}" not in template):
-        raise ValueError(f"fragment_name {template!r} must contain {{index}} (and {{var}} for several variables), "
+        raise ArgumentError(f"fragment_name {template!r} must contain {{index}} (and {{var}} for several variables), "
                          "so that every fragment gets its own name")
 
 
@@ -513,12 +513,12 @@ def _compression(compression: Any, fragment_format: str) -> dict[str, Any]:
     if isinstance(compression, str):
         compression = {"compression": compression}
     if not isinstance(compression, Mapping):
-        raise TypeError(f"compression must be None, a name such as 'zlib', or a dict, got {compression!r}")
+        raise ArgumentError(f"compression must be None, a name such as 'zlib', or a dict, got {compression!r}")
     unknown = sorted(set(compression) - COMPRESSION_KEYS)
     if unknown:
-        raise ValueError(f"unknown compression settings {unknown}; known: {', '.join(sorted(COMPRESSION_KEYS))}")
+        raise ArgumentError(f"unknown compression settings {unknown}; known: {', '.join(sorted(COMPRESSION_KEYS))}")
     if fragment_format.startswith("NETCDF3"):
-        raise ValueError(f"{fragment_format} fragments cannot be compressed (use NETCDF4 or NETCDF4_CLASSIC)")
+        raise ArgumentError(f"{fragment_format} fragments cannot be compressed (use NETCDF4 or NETCDF4_CLASSIC)")
     return dict(compression)
 
 
@@ -566,10 +566,10 @@ def _bounds(source: WriteSource, full: tuple[int, ...], grid: FragmentGrid) -> t
     for d, (dim, n) in enumerate(zip(source.dims, full)):
         a, b, _ = source.region.get(dim, slice(None)).indices(n)
         if b <= a:
-            raise ValueError(f"region[{dim!r}] is empty")
+            raise ArgumentError(f"region[{dim!r}] is empty")
         bounds = grid.offsets[d]
         if a not in bounds or b not in bounds:
-            raise ValueError(f"region[{dim!r}] = {a}:{b} does not fall on fragment boundaries of {source.name} "
+            raise ArgumentError(f"region[{dim!r}] = {a}:{b} does not fall on fragment boundaries of {source.name} "
                              f"along {dim!r} ({', '.join(map(str, bounds))})")
         start.append(a)
         stop.append(b)

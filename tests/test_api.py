@@ -1,0 +1,37 @@
+"""Bad arguments to the public API are daskcfa errors that say what to give instead."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+
+import daskcfa
+
+X = da.ones((4, 6), chunks=(2, 6), dtype="f4")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "needs variable="),
+    ({"variable": "x", "dims": ("a",)}, "name 1 dimensions, the data have 2"),
+    ({"variable": "x", "dims": ("a", "b"), "coords": {"c": np.arange(4)}}, "not one of the dimensions"),
+    ({"variable": "x", "dims": ("a", "b"), "coords": {"a": np.arange(3)}}, "has 3 values"),
+    ({"variable": "x", "dims": ("a", "b"), "fragment_format": "ZARR9"}, "unknown fragment format"),
+    ({"variable": "x", "dims": ("a", "b"), "keep_previous": -1}, "keep_previous"),
+    ({"variable": "x", "dims": ("a", "b"), "compression": 3}, "compression must be"),
+    ({"variable": "x", "dims": ("a", "b"), "fragment_name": "{nothing}"}, "fragment_name"),
+])
+def test_to_cfa_bad_arguments_are_argument_errors(tmp_path, kwargs, message):
+    target = tmp_path / "out.nca"
+    with pytest.raises(daskcfa.ArgumentError, match=message) as info:
+        daskcfa.to_cfa(X, str(target), **kwargs)
+    assert isinstance(info.value, daskcfa.CFAError)
+    assert not target.exists() and not (tmp_path / "out").exists()
+
+
+def test_argument_errors_are_still_what_they_were():
+    """Callers that caught ValueError or TypeError before keep working."""
+    with pytest.raises(ValueError):
+        raise daskcfa.ArgumentError("x")
+    with pytest.raises(TypeError):
+        raise daskcfa.ArgumentError("x")
