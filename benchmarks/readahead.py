@@ -4,7 +4,7 @@ On a real object store every GET waits tens of milliseconds for its first
 byte, so a time series through many small fragments is bound by how many
 requests are in flight. The loopback S3 server answers in about a
 millisecond and hides that; here the fragments are served by the test HTTP
-server (:class:`daskcfa.testing.servers.HTTPServer`) with a fixed
+server (:class:`daskcfa_testing.servers.HTTPServer`) with a fixed
 ``latency`` added to every response.
 
     python -m benchmarks.readahead [--latency 0.02] [--latency 0] [--steps 300] [--repeats 3]
@@ -85,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     latencies = args.latency or [0.02, 0.0]
 
-    from daskcfa.testing.servers import HTTPServer
+    from daskcfa_testing.servers import HTTPServer
 
     data = generate.Dataset.load(generate.ensure(generate.spec_for("timeseries", False)))
     names = sorted(os.listdir(os.path.join(data.dir, "frag")))

@@ -22,7 +22,7 @@ times:
   metadata scan of the 100 files, planning, every fragment and the
   aggregation file. zlib variant: tiles compressed with zlib level 1.
   Every worker's peak RSS growth over the run is measured on the worker
-  (:class:`daskcfa.testing.memory.WorkerPeakMemory`: sampled RSS and the
+  (:class:`daskcfa_testing.memory.WorkerPeakMemory`: sampled RSS and the
   kernel's ``VmHWM``, reset before the run) and compared with the budget.
 
 Both clocks start after and stop after an ``os.sync()``: a copy is done when
@@ -119,7 +119,7 @@ def daskcfa_refragment(variant: str, quick: bool) -> dict:
     from distributed import Client, LocalCluster
 
     import daskcfa
-    from daskcfa.testing.memory import WorkerPeakMemory
+    from daskcfa_testing.memory import WorkerPeakMemory
 
     spec = _spec(variant, quick)
     data = generate.Dataset.load(generate.ensure(spec, verbose=False))

@@ -1,7 +1,7 @@
 """The S3 side of the benchmarks: a local S3 server, uploads, and its byte counters.
 
 :mod:`benchmarks.run` starts one real SeaweedFS S3 server
-(:class:`daskcfa.testing.servers.S3Server`, on 127.0.0.1 with free ports and
+(:class:`daskcfa_testing.servers.S3Server`, on 127.0.0.1 with free ports and
 a random admin key) for the whole run, creates one bucket, and uploads each
 generated dataset needed by an ``s3-*`` scenario once (untimed) to
 ``s3://<bucket>/<dataset directory name>/`` (``aggregation.nc`` and
@@ -124,7 +124,7 @@ class Stage:
         self._uploaded: dict[str, dict] = {}
 
     def __enter__(self) -> "Stage":
-        from daskcfa.testing.servers import S3Server, free_ports
+        from daskcfa_testing.servers import S3Server, free_ports
 
         mport, = free_ports(1)
         t0 = time.perf_counter()

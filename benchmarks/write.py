@@ -55,7 +55,7 @@ from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_not
 
 from benchmarks import s3 as s3mod
 from benchmarks.generate import TimeTiles
-from daskcfa.testing.memory import peak_rss
+from daskcfa_testing.memory import peak_rss
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

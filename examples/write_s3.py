@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -57,7 +59,9 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def local_s3() -> Iterator[tuple[str, dict[str, Any]]]:
     """A throw-away local S3 server with an empty bucket: (URL to write, storage options)."""
-    from daskcfa.testing.servers import S3Server
+    # The repository's test-support package (not installed with daskcfa) sits beside examples/.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from daskcfa_testing.servers import S3Server
 
     with S3Server() as server:
         print(f"started a local S3 server at {server.endpoint_url}")

@@ -38,7 +38,7 @@ def sync_dask():
 
 
 # ---------------------------------------------------------------------------
-# Real local servers (daskcfa.testing.servers): S3 (SeaweedFS `weed mini`),
+# Real local servers (daskcfa_testing.servers): S3 (SeaweedFS `weed mini`),
 # HTTP with byte ranges, OPeNDAP (pydap). 127.0.0.1 only; each starts lazily,
 # the first time a test asks for it, and stops at the end of the session.
 # Tests that kill or restart an S3 server use `s3_server_private`, never the
@@ -49,7 +49,7 @@ def sync_dask():
 @pytest.fixture(scope="session")
 def s3_server():
     """The session's S3 server (`S3Server`): endpoint_url, key, secret, storage_options."""
-    from daskcfa.testing.servers import S3Server
+    from daskcfa_testing.servers import S3Server
 
     with S3Server() as server:
         yield server
@@ -58,7 +58,7 @@ def s3_server():
 @pytest.fixture
 def s3_server_private():
     """A separate S3 server for this test only (for kill()/restart() tests)."""
-    from daskcfa.testing.servers import S3Server
+    from daskcfa_testing.servers import S3Server
 
     with S3Server() as server:
         yield server
@@ -79,7 +79,7 @@ def s3fs_fs(s3_server):
 @pytest.fixture
 def make_http_server():
     """Factory: make_http_server(directory, username=None, password=None) -> started HTTPServer."""
-    from daskcfa.testing.servers import HTTPServer
+    from daskcfa_testing.servers import HTTPServer
 
     servers = []
 
@@ -107,7 +107,7 @@ def opendap_server(tmp_path_factory):
     fresh subdirectory of the root (see `opendap_dir`) after the server started.
     Skips with the reason when pydap's server is not available.
     """
-    from daskcfa.testing.servers import OPeNDAPServer
+    from daskcfa_testing.servers import OPeNDAPServer
 
     server = OPeNDAPServer(tmp_path_factory.mktemp("opendap"))
     try:

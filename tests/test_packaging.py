@@ -56,6 +56,10 @@ def test_wheel_metadata(built):
         names = set(whl.namelist())
         metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert {"daskcfa/py.typed", "daskcfa/daskcfa.yaml", "daskcfa/daskcfa-schema.yaml"} <= names
+    # the test servers stay in the repository: not installed, and psutil is no core dependency for them
+    assert not any(n.startswith(("daskcfa_testing/", "daskcfa/testing/")) for n in names)
+    core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: ") and "extra ==" not in line]
+    assert core and not any("psutil" in line for line in core)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     fields = [line.split(": ", 1) for line in metadata.splitlines() if ": " in line]
     assert ["License-Expression", "BSD-3-Clause"] in fields

@@ -223,7 +223,7 @@ def test_s3_target(tmp_path, s3_server, s3_bucket, strategy):
 def test_memory_budget_holds_on_a_local_cluster(tmp_path):
     """Every worker's peak RSS growth stays under max_mem (measured on the workers) with slab writes."""
     distributed = pytest.importorskip("distributed")
-    from daskcfa.testing.memory import WorkerPeakMemory
+    from daskcfa_testing.memory import WorkerPeakMemory
 
     truth = np.random.default_rng(8).random((64, 256, 256)).astype("f4")  # 16 MiB
     src = cfa_source(tmp_path / "src.nca", truth, (8, 256, 256), compression={"zlib": True, "complevel": 1,

@@ -40,7 +40,7 @@ import json, sys
 import dask, psutil
 import daskcfa
 from daskcfa import from_cfa, open_cfa  # (daskcfa imports its reading modules on first use: before the baseline)
-from daskcfa.testing.memory import peak_rss
+from daskcfa_testing.memory import peak_rss
 
 args = json.loads(sys.argv[1])
 with open("/proc/self/clear_refs", "w") as f:

@@ -1,6 +1,6 @@
 """Remote storage: the safe-URI policy, credentials, and secrecy (issue "Remote storage").
 
-Real servers only (daskcfa.testing.servers): SeaweedFS checks SigV4
+Real servers only (daskcfa_testing.servers): SeaweedFS checks SigV4
 signatures, so a wrong secret really is refused; the HTTP server counts every
 request, so "refused before any request" is observable.
 """

@@ -1,6 +1,6 @@
 """Reading aggregations whose files live on remote storage (issue "Remote storage").
 
-Everything talks to real servers on 127.0.0.1 (daskcfa.testing.servers):
+Everything talks to real servers on 127.0.0.1 (daskcfa_testing.servers):
 SeaweedFS for S3 (checks SigV4 signatures), a range-capable HTTP server with
 byte counters, and pydap for OPeNDAP. Datasets are written by
 tests/builders.py from numpy ground truth, uploaded, and read back.

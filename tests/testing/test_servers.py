@@ -1,4 +1,4 @@
-"""The local test servers (daskcfa.testing.servers) behave like real ones.
+"""The local test servers (daskcfa_testing.servers) behave like real ones.
 
 Everything here talks to real servers on 127.0.0.1: SeaweedFS for S3, the
 threaded range-capable HTTP server, and pydap's OPeNDAP server.

