@@ -21,6 +21,7 @@ from .arguments import nearest
 from .errors import CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
+from .graph.masked import plain_masked
 from .graph.read import to_dask
 from .model import AggregatedVariable, Fragments
 from .storage.access import Access
@@ -171,7 +172,7 @@ class Variable(_AttributeAccessors):
         raise AttributeError(name)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return self.data[key].compute()
+        return plain_masked(self.data[key].compute())
 
     def __len__(self) -> int:
         if not self.shape:

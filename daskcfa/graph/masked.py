@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from dask.array.dispatch import numel_lookup
 
-__all__ = ["MaskedChunk", "masked_chunk"]
+__all__ = ["MaskedChunk", "masked_chunk", "plain_masked"]
 
 
 class MaskedChunk(np.ma.MaskedArray):
@@ -27,6 +27,12 @@ class MaskedChunk(np.ma.MaskedArray):
 def masked_chunk(values: np.ma.MaskedArray) -> MaskedChunk:
     """``values`` (data and mask shared, not copied) as a :class:`MaskedChunk`."""
     return values.view(MaskedChunk)
+
+
+def plain_masked(values: Any) -> Any:
+    """``values`` with a :class:`MaskedChunk` shown as numpy's own masked array (the same data and
+    mask), for results handed to users as netCDF4-python hands them; anything else unchanged."""
+    return values.view(np.ma.MaskedArray) if isinstance(values, MaskedChunk) else values
 
 
 @numel_lookup.register(MaskedChunk)

@@ -90,6 +90,13 @@ def test_count_agrees_with_dasks_own_count_of_masked_arrays(kwargs, mask):
         assert np.asarray(ours).dtype == np.dtype(kwargs.get("dtype", "f8"))
 
 
+def test_dataset_variables_read_numpys_own_masked_arrays(built):
+    with daskcfa.open_cfa(str(built.path)) as ds:
+        values = ds["tas"][0, :2, :2]
+    assert type(values) is np.ma.MaskedArray
+    np.testing.assert_array_equal(np.ma.getmaskarray(values), np.ma.getmaskarray(built.expected[0, :2, :2]))
+
+
 def test_masked_chunk_shares_data_and_mask():
     values = np.ma.MaskedArray(np.arange(4.0), mask=[0, 1, 0, 0])
     chunk = masked_chunk(values)
