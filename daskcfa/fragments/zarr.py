@@ -25,6 +25,7 @@ variable is, under the same canonical-form rules:
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import math
 import re
@@ -132,6 +133,9 @@ def _async(fs: Any) -> Any:
 def _references(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> Any:
     """The reference set at ``uri`` as an asynchronous filesystem whose targets are checked when read."""
     if uri.rstrip("/").endswith((".parq", ".parquet")):
+        if not (importlib.util.find_spec("pandas") and (importlib.util.find_spec("pyarrow")
+                                                        or importlib.util.find_spec("fastparquet"))):
+            raise FragmentReadError("a Parquet reference set needs pandas and pyarrow or fastparquet installed")
         fs, path = storage.filesystem(uri, profile, policy=policy)
         references: Any = LazyReferenceMapper(path.rstrip("/"), fs=fs)
     else:

@@ -291,3 +291,24 @@ def test_damaged_reference_set_is_a_clear_fragment_error(tmp_path, damage):
     with pytest.raises(daskcfa.FragmentReadError) as info:
         x.compute()
     assert info.value.fragment == (0, 0, 0)
+
+
+def test_parquet_reference_set_fragment(tmp_path, placed):
+    """A reference set stored as Parquet (fsspec's lazy format, written here with its own writer)."""
+    pytest.importorskip("kerchunk", reason="fsspec writes Parquet references through kerchunk")
+    pytest.importorskip("fastparquet")
+    from fsspec.implementations.local import LocalFileSystem
+    from fsspec.implementations.reference import LazyReferenceMapper
+
+    built, renamed = _with_reference_fragments(tmp_path, version=0)
+    for name in renamed.values():
+        refs = json.loads((built.path.parent / name).read_text())
+        parquet = name.replace(".json", ".parq")
+        lazy = LazyReferenceMapper.create(root=str(built.path.parent / parquet), fs=LocalFileSystem(), record_size=4)
+        for key, value in refs.items():
+            lazy[key] = value.encode() if isinstance(value, str) else value
+        lazy.flush()
+        (built.path.parent / name).unlink()
+    rewrite_uris(built.path, built.names["uris"], lambda u: u.replace(".json", ".parq"))
+    url, options = placed(built.path)
+    assert_matches(daskcfa.from_cfa(url, "tas", storage_options=options).compute(), built.expected)
