@@ -15,6 +15,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # `import builders` from any test module
 
 
+@pytest.fixture(autouse=True)
+def _own_dask_threads():
+    """Each test computes on a thread pool of its own (dask's default), drained when it ends.
+
+    When a task fails, dask's threaded scheduler raises at once but lets the
+    other tasks of that computation run on in its pool. A test that expects
+    the error passes while they still read fragments through netCDF-C, and
+    the next test, writing its files with netCDF4-python outside daskcfa's
+    lock, would share netCDF-C with them (not thread-safe: a crash of the
+    whole run, seen as exit 139).
+    """
+    import dask.threaded
+
+    yield
+    # (dask's default pool, created by the test's first computation; the next test makes its own)
+    pool, dask.threaded.default_pool = dask.threaded.default_pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
 @pytest.fixture
 def other_cwd(tmp_path_factory, monkeypatch):
     """Run the test from an unrelated working directory.
