@@ -12,9 +12,11 @@ only the previous generation; after, only the new one.
 
 **Leases.** A write holds a lease on its target for its whole duration: a
 small object beside the aggregation file, ``.<name>.lease``, created only if
-absent (a hard link locally, ``If-None-Match: *`` on S3) and replaced only by
-compare-and-swap (a rename to a unique name locally, ``If-Match: <ETag>`` on
-S3). It records the owner (a random id per write), the host and process that
+absent and replaced only by compare-and-swap: on S3 with ``If-None-Match: *``
+and ``If-Match: <ETag>``; locally each change is made holding an exclusive
+``flock`` on ``.<name>.lease.lock`` (released by the kernel if its process is
+killed), and the record is replaced whole with a rename, so that a lease
+never disappears, even for an instant, while successors race for it. It records the owner (a random id per write), the host and process that
 started the write, the generation and an expiry that fragment tasks extend
 as they go. A lease whose process is gone (same host) or whose expiry has
 passed is stale: a successor takes it over, and one successor only.
@@ -30,6 +32,7 @@ listed for the next commit, never orphaned.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
@@ -39,8 +42,9 @@ import re
 import socket
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import dask.config
 import fsspec.asyn
@@ -262,23 +266,44 @@ def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
     return record, tag  # an unreadable record has no owner and no expiry: stale, taken over
 
 
+@contextmanager
+def _changing(path: str) -> Iterator[None]:
+    """Hold the right to change the local lease at ``path`` (one process or thread at a time)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (per open file: threads of one process exclude each other too)
+        yield
+    finally:
+        os.close(fd)  # (releases the flock)
+
+
+def _local_current(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _local_put(path: str, data: bytes) -> None:
+    """The record at ``path`` replaced whole (readers see the old one or the new one)."""
+    temporary = f"{path}.{uuid.uuid4().hex}"
+    with open(temporary, "wb") as f:
+        f.write(data)
+    os.replace(temporary, path)
+
+
 def _create(uri: str, data: bytes, profile: ProfileRef) -> bool:
     """Create the lease object only if absent; whether we did."""
-    if is_local(uri):
-        path = local_path(uri)
-        temporary = f"{path}.{uuid.uuid4().hex}"
-        with translated(uri):
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(temporary, "wb") as f:
-                f.write(data)
-            try:
-                os.link(temporary, path)  # atomic, fails if the name exists (also on NFS v3+)
-                return True
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(temporary)
-    return _conditional_put(uri, data, profile, IfNoneMatch="*")
+    if not is_local(uri):
+        return _conditional_put(uri, data, profile, IfNoneMatch="*")
+    path = local_path(uri)
+    with translated(uri), _changing(path):
+        if _local_current(path) is not None:
+            return False
+        _local_put(path, data)
+        return True
 
 
 def _swap(uri: str, tag: Any, data: bytes, profile: ProfileRef) -> bool:
@@ -286,46 +311,24 @@ def _swap(uri: str, tag: Any, data: bytes, profile: ProfileRef) -> bool:
     if not is_local(uri):
         return _conditional_put(uri, data, profile, IfMatch=tag)
     path = local_path(uri)
-    grave = f"{path}.{uuid.uuid4().hex}.old"
-    with translated(uri):
-        try:
-            os.rename(path, grave)  # only one of several racing successors moves it
-        except FileNotFoundError:
+    with translated(uri), _changing(path):
+        if _local_current(path) != tag:
             return False
-        with open(grave, "rb") as f:
-            moved = f.read()
-        if moved != tag:  # we moved a newer lease: put it back (unless yet another appeared)
-            try:
-                os.link(grave, path)
-            except FileExistsError:
-                pass
-            os.unlink(grave)
-            return False
-        os.unlink(grave)
-    return _create(uri, data, profile)
+        _local_put(path, data)
+        return True
 
 
 def _remove(uri: str, tag: Any, profile: ProfileRef) -> None:
-    if is_local(uri):
-        path = local_path(uri)
-        grave = f"{path}.{uuid.uuid4().hex}.old"
+    if not is_local(uri):
         try:
-            os.rename(path, grave)
-        except FileNotFoundError:
-            return
-        with open(grave, "rb") as f:
-            moved = f.read()
-        if moved != tag:
-            try:
-                os.link(grave, path)
-            except FileExistsError:
-                pass
-        os.unlink(grave)
+            delete(uri, profile)
+        except NotFoundError:
+            pass
         return
-    try:
-        delete(uri, profile)
-    except NotFoundError:
-        pass
+    path = local_path(uri)
+    with _changing(path):
+        if _local_current(path) == tag:
+            os.unlink(path)
 
 
 def _precondition_failed(exc: BaseException) -> bool:
