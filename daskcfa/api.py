@@ -286,7 +286,7 @@ def to_cfa(
         delayed = write_graph(
             request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
             fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
-            profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease,
+            profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
         )
         return delayed.compute() if compute else delayed

@@ -38,6 +38,7 @@ from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
 from ..graph.write import WriteRequest, WriteSource, fragment_grid, write_graph
 from ..inputs import dataset_model
+from ..storage.lease import Lease
 from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid, is_coordinate_variable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
@@ -225,12 +226,17 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
         if var.plan.strategy == "staged":
             staged.append(var.source.data.staging)
     request = WriteRequest(model, [v.source for v in chosen])
-    result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
-                         format=format, fragment_format=fragment_format, mode=mode,
-                         profile=profile, uris=uris)
-    if staged:
-        result = delayed(remove_staging, pure=True)(result, staged, profile)
-    return result.compute() if compute else result
+    lease = Lease.new(url, profile)
+    try:
+        result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
+                             format=format, fragment_format=fragment_format, mode=mode,
+                             profile=profile, lease=lease, hold=compute, uris=uris)
+        if staged:
+            result = delayed(remove_staging, pure=True)(result, staged, profile)
+        return result.compute() if compute else result
+    finally:
+        if compute:
+            lease.release()  # (a no-op after the commit released it)
 
 
 #: The command line's name for :func:`refragment` (``daskcfa split``), as an alias.

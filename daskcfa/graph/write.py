@@ -171,12 +171,16 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
                 format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
                 fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
-                keep_previous: float = 0.0, uris: str = "relative") -> Delayed:
+                hold: bool = False, keep_previous: float = 0.0, uris: str = "relative") -> Delayed:
     """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`).
 
     Its first task takes ``lease`` (a new one if None) on the target, every
     fragment task checks it still holds it, and the commit releases it; the
     fragments go to the write's own generation (:mod:`daskcfa.storage.lease`).
+    With ``hold`` the lease is taken now, by the caller, who computes the write
+    and releases the lease whatever happens: a failed computation raises while
+    its other tasks may still run, and a first task taking the lease only then
+    would leave it held by nobody (the first task then only checks it).
     """
     if fragment_format not in FRAGMENT_FORMATS:
         raise ArgumentError(f"unknown fragment format {fragment_format!r}; choose one of {', '.join(FRAGMENT_FORMATS)}")
@@ -196,8 +200,10 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
     generation = generation_name(tokenize([p.token for p in planned]))
     lease = replace(lease or Lease.new(url, profile), generation=generation, profile=profile)
+    if hold:
+        lease.acquire()
     begin = f"cfa-begin-{stem}-{generation}"
-    layers: dict[Any, Any] = {begin: (_begin, lease, mode)}
+    layers: dict[Any, Any] = {begin: (_begin, lease, mode, hold)}
     dependencies = []
     record_keys = []
     references: set[str] = set()
@@ -231,9 +237,13 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
 _S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
 
 
-def _begin(lease: Lease, mode: str) -> Lease:
-    """The write's first task: take the lease; ``w-`` refuses a target that exists by now."""
-    lease.acquire()
+def _begin(lease: Lease, mode: str, held: bool) -> Lease:
+    """The write's first task: take the lease (or, ``held`` by the caller, check it is still ours);
+    ``w-`` refuses a target that exists by now."""
+    if held:
+        lease.confirm(force=True)
+    else:
+        lease.acquire()
     try:
         refuse_existing(lease.target, mode, lease.profile)
     except FileExistsError:

@@ -683,3 +683,22 @@ def test_overwrite_never_deletes_files_outside_the_dataset(tmp_path):
     assert all(p.exists() for p in theirs)
     assert_matches(daskcfa.from_cfa(str(tmp_path / "src" / "t.nc")).compute(), x)
     assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))
+
+
+def test_a_failed_write_leaves_no_lease_behind(tmp_path):
+    """When one task fails, compute() raises while the write's other tasks may still run: the lease
+    must not be taken by a task that runs after the caller released it (it was: a retry in the same
+    process then met "another writer holds the target" for the lease's whole lifetime)."""
+    def boom(block):
+        raise RuntimeError("the input cannot be computed")
+
+    good = da.ones((6, 4), chunks=(2, 4), dtype="f4")
+    for attempt in range(5):
+        target = tmp_path / f"t{attempt}.nca"
+        bad = good.map_blocks(boom, dtype="f4")
+        with pytest.raises(RuntimeError, match="cannot be computed"):
+            daskcfa.to_cfa(bad, str(target), variable="v", dims=("a", "b"), fragment_shape=(2, 4))
+        time.sleep(0.2)  # (time for tasks left running by the failed computation to finish)
+        assert not (tmp_path / f".t{attempt}.nca.lease").exists()
+        daskcfa.to_cfa(good, str(target), variable="v", dims=("a", "b"), fragment_shape=(2, 4))
+        assert daskcfa.from_cfa(str(target)).compute().sum() == 24
