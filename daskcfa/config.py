@@ -55,6 +55,9 @@ def register() -> None:
     dask.config.update_defaults(DEFAULTS)
 
 
+register()  # on import, as distributed registers its own (``import daskcfa`` imports this module)
+
+
 def keys(schema: Mapping[str, Any] = SCHEMA, prefix: str = "daskcfa") -> Iterator[str]:
     """Every dotted key the schema knows (sections and leaves)."""
     for name, sub in schema.get("properties", {}).items():
