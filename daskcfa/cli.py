@@ -131,7 +131,7 @@ def _relocate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .version import __version__
+    from . import __version__
     from .choices import FRAGMENT_FORMATS, WRITE_FORMATS
 
     common = argparse.ArgumentParser(add_help=False)

@@ -55,7 +55,7 @@ def register() -> None:
     dask.config.update_defaults(DEFAULTS)
 
 
-register()  # on import, as dask's sub-projects register theirs: dask.config.get("daskcfa") shows the defaults
+register()  # on import, as distributed registers its own (``import daskcfa`` imports this module)
 
 
 def keys(schema: Mapping[str, Any] = SCHEMA, prefix: str = "daskcfa") -> Iterator[str]:

@@ -74,7 +74,7 @@ def test_one_version_source():
     assert "version" not in project and "version" in project["dynamic"]
     hits = subprocess.run(["git", "grep", "-lE", "^__version__ *=", "--", "daskcfa"], cwd=ROOT, capture_output=True,
                           text=True).stdout
-    assert hits.split() == ["daskcfa/version.py"]
+    assert hits.split() == ["daskcfa/__init__.py"]
 
 
 def test_diagnostics_extra_gives_performance_report(tmp_path):

@@ -1,3 +1,0 @@
-"""The version of daskcfa: the one source (pyproject.toml reads it from here)."""
-
-__version__ = "0.1.0.dev0"
