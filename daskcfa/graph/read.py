@@ -8,8 +8,8 @@ point per fragment rather than whole fragments.
 
 A chunk may also hold whole neighbouring fragments (``chunks="256MiB"``):
 worth it for thousands of kilobyte fragments, where a dask task costs more
-than reading one; a chunk's reads then walk along its fragments, reading
-small remote objects ahead as a walk across chunks does.
+than reading one; a chunk's task then fetches its own next small remote
+objects ahead, as a walk across chunks does.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ class AggregatedArray:
         # values and mask assembled apart: masked-array item assignment costs ~3x a copy
         values = np.empty(shape, self.target.dtype)
         mask = np.ma.nomask
-        for pieces in combos:
-            self._read_ahead(pieces)  # (a chunk of several fragments walks along them too)
+        for k, pieces in enumerate(combos):
+            self._read_ahead_within(combos, k)
             block = self._piece(pieces)
             where = _placement(pieces)
             values[where] = np.ma.getdata(block)
@@ -194,6 +194,16 @@ class AggregatedArray:
             if uri:
                 uris.append(uri)
         readahead.read_ahead(uris, self.target.profile, self.target.policy)
+
+    def _read_ahead_within(self, combos: list[tuple], k: int) -> None:
+        """In a chunk of several fragments, start fetching its own next small remote objects (never
+        another chunk's: a thread running that chunk would fetch them too)."""
+        depth = readahead.depth()
+        index = tuple(p.fragment for p in combos[k])
+        if not depth or self._is_local(index):
+            return
+        ahead = (self._ahead_uri(tuple(p.fragment for p in pieces)) for pieces in combos[k + 1:k + 1 + depth])
+        readahead.read_ahead([uri for uri in ahead if uri], self.target.profile, self.target.policy)
 
     def _is_local(self, index: tuple[int, ...]) -> bool:
         """Whether the fragment at ``index`` is (first) a local file: a walk from it reads

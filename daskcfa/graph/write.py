@@ -200,8 +200,6 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
     generation = generation_name(tokenize([p.token for p in planned]))
     lease = replace(lease or Lease.new(url, profile), generation=generation, profile=profile)
-    if hold:
-        lease.acquire()
     begin = f"cfa-begin-{stem}-{generation}"
     layers: dict[Any, Any] = {begin: (_begin, lease, mode, hold)}
     dependencies = []
@@ -213,6 +211,8 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
         record_keys.append(keys)
         dependencies.append(plan.data)
     payload = encode_aggregation(request.model, format=format)  # checks every rule before anything is written
+    if hold:
+        lease.acquire()
     token = tokenize(payload, [k for keys in record_keys for k in keys])
     root = posixpath.join(stem, ".daskcfa")
     commit = _Commit(

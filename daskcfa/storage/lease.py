@@ -15,8 +15,9 @@ small object beside the aggregation file, ``.<name>.lease``, created only if
 absent and replaced only by compare-and-swap: on S3 with ``If-None-Match: *``
 and ``If-Match: <ETag>``; locally each change is made holding an exclusive
 ``flock`` on ``.<name>.lease.lock`` (released by the kernel if its process is
-killed), and the record is replaced whole with a rename, so that a lease
-never disappears, even for an instant, while successors race for it. It records the owner (a random id per write), the host and process that
+killed; removed with the lease), and the record is replaced whole with a
+rename, so that a lease never disappears, even for an instant, while
+successors race for it. It records the owner (a random id per write), the host and process that
 started the write, the generation and an expiry that fragment tasks extend
 as they go. A lease whose process is gone (same host) or whose expiry has
 passed is stale: a successor takes it over, and one successor only.
@@ -268,11 +269,27 @@ def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
 
 @contextmanager
 def _changing(path: str) -> Iterator[None]:
-    """Hold the right to change the local lease at ``path`` (one process or thread at a time)."""
+    """Hold the right to change the local lease at ``path`` (one process or thread at a time): an
+    ``flock`` on ``<path>.lock``, which the kernel drops when its process dies. Whoever removes
+    the lease removes the lock file too, so each waiter checks, once it holds the lock, that it
+    locked the file the name still refers to (else another has just removed it: lock again)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    lock = f"{path}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (per open file: threads of one process exclude each other too)
+            try:
+                current = os.stat(lock).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # (per open file: threads of one process exclude each other too)
         yield
     finally:
         os.close(fd)  # (releases the flock)
@@ -329,6 +346,7 @@ def _remove(uri: str, tag: Any, profile: ProfileRef) -> None:
     with _changing(path):
         if _local_current(path) == tag:
             os.unlink(path)
+            os.unlink(f"{path}.lock")  # (still held: a waiter sees the name gone and locks anew)
 
 
 def _precondition_failed(exc: BaseException) -> bool:
