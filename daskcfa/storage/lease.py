@@ -49,13 +49,16 @@ from typing import Any, Iterable, Iterator
 import dask.config
 import fsspec.asyn
 
-from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError
+from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError, redact
+from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
 from .objects import delete, exists, filesystem, read_bytes
 from .retry import translated
 from .uri import is_local
 from .profiles import ProfileRef
+
+log = logger(__name__)
 
 __all__ = [
     "GENERATION",
@@ -185,6 +188,8 @@ class Lease:
                     return self
                 if self._stale(record):
                     if _swap(self.uri, tag, self._record(), self.profile):
+                        log.warning("took over the stale write lease %s on %s, held by %s", redact(self.uri),
+                                    redact(self.target), self._describe(record))
                         return self
                 elif time.monotonic() >= deadline:
                     raise WriteConflictError(f"another writer holds the target: {self._describe(record)}; "
