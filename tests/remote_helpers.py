@@ -157,7 +157,8 @@ class FailingProxy:
                 if not data:
                     return
                 request += data
-            client.sendall(self.RESPONSE % (len(self.BODY), self.BODY))
+            body = b"" if request.startswith(b"HEAD ") else self.BODY
+            client.sendall(self.RESPONSE % (len(self.BODY), body))
 
     @staticmethod
     def _pump(source, sink) -> None:

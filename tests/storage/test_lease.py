@@ -8,6 +8,7 @@ what SeaweedFS honours: ``If-None-Match: *`` and ``If-Match`` on PUT.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -75,7 +76,8 @@ def test_a_live_lease_excludes_others(place):
     Lease.new(url, profile, "g-2222222222222222").acquire()
 
 
-def test_dead_or_expired_holders_are_taken_over(place):
+def test_dead_or_expired_holders_are_taken_over(place, caplog):
+    caplog.set_level(logging.WARNING, logger="daskcfa")
     url, profile, raw = place.url, place.profile, place.read
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     place.plant(host=socket.gethostname(), pid=int(dead.stdout))  # a killed writer on this host
@@ -83,6 +85,10 @@ def test_dead_or_expired_holders_are_taken_over(place):
     assert json.loads(raw())["owner"] == successor.owner
     place.plant(expires=time.time() - 1)  # an expired lease of a writer on another host
     Lease.new(url, profile, "g-4444444444444444").acquire()
+    taken = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.lease"]
+    assert len(taken) == 2 and all(r.levelno == logging.WARNING for r in caplog.records if r.name.startswith("daskcfa"))
+    assert all(m.startswith(f"took over the stale write lease {lease_uri(url)} on {url}") for m in taken)
+    assert f"process {int(dead.stdout)} " in taken[0] and "lease expired" in taken[1]
     with pytest.raises(WriteConflictError):
         successor.confirm(force=True)  # it lost the lease: it must not write or commit anything more
 
