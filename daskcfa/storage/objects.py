@@ -365,8 +365,8 @@ class _RemoteFile(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        with refusals(self._uri):
-            data = self._file.read(len(memoryview(buffer).cast("B")))
+        with refusals(self._uri):  # (a failed read does not move the position: it can be retried)
+            data = with_retries(self._uri, self._file.read, len(memoryview(buffer).cast("B")))
         memoryview(buffer).cast("B")[:len(data)] = data
         return len(data)
 

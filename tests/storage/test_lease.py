@@ -142,3 +142,20 @@ def test_generation_names():
     assert in_generation("a7/a7.tas.0.1.nc", gen) == f"a7/{gen}/a7.tas.0.1.nc"
     assert in_generation("frag_0.nc", gen) == f"{gen}/frag_0.nc"
     assert marker_of(f"s3://b/a7/{gen}/a7.tas.0.1.nc") == f"s3://b/a7/{gen}/.daskcfa/a7.tas.0.1.nc.json"
+
+
+def test_lease_requests_on_s3_are_retried(s3_server, caplog):
+    """The lease's own S3 requests (a GET, conditional PUTs) go through daskcfa's retries: an
+    overloaded server's first "503" costs a retry, logged, not the write."""
+    from remote_helpers import FailingProxy
+
+    bucket = s3_server.new_bucket()
+    host, port = s3_server.endpoint_url.removeprefix("http://").split(":")
+    caplog.set_level(logging.WARNING, logger="daskcfa")
+    with FailingProxy((host, int(port)), failures=1) as proxy:
+        options = dict(s3_server.storage_options, client_kwargs={"endpoint_url": proxy.endpoint_url})
+        lease = Lease.new(f"s3://{bucket}/d/t.nca", register(options, protocol="s3"), "g-5555555555555555").acquire()
+        lease.confirm(force=True)
+        lease.release()
+    retries = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.retry"]
+    assert len(retries) == 1 and retries[0].startswith(f"storage attempt 1 of 4 on s3://{bucket}/d/.t.nca.lease")
