@@ -10,6 +10,7 @@ cluster is used (the worker plugins, a ``--scheduler`` address).
 from __future__ import annotations
 
 from . import config  # (registers daskcfa's dask config defaults: dask.config.get("daskcfa"))
+from . import logs  # (the NullHandler on the daskcfa logger, before any module logs)
 from .errors import (
     AggregationError,
     ArgumentError,

@@ -284,6 +284,11 @@ class AggregationDataset:
     variables: list[PlainVariable] = field(default_factory=list)
     aggregated: list[AggregatedVariable] = field(default_factory=list)
 
+    @property
+    def nfragments(self) -> int:
+        """The fragments of every aggregated variable (one a file names twice counted twice)."""
+        return sum(len(av.fragments) for av in self.aggregated)
+
     def dimension_size(self, group: str, name: str) -> int | None:
         """The size of dimension ``name`` as seen from ``group`` (None: not visible there)."""
         sizes = {d.name: d.size for d in self.dimensions}

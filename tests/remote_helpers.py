@@ -93,3 +93,85 @@ def write_cf113(path: Path, name: str, dims: Sequence[str], sizes, uris, *, iden
         v.aggregated_dimensions = " ".join(dims)
         v.aggregated_data = "map: fragment_map uris: fragment_uris identifiers: fragment_identifiers"
     return path
+
+
+
+class FailingProxy:
+    """A TCP server on 127.0.0.1 that counts the connections made to it: on the first
+    ``failures`` it answers the request with S3's "503 Service Unavailable" and closes the
+    connection (an overloaded or restarting server); later connections are forwarded to
+    ``target`` (``(host, port)``; None: every connection fails). A real peer, so every layer of
+    a client (daskcfa, s3fs, botocore, aiohttp) sees a real fault; a 503 rather than a reset,
+    because aiohttp itself sends an idempotent request again once on a reset connection, at a
+    moment a reset races with. A context manager; ``endpoint_url`` names it."""
+
+    RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n%s")
+    BODY = b"<Error><Code>ServiceUnavailable</Code><Message>Please reduce your request rate.</Message></Error>"
+
+    def __init__(self, target: tuple[str, int] | None = None, failures: int = 10**9) -> None:
+        import socket
+        import threading
+
+        self.target, self.failures, self.connections = target, failures, 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._closed = False
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self) -> "FailingProxy":
+        self._accepting.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed = True
+        self._server.close()
+        self._accepting.join(5)
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        self._server.settimeout(0.1)  # (closing a socket does not wake a thread blocked in accept)
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            self.connections += 1
+            if self.target is None or self.connections <= self.failures:
+                threading.Thread(target=self._fail, args=(client,), daemon=True).start()
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _fail(self, client) -> None:
+        with client:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = client.recv(65536)
+                if not data:
+                    return
+                request += data
+            body = b"" if request.startswith(b"HEAD ") else self.BODY
+            client.sendall(self.RESPONSE % (len(self.BODY), body))
+
+    @staticmethod
+    def _pump(source, sink) -> None:
+        import socket
+
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -116,7 +116,7 @@ def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, 
     """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit."""
     model.aggregated = [_referenced(av, url, uris == "absolute", format) for av in model.aggregated]
     payload = encode_aggregation(model, format=format)  # every rule checked before anything is written
-    put_aggregation(url, payload, mode, profile)
+    put_aggregation(url, payload, mode, profile, detail=f"{model.nfragments} fragments referenced")
     return url
 
 

@@ -117,7 +117,7 @@ def relocate(
     _warn_unsafe(model.aggregated, new_url)
     file_format = data_model if data_model in FILE_FORMATS else "NETCDF4"
     payload = encode_aggregation(model, format=format, file_format=file_format)
-    put_aggregation(new_url, payload, "w" if in_place else mode, out_profile)
+    put_aggregation(new_url, payload, "w" if in_place else mode, out_profile, detail=f"{model.nfragments} fragments referenced")
     return new_url
 
 

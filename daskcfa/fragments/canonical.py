@@ -22,12 +22,15 @@ from ..decode import Encoding, chars_to_strings, strings_to_chars
 from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
                       MissingFragmentError, NotFoundError, UnitsError, redact)
 from ..formats.limits import max_string_length
+from ..logs import logger
 from ..model import FragmentRef
 from .. import storage
 from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
 from ..units import Unit
 from .files import open_fragment
+
+log = logger(__name__)
 
 __all__ = ["Target", "read_fragment", "allowed_uris"]
 
@@ -89,7 +92,9 @@ def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedA
     except FragmentError as exc:
         if target.missing != "fill" or isinstance(exc, UnitsError):
             raise
-        warnings.warn(f"reading fragment {ref.index} as missing data: {exc}", CFAWarning, stacklevel=2)
+        message = f"reading fragment {ref.index} as missing data: {exc}"  # (a CFAError's file is redacted)
+        log.warning("%s", message)
+        warnings.warn(message, CFAWarning, stacklevel=2)
         return _missing(_selection_shape(key), target.dtype)
 
 

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import dask.config
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError
+from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError, redact
+from ..logs import logger
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from . import readahead
@@ -39,6 +40,7 @@ from .zarr import ZarrFile, is_zarr
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _READS = itertools.count()  #: distinct keys for handles that are never shared
 NETCDF3_SIGNATURE = b"CDF"
+log = logger(__name__)
 
 
 def _engine() -> str:
@@ -51,9 +53,10 @@ def _engine() -> str:
 class _Variable:
     """A fragment variable whose direct reads fall back to netCDF4 when needed."""
 
-    def __init__(self, var: Any, name: str, fallback: Any) -> None:
+    def __init__(self, var: Any, name: str, fallback: Any, label: str = "") -> None:
         self._var = var
         self._name = name
+        self._label = label
         self._fallback = fallback  # () -> the same file opened with netCDF4
         self.name, self.shape, self.dtype, self.no_fill = var.name, var.shape, var.dtype, var.no_fill
         self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, self._fallback_attrs)
@@ -66,13 +69,18 @@ class _Variable:
     def _fallback_attrs(self) -> Mapping[str, Any]:
         return self._fallback().variable(self._name).attrs
 
+    def _falling_back(self, exc: Exception, what: str) -> Any:
+        log.debug("fragment %s, variable %r: the direct reader cannot read its %s (%s); netCDF4 reads it",
+                  redact(self._label), self._name, what, exc)
+        return self._fallback().variable(self._name)
+
     @property
     def dims(self) -> tuple[str, ...]:
         try:
             return tuple(self._var.dims)
         except Exception as exc:
             if self._fallback is not None and _unsupported(exc):
-                return tuple(self._fallback().variable(self._name).dims)
+                return tuple(self._falling_back(exc, "dimensions").dims)
             raise
 
     def read(self, key: tuple) -> Any:
@@ -82,7 +90,7 @@ class _Variable:
             raise
         except Exception as exc:
             if self._fallback is not None and _unsupported(exc):
-                return _budgeted_read(self._fallback().variable(self._name), self._name, key)
+                return _budgeted_read(self._falling_back(exc, "values"), self._name, key)
             if isinstance(exc, (OSError, RuntimeError, ValueError, IndexError, zlib.error)):
                 raise FragmentReadError(f"cannot read variable {self._name!r}: {exc}") from None
             raise
@@ -137,8 +145,9 @@ class FragmentFile:
     """
 
     def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None,
-                 second: Callable[[], None] | None = None) -> None:
+                 second: Callable[[], None] | None = None, how: str = "") -> None:
         self.label = label
+        log.debug("opened fragment %s (%s; engine: %s)", redact(label), how or "as a file", _engine_name(direct))
         self._stack = ExitStack()
         self._direct = direct  # an HDF5File, or None
         self._netcdf4_opener = netcdf4  # () -> NetCDF4File
@@ -158,6 +167,7 @@ class FragmentFile:
                     self._direct = None
                 if self._direct is not None and self._second is not None:
                     self._second()
+                log.debug("opening fragment %s with netCDF4-python", redact(self.label))
                 self._netcdf4 = _opened(self._netcdf4_opener, self.label)
                 self._stack.callback(self._netcdf4.close)
             return self._netcdf4
@@ -187,13 +197,14 @@ class FragmentFile:
                     direct = self._direct.variable(name) if self._direct is not None else None
                     self._direct_used |= direct is not None
                 if direct is not None:
-                    return _Variable(direct, name, lambda: self._nc())
+                    return _Variable(direct, name, lambda: self._nc(), self.label)
             except KeyError:
                 raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
-            except (DirectReadUnsupported, OSError, RuntimeError):
-                pass
+            except (DirectReadUnsupported, OSError, RuntimeError) as exc:
+                log.debug("fragment %s, variable %r: the direct reader cannot open it (%s); netCDF4 reads it",
+                          redact(self.label), name, exc)
         try:
-            return _Variable(self._nc().variable(name), name, None)
+            return _Variable(self._nc().variable(name), name, None, self.label)
         except (KeyError, IndexError):
             raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
 
@@ -222,8 +233,18 @@ def _hdf5(source: Any, **kwargs: Any) -> Any:
 
     try:
         return HDF5File(source, **kwargs)
-    except (OSError, DirectReadUnsupported):
+    except (OSError, DirectReadUnsupported) as exc:
+        log.debug("the direct HDF5 reader cannot open %s (%s); netCDF4 reads it",
+                  redact(str(kwargs.get("label") or source)), exc)
         return None
+
+
+def _engine_name(direct: Any) -> str:
+    """What reads a fragment file first: the direct reader's kind, or netCDF4-python."""
+    if direct is None:
+        return "netCDF4-python"
+    return {"HDF5File": "direct HDF5", "NetCDF3File": "direct netCDF-3", "ZarrFile": "zarr-python"}.get(
+        type(direct).__name__, type(direct).__name__)
 
 
 @contextmanager
@@ -268,14 +289,14 @@ def _open_zarr(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> 
     def no_netcdf4() -> NetCDF4File:
         raise FragmentReadError("a Zarr store is read by zarr-python only")
 
-    return FragmentFile(uri, direct=ZarrFile(uri, profile, policy=policy), netcdf4=no_netcdf4)
+    return FragmentFile(uri, direct=ZarrFile(uri, profile, policy=policy), netcdf4=no_netcdf4, how="Zarr store")
 
 
 def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:
     if policy is not None:
         storage.probe_opendap(uri, profile, policy=policy)
     url = storage.opendap_url(uri)
-    return FragmentFile(url, netcdf4=lambda: NetCDF4File(url))
+    return FragmentFile(url, netcdf4=lambda: NetCDF4File(url), how="OPeNDAP")
 
 
 def _open_local(path: str, second: Callable[[], None]) -> FragmentFile:
@@ -285,7 +306,7 @@ def _open_local(path: str, second: Callable[[], None]) -> FragmentFile:
     direct = None
     if _engine() != "netcdf4":
         direct = open_netcdf3(path) or _hdf5(path)
-    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path), second=second)
+    return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path), second=second, how="local file")
 
 
 def small_object_size() -> int:
@@ -343,7 +364,7 @@ def _open_ranged(uri: str, profile: ProfileRef, policy: LocationPolicy | None, n
         return _open_whole(uri, profile, policy, nbytes, nbytes, grower)
     direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile, policy=policy),
                    label=uri)
-    file = FragmentFile(uri, direct=direct, second=grower(nbytes),
+    file = FragmentFile(uri, direct=direct, second=grower(nbytes), how=f"byte ranges of {nbytes} bytes",
                         netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile, policy=policy)))
     file._stack.callback(fileobj.close)
     return file
@@ -364,7 +385,7 @@ def _open_whole(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nb
     elif _engine() != "netcdf4" and head[:4] in NETCDF3_SIGNATURES:
         direct = NetCDF3File(data=data)
     return FragmentFile(uri, direct=direct, netcdf4=lambda: NetCDF4File(label, memory=data.tobytes()),
-                        second=grower(len(data)))
+                        second=grower(len(data)), how=f"whole object of {len(data)} bytes")
 
 
 def _head_of(fileobj: Any) -> bytes:

@@ -67,6 +67,7 @@ class FragmentRecord(NamedTuple):
     uri: str  #: as stored in the aggregation file (relative to it, unless given absolute)
     nbytes: int
     checksum: str  #: MD5 of an uploaded object's bytes, hex ("" for local files: not read back)
+    resumed: bool = False  #: written by an earlier run, verified and kept
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | No
         return None
     if nbytes != marker.get("nbytes") or version != marker.get("version"):
         return None
-    return FragmentRecord(target.index, target.reference, nbytes, str(marker.get("md5", "")))
+    return FragmentRecord(target.index, target.reference, nbytes, str(marker.get("md5", "")), resumed=True)
 
 
 def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,

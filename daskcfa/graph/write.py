@@ -446,7 +446,10 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
         schedule(_previous_fragments(commit, earlier), commit.references, commit.url, commit.retired, commit.profile,
                  commit.keep_previous)
         storage.remove_stale_temporaries([commit.url, *new], commit.profile)
-        put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease)
+        resumed = sum(rec.resumed for recs in records for rec in recs)
+        put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease,
+                        detail=f"generation {commit.header['generation']}: "
+                               f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
         fragments: dict[str, dict[str, Any]] = {}
         if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
             fragments = earlier.get("fragments", {}) if isinstance(earlier, dict) else {}

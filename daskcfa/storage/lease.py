@@ -50,13 +50,16 @@ from typing import Any, Iterable, Iterator
 import dask.config
 import fsspec.asyn
 
-from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError
+from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError, redact
+from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
 from .objects import delete, exists, filesystem, read_bytes
-from .retry import translated
+from .retry import translated, with_retries
 from .uri import is_local
 from .profiles import ProfileRef
+
+log = logger(__name__)
 
 __all__ = [
     "GENERATION",
@@ -186,6 +189,8 @@ class Lease:
                     return self
                 if self._stale(record):
                     if _swap(self.uri, tag, self._record(), self.profile):
+                        log.warning("took over the stale write lease %s on %s, held by %s", redact(self.uri),
+                                    redact(self.target), self._describe(record))
                         return self
                 elif time.monotonic() >= deadline:
                     raise WriteConflictError(f"another writer holds the target: {self._describe(record)}; "
@@ -247,17 +252,19 @@ def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
     else:
         fs, path = filesystem(uri, profile)
         bucket, key, _ = fs.split_path(path)
+
+        def get() -> tuple[bytes, Any]:
+            response = fs.call_s3("get_object", Bucket=bucket, Key=key)
+            body = response["Body"]
+            try:
+                return fsspec.asyn.sync(fs.loop, body.read), response.get("ETag")
+            finally:
+                body.close()
+
         try:
-            with translated(uri):
-                response = fs.call_s3("get_object", Bucket=bucket, Key=key)
-                body = response["Body"]
-                try:
-                    data = fsspec.asyn.sync(fs.loop, body.read)
-                finally:
-                    body.close()
+            data, tag = with_retries(uri, get)
         except NotFoundError:
             return None
-        tag = response.get("ETag")
     try:
         record = json.loads(data)
     except ValueError:
@@ -364,14 +371,18 @@ def _precondition_failed(exc: BaseException) -> bool:
 def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: str) -> bool:
     fs, path = filesystem(uri, profile)
     bucket, key, _ = fs.split_path(path)
-    try:
-        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
-        return True
-    except Exception as exc:
-        if _precondition_failed(exc):
-            return False
-        with translated(uri):
+
+    def put() -> bool:
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+            return True
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return False
             raise
+
+    # (a retried put whose first attempt took effect is refused; the lease's owner, read next, tells)
+    return bool(with_retries(uri, put))
 
 
 # --------------------------------------------------------------------------

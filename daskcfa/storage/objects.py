@@ -136,6 +136,7 @@ def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tup
     protocol = scheme_of(target)
     if protocol == "s3":
         options.setdefault("use_listings_cache", False)
+        _single_attempts(options)
     if hops is not None and protocol in ("http", "https"):
         client = dict(options.get("client_kwargs") or {})
         client["middlewares"] = (*client.get("middlewares", ()), hops)
@@ -144,8 +145,20 @@ def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tup
         fs = fsspec.filesystem(protocol, **options)
     except (ValueError, ImportError, TypeError) as exc:
         raise StorageError(f"cannot use storage scheme {protocol!r}: {redact(str(exc))}", file=uri) from None
+    if protocol == "s3":
+        fs.retries = 1  # s3fs's attempts per call (a class attribute, no option; see _single_attempts)
     path = target if protocol in ("http", "https") else fs._strip_protocol(target)
     return fs, path
+
+
+def _single_attempts(options: dict[str, Any]) -> None:
+    """botocore (and s3fs, :func:`_filesystem`) make one attempt per call: :func:`~.retry.with_retries` is the one retry
+    layer (retries on retries made an unreachable endpoint silent for half a minute). Options the
+    user gave win."""
+    config = dict(options.get("config_kwargs") or {})
+    # (botocore's "max_attempts" counts retries, "total_max_attempts" the first attempt too)
+    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    options["config_kwargs"] = config
 
 
 def config_bytes(key: str, default: int) -> int:
@@ -352,8 +365,8 @@ class _RemoteFile(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        with refusals(self._uri):
-            data = self._file.read(len(memoryview(buffer).cast("B")))
+        with refusals(self._uri):  # (a failed read does not move the position: it can be retried)
+            data = with_retries(self._uri, self._file.read, len(memoryview(buffer).cast("B")))
         memoryview(buffer).cast("B")[:len(data)] = data
         return len(data)
 

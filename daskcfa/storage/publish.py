@@ -11,12 +11,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import redact
+from ..logs import logger
 from .atomic import put_atomic
 from .lease import Lease
 from .objects import exists
 from .profiles import ProfileRef
 
 __all__ = ["WRITE_MODES", "WHOLE_FILE_MODES", "check_mode", "refuse_existing", "put_aggregation"]
+
+log = logger(__name__)
 
 #: Every write mode (``to_cfa``).
 WRITE_MODES = ("w-", "w", "r+")
@@ -39,18 +42,22 @@ def refuse_existing(url: str, mode: str, profile: ProfileRef, hint: str = "mode=
     return found
 
 
-def put_aggregation(url: str, payload: bytes, mode: str, profile: ProfileRef, lease: Lease | None = None) -> None:
+def put_aggregation(url: str, payload: bytes, mode: str, profile: ProfileRef, lease: Lease | None = None, *,
+                    detail: str = "") -> None:
     """Put an encoded aggregation file in place: written under a temporary name, then moved.
 
     ``mode="w-"`` refuses a file that exists by now (it may have appeared
     since the caller last looked). Without ``lease`` (held by the caller), a
-    lease on ``url`` is taken for the while.
+    lease on ``url`` is taken for the while. The commit is logged at INFO,
+    with ``detail`` (what the caller wrote or referenced).
     """
     own = lease is None
     held = Lease.new(url, profile).acquire() if lease is None else lease
     try:
         refuse_existing(url, mode, profile)
         put_atomic(url, payload, profile)
+        log.info("committed aggregation file %s (%s%d bytes, mode %r)", redact(url),
+                 f"{detail}; " if detail else "", len(payload), mode)
     finally:
         if own:
             held.release()

@@ -9,6 +9,7 @@ family, never a secret.
 from __future__ import annotations
 
 import errno
+import random
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -16,10 +17,12 @@ from typing import Any, Iterator
 import dask.config
 
 from ..errors import CFAError, NotFoundError, StorageError, redact
+from ..logs import logger
 
 __all__ = ["Refused", "translated", "refusals", "http_status", "with_retries"]
 
 _TRANSIENT = (ConnectionError, TimeoutError)
+log = logger(__name__)
 
 
 class Refused(Exception):
@@ -33,6 +36,17 @@ class Refused(Exception):
 
 def _retries() -> int:
     return int(dask.config.get("daskcfa.storage.retries", 3))
+
+
+def _deadline() -> float:
+    """Seconds after which no further attempt starts (``daskcfa.storage.retry-deadline``)."""
+    return float(dask.config.get("daskcfa.storage.retry-deadline", 20.0))
+
+
+def _backoff(attempt: int) -> float:
+    """The wait after failed attempt ``attempt`` (0-based): exponential, capped, with jitter
+    (concurrent tasks that failed together do not all come back at once)."""
+    return min(2.0, 0.2 * 2**attempt) * random.uniform(0.75, 1.25)
 
 
 @contextmanager
@@ -120,14 +134,27 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 def with_retries(uri: str, operation: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``operation`` with bounded retries for transient faults, errors translated."""
+    """Run ``operation`` with bounded retries for transient faults, errors translated.
+
+    The one retry layer of daskcfa's storage: the filesystems it makes do not
+    retry themselves (:mod:`.objects`). At most ``daskcfa.storage.retries``
+    retries, none started after ``daskcfa.storage.retry-deadline`` seconds;
+    each failed attempt is logged at WARNING (URI redacted).
+    """
     attempts = _retries() + 1
+    give_up_at = time.monotonic() + _deadline()
     with translated(uri):
         for attempt in range(attempts):
             try:
                 return operation(*args, **kwargs)
             except Exception as exc:
-                if not _is_transient(exc) or attempt == attempts - 1:
+                if not _is_transient(exc):
                     raise
-            time.sleep(min(2.0, 0.2 * 2**attempt))
+                wait = _backoff(attempt)
+                last = attempt == attempts - 1 or time.monotonic() + wait >= give_up_at
+                log.warning("storage attempt %d of %d on %s failed (%s); %s", attempt + 1, attempts, redact(uri),
+                            _describe(exc), "giving up" if last else f"retrying in {wait:.1f} s")
+                if last:
+                    raise
+            time.sleep(wait)
     raise AssertionError("unreachable")

@@ -7,6 +7,7 @@ inputs must be refused with an error naming the files.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -126,10 +127,13 @@ def _bounds_truth(times: np.ndarray) -> np.ndarray:
     return np.concatenate([p.T for p in pairs])
 
 
-def test_earliest_file_sets_the_units_even_when_listed_last(tmp_path):
+def test_earliest_file_sets_the_units_even_when_listed_last(tmp_path, caplog):
     truth, _, paths = cmip_like(tmp_path, 4)
     os.rename(paths[0], tmp_path / "zz_first_in_time.nc")  # listed last by name, earliest by time
+    caplog.set_level(logging.INFO, logger="daskcfa")
     url = daskcfa.aggregate(str(tmp_path / "*.nc"), str(tmp_path / "out" / "agg.nc"))
+    assert [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.publish"] == [
+        f"committed aggregation file {url} (4 fragments referenced; {os.path.getsize(url)} bytes, mode 'w-')"]
     with daskcfa.open_cfa(url) as ds:
         assert ds["time"].attrs["units"] == COMMON
         assert_matches(ds["tas"][...], truth)

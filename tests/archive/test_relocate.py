@@ -7,6 +7,8 @@ then relocated and read back against the ground truth.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shutil
 import warnings
@@ -43,14 +45,18 @@ def stored_uris(url: str, storage_options=None) -> list[str]:
 
 
 @pytest.mark.parametrize("format", ["CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4"])
-def test_fragments_moved_on_disk_dialect_kept(tmp_path, format):
+def test_fragments_moved_on_disk_dialect_kept(tmp_path, format, caplog):
     url = write(tmp_path / "a" / "t.nc", format=format)
     shutil.move(tmp_path / "a" / "t", tmp_path / "moved")
     with pytest.raises(daskcfa.MissingFragmentError):
         daskcfa.from_cfa(url).compute()
     before = daskcfa.read_aggregation(url)
+    caplog.set_level(logging.INFO, logger="daskcfa")
     out = daskcfa.relocate(url, {str(tmp_path / "a" / "t"): str(tmp_path / "moved")})
     assert out == url
+    commits = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.publish"]
+    assert commits == [f"committed aggregation file {url} ({len(before.fragments)} fragments referenced; "
+                       f"{os.path.getsize(url)} bytes, mode 'w')"]
     after = daskcfa.read_aggregation(url)
     assert after.dialect == before.dialect
     assert after.fragments.grid == before.fragments.grid

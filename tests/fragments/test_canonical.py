@@ -9,6 +9,7 @@ by the test. Each read runs on local files and on the real S3 test server.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -782,3 +783,19 @@ def test_unique_text_too_long_for_a_char_aggregation(tmp_path):
     with pytest.raises(daskcfa.FragmentReadError, match="longer than the aggregated type") as info:
         x.compute()
     assert info.value.fragment == (1,)
+
+
+def test_fragments_read_as_missing_data_are_logged_too(tmp_path, caplog):
+    """``missing="fill"``: the CFAWarning, and a WARNING record naming the fragment and its file."""
+    data = np.arange(24, dtype="f4").reshape(4, 6)
+    url = daskcfa.to_cfa(data, str(tmp_path / "t.nca"), variable="v", dims=("time", "x"), fragment_shape=(2, 6))
+    gone = sorted(p for p in (tmp_path / "t").rglob("*.nc") if ".daskcfa" not in p.parts)[1]
+    gone.unlink()
+    caplog.set_level(logging.WARNING, logger="daskcfa")
+    with pytest.warns(daskcfa.CFAWarning, match=r"reading fragment \(1, 0\) as missing data"):
+        got = daskcfa.from_cfa(url, "v", missing="fill").compute(scheduler="synchronous")
+    assert got.mask[2:].all() and not got.mask[:2].any()
+    records = [r for r in caplog.records if r.name == "daskcfa.fragments.canonical"]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert records[0].getMessage().startswith("reading fragment (1, 0) as missing data: ")
+    assert str(gone) in records[0].getMessage()

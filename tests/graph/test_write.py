@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -702,3 +703,15 @@ def test_a_failed_write_leaves_no_lease_behind(tmp_path):
         assert not (tmp_path / f".t{attempt}.nca.lease").exists()
         daskcfa.to_cfa(good, str(target), variable="v", dims=("a", "b"), fragment_shape=(2, 4))
         assert daskcfa.from_cfa(str(target)).compute().sum() == 24
+
+
+def test_commits_are_logged_with_fragments_written_and_resumed(tmp_path, caplog):
+    data = np.arange(24, dtype="f4").reshape(4, 6)
+    url = str(tmp_path / "t.nca")
+    caplog.set_level(logging.INFO, logger="daskcfa")
+    for mode in ("w-", "w"):  # the same write again: every fragment verified and kept
+        daskcfa.to_cfa(data, url, variable="v", dims=("time", "x"), fragment_shape=(1, 6), mode=mode)
+    commits = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.publish"]
+    assert len(commits) == 2 and all(m.startswith(f"committed aggregation file {url} (generation g-") for m in commits)
+    assert "4 fragments written, 0 resumed" in commits[0] and "0 fragments written, 4 resumed" in commits[1]
+    assert "mode 'w-')" in commits[0] and "mode 'w')" in commits[1]

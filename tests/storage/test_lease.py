@@ -8,6 +8,7 @@ what SeaweedFS honours: ``If-None-Match: *`` and ``If-Match`` on PUT.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -75,7 +76,8 @@ def test_a_live_lease_excludes_others(place):
     Lease.new(url, profile, "g-2222222222222222").acquire()
 
 
-def test_dead_or_expired_holders_are_taken_over(place):
+def test_dead_or_expired_holders_are_taken_over(place, caplog):
+    caplog.set_level(logging.WARNING, logger="daskcfa")
     url, profile, raw = place.url, place.profile, place.read
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     place.plant(host=socket.gethostname(), pid=int(dead.stdout))  # a killed writer on this host
@@ -83,6 +85,10 @@ def test_dead_or_expired_holders_are_taken_over(place):
     assert json.loads(raw())["owner"] == successor.owner
     place.plant(expires=time.time() - 1)  # an expired lease of a writer on another host
     Lease.new(url, profile, "g-4444444444444444").acquire()
+    taken = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.lease"]
+    assert len(taken) == 2 and all(r.levelno == logging.WARNING for r in caplog.records if r.name.startswith("daskcfa"))
+    assert all(m.startswith(f"took over the stale write lease {lease_uri(url)} on {url}") for m in taken)
+    assert f"process {int(dead.stdout)} " in taken[0] and "lease expired" in taken[1]
     with pytest.raises(WriteConflictError):
         successor.confirm(force=True)  # it lost the lease: it must not write or commit anything more
 
@@ -136,3 +142,20 @@ def test_generation_names():
     assert in_generation("a7/a7.tas.0.1.nc", gen) == f"a7/{gen}/a7.tas.0.1.nc"
     assert in_generation("frag_0.nc", gen) == f"{gen}/frag_0.nc"
     assert marker_of(f"s3://b/a7/{gen}/a7.tas.0.1.nc") == f"s3://b/a7/{gen}/.daskcfa/a7.tas.0.1.nc.json"
+
+
+def test_lease_requests_on_s3_are_retried(s3_server, caplog):
+    """The lease's own S3 requests (a GET, conditional PUTs) go through daskcfa's retries: an
+    overloaded server's first "503" costs a retry, logged, not the write."""
+    from remote_helpers import FailingProxy
+
+    bucket = s3_server.new_bucket()
+    host, port = s3_server.endpoint_url.removeprefix("http://").split(":")
+    caplog.set_level(logging.WARNING, logger="daskcfa")
+    with FailingProxy((host, int(port)), failures=1) as proxy:
+        options = dict(s3_server.storage_options, client_kwargs={"endpoint_url": proxy.endpoint_url})
+        lease = Lease.new(f"s3://{bucket}/d/t.nca", register(options, protocol="s3"), "g-5555555555555555").acquire()
+        lease.confirm(force=True)
+        lease.release()
+    retries = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.retry"]
+    assert len(retries) == 1 and retries[0].startswith(f"storage attempt 1 of 4 on s3://{bucket}/d/.t.nca.lease")
