@@ -35,6 +35,16 @@ def _own_dask_threads():
         pool.shutdown(wait=True)
 
 
+@pytest.fixture(autouse=True)
+def _logging_enabled():
+    """cfdm (a peer imported by the interop tests) turns logging off for the whole process when
+    imported (``logging.disable()``): tests that look at log records run with it on again."""
+    import logging
+
+    logging.disable(logging.NOTSET)
+    yield
+
+
 @pytest.fixture
 def other_cwd(tmp_path_factory, monkeypatch):
     """Run the test from an unrelated working directory.
