@@ -38,7 +38,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, NotFoundError
+from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
@@ -91,8 +91,8 @@ class ZarrFile:
             if is_reference_set(location):
                 store: Any = zarr.storage.FsspecStore(_references(location, profile, policy), read_only=True)
             elif storage.is_local(location):
-                path = storage.local_path(location)
-                store = zarr.storage.LocalStore(path, read_only=True)
+                store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
+                                                 read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
@@ -121,6 +121,21 @@ class ZarrFile:
 
     def close(self) -> None:
         """Nothing to release: the store holds no open file between reads."""
+
+
+class _RegularFiles(LocalFileSystem):
+    """A local store's files, opened only when they are regular files (a FIFO would block the
+    read, a device such as ``/dev/zero`` never ends), as every local fragment file is."""
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" in mode:
+            try:
+                storage.local_stat(self._strip_protocol(path))
+            except NotFoundError:
+                raise  # (a chunk never written: the array's fill value, as Zarr defines)
+            except StorageError as exc:  # (a fact about the fragment, as for a fragment file)
+                raise FragmentReadError(exc.reason, file=exc.file) from None
+        return super()._open(path, mode, **kwargs)
 
 
 def _async(fs: Any) -> Any:

@@ -124,6 +124,31 @@ def test_missing_zarr_store_is_a_missing_fragment(tmp_path):
     assert np.ma.getmaskarray(values).all()
 
 
+@pytest.mark.parametrize("special", ["fifo", "device"])
+@pytest.mark.parametrize("what", ["metadata", "chunk"])
+def test_zarr_store_files_that_are_not_regular_files_are_refused(tmp_path, special, what):
+    """A store's metadata or chunk made a FIFO (a read would block) or a link to /dev/zero (a read
+    would never end): refused as a fragment error before it is read, as any fragment file is."""
+    import os
+    import signal
+
+    built, renamed = _with_zarr_fragments(tmp_path, "zarr-v2")
+    store = built.path.parent / next(iter(renamed.values()))
+    victim = store / "tas" / (".zarray" if what == "metadata" else "0.0.0")
+    victim.unlink()
+    if special == "fifo":
+        os.mkfifo(victim)
+    else:
+        victim.symlink_to("/dev/zero")
+    signal.alarm(60)  # (a blocked read must fail the test, not hang the run)
+    try:
+        with pytest.raises(daskcfa.FragmentReadError) as info:
+            daskcfa.from_cfa(str(built.path), "tas").compute()
+    finally:
+        signal.alarm(0)
+    assert info.value.fragment == (0, 0, 0)
+
+
 @pytest.mark.parametrize("damage", ["metadata", "variable", "strings"])
 def test_damaged_zarr_store_is_a_clear_fragment_error(tmp_path, damage):
     built, renamed = _with_zarr_fragments(tmp_path, "zarr-v2")
