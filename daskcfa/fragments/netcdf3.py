@@ -73,7 +73,6 @@ class _Header:
 
     def __init__(self, buf: bytes, version: int) -> None:
         self.buf = buf
-        self.version = version
         self.wide = version == 5
         self._count, self._csize = (_U64, 8) if self.wide else (_U32, 4)
         self._offset = _U32 if version == 1 else _U64
@@ -240,18 +239,23 @@ class NetCDF3File:
     :func:`open_netcdf3`) or a whole file in memory (``data``: a buffer or Blocks)."""
 
     def __init__(self, *, fd: int | None = None, data: Any = None) -> None:
-        self._fd = fd
-        if fd is not None:  # its first bytes read now (a small file: all of it, and closed)
-            length = os.fstat(fd).st_size
-            self._data: Any = memoryview(os.pread(fd, min(length, _FIRST_READ), 0))
-            if len(self._data) == length:
-                self.close()
-            first = self._data
-        else:
-            self._data = data if isinstance(data, Blocks) else memoryview(data).cast("B")
-            length = len(self._data)
-            first = self._data.read(0, min(length, _FIRST_READ)) if isinstance(data, Blocks) else self._data[:_FIRST_READ]
-        self._layout = _parse(self._read_some, length, first)
+        self._fd = fd  # (owned from here: closed by this object, also when opening fails)
+        try:
+            if fd is not None:  # its first bytes read now (a small file: all of it, and closed)
+                length = os.fstat(fd).st_size
+                self._data: Any = memoryview(os.pread(fd, min(length, _FIRST_READ), 0))
+                if len(self._data) == length:
+                    self.close()
+                first = self._data
+            else:
+                self._data = data if isinstance(data, Blocks) else memoryview(data).cast("B")
+                length = len(self._data)
+                first = (self._data.read(0, min(length, _FIRST_READ)) if isinstance(data, Blocks)
+                         else self._data[:_FIRST_READ])
+            self._layout = _parse(self._read_some, length, first)
+        except BaseException:
+            self.close()
+            raise
 
     def _read_some(self, offset: int, n: int) -> Any:
         """Up to ``n`` bytes from ``offset`` (fewer at the end of the file)."""
@@ -294,17 +298,13 @@ def open_netcdf3(path: str) -> NetCDF3File | None:
     except OSError:
         return None
     try:
-        try:
-            head = os.pread(fd, 4, 0)
-        except OSError:
-            head = b""
-        if head not in SIGNATURES:
-            os.close(fd)
-            return None
-        return NetCDF3File(fd=fd)
-    except BaseException:
+        head = os.pread(fd, 4, 0)
+    except OSError:
+        head = b""
+    if head not in SIGNATURES:
         os.close(fd)
-        raise
+        return None
+    return NetCDF3File(fd=fd)  # (which closes ``fd`` whatever happens)
 
 
 class NetCDF3Variable:

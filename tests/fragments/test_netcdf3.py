@@ -9,6 +9,7 @@ selection read directly must equal what netCDF4-python returns with
 
 from __future__ import annotations
 
+import os
 import random
 
 import dask
@@ -159,3 +160,17 @@ def test_damaged_headers_give_values_or_a_daskcfa_error(tmp_path):
             assert type(exc).__name__ == "DirectReadUnsupported", repr(exc)
             outcomes["error"] += 1
     assert outcomes["read"] and outcomes["error"], outcomes
+
+
+def test_a_small_truncated_file_is_refused_and_its_descriptor_closed_once(tmp_path):
+    """A small file is read whole and its descriptor closed at once; when its header then turns out
+    bad, the error is the FragmentReadError, not a second close's EBADF (which, in a threaded
+    process, could also close another thread's file)."""
+    path = tmp_path / "f.nc"
+    _write(path, "NETCDF3_CLASSIC", 2)
+    path.write_bytes(path.read_bytes()[:-8])
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(FragmentReadError, match="truncated"):
+            open_netcdf3(str(path))
+    assert len(os.listdir("/proc/self/fd")) == before
