@@ -70,7 +70,8 @@ def compare(scenario: str, base: str, rounds: int, quick: bool) -> dict:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=REPO, capture_output=True)
             if original is None:
-                os.path.exists(kept) and os.unlink(kept)
+                if os.path.exists(kept):
+                    os.unlink(kept)
             else:
                 with open(kept, "w") as f:
                     f.write(original)
