@@ -63,6 +63,9 @@ __all__ = [
     "fragment_grid",
     "write_graph",
     "commit_aggregation",
+    "plan_commit",
+    "fragment_spec",
+    "compression_keywords",
     "fragment_name",
 ]
 
@@ -190,7 +193,7 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
         raise ArgumentError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
     check_fragment_shape(fragment_shape, [d for s in request.sources for d in s.dims], file=url)
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
-                       _compression(compression, fragment_format), fragment_name, mode, profile, semaphore,
+                       compression_keywords(compression, fragment_format), fragment_name, mode, profile, semaphore,
                        check_uri_style(uris))
     _check_template(fragment_name, len(request.sources))
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
@@ -210,22 +213,12 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
         request.model.aggregated.append(aggregated)
         record_keys.append(keys)
         dependencies.append(plan.data)
-    payload = encode_aggregation(request.model, format=format)  # checks every rule before anything is written
+    commit = plan_commit(request.model, url, format=format, fragment_format=fragment_format, generation=generation,
+                         variables=[s.name for s in request.sources], mode=mode, profile=profile,
+                         keep_previous=keep_previous, expected=request.version)
     if hold:
         lease.acquire()
-    token = tokenize(payload, [k for keys in record_keys for k in keys])
-    root = posixpath.join(stem, ".daskcfa")
-    commit = _Commit(
-        url=url, payload=payload, mode=mode, profile=profile,
-        manifest=storage.resolve(posixpath.join(root, "manifest.json"), url),
-        header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
-                "generation": generation},
-        variables=tuple(s.name for s in request.sources),
-        retired=storage.resolve(posixpath.join(root, "retired.json"), url), keep_previous=float(keep_previous),
-        expected=request.version,
-        references=frozenset(storage.resolve(u, url) for av in request.model.aggregated
-                             for u in av.fragments.locations()),
-    )
+    token = tokenize(commit.payload, [k for keys in record_keys for k in keys])
     name = f"cfa-commit-{stem}-{token}"
     layers[name] = (commit_aggregation, commit, record_keys, begin)
     graph = HighLevelGraph.from_collections(name, layers, dependencies=dependencies)
@@ -235,6 +228,26 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
 #: Dialects whose reference writer (S3netCDF4) puts a variable in a group at the same group
 #: path of each fragment file; readers of the others expect it at the root.
 _S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
+
+
+def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_format: str, generation: str,
+                variables: list[str], mode: str, profile: storage.ProfileRef, keep_previous: float = 0.0,
+                expected: tuple[int, str] | None = None) -> _Commit:
+    """What :func:`commit_aggregation` puts in place: the aggregation file of ``model`` (its fragments
+    complete), encoded now, which checks every rule of ``format``, and its manifest's description.
+    ``variables`` are the paths of the aggregated variables whose fragment records the commit gets."""
+    payload = encode_aggregation(model, format=format)
+    root = posixpath.join(posixpath.splitext(posixpath.basename(url.rstrip("/")))[0], ".daskcfa")
+    return _Commit(
+        url=url, payload=payload, mode=mode, profile=profile,
+        manifest=storage.resolve(posixpath.join(root, "manifest.json"), url),
+        header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
+                "generation": generation},
+        variables=tuple(variables),
+        retired=storage.resolve(posixpath.join(root, "retired.json"), url), keep_previous=float(keep_previous),
+        expected=expected,
+        references=frozenset(storage.resolve(u, url) for av in model.aggregated for u in av.fragments.locations()),
+    )
 
 
 def _begin(lease: Lease, mode: str, held: bool) -> Lease:
@@ -275,23 +288,33 @@ def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, opt
     sub_sizes = tuple(tuple(grid.sizes[d][i] for i in r) for d, r in enumerate(positions))
     x = source.data if isinstance(source.data, FragmentSource) else _aligned(source, sub_sizes)
 
-    sliced, extra_dims = _sliced_variables(model, source)
-    for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
-        _check_classic(name, dt, options.fragment_format)
-    dtype, attrs, fragment_attrs = _encodings(source)
-    global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
-    spec = FragmentSpec(
-        variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
-        global_attrs=global_attrs, file_format=options.fragment_format,
-        compression=options.compression if source.compression is None else
-        _compression(source.compression, options.fragment_format),
-        aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=options.profile,
-        group=source.group if options.format in _S3NETCDF4_FORMATS else "/",
-    )
+    spec, sliced, dtype, attrs = fragment_spec(source, model, url, format=options.format,
+                                               fragment_format=options.fragment_format,
+                                               compression=options.compression, profile=options.profile)
     # What the fragments will hold; not the profile, whose name differs between processes (resuming must not).
     token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
                      [values for _, values in sliced], options.fragment_name)
     return _Planned(grid, start, positions, x, sliced, spec, dtype, attrs, token)
+
+
+def fragment_spec(source: WriteSource, model: AggregationDataset, url: str, *, format: str, fragment_format: str,
+                  compression: dict[str, Any], profile: storage.ProfileRef
+                  ) -> tuple[FragmentSpec, list[tuple[SlicedVariable, np.ndarray]], np.dtype, dict[str, Any]]:
+    """What every fragment of ``source`` shares (its :class:`FragmentSpec`), the ordinary variables
+    sliced into each with their values, and the aggregation variable's dtype and attributes."""
+    sliced, extra_dims = _sliced_variables(model, source)
+    for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
+        _check_classic(name, dt, fragment_format)
+    dtype, attrs, fragment_attrs = _encodings(source)
+    global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
+    spec = FragmentSpec(
+        variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
+        global_attrs=global_attrs, file_format=fragment_format,
+        compression=compression if source.compression is None else compression_keywords(source.compression, fragment_format),
+        aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=profile,
+        group=source.group if format in _S3NETCDF4_FORMATS else "/",
+    )
+    return spec, sliced, dtype, attrs
 
 
 def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, options: _Options, generation: str,
@@ -519,7 +542,7 @@ def _check_apart(url: str, stem: str) -> None:
                             f"{name + '/'!r}; give it a suffix, such as {name + '.nc'!r}", file=url)
 
 
-def _compression(compression: Any, fragment_format: str) -> dict[str, Any]:
+def compression_keywords(compression: Any, fragment_format: str) -> dict[str, Any]:
     """``createVariable`` keywords: ``None``, ``"zlib"`` (netCDF4's defaults), or a dict of them."""
     if compression is None:
         return {}
