@@ -10,7 +10,7 @@ from dask.delayed import Delayed
 import netCDF4
 
 from . import config, storage
-from .dataset import Dataset
+from .netcdf4 import Dataset
 from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable

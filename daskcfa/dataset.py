@@ -303,8 +303,11 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
         parent = groups.get(group_path(nc_group.parent)) if nc_group.parent is not None else None
         if parent is None and nc_group.parent is not None:
             continue
-        group = cls(name="/", path="/", attrs=_attrs(nc_group)) if parent is None else Group(
-            name=nc_group.name, path=path.rstrip("/"), attrs=_attrs(nc_group), parent=parent)
+        if parent is None:
+            group = cls.__new__(cls)  # (daskcfa.netcdf4.Dataset's constructor opens files: build field by field)
+            Group.__init__(group, name="/", path="/", attrs=_attrs(nc_group))
+        else:
+            group = Group(name=nc_group.name, path=path.rstrip("/"), attrs=_attrs(nc_group), parent=parent)
         if parent is None:
             root = group
             group.url = url

@@ -17,7 +17,7 @@ __all__ = ["LAZY", "load", "module_dir"]
 #: name -> the module (relative to the package) that defines it
 LAZY = {
     "from_cfa": ".api", "open_cfa": ".api", "plan_fragments": ".api", "read_aggregation": ".api", "to_cfa": ".api",
-    "Dataset": ".dataset", "Dimension": ".dataset", "Group": ".dataset", "Variable": ".dataset",
+    "Dataset": ".netcdf4", "Dimension": ".dataset", "Group": ".dataset", "Variable": ".dataset",
     "FragmentBudget": ".plugins", "StorageProfiles": ".plugins", "fragment_stats": ".plugins",
     "plan_refragment": ".archive.refragment", "refragment": ".archive.refragment", "split": ".archive.refragment",
     "aggregate": ".archive.aggregate", "rebuild": ".archive.aggregate",

@@ -66,6 +66,7 @@ __all__ = [
     "plan_commit",
     "fragment_spec",
     "compression_keywords",
+    "settle_unlimited",
     "fragment_name",
 ]
 
@@ -198,7 +199,7 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     _check_template(fragment_name, len(request.sources))
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
     _check_apart(url, stem)
-    _settle_unlimited(request.model)
+    settle_unlimited(request.model)
 
     planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
     generation = generation_name(tokenize([p.token for p in planned]))
@@ -232,11 +233,11 @@ _S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
 
 def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_format: str, generation: str,
                 variables: list[str], mode: str, profile: storage.ProfileRef, keep_previous: float = 0.0,
-                expected: tuple[int, str] | None = None) -> _Commit:
+                expected: tuple[int, str] | None = None, file_format: str = "NETCDF4") -> _Commit:
     """What :func:`commit_aggregation` puts in place: the aggregation file of ``model`` (its fragments
     complete), encoded now, which checks every rule of ``format``, and its manifest's description.
     ``variables`` are the paths of the aggregated variables whose fragment records the commit gets."""
-    payload = encode_aggregation(model, format=format)
+    payload = encode_aggregation(model, format=format, file_format=file_format)
     root = posixpath.join(posixpath.splitext(posixpath.basename(url.rstrip("/")))[0], ".daskcfa")
     return _Commit(
         url=url, payload=payload, mode=mode, profile=profile,
@@ -558,7 +559,7 @@ def compression_keywords(compression: Any, fragment_format: str) -> dict[str, An
     return dict(compression)
 
 
-def _settle_unlimited(model: AggregationDataset) -> None:
+def settle_unlimited(model: AggregationDataset) -> None:
     """A dimension stays unlimited only if an ordinary variable spans it: aggregated
     variables are scalars in the aggregation file, so nothing else would give it a length."""
 
