@@ -18,7 +18,7 @@ import numpy as np
 from . import storage
 from .decode import joined_dtype, text_encoding
 from .arguments import nearest
-from .errors import CFAError, CFAFormatError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
 from .graph.masked import plain_masked
@@ -174,6 +174,10 @@ class Variable(_AttributeAccessors):
     def __getitem__(self, key: Any) -> np.ndarray:
         return plain_masked(self.data[key].compute())
 
+    def __setitem__(self, key: Any, values: Any) -> None:
+        raise ArgumentError(f"{self.path} was opened for reading: open the dataset with mode 'a' or 'r+' "
+                            "(daskcfa.Dataset(url, 'a')) to write to it", file=self._url or None)
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
@@ -236,6 +240,12 @@ class Group(_AttributeAccessors):
         except KeyError:
             return False
         return True
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise ArgumentError(f"the dataset was opened for reading: open it with mode 'w', 'a' or 'r+' "
+                            "(daskcfa.Dataset(url, 'a')) to change it", file=self._root().url or None)
+
+    createDimension = createVariable = createGroup = setncattr = setncatts = delncattr = _read_only
 
     @property
     def aggregated_variables(self) -> dict[str, Variable]:

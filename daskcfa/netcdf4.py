@@ -50,6 +50,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from . import dataset, storage
+from .decode import Encoding
 from .errors import ArgumentError, CFAError, redact, FragmentError, NotFoundError, StorageError, WriteConflictError
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
 from .graph.plan import plan_fragments
@@ -83,10 +84,7 @@ def _formats(format: str | None, cfa_version: str | None) -> tuple[str, str, str
     """(dialect, aggregation file format, fragment format) of an aggregation, None for a plain file."""
     format = "CF-1.13" if format in (None, "DEFAULT") else str(format)
     if format in PLAIN_FORMATS:
-        if cfa_version is not None:
-            raise ArgumentError(f"cfa_version={cfa_version!r} is for aggregations (format='CFA4' or 'CFA3'), "
-                                f"not {format} files")
-        return None
+        return None  # (S3netCDF4 takes and ignores a cfa_version here too)
     if format not in AGGREGATION_FORMATS:
         raise ArgumentError(f"unknown format {format!r}; choose one of "
                             f"{', '.join([*AGGREGATION_FORMATS, *PLAIN_FORMATS])}")
@@ -124,6 +122,10 @@ class Dataset(dataset.Dataset):
             return super().__new__(cls)
         if mode not in _MODES:
             raise ArgumentError(f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
+        kinds = None if mode == "r" else _formats(format, cfa_version)
+        if kinds is not None:  # S3netCDF4 takes these for aggregations; the aggregation is always written at close
+            options.pop("diskless", None)
+            options.pop("persist", None)
         for name, inert in _INERT_OPTIONS.items():
             if options.get(name, inert) != inert:
                 raise ArgumentError(f"{name}={options[name]!r} is a netCDF4-python option daskcfa does not support")
@@ -134,7 +136,6 @@ class Dataset(dataset.Dataset):
                 raise ArgumentError(f"unknown options for reading: {', '.join(sorted(options))}")
             url, access = open_aggregation(url, storage_options, allowed_locations, missing)
             return cls.open(url, access=access)
-        kinds = _formats(format, cfa_version)
         if mode == "x":
             mode, clobber = "w", False
         if kinds is None:
@@ -164,7 +165,7 @@ class _PlainGroup:
         return getattr(self.__dict__["_nc"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
+        if _private(name):
             object.__setattr__(self, name, value)
         else:
             setattr(self._nc, name, value)
@@ -390,6 +391,11 @@ def _datatype(datatype: Any, name: str) -> np.dtype:
     return dtype.newbyteorder("=")
 
 
+def _private(name: str) -> bool:
+    """An attribute of the Python object (``_writer``), not a netCDF attribute (``_FillValue``, ``_Unsigned``)."""
+    return name.startswith("_") and not name[1:2].isupper()
+
+
 _OWN_NAMES = frozenset({"name", "path", "attrs", "dimensions", "variables", "groups", "parent", "url"})
 
 
@@ -401,7 +407,7 @@ class WritableGroup(_Definitions, dataset.Group):
         object.__setattr__(self, "_writer", writer)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_") or name in _OWN_NAMES or "attrs" not in self.__dict__:
+        if _private(name) or name in _OWN_NAMES or "attrs" not in self.__dict__:
             object.__setattr__(self, name, value)
         else:
             self.setncattr(name, value)
@@ -462,7 +468,9 @@ class WritableVariable(dataset.Variable):
         d["_layout"] = _FragmentLayout.plan(self, fragment_shape, max_fragment_size) if aggregated else None
         d["_plain"] = None if aggregated else _Buffer((0,) * len(dims), dtype)
         d["_buffers"] = {}  # fragment index -> _Buffer
-        d["_spilled"] = set()  # fragment indices written incomplete (read back when assigned again)
+        #: fragments written (read back when assigned again): index -> packed bits of the elements assigned
+        #: when written incomplete (the buffer budget), None when complete
+        d["_stored"] = {}
         d["_previous"] = None  # mode="a": the variable as the previous aggregation holds it
         if not aggregated:
             self._plain_to(self.shape)
@@ -480,7 +488,7 @@ class WritableVariable(dataset.Variable):
         return None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_") or name in ("name", "path", "dims", "dtype", "attrs", "aggregation"):
+        if _private(name) or name in ("name", "path", "dims", "dtype", "attrs", "aggregation"):
             object.__setattr__(self, name, value)
         else:
             self.setncattr(name, value)
@@ -491,7 +499,10 @@ class WritableVariable(dataset.Variable):
     def setncattr(self, name: str, value: Any) -> None:
         self._writer.check_open()
         if name == "_FillValue":
-            raise ArgumentError(f"{self.path}: _FillValue is set by createVariable(fill_value=...), as in netCDF4-python")
+            if self._assigned_any():
+                raise ArgumentError(f"{self.path}: _FillValue cannot change once values are assigned (give it to "
+                                    "createVariable(fill_value=...), as netCDF4-python asks)")
+            value = np.array(value, dtype=self.dtype)[()] if self.dtype.kind in "iuf" else value
         self.attrs[name] = value
 
     def setncatts(self, attdict: Mapping[str, Any]) -> None:
@@ -501,6 +512,11 @@ class WritableVariable(dataset.Variable):
     def delncattr(self, name: str) -> None:
         self._writer.check_open()
         self.attrs.pop(name)
+
+    def _assigned_any(self) -> bool:
+        if self._plain is not None:
+            return bool(self._plain.assigned.any())
+        return bool(self._buffers or self._stored or self._previous is not None)
 
     def set_auto_maskandscale(self, value: bool) -> None:
         if not value:
@@ -528,7 +544,7 @@ class WritableVariable(dataset.Variable):
             if size > dim.size:
                 dim.size = size
         if not self._aggregated:
-            self._plain_to(self.shape)
+            self._plain_to(self.shape)  # (also after packing attributes were set)
             if selection:
                 self._plain.put(np.ix_(*selection), _as_numpy(values))
             else:
@@ -536,12 +552,18 @@ class WritableVariable(dataset.Variable):
             return
         writer.assign(self, selection, values)
 
+    @property
+    def value_dtype(self) -> np.dtype:
+        """The dtype of the values assigned (unpacked: netCDF4-python's rule)."""
+        return Encoding.from_attrs(self.attrs, self.dtype).decoded_dtype if self.dtype.kind in "iuf" else self.dtype
+
     def _plain_to(self, shape: tuple[int, ...]) -> None:
-        """Grow the in-file buffer of an ordinary variable to ``shape``."""
+        """Grow the in-file buffer of an ordinary variable to ``shape`` (in the dtype values now have)."""
         old = self._plain
-        if old.values.shape == shape:
+        capacity = old.values.shape
+        if all(n <= c for n, c in zip(shape, capacity)) and old.values.dtype == self.value_dtype:
             return
-        new = _Buffer(shape, self.dtype)
+        new = _Buffer(tuple(c if n <= c else max(n, 2 * c) for n, c in zip(shape, capacity)), self.value_dtype)
         cut = tuple(slice(0, n) for n in old.values.shape)
         new.values[cut], new.masked[cut], new.assigned[cut] = old.values, old.masked, old.assigned
         object.__setattr__(self, "_plain", new)
@@ -550,6 +572,19 @@ class WritableVariable(dataset.Variable):
         kind = "aggregated" if self._aggregated else "ordinary"
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
         return f"<daskcfa.netcdf4.WritableVariable {self.path} ({dims}) {self.dtype} [{kind}, being written]>"
+
+
+def _take(values: Any, positions: tuple[np.ndarray, ...]) -> Any:
+    """``values`` at ``positions`` along each dimension (orthogonally), numpy or dask: runs of consecutive
+    positions as slices, taken one dimension at a time (dask takes one index array per step)."""
+    for d, at in enumerate(positions):
+        if len(at) and at[-1] - at[0] == len(at) - 1 and (len(at) == 1 or (np.diff(at) == 1).all()):
+            where: Any = slice(int(at[0]), int(at[-1]) + 1)
+        else:
+            where = at
+        if where != slice(0, values.shape[d]):
+            values = values[(slice(None),) * d + (where,)]
+    return values
 
 
 def _as_numpy(values: Any) -> np.ndarray:
@@ -735,7 +770,7 @@ class AggregationWriter(_Definitions, Dataset):
         dataset.Group.__init__(self, name="/", path="/")
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
-                 _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _expected=None,
+                 _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _sizes={}, _expected=None,
                  _lock=threading.RLock())
         budget = buffer_size if buffer_size is not None else dask.config.get("daskcfa.write.buffer-memory")
         d["_budget"] = parse_bytes(budget) if isinstance(budget, str) else int(budget)
@@ -762,7 +797,7 @@ class AggregationWriter(_Definitions, Dataset):
     # -- netCDF4-python's attribute rules on the dataset object --------------------------------
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_") or name in _OWN_NAMES:
+        if _private(name) or name in _OWN_NAMES:
             object.__setattr__(self, name, value)
         else:
             self.setncattr(name, value)
@@ -812,8 +847,7 @@ class AggregationWriter(_Definitions, Dataset):
             index = tuple(p[0] for p in parts)
             local = tuple(p[1] for p in parts)
             source = tuple(p[2] for p in parts)
-            piece = values[np.ix_(*source)] if source else values
-            piece = _as_numpy(piece)
+            piece = _as_numpy(_take(values, source))
             buffer = self._buffer(var, index)
             buffer.put(np.ix_(*local) if local else (), piece)
             if buffer.complete():
@@ -826,13 +860,15 @@ class AggregationWriter(_Definitions, Dataset):
     def _buffer(self, var: WritableVariable, index: tuple[int, ...]) -> _Buffer:
         buffer = var._buffers.get(index)
         if buffer is None:
-            buffer = var._buffers[index] = _Buffer(self._capacity(var, index), var.dtype)
-            if index in var._spilled:  # written incomplete earlier: what was assigned then is in the file
+            buffer = var._buffers[index] = _Buffer(self._capacity(var, index), var.value_dtype)
+            if index in var._stored:  # written earlier: what was assigned then is in the file
+                bits = var._stored.pop(index)
                 stored = self._read_back(var, index)
                 cut = tuple(slice(0, n) for n in stored.shape)
                 buffer.put(cut, stored)
-                buffer.assigned[cut] = self._spill_assigned(var, index)
-                var._spilled.discard(index)
+                shape = buffer.assigned.shape
+                buffer.assigned[...] = True if bits is None else \
+                    np.unpackbits(bits, count=int(np.prod(shape))).astype(bool).reshape(shape)
         return buffer
 
     def _within_budget(self) -> None:
@@ -844,41 +880,37 @@ class AggregationWriter(_Definitions, Dataset):
             if total <= self._budget:
                 break
             total -= buffer.nbytes
-            var._spilled_assigned = getattr(var, "_spilled_assigned", {})
-            var._spilled_assigned[index] = np.packbits(buffer.assigned)
-            self._write(var, index, self._merged(var, index, buffer, buffer.values.shape), spill=True)
+            self._write(var, index, self._merged(var, index, buffer, buffer.values.shape), buffer.assigned)
 
-    def _spill_assigned(self, var: WritableVariable, index: tuple[int, ...]) -> np.ndarray:
-        shape = self._capacity(var, index)
-        bits = var._spilled_assigned.pop(index)
-        return np.unpackbits(bits, count=int(np.prod(shape))).astype(bool).reshape(shape)
-
-    def _write(self, var: WritableVariable, index: tuple[int, ...], values: np.ma.MaskedArray, *,
-               spill: bool = False) -> None:
-        """Hand one fragment to the writing threads (after any earlier write of it finished)."""
+    def _write(self, var: WritableVariable, index: tuple[int, ...], values: np.ma.MaskedArray,
+               assigned: np.ndarray | None = None) -> None:
+        """Hand one fragment to the writing threads (after any earlier write of it finished); ``assigned``:
+        the elements assigned when it is written incomplete."""
         var._buffers.pop(index, None)
-        if spill:
-            var._spilled.add(index)
+        var._stored[index] = None if assigned is None else np.packbits(assigned)
         earlier = self._inflight.pop((var.path, index), None)
         if earlier is not None:
-            earlier.result()
-        self._bound_inflight()
-        future = self._pool.submit(self._write_now, var, index, values)
+            self._collect((var.path, index), earlier)
+        self._bound_inflight(values.nbytes)
+        spec, sliced = self._spec(var, index, values.shape)  # (here: the ordinary variables change in this thread)
+        future = self._pool.submit(self._write_now, var, index, values, spec, sliced)
         self._inflight[(var.path, index)] = future
+        self._sizes[(var.path, index)] = values.nbytes
 
-    def _bound_inflight(self) -> None:
-        """Values handed to the writing threads count against the budget too: wait for the oldest."""
-        while len(self._inflight) > 2 * self._pool._max_workers:
+    def _bound_inflight(self, nbytes: int) -> None:
+        """Values handed to the writing threads count against a budget of their own (as large as the
+        buffers'): wait for the oldest writes until ``nbytes`` more fit."""
+        while self._inflight and sum(self._sizes.values()) + nbytes > self._budget:
             oldest = next(iter(self._inflight))
             self._collect(oldest, self._inflight.pop(oldest))
 
     def _collect(self, key: tuple[str, tuple[int, ...]], future: Future) -> None:
-        record = future.result()
-        self._records[key] = record
+        self._sizes.pop(key, None)
+        self._records[key] = future.result()
 
-    def _write_now(self, var: WritableVariable, index: tuple[int, ...], values: np.ma.MaskedArray) -> FragmentRecord:
+    def _write_now(self, var: WritableVariable, index: tuple[int, ...], values: np.ma.MaskedArray, spec: Any,
+                   sliced: list) -> FragmentRecord:
         try:
-            spec, sliced = self._spec(var, index, values.shape)
             reference = in_generation(fragment_name(self._template, stem=self._stem, variable=var.path, index=index),
                                       self._lease.generation)
             uri = storage.resolve(reference, self.url)
@@ -901,7 +933,10 @@ class AggregationWriter(_Definitions, Dataset):
             for name, dim in group.dimensions.items():
                 model.dimensions.append(Dimension(posixpath.join(group.path, name), dim.size))
             for other in group.variables.values():
-                if other._aggregated or not _known_over(other, var, where):
+                if other._aggregated:
+                    continue
+                other._plain_to(other.shape)  # (its dimensions may have grown since it was assigned)
+                if not _known_over(other, var, where):
                     continue
                 model.variables.append(PlainVariable(other.path, other.dims, other.dtype, dict(other.attrs),
                                                      other._plain.array(other.shape)))
@@ -960,26 +995,58 @@ class AggregationWriter(_Definitions, Dataset):
 
     def _finish(self, var: WritableVariable) -> None:
         grid = var._layout.grid(var.shape)
+        never = []
         for index in grid.indices():
             shape = grid.fragment_shape(index)
             buffer = var._buffers.get(index)
-            done = (var.path, index) in self._records or (var.path, index) in self._inflight
-            if buffer is None and index in var._spilled:
+            if buffer is None and index in var._stored:
                 if tuple(self._capacity(var, index)) == shape:
                     continue  # stored as it should be
                 buffer = self._buffer(var, index)
-            elif buffer is None and (done or self._kept(var, index)):
+            elif buffer is None and self._kept(var, index, shape):
                 continue
+            elif buffer is None and var._previous is not None and index in var._previous["kept"]:
+                buffer = _Buffer(self._capacity(var, index), var.value_dtype)  # grown: rewritten, merged
             elif buffer is None:
-                if self._dialect in _SPARSE_DIALECTS:
-                    continue  # never assigned: recorded as missing
-                buffer = _Buffer(self._capacity(var, index), var.dtype)
+                never.append(index)
+                continue
             self._write(var, index, self._merged(var, index, buffer, shape))
+        for index in self._fill_needed(grid, never):
+            self._write(var, index, np.ma.masked_all(grid.fragment_shape(index), var.dtype))
 
-    def _kept(self, var: WritableVariable, index: tuple[int, ...]) -> bool:
-        """mode="a": a fragment of the previous aggregation nothing was assigned to (referenced as it is)."""
+    def _fill_needed(self, grid: FragmentGrid, never: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Of the fragments nothing was assigned to, those written full of missing values.
+
+        CF-1.13 has no missing fragments: all of them. CFA-0.6.2 records them
+        as missing: none. CFA-0.5 and CFA-0.4 list the fragments present, from
+        which readers recover the grid: enough to cover every fragment position
+        along every dimension.
+        """
+        if self._dialect not in _SPARSE_DIALECTS:
+            return never
+        if self._dialect == "CFA-0.6.2":
+            return []
+        missing = set(never)
+        covered = [set() for _ in grid.grid_shape]
+        for index in grid.indices():
+            if index not in missing:
+                for d, i in enumerate(index):
+                    covered[d].add(i)
+        needed = []
+        diagonal = [tuple(min(k, n - 1) for n in grid.grid_shape) for k in range(max(grid.grid_shape, default=0))]
+        for index in [*diagonal, *never]:  # (the diagonal first: each of its fragments covers a new row and column)
+            if index in missing and any(i not in covered[d] for d, i in enumerate(index)):
+                needed.append(index)
+                for d, i in enumerate(index):
+                    covered[d].add(i)
+        return needed
+
+    def _kept(self, var: WritableVariable, index: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+        """mode="a": a fragment of the previous aggregation nothing was assigned to, whose extent is
+        unchanged (referenced as it is)."""
         previous = var._previous
-        return previous is not None and index in previous["kept"] and not previous["grown"](index)
+        return previous is not None and index in previous["kept"] and \
+            previous["variable"].fragments.grid.fragment_shape(index) == shape
 
     def _merged(self, var: WritableVariable, index: tuple[int, ...], buffer: _Buffer,
                 shape: tuple[int, ...]) -> np.ma.MaskedArray:
@@ -1033,15 +1100,16 @@ class AggregationWriter(_Definitions, Dataset):
     def _fragments(self, var: WritableVariable, written: dict[tuple[int, ...], str]) -> Fragments:
         """The fragment columns: those written now, those of the previous aggregation kept, the rest missing."""
         grid = var._layout.grid(var.shape)
-        uris = np.full(grid.grid_shape + (1,), "", dtype=object)
-        ids = np.full(grid.grid_shape, var.name, dtype=object)
         previous = var._previous
-        if previous is not None:
-            old = previous["variable"].fragments
+        old = previous["variable"].fragments if previous is not None else None
+        width = old.uris.shape[-1] if old is not None and old.uris is not None else 1
+        uris = np.full(grid.grid_shape + (width,), "", dtype=object)
+        ids = np.full(grid.grid_shape, var.name, dtype=object)
+        if old is not None:
             for index in previous["kept"]:
                 if index not in written:
                     ref = old[index]
-                    uris[index + (0,)] = ref.uri or ""
+                    uris[index][:len(ref.uris)] = ref.uris
                     ids[index] = ref.identifier or var.name
         for index, reference in written.items():
             uris[index + (0,)] = reference
@@ -1090,19 +1158,22 @@ class AggregationWriter(_Definitions, Dataset):
         d = var.__dict__
         d.update(name=old.name, path=old.path, dims=dims, dtype=np.dtype(old.dtype), attrs=attrs, aggregation=None,
                  _writer=self, _dimensions=found, _aggregated=True, _compression={}, _data=None, _url=self.url,
-                 _access=None, _plain=None, _buffers={}, _spilled=set())
+                 _access=None, _plain=None, _buffers={}, _stored={})
         grid = frags.grid
-        steps = [max(row) if found[i].unlimited and row else None for i, row in enumerate(grid.sizes)]
-        d["_layout"] = _FragmentLayout([list(o) for o in grid.offsets], steps)
-        d["_previous"] = {"variable": old, "kept": set(grid.indices()), "grown": lambda index: False}
+        offsets, steps = [list(o) for o in grid.offsets], []
+        for i, row in enumerate(grid.sizes):
+            step = max(row) if found[i].unlimited and row and max(row) else None
+            if step is not None and len(row) and row[-1] < step:
+                offsets[i].pop()  # the last fragment along an unlimited dimension grows to the others' length
+            steps.append(step)
+        d["_layout"] = _FragmentLayout(offsets, steps)
+        d["_previous"] = {"variable": old, "kept": set(grid.indices())}
         node.variables[old.name] = var
 
 
 def _known_over(plain: WritableVariable, var: WritableVariable, where: tuple[slice, ...]) -> bool:
     """Whether every value of the ordinary variable ``plain`` that a fragment of ``var`` at ``where`` carries
     has been assigned (coordinates assigned after the data are in the aggregation file only)."""
-    if not set(plain.dims) & set(var.dims) and plain.dims:
-        return bool(plain._plain.assigned.all())
     shape = plain.shape
     cut = []
     for d, n in zip(plain.dims, shape):
@@ -1112,6 +1183,5 @@ def _known_over(plain: WritableVariable, var: WritableVariable, where: tuple[sli
                 return False
             cut.append(s)
         else:
-            cut.append(slice(None))
-    plain._plain_to(shape)
-    return bool(plain._plain.assigned[tuple(cut)].all()) if cut else bool(plain._plain.assigned.all())
+            cut.append(slice(0, n))
+    return bool(plain._plain.assigned[tuple(cut)].all())

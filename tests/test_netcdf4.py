@@ -1,0 +1,439 @@
+"""daskcfa.netcdf4.Dataset: netCDF4-python's API (and S3netCDF4's extensions) writing and reading aggregations.
+
+Every result is checked against numpy ground truth built here, read back with
+netCDF4-python (plain files), with ``daskcfa.from_cfa`` and, where it can,
+with S3netCDF4 itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+from daskcfa.netcdf4 import Dataset
+
+AGGREGATIONS = [("CF-1.13", None), ("CFA-0.6.2", None), ("CFA4", None), ("CFA4", "0.4"), ("CFA3", "0.4")]
+PLAIN = ["NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET"]
+
+
+def field(shape, seed=0, masked=0.0):
+    rng = np.random.default_rng(seed)
+    values = rng.normal(280, 10, size=shape).astype("f4")
+    return np.ma.MaskedArray(values, mask=rng.random(shape) < masked)
+
+
+def same(got, expected):
+    got, expected = np.ma.asarray(got), np.ma.asarray(expected)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+    np.testing.assert_array_equal(np.ma.filled(got, 0), np.ma.filled(expected, 0))
+
+
+def surface_dataset(ds, fmt, values):
+    """An archive script's dataset: a group (netCDF-4 formats), coordinates with metadata, a field written
+    one time step at a time, a scalar and a 1-D variable written at one point."""
+    ds.history = f"daskcfa test, format {fmt}"
+    group = ds.createGroup("surface") if fmt in ("NETCDF4", "CFA4", "CF-1.13", "CFA-0.6.2") else ds
+    group.group_class = "Surface variables"
+    ntime, nlat, nlon = values.shape
+    for name, size, coords, attrs in [
+        ("time", None, np.arange(ntime, dtype="f4"), {"units": "days since 2000-01-01", "axis": "T"}),
+        ("latitude", nlat, np.linspace(90, -90, nlat, dtype="f4"), {"units": "degrees_north"}),
+        ("longitude", nlon, np.arange(nlon, dtype="f4") * 360 / nlon, {"units": "degrees_east"}),
+    ]:
+        group.createDimension(name, size)
+        var = group.createVariable(name, np.float32, (name,))
+        var[:] = coords
+        var.setncatts(attrs)
+    tmp = group.createVariable("tmp", np.float32, ("time", "latitude", "longitude"), fill_value=2e20,
+                               subarray_shape=np.array([4, nlat, nlon], dtype="i"))
+    tmp.standard_name = "air_temperature"
+    tmp.setncattr("long_name", "Surface temperature at 1m")
+    for t in range(ntime):
+        tmp[t] = values[t]
+    ds.createVariable("scl", np.float32)
+    ds.createDimension("vector", 16)
+    vec = ds.createVariable("vector", np.int32, ("vector",))
+    vec[:] = 12 + np.arange(16)
+    velocity = ds.createVariable("velocity", np.float32, ("vector",))
+    velocity.units = "m s-1"
+    velocity[0] = 10.0
+    return "/surface/tmp" if group is not ds else "/tmp"
+
+
+@pytest.mark.parametrize("fmt,version", AGGREGATIONS + [(p, None) for p in PLAIN])
+def test_archive_script_round_trip(tmp_path, fmt, version):
+    values = field((10, 5, 8), masked=0.1)
+    url = str(tmp_path / f"a_{fmt}.nc")
+    with Dataset(url, "w", format=fmt, cfa_version=version) as ds:
+        tmp_path_in = surface_dataset(ds, fmt, values)
+    with netCDF4.Dataset(url) as nc:  # the file on disk is a netCDF file any tool opens
+        assert nc.history == f"daskcfa test, format {fmt}"
+    with Dataset(url) as ds:
+        tmp = ds[tmp_path_in]
+        same(tmp[:], values)
+        same(tmp[:, 0, 0], values[:, 0, 0])
+        assert tmp.units if False else tmp.long_name == "Surface temperature at 1m"
+        assert ds["velocity"][0] == 10.0 and np.ma.getmaskarray(ds["velocity"][1:]).all()
+        same(ds["vector"][:], 12 + np.arange(16))
+        assert ds.history == f"daskcfa test, format {fmt}"
+        assert tmp.is_aggregated == (fmt not in PLAIN)
+        if fmt not in PLAIN:
+            assert tmp.fragments.shape == (3, 1, 1)
+    if fmt not in PLAIN:
+        same(daskcfa.from_cfa(url, tmp_path_in).compute(), values)
+
+
+def test_plain_files_read_by_netcdf4_python(tmp_path):
+    values = field((6, 3, 4), masked=0.2)
+    url = str(tmp_path / "plain.nc")
+    with Dataset(url, "w", format="NETCDF4") as ds:
+        surface_dataset(ds, "NETCDF4", values)
+        assert not os.path.exists(url)  # built under a temporary name, moved into place at close()
+    with netCDF4.Dataset(url) as nc:
+        same(nc["surface/tmp"][:], values)
+        assert nc["surface"].group_class == "Surface variables"
+        assert nc["surface/time"].units == "days since 2000-01-01"
+    assert [p.name for p in tmp_path.iterdir()] == ["plain.nc"]
+
+
+def test_metadata_example_without_data(tmp_path):
+    """S3netCDF4's metadata example (CFA3, diskless=True): dimensions, variables, attributes, no data."""
+    url = str(tmp_path / "meta_cfa3.nca")
+    with Dataset(url, mode="w", diskless=True, format="CFA3") as ds:
+        ds.createDimension("lat", 196)
+        ds.createDimension("lon", 256)
+        lat = ds.createVariable("lat", "f4", ("lat",))
+        lon = ds.createVariable("lon", "f4", ("lon",))
+        temp = ds.createVariable("tmp", "f4", ("lat", "lon"))
+        ds.source = "tutorial"
+        ds.units = "degrees C"
+        lat.units = "degrees north"
+        lon.units = "degrees east"
+        temp.author = "someone"
+    with Dataset(url) as ds:
+        assert ds.source == "tutorial" and ds.getncattr("units") == "degrees C"
+        assert ds["tmp"].author == "someone" and ds["lat"].ncattrs() == ["units"]
+        assert ds["tmp"].shape == (196, 256)
+        assert np.ma.getmaskarray(ds["tmp"][:]).all()  # never written: missing values
+    # CFA-0.4 lists the fragments present and readers recover the grid from them: one is written
+    assert len(list((tmp_path / "meta_cfa3").rglob("*.nc"))) == 1
+
+
+@pytest.mark.parametrize("fmt,written", [("CF-1.13", 12), ("CFA-0.6.2", 0), ("CFA4", 4)])
+def test_close_without_writing(tmp_path, fmt, written):
+    """Fragments never assigned: written full of missing values (CF-1.13), recorded as missing (CFA-0.6.2),
+    or, for CFA-0.5, as few written as let readers recover the grid (one per fragment row and column)."""
+    url = str(tmp_path / "empty.nc")
+    with Dataset(url, "w", format=fmt) as ds:
+        ds.createDimension("x", 12)
+        ds.createDimension("y", 12)
+        ds.createVariable("v", "f8", ("x", "y"), subarray_shape=[3, 4])
+    got = Dataset(url)["v"][:]
+    assert got.shape == (12, 12) and np.ma.getmaskarray(got).all()
+    assert len(list((tmp_path / "empty").rglob("*.nc"))) == written
+    with Dataset(str(tmp_path / "nothing.nc"), "w", format=fmt):
+        pass
+    assert Dataset(str(tmp_path / "nothing.nc")).variables == {}
+
+
+# --------------------------------------------------------------------------
+# Assignments: netCDF4-python's index rules, overlapping and partial writes
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("buffer_size", ["64MiB", 2000])
+@pytest.mark.parametrize("fmt", ["CF-1.13", "CFA4"])
+def test_assignments_equal_numpy(tmp_path, fmt, buffer_size):
+    """Random overlapping assignments of every index kind, one fragment written and overwritten many
+    times; with a tiny buffer, incomplete fragments are written early and read back when assigned again."""
+    rng = np.random.default_rng(7)
+    shape = (9, 7, 6)
+    truth = np.ma.masked_all(shape, "f4")
+    url = str(tmp_path / "v.nc")
+    with Dataset(url, "w", format=fmt, buffer_size=buffer_size) as ds:
+        for name, n in zip("tyx", shape):
+            ds.createDimension(name, n)
+        v = ds.createVariable("v", "f4", ("t", "y", "x"), fill_value=-1.0, subarray_shape=[4, 3, 6])
+        keys = [
+            (slice(None),), (0,), (-1, slice(2, 5)), (slice(1, 8, 3), [0, 2, 6]), (Ellipsis, 3),
+            (np.array([True, False] * 4 + [True]), slice(None, None, 2), slice(1, 4)), (slice(2, 7), 1, -2),
+            (4, Ellipsis), ([8, 3, 5], slice(None), [5, 0]),
+        ]
+        for step in range(40):
+            key = keys[rng.integers(len(keys))]
+            where, target = orthogonal(key, shape)
+            values = np.ma.MaskedArray(rng.normal(size=target).astype("f4"), mask=rng.random(target) < 0.2)
+            v[key] = values
+            truth[where] = values.reshape([w.size for w in where])
+    same(Dataset(url)["v"][:], truth)
+    same(daskcfa.from_cfa(url).compute(), truth)
+
+
+def orthogonal(key, shape):
+    """netCDF4-python's (orthogonal) reading of ``key``, built with numpy alone: the np.ix_ index, and the
+    shape of the selection (integer-indexed dimensions dropped)."""
+    key = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis for k in key):
+        at = [i for i, k in enumerate(key) if k is Ellipsis][0]
+        key = key[:at] + (slice(None),) * (len(shape) - len(key) + 1) + key[at + 1:]
+    key = key + (slice(None),) * (len(shape) - len(key))
+    where = [np.arange(n)[k].reshape(-1) for k, n in zip(key, shape)]
+    target = tuple(len(w) for k, w in zip(key, where) if not isinstance(k, int))
+    return np.ix_(*where), target
+
+
+def test_scalar_broadcast_and_lenient_shapes(tmp_path):
+    url = str(tmp_path / "b.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("t", 4)
+        ds.createDimension("x", 5)
+        v = ds.createVariable("v", "f8", ("t", "x"), subarray_shape=[2, 5])
+        v[:, :] = 250.0  # a scalar over everything
+        v[1] = np.arange(5.0).reshape(1, 5)  # netCDF4-python takes a size-1 leading dimension
+        v[2:4, 0] = np.array([[7.0], [8.0]])
+    expected = np.full((4, 5), 250.0)
+    expected[1] = np.arange(5.0)
+    expected[2:4, 0] = [7.0, 8.0]
+    same(Dataset(url)["v"][:], expected)
+
+
+def test_dask_values_and_packing(tmp_path):
+    import dask.array as da
+
+    url = str(tmp_path / "p.nc")
+    values = np.linspace(0, 100, 60).reshape(6, 10)
+    with Dataset(url, "w", format="CFA-0.6.2") as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 10)
+        v = ds.createVariable("v", "i2", ("t", "x"), fill_value=-32768, subarray_shape=[4, 10])
+        v.scale_factor = 0.01
+        v.add_offset = 50.0
+        v[0:6] = da.from_array(values, chunks=(3, 5))
+    got = Dataset(url)["v"][:]
+    np.testing.assert_allclose(got, values, atol=0.005)
+
+
+def test_unlimited_growth_and_uneven_last_fragment(tmp_path):
+    url = str(tmp_path / "g.nc")
+    truth = field((23, 4, 3))
+    with Dataset(url, "w", format="CF-1.13") as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("y", 4)
+        ds.createDimension("x", 3)
+        t = ds.createVariable("time", "f8", ("time",))
+        v = ds.createVariable("v", "f4", ("time", "y", "x"), subarray_shape=[5, 4, 3])
+        v[0:10] = truth[0:10]  # a slice past the end grows the dimension
+        v[10:] = truth[10:]  # an open slice takes its length from the values
+        t[:] = np.arange(23.0)
+        assert len(ds.dimensions["time"]) == 23 and v.shape == (23, 4, 3)
+    ds = Dataset(url)
+    same(ds["v"][:], truth)
+    assert ds["v"].fragments.grid.sizes[0] == (5, 5, 5, 5, 3)
+    assert ds.dimensions["time"].size == 23
+
+
+# --------------------------------------------------------------------------
+# One time step at a time, memory bounded, on disk and S3
+# --------------------------------------------------------------------------
+
+
+def write_steps(url, fmt, steps, storage_options=None, buffer_size="1MiB"):
+    ny, nx = 40, 50
+    with Dataset(url, "w", format=fmt, storage_options=storage_options, buffer_size=buffer_size) as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("lat", ny)
+        ds.createDimension("lon", nx)
+        time = ds.createVariable("time", "f8", ("time",))
+        time.units = "hours since 2000-01-01"
+        tas = ds.createVariable("tas", "f4", ("time", "lat", "lon"), fill_value=1e20, max_subarray_size=ny * nx * 4 * 64)
+        for t in range(steps):
+            time[t] = t
+            tas[t] = step_values(t, ny, nx)
+    return ny, nx
+
+
+def step_values(t, ny, nx):
+    return (np.arange(ny * nx, dtype="f4").reshape(ny, nx) + 1000 * t) % 997
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "CFA4"])
+def test_thousand_steps_local_memory_bounded(tmp_path, fmt):
+    url = str(tmp_path / "steps.nc")
+    tracemalloc.start()
+    try:
+        ny, nx = write_steps(url, fmt, 1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    step = ny * nx * 4
+    # the buffers (1 MiB), the values being written (1 MiB), one fragment being encoded: far below the 8 MB written
+    assert peak < 2 * 2**20 + 3 * 64 * step + 2 * 2**20, peak
+    ds = Dataset(url)
+    got = ds["tas"]
+    assert got.shape == (1000, ny, nx)
+    for t in (0, 1, 63, 64, 500, 999):
+        same(got[t], step_values(t, ny, nx))
+    same(ds["time"][:], np.arange(1000.0))
+    assert len(got.fragments) == -(-1000 // 64)
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "CFA4"])
+def test_thousand_steps_on_s3(s3_server, tmp_path, fmt):
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/steps.nc"
+    ny, nx = write_steps(url, fmt, 1000, s3_server.storage_options)
+    x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
+    expected = np.stack([step_values(t, ny, nx) for t in range(1000)])
+    same(x.compute(), expected)
+    with Dataset(url, storage_options=s3_server.storage_options) as ds:
+        same(ds["tas"][990:], expected[990:])
+
+
+# --------------------------------------------------------------------------
+# Updates (mode "a"), commits, writers killed before close()
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "CFA4", "CFA3"])
+def test_append_and_update(tmp_path, fmt):
+    url = str(tmp_path / "u.nc")
+    truth = np.ma.masked_all((12, 3, 4), "f4")
+    with Dataset(url, "w", format=fmt) as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("y", 3)
+        ds.createDimension("x", 4)
+        time = ds.createVariable("time", "f8", ("time",))
+        v = ds.createVariable("v", "f4", ("time", "y", "x"), fill_value=-9.0, subarray_shape=[4, 3, 4])
+        truth[:6] = field((6, 3, 4), seed=1)
+        v[:6] = truth[:6]
+        time[:6] = np.arange(6.0)
+    first = {p for p in tmp_path.rglob("*.nc") if p.name != "u.nc"}
+    with Dataset(url, "a") as ds:
+        v = ds["v"]
+        assert v.shape == (6, 3, 4)
+        truth[6:12] = field((6, 3, 4), seed=2)
+        v[6:12] = truth[6:12]  # completes the partial fragment 1 (4:8) and adds fragment 2
+        ds["time"][6:12] = np.arange(6.0, 12.0)
+        truth[1, 1, 1:3] = [5.0, 6.0]
+        v[1, 1, 1:3] = [5.0, 6.0]  # part of fragment 0: merged with what it held
+        ds.comment = "appended"
+        assert v.shape == (12, 3, 4)
+    ds = Dataset(url)
+    same(ds["v"][:], truth)
+    same(ds["time"][:], np.arange(12.0))
+    assert ds.comment == "appended" and ds["v"].fragments.shape == (3, 1, 1)
+    now = {p for p in tmp_path.rglob("*.nc") if p.name != "u.nc"}
+    assert not (first & now), "the replaced fragments are retired"
+
+
+KILLED = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from daskcfa.netcdf4 import Dataset
+    url, mode = sys.argv[1], sys.argv[2]
+    ds = Dataset(url, mode, format="CF-1.13")
+    if mode == "w":
+        ds.createDimension("t", None)
+        ds.createDimension("x", 5)
+        ds.createVariable("t", "f8", ("t",))
+        v = ds.createVariable("v", "f4", ("t", "x"), subarray_shape=[2, 5])
+    v = ds["v"]
+    for t in range(8):
+        ds["t"][t] = t
+        v[t] = np.full(5, 99.0)  # complete fragments are written along the way
+    os._exit(1)  # killed before close()
+""")
+
+
+@pytest.mark.parametrize("mode", ["w", "a"])
+def test_killed_before_close_leaves_previous_state(tmp_path, mode):
+    url = str(tmp_path / "k.nc")
+    old = field((4, 5), seed=4)
+    with Dataset(url, "w") as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 5)
+        ds.createVariable("t", "f8", ("t",))[:] = np.arange(4.0)  # (it keeps "t" unlimited in the file)
+        ds.createVariable("v", "f4", ("t", "x"), subarray_shape=[2, 5])[:] = old
+    done = subprocess.run([sys.executable, "-c", KILLED, url, mode], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    same(Dataset(url)["v"][:], old)  # the previous aggregation, untouched
+    with Dataset(url, "a") as ds:  # the dead writer's lease is taken over
+        ds["v"][4] = np.arange(5.0)
+        ds["t"][4] = 4.0
+    expected = np.ma.concatenate([old, np.arange(5.0)[None]])
+    same(Dataset(url)["v"][:], expected)
+
+
+def test_new_dataset_killed_before_close_leaves_nothing(tmp_path):
+    url = str(tmp_path / "new.nc")
+    done = subprocess.run([sys.executable, "-c", KILLED, url, "w"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert not os.path.exists(url)
+    with pytest.raises(daskcfa.NotFoundError):
+        Dataset(url)
+
+
+def test_second_writer_refused_while_first_writes(tmp_path):
+    url = str(tmp_path / "c.nc")
+    first = Dataset(url, "w")
+    with pytest.raises(daskcfa.WriteConflictError, match="another writer"):
+        Dataset(url, "w")
+    first.close()
+
+
+# --------------------------------------------------------------------------
+# Bad input: clear daskcfa errors
+# --------------------------------------------------------------------------
+
+
+def test_bad_input(tmp_path):
+    url = str(tmp_path / "bad.nc")
+    with pytest.raises(daskcfa.ArgumentError, match="mode must be"):
+        Dataset(url, "rw")
+    with pytest.raises(daskcfa.ArgumentError, match="unknown format 'CFA5'"):
+        Dataset(url, "w", format="CFA5")
+    with pytest.raises(daskcfa.ArgumentError, match="cfa_version='0.5' does not go with format='CFA3'"):
+        Dataset(url, "w", format="CFA3", cfa_version="0.5")
+    with pytest.raises(daskcfa.ArgumentError, match="parallel=True"):
+        Dataset(url, "w", parallel=True)
+    with pytest.raises(daskcfa.NotFoundError):
+        Dataset(url, "a")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("x", 4)
+        v = ds.createVariable("v", "f4", ("x",))
+        with pytest.raises(daskcfa.ArgumentError, match=r"cannot assign values of shape \(3,\) to a selection of shape \(4,\)"):
+            v[:] = np.arange(3.0)
+        with pytest.raises(daskcfa.ArgumentError, match="out of bounds"):
+            v[4] = 1.0
+        with pytest.raises(daskcfa.ArgumentError, match="dimension 'y' is not defined"):
+            ds.createVariable("w", "f4", ("y",))
+        with pytest.raises(daskcfa.ArgumentError, match="already exists"):
+            ds.createVariable("v", "f4", ("x",))
+        with pytest.raises(daskcfa.ArgumentError, match="netCDF cannot store"):
+            ds.createVariable("c", "c16", ("x",))
+        with pytest.raises(daskcfa.ArgumentError, match="read it after close"):
+            v[:]
+        v[:] = np.arange(4.0)
+        with pytest.raises(daskcfa.ArgumentError, match="_FillValue cannot change"):
+            v._FillValue = 3.0
+    with pytest.raises(daskcfa.ArgumentError, match="closed"):
+        v[0] = 1.0
+    ro = Dataset(url)
+    with pytest.raises(daskcfa.ArgumentError, match="opened for reading"):
+        ro["v"][0] = 5.0
+    with pytest.raises(daskcfa.ArgumentError, match="opened for reading"):
+        ro.createDimension("y", 3)
+    with pytest.raises(FileExistsError):
+        Dataset(url, "x")
+    with pytest.raises(FileExistsError):
+        Dataset(url, "w", clobber=False)
