@@ -14,14 +14,15 @@ from .dataset import Dataset
 from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
-from . import inputs
-from .graph.write import write_graph
+from . import append, inputs
+from .formats.encode import common_format
+from .graph.write import WriteRequest, write_graph
 from .graph.plan import plan_fragments
 from .graph.read import to_dask
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
 from .storage.lease import Lease
-from .storage.publish import check_mode, refuse_existing
+from .storage.publish import UPDATE_MODES, check_mode, refuse_existing
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
@@ -117,7 +118,7 @@ def to_cfa(
     coords: Mapping[str, Any] | None = None,
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
     max_fragment_size: int | str = "50MB",
-    format: str = "CF-1.13",
+    format: str | None = None,
     fragment_format: str = "NETCDF4",
     compression: str | Mapping[str, Any] | None = None,
     fragment_name: str = "{stem}/{stem}.{var}.{index}.nc",
@@ -125,6 +126,7 @@ def to_cfa(
     mode: str = "w-",
     compute: bool = True,
     region: Mapping[str, slice] | None = None,
+    append_dim: str | None = None,
     max_concurrent_uploads: int | None = None,
     keep_previous: float = 0.0,
     uris: str = "relative",
@@ -261,32 +263,44 @@ def to_cfa(
     check_mode(mode)
     url = storage.normalise(url)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it or mode='r+' to update it")
+    exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it, mode='r+' to update it or mode='a' "
+                                                 "to grow it")
+    if append_dim is not None and mode != "a":
+        raise ArgumentError(f"append_dim= appends to an existing aggregation: it needs mode='a', not {mode!r}")
+    if mode == "a" and not exists:
+        mode = "w-"  # growing nothing: a new aggregation (a writer creating it meanwhile wins, and this one fails)
     if mode == "r+":
         if not exists:
             raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
-        if isinstance(data, Dataset) or _is_xarray(data):
+        if isinstance(data, Dataset) or inputs.is_xarray(data):
             raise ArgumentError("mode='r+' writes an array into an existing aggregation")
     lease = Lease.new(url, profile)
-    if mode == "r+" and compute:  # read, modify and write under one lease: concurrent updates queue up
+    if mode in UPDATE_MODES and compute:  # read, modify and write under one lease: concurrent updates queue up
         lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait", 600)))
     try:
-        if mode == "r+":
+        if mode in UPDATE_MODES:
             version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
             existing = open_cfa(url, storage_options=storage_options)
-            request = inputs.request_for_update(existing, url, version, data, variable, region)
-        elif isinstance(data, Dataset):
-            _no_region(region, "a daskcfa.Dataset")
-            request = inputs.request_from_dataset(data)
-        elif _is_xarray(data):
-            _no_region(region, "an xarray object")
-            request = inputs.request_from_xarray(data, variable)
+            if mode == "r+":
+                request = inputs.request_for_update(existing, url, version, data, variable, region)
+            elif append_dim is not None:
+                _no_region(region, "mode='a'")
+                request = append.request_for_append(existing, url, version, data, append_dim, variable=variable,
+                                                    dims=dims, attrs=attrs, coords=coords,
+                                                    fragment_shape=fragment_shape)
+            else:
+                _no_region(region, "mode='a'")
+                new = _request(data, variable, dims, attrs, coords, None)
+                request = append.request_for_addition(existing, url, version, new)
+            format = format or common_format(request.model.aggregated + [s.existing for s in request.sources
+                                                                         if s.existing is not None], url, "update it")
         else:
-            request = inputs.request_from_array(data, variable, dims, attrs, coords, region)
+            request = _request(data, variable, dims, attrs, coords, region)
         delayed = write_graph(
-            request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
-            fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
-            profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
+            request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
+            format=format or "CF-1.13", fragment_format=fragment_format, compression=compression,
+            fragment_name=fragment_name, mode=mode, profile=profile,
+            semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
         )
         return delayed.compute() if compute else delayed
@@ -295,14 +309,21 @@ def to_cfa(
             lease.release()  # a no-op after the commit released it, or when another writer holds it
 
 
-def _is_xarray(data: Any) -> bool:
-    module = type(data).__module__
-    return module.startswith("xarray.") and type(data).__name__ in ("Dataset", "DataArray")
+def _request(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
+             coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
+    """A write of ``data`` as a new aggregation (or new variables of one)."""
+    if isinstance(data, Dataset):
+        _no_region(region, "a daskcfa.Dataset")
+        return inputs.request_from_dataset(data)
+    if inputs.is_xarray(data):
+        _no_region(region, "an xarray object")
+        return inputs.request_from_xarray(data, variable)
+    return inputs.request_from_array(data, variable, dims, attrs, coords, region)
 
 
 def _no_region(region: Mapping[str, slice] | None, what: str) -> None:
     if region:
-        raise ArgumentError(f"region= is for writing arrays, not {what}")
+        raise ArgumentError(f"region= is for writing arrays (new ones, or with mode='r+'), not {what}")
 
 
 def _upload_semaphore(limit: int | None, url: str) -> Any:

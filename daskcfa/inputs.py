@@ -29,7 +29,7 @@ from .graph.write import WriteRequest, WriteSource, region_bounds
 from .model import AggregationDataset, Dimension, PlainVariable
 
 __all__ = ["request_from_array", "request_from_dataset", "request_for_update", "request_from_xarray",
-           "dataset_model"]
+           "dataset_model", "as_array", "values_and_attrs", "is_xarray"]
 
 
 def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
@@ -41,7 +41,7 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
     """
     if variable is None or dims is None:
         raise ArgumentError("writing an array needs variable= (its name) and dims= (its dimension names)")
-    data = _as_array(data)
+    data = as_array(data)
     dims = tuple(dims)
     if len(dims) != data.ndim:
         raise ArgumentError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
@@ -100,7 +100,7 @@ def request_for_update(existing: Any, url: str, version: tuple[int, str] | None,
                                     f"{', '.join(sorted(by_path))}", file=url)
     target = by_path[path]
     model.aggregated = [v.aggregation for v in aggregated if v.path != path]
-    source = WriteSource(path, _as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
+    source = WriteSource(path, as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
                          existing=target.aggregation, region=_region(region, tuple(target.dims)))
     return WriteRequest(model, [_merged(source, target.read_access)], version)
 
@@ -189,16 +189,27 @@ def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
 
 def _coordinate(given: Any, dim: str) -> tuple[np.ndarray, dict[str, Any]]:
     """Coordinate values, and attributes when given as a ``(values, attrs)`` pair."""
+    values, attrs = values_and_attrs(given)
+    if values.ndim != 1:
+        raise ArgumentError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
+    return values, attrs
+
+
+def values_and_attrs(given: Any) -> tuple[Any, dict[str, Any]]:
+    """What ``coords=`` gives for a name: values, or a ``(values, attrs)`` pair."""
     attrs: Mapping[str, Any] = {}
     if isinstance(given, tuple) and len(given) == 2 and isinstance(given[1], Mapping):
         given, attrs = given
-    values = _as_array(given)
-    if values.ndim != 1:
-        raise ArgumentError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
-    return values, dict(attrs)
+    return as_array(given), dict(attrs)
 
 
-def _as_array(data: Any) -> Any:
+def is_xarray(data: Any) -> bool:
+    """An xarray ``Dataset`` or ``DataArray`` (told by its type, without importing xarray)."""
+    module = type(data).__module__
+    return module.startswith("xarray.") and type(data).__name__ in ("Dataset", "DataArray")
+
+
+def as_array(data: Any) -> Any:
     """A dask array as is, anything else as a numpy array (masked arrays stay masked)."""
     if isinstance(data, da.Array):
         return data

@@ -53,7 +53,7 @@ from ..fragments.write import (
 from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
                      is_coordinate_variable)
 from ..storage.uri import check_uri_style
-from ..storage.publish import put_aggregation, refuse_existing
+from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
 from .plan import aligned_chunks, plan_fragments
 
@@ -453,7 +453,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
                         detail=f"generation {commit.header['generation']}: "
                                f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
         fragments: dict[str, dict[str, Any]] = {}
-        if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
+        if commit.mode in UPDATE_MODES:  # the fragments written earlier are still part of the aggregation
             fragments = earlier.get("fragments", {}) if isinstance(earlier, dict) else {}
         for variable, recs in zip(commit.variables, records):
             entries = fragments.setdefault(variable, {})
