@@ -131,7 +131,8 @@ def to_cfa(
     keep_previous: float = 0.0,
     uris: str = "relative",
 ) -> str | Delayed:
-    """Write an array or a dataset as a CFA-netCDF aggregation: fragment files plus an aggregation file.
+    """Write an array or a dataset as a CFA-netCDF aggregation (fragment files plus an aggregation file),
+    or grow or update one.
 
     Every fragment is written by its own task, where the data are (no data
     pass through the client); the aggregation file is put in place by a final
@@ -173,9 +174,10 @@ def to_cfa(
         S3netCDF4 way. Dask chunks not aligned with the plan are rechunked to
         it; chunks finer than the fragments but aligned are kept.
     format
-        The aggregation dialect: ``"CF-1.13"`` (default), ``"CFA-0.6.2"``,
-        ``"CFA-0.5"`` or ``"CFA-0.4"``. Checked with the whole aggregation
-        before any fragment is written.
+        The aggregation dialect: ``"CF-1.13"`` (default for new files),
+        ``"CFA-0.6.2"``, ``"CFA-0.5"`` or ``"CFA-0.4"``; ``r+`` and ``a``
+        keep the file's own dialect unless it is given. Checked with the
+        whole aggregation before any fragment is written.
     fragment_format, compression
         netCDF format of the fragments (``"NETCDF4"``, ``"NETCDF4_CLASSIC"``,
         ``"NETCDF3_CLASSIC"``, ``"NETCDF3_64BIT_OFFSET"``,
@@ -199,27 +201,46 @@ def to_cfa(
         new generation, the aggregation file is replaced in one step, then
         the fragments of the old aggregation that the new one does not
         reference are deleted (see ``keep_previous``).
-        ``"r+"`` updates an existing aggregation: ``data`` are written to
-        ``region`` of one of its variables, on its existing fragment grid;
-        the aggregation file is rewritten in ``format`` (give the file's own
-        format to keep it). Writers of one target are exclusive (a lease, see
-        Notes): a second ``w-``/``w`` writer fails at once with a
-        :class:`WriteConflictError` naming the holder; a second ``r+`` writer
-        waits for the first (dask config ``daskcfa.write.lease-wait``,
+        ``"r+"`` updates an existing aggregation: ``data`` (an array) are
+        written to ``region`` of one of its variables, on its existing
+        fragment grid. ``"a"`` grows one, as ``xarray.Dataset.to_zarr`` does:
+        with ``append_dim``, ``data`` are appended along that dimension;
+        without it, ``data`` are new variables (their names must not exist,
+        their dimensions must have the file's sizes). On a target that does
+        not exist, ``"a"`` creates it. Writers of one target are exclusive (a
+        lease, see Notes): a second ``w-``/``w`` writer fails at once with a
+        :class:`WriteConflictError` naming the holder; a second ``r+``/``a``
+        writer waits for the first (dask config ``daskcfa.write.lease-wait``,
         default 600 s) and then updates what the first committed.
     compute
         ``False`` returns a :class:`dask.delayed.Delayed` that performs the
         write when computed, like :func:`dask.array.to_zarr`.
     region
         ``{dim: slice}``: ``data`` cover only this part of the aggregated
-        array, and only the fragments there are written. Slices must fall on
-        fragment boundaries. With ``mode="r+"`` the full array is the existing
-        aggregation's; with ``"w"``/``"w-"`` each dimension in ``region``
-        takes its full size from ``coords``, and the fragments outside the
-        region are recorded as missing (they read as fill values: sparse
-        writes, as in S3netCDF4). Missing fragments need a dialect that can
-        describe them (``CFA-0.6.2``, ``CFA-0.5``, ``CFA-0.4``; not CF-1.13).
-        Only for arrays.
+        array, and only the fragments there are written. Slices have step 1
+        and lie within the dimension (negative bounds count from its end).
+        With ``mode="r+"`` the full array is the existing aggregation's, and
+        a fragment the region covers only partly is rewritten with its stored
+        values outside the region (fill values kept as they were) and
+        ``data`` inside. With ``"w"``/``"w-"`` slices must fall on fragment
+        boundaries, each dimension in ``region`` takes its full size from
+        ``coords``, and the fragments outside the region are recorded as
+        missing (they read as fill values: sparse writes, as in S3netCDF4).
+        Missing fragments need a dialect that can describe them
+        (``CFA-0.6.2``, ``CFA-0.5``, ``CFA-0.4``; not CF-1.13). Only for
+        arrays.
+    append_dim
+        With ``mode="a"``: the dimension to append ``data`` along. New
+        fragments hold the new part only (the existing ones are referenced
+        unchanged), with the existing fragments' shape (along ``append_dim``
+        the first fragment's length, or ``fragment_shape``'s); the ordinary
+        variables along it (coordinate, bounds) are extended in the
+        aggregation file. Every variable along ``append_dim`` must be given
+        (for an array: the ordinary ones in ``coords``, by name), with the
+        file's dimensions, a dtype its variable can take and the same
+        ``units``, ``calendar``, fill and packing attributes where given; new
+        values are stored in the file's encoding. Variables without
+        ``append_dim`` are kept as stored.
     max_concurrent_uploads
         With a ``distributed`` client: at most this many fragment uploads run
         at once across the cluster (a ``distributed.Semaphore``), to spare a
