@@ -14,14 +14,15 @@ from .netcdf4 import Dataset
 from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
-from . import inputs
-from .graph.write import write_graph
+from . import append, inputs
+from .formats.encode import common_format
+from .graph.write import WriteRequest, write_graph
 from .graph.plan import plan_fragments
 from .graph.read import to_dask
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
 from .storage.lease import Lease
-from .storage.publish import check_mode, refuse_existing
+from .storage.publish import UPDATE_MODES, check_mode, refuse_existing
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
@@ -117,7 +118,7 @@ def to_cfa(
     coords: Mapping[str, Any] | None = None,
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
     max_fragment_size: int | str = "50MB",
-    format: str = "CF-1.13",
+    format: str | None = None,
     fragment_format: str = "NETCDF4",
     compression: str | Mapping[str, Any] | None = None,
     fragment_name: str = "{stem}/{stem}.{var}.{index}.nc",
@@ -125,11 +126,13 @@ def to_cfa(
     mode: str = "w-",
     compute: bool = True,
     region: Mapping[str, slice] | None = None,
+    append_dim: str | None = None,
     max_concurrent_uploads: int | None = None,
     keep_previous: float = 0.0,
     uris: str = "relative",
 ) -> str | Delayed:
-    """Write an array or a dataset as a CFA-netCDF aggregation: fragment files plus an aggregation file.
+    """Write an array or a dataset as a CFA-netCDF aggregation (fragment files plus an aggregation file),
+    or grow or update one.
 
     Every fragment is written by its own task, where the data are (no data
     pass through the client); the aggregation file is put in place by a final
@@ -171,9 +174,10 @@ def to_cfa(
         S3netCDF4 way. Dask chunks not aligned with the plan are rechunked to
         it; chunks finer than the fragments but aligned are kept.
     format
-        The aggregation dialect: ``"CF-1.13"`` (default), ``"CFA-0.6.2"``,
-        ``"CFA-0.5"`` or ``"CFA-0.4"``. Checked with the whole aggregation
-        before any fragment is written.
+        The aggregation dialect: ``"CF-1.13"`` (default for new files),
+        ``"CFA-0.6.2"``, ``"CFA-0.5"`` or ``"CFA-0.4"``; ``r+`` and ``a``
+        keep the file's own dialect unless it is given. Checked with the
+        whole aggregation before any fragment is written.
     fragment_format, compression
         netCDF format of the fragments (``"NETCDF4"``, ``"NETCDF4_CLASSIC"``,
         ``"NETCDF3_CLASSIC"``, ``"NETCDF3_64BIT_OFFSET"``,
@@ -197,27 +201,46 @@ def to_cfa(
         new generation, the aggregation file is replaced in one step, then
         the fragments of the old aggregation that the new one does not
         reference are deleted (see ``keep_previous``).
-        ``"r+"`` updates an existing aggregation: ``data`` are written to
-        ``region`` of one of its variables, on its existing fragment grid;
-        the aggregation file is rewritten in ``format`` (give the file's own
-        format to keep it). Writers of one target are exclusive (a lease, see
-        Notes): a second ``w-``/``w`` writer fails at once with a
-        :class:`WriteConflictError` naming the holder; a second ``r+`` writer
-        waits for the first (dask config ``daskcfa.write.lease-wait``,
+        ``"r+"`` updates an existing aggregation: ``data`` (an array) are
+        written to ``region`` of one of its variables, on its existing
+        fragment grid. ``"a"`` grows one, as ``xarray.Dataset.to_zarr`` does:
+        with ``append_dim``, ``data`` are appended along that dimension;
+        without it, ``data`` are new variables (their names must not exist,
+        their dimensions must have the file's sizes). On a target that does
+        not exist, ``"a"`` creates it. Writers of one target are exclusive (a
+        lease, see Notes): a second ``w-``/``w`` writer fails at once with a
+        :class:`WriteConflictError` naming the holder; a second ``r+``/``a``
+        writer waits for the first (dask config ``daskcfa.write.lease-wait``,
         default 600 s) and then updates what the first committed.
     compute
         ``False`` returns a :class:`dask.delayed.Delayed` that performs the
         write when computed, like :func:`dask.array.to_zarr`.
     region
         ``{dim: slice}``: ``data`` cover only this part of the aggregated
-        array, and only the fragments there are written. Slices must fall on
-        fragment boundaries. With ``mode="r+"`` the full array is the existing
-        aggregation's; with ``"w"``/``"w-"`` each dimension in ``region``
-        takes its full size from ``coords``, and the fragments outside the
-        region are recorded as missing (they read as fill values: sparse
-        writes, as in S3netCDF4). Missing fragments need a dialect that can
-        describe them (``CFA-0.6.2``, ``CFA-0.5``, ``CFA-0.4``; not CF-1.13).
-        Only for arrays.
+        array, and only the fragments there are written. Slices have step 1
+        and lie within the dimension (negative bounds count from its end).
+        With ``mode="r+"`` the full array is the existing aggregation's, and
+        a fragment the region covers only partly is rewritten with its stored
+        values outside the region (fill values kept as they were) and
+        ``data`` inside. With ``"w"``/``"w-"`` slices must fall on fragment
+        boundaries, each dimension in ``region`` takes its full size from
+        ``coords``, and the fragments outside the region are recorded as
+        missing (they read as fill values: sparse writes, as in S3netCDF4).
+        Missing fragments need a dialect that can describe them
+        (``CFA-0.6.2``, ``CFA-0.5``, ``CFA-0.4``; not CF-1.13). Only for
+        arrays.
+    append_dim
+        With ``mode="a"``: the dimension to append ``data`` along. New
+        fragments hold the new part only (the existing ones are referenced
+        unchanged), with the existing fragments' shape (along ``append_dim``
+        the first fragment's length, or ``fragment_shape``'s); the ordinary
+        variables along it (coordinate, bounds) are extended in the
+        aggregation file. Every variable along ``append_dim`` must be given
+        (for an array: the ordinary ones in ``coords``, by name), with the
+        file's dimensions, a dtype its variable can take and the same
+        ``units``, ``calendar``, fill and packing attributes where given; new
+        values are stored in the file's encoding. Variables without
+        ``append_dim`` are kept as stored.
     max_concurrent_uploads
         With a ``distributed`` client: at most this many fragment uploads run
         at once across the cluster (a ``distributed.Semaphore``), to spare a
@@ -261,32 +284,44 @@ def to_cfa(
     check_mode(mode)
     url = storage.normalise(url)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it or mode='r+' to update it")
+    exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it, mode='r+' to update it or mode='a' "
+                                                 "to grow it")
+    if append_dim is not None and mode != "a":
+        raise ArgumentError(f"append_dim= appends to an existing aggregation: it needs mode='a', not {mode!r}")
+    if mode == "a" and not exists:
+        mode = "w-"  # growing nothing: a new aggregation (a writer creating it meanwhile wins, and this one fails)
     if mode == "r+":
         if not exists:
             raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
-        if isinstance(data, Dataset) or _is_xarray(data):
+        if isinstance(data, Dataset) or inputs.is_xarray(data):
             raise ArgumentError("mode='r+' writes an array into an existing aggregation")
     lease = Lease.new(url, profile)
-    if mode == "r+" and compute:  # read, modify and write under one lease: concurrent updates queue up
+    if mode in UPDATE_MODES and compute:  # read, modify and write under one lease: concurrent updates queue up
         lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait", 600)))
     try:
-        if mode == "r+":
+        if mode in UPDATE_MODES:
             version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
             existing = open_cfa(url, storage_options=storage_options)
-            request = inputs.request_for_update(existing, url, version, data, variable, region)
-        elif isinstance(data, Dataset):
-            _no_region(region, "a daskcfa.Dataset")
-            request = inputs.request_from_dataset(data)
-        elif _is_xarray(data):
-            _no_region(region, "an xarray object")
-            request = inputs.request_from_xarray(data, variable)
+            if mode == "r+":
+                request = inputs.request_for_update(existing, url, version, data, variable, region)
+            elif append_dim is not None:
+                _no_region(region, "mode='a'")
+                request = append.request_for_append(existing, url, version, data, append_dim, variable=variable,
+                                                    dims=dims, attrs=attrs, coords=coords,
+                                                    fragment_shape=fragment_shape)
+            else:
+                _no_region(region, "mode='a'")
+                new = _request(data, variable, dims, attrs, coords, None)
+                request = append.request_for_addition(existing, url, version, new)
+            format = format or common_format(request.model.aggregated + [s.existing for s in request.sources
+                                                                         if s.existing is not None], url, "update it")
         else:
-            request = inputs.request_from_array(data, variable, dims, attrs, coords, region)
+            request = _request(data, variable, dims, attrs, coords, region)
         delayed = write_graph(
-            request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size, format=format,
-            fragment_format=fragment_format, compression=compression, fragment_name=fragment_name, mode=mode,
-            profile=profile, semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
+            request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
+            format=format or "CF-1.13", fragment_format=fragment_format, compression=compression,
+            fragment_name=fragment_name, mode=mode, profile=profile,
+            semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
         )
         return delayed.compute() if compute else delayed
@@ -295,14 +330,21 @@ def to_cfa(
             lease.release()  # a no-op after the commit released it, or when another writer holds it
 
 
-def _is_xarray(data: Any) -> bool:
-    module = type(data).__module__
-    return module.startswith("xarray.") and type(data).__name__ in ("Dataset", "DataArray")
+def _request(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
+             coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
+    """A write of ``data`` as a new aggregation (or new variables of one)."""
+    if isinstance(data, Dataset):
+        _no_region(region, "a daskcfa.Dataset")
+        return inputs.request_from_dataset(data)
+    if inputs.is_xarray(data):
+        _no_region(region, "an xarray object")
+        return inputs.request_from_xarray(data, variable)
+    return inputs.request_from_array(data, variable, dims, attrs, coords, region)
 
 
 def _no_region(region: Mapping[str, slice] | None, what: str) -> None:
     if region:
-        raise ArgumentError(f"region= is for writing arrays, not {what}")
+        raise ArgumentError(f"region= is for writing arrays (new ones, or with mode='r+'), not {what}")
 
 
 def _upload_semaphore(limit: int | None, url: str) -> Any:

@@ -12,7 +12,10 @@ which only builds graphs from a request.
 
 from __future__ import annotations
 
+import numbers
 import posixpath
+from dataclasses import replace
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import dask.array as da
@@ -21,11 +24,12 @@ import numpy as np
 from .decode import PACKING_ATTRS, default_fill_value
 from .errors import ArgumentError, VariableNotFoundError
 from .fragments.write import encode_values
-from .graph.write import WriteRequest, WriteSource
+from .graph.read import to_dask
+from .graph.write import WriteRequest, WriteSource, region_bounds
 from .model import AggregationDataset, Dimension, PlainVariable
 
 __all__ = ["request_from_array", "request_from_dataset", "request_for_update", "request_from_xarray",
-           "dataset_model"]
+           "dataset_model", "as_array", "values_and_attrs", "is_xarray"]
 
 
 def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
@@ -37,7 +41,7 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
     """
     if variable is None or dims is None:
         raise ArgumentError("writing an array needs variable= (its name) and dims= (its dimension names)")
-    data = _as_array(data)
+    data = as_array(data)
     dims = tuple(dims)
     if len(dims) != data.ndim:
         raise ArgumentError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
@@ -96,9 +100,39 @@ def request_for_update(existing: Any, url: str, version: tuple[int, str] | None,
                                     f"{', '.join(sorted(by_path))}", file=url)
     target = by_path[path]
     model.aggregated = [v.aggregation for v in aggregated if v.path != path]
-    source = WriteSource(path, _as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
+    source = WriteSource(path, as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
                          existing=target.aggregation, region=_region(region, tuple(target.dims)))
-    return WriteRequest(model, [source], version)
+    return WriteRequest(model, [_merged(source, target.read_access)], version)
+
+
+def _merged(source: WriteSource, access: Any) -> WriteSource:
+    """An update of a region that does not fall on fragment boundaries, as an update of the
+    fragments it touches: their stored values, with the new values encoded in their place.
+
+    Stored values, not decoded ones, pass through: a fill value, a packed integer or
+    a missing fragment's fill is written back bit for bit as it was.
+    """
+    grid = source.existing.fragments.grid
+    inner, outer = [], []
+    for d, (dim, n) in enumerate(zip(source.dims, grid.shape)):
+        a, b = region_bounds(source.region.get(dim, slice(None)), n, dim)
+        inner.append((a, b))
+        offsets = grid.offsets[d]
+        outer.append((offsets[grid.fragment_at(d, a)], offsets[grid.fragment_at(d, b - 1) + 1]))
+    shape = tuple(b - a for a, b in inner)
+    if source.data.shape != shape:
+        raise ArgumentError(f"{source.name}: the data have shape {source.data.shape}, the region to write has shape "
+                            f"{shape}")
+    if inner == outer:
+        return source
+    stored = to_dask(source.existing, access=access, strings=False, decode=False)
+    merged = stored[tuple(slice(a, b) for a, b in outer)].copy()
+    new = source.data if isinstance(source.data, da.Array) else da.from_array(source.data, asarray=False)
+    new = new.map_blocks(partial(encode_values, attrs=source.attrs, dtype=source.dtype), dtype=source.dtype,
+                         meta=np.empty((0,) * new.ndim, source.dtype))
+    merged[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))] = new
+    region = {dim: slice(a, b) for dim, (a, b) in zip(source.dims, outer)}
+    return replace(source, data=merged, encoded=True, region=region)
 
 
 def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
@@ -155,16 +189,27 @@ def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
 
 def _coordinate(given: Any, dim: str) -> tuple[np.ndarray, dict[str, Any]]:
     """Coordinate values, and attributes when given as a ``(values, attrs)`` pair."""
+    values, attrs = values_and_attrs(given)
+    if values.ndim != 1:
+        raise ArgumentError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
+    return values, attrs
+
+
+def values_and_attrs(given: Any) -> tuple[Any, dict[str, Any]]:
+    """What ``coords=`` gives for a name: values, or a ``(values, attrs)`` pair."""
     attrs: Mapping[str, Any] = {}
     if isinstance(given, tuple) and len(given) == 2 and isinstance(given[1], Mapping):
         given, attrs = given
-    values = _as_array(given)
-    if values.ndim != 1:
-        raise ArgumentError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
-    return values, dict(attrs)
+    return as_array(given), dict(attrs)
 
 
-def _as_array(data: Any) -> Any:
+def is_xarray(data: Any) -> bool:
+    """An xarray ``Dataset`` or ``DataArray`` (told by its type, without importing xarray)."""
+    module = type(data).__module__
+    return module.startswith("xarray.") and type(data).__name__ in ("Dataset", "DataArray")
+
+
+def as_array(data: Any) -> Any:
     """A dask array as is, anything else as a numpy array (masked arrays stay masked)."""
     if isinstance(data, da.Array):
         return data
@@ -185,6 +230,7 @@ def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[s
     for dim, sl in region.items():
         if dim not in dims:
             raise ArgumentError(f"region names {dim!r}, which is not one of the dimensions {dims!r}")
-        if not isinstance(sl, slice) or sl.step not in (None, 1):
-            raise ArgumentError(f"region[{dim!r}] must be a slice with step 1, got {sl!r}")
+        if not isinstance(sl, slice) or sl.step not in (None, 1) or not all(
+                b is None or isinstance(b, numbers.Integral) for b in (sl.start, sl.stop)):
+            raise ArgumentError(f"region[{dim!r}] must be a slice of integers with step 1, got {sl!r}")
     return region

@@ -210,6 +210,28 @@ class Fragments:
         """Shape of the fragment grid (fragments along each dimension)."""
         return self.grid.grid_shape
 
+    def grown(self, axis: int, sizes: Sequence[int]) -> "Fragments":
+        """These fragments with new fragments of ``sizes`` after the last along ``axis``, each
+        wholly missing (no URI, no value) until a writer fills it in; ``unique_values``,
+        per-fragment ``identifiers`` and ``uris`` are padded, other columns must be absent
+        or uniform (a writer refuses them anyway)."""
+        rows = list(self.grid.sizes)
+        rows[axis] = rows[axis] + tuple(int(n) for n in sizes)
+        grid = FragmentGrid.from_sizes(rows)
+
+        def pad(column: np.ndarray | None, fill: Any) -> np.ndarray | None:
+            if column is None or column.ndim == 0:
+                return column
+            widths = [(0, 0)] * column.ndim
+            widths[axis] = (0, len(sizes))
+            if isinstance(column, np.ma.MaskedArray):
+                return np.ma.concatenate([column, np.ma.masked_all(
+                    column.shape[:axis] + (len(sizes),) + column.shape[axis + 1:], column.dtype)], axis=axis)
+            return np.pad(column, widths, constant_values=fill)
+
+        return dataclasses.replace(self, grid=grid, uris=pad(self.uris, ""), identifiers=pad(self.identifiers, ""),
+                                   unique_values=pad(self.unique_values, None))
+
     def locations(self) -> set[str]:
         """Every distinct URI named by these fragments."""
         if self.uris is None:

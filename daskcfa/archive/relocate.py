@@ -51,7 +51,7 @@ import numpy as np
 from .. import config, storage
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
-from ..formats.encode import FILE_FORMATS, WRITE_FORMATS, absolute_reference, encode_aggregation
+from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
 from ..inputs import dataset_model
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
 from ..model import AggregatedVariable
@@ -60,11 +60,7 @@ from ..storage.policy import LocationPolicy
 from ..storage.uri import check_uri_style
 from .aggregate import reference
 
-__all__ = ["relocate", "WRITABLE_DIALECTS"]
-
-#: The model's dialect names -> the format the encoder writes them in.
-WRITABLE_DIALECTS = {"CF-1.13": "CF-1.13", "CFA-0.6": "CFA-0.6.2", "CFA-0.5": "CFA-0.5", "CFA-0.4": "CFA-0.4"}
-
+__all__ = ["relocate"]
 
 def relocate(
     url: str,
@@ -109,7 +105,9 @@ def relocate(
         with dask.config.set(scheduler="sync"):  # (a local temporary file: no cluster can read it)
             model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]
-    format = format or _common_format(variables, url)
+    if not variables:
+        raise CFAFormatError("the file holds no aggregated variable: nothing to relocate", file=url)
+    format = format or common_format(variables, url, "relocate it")
     model.aggregated = [_relocated(av, rules, url, new_url, local, format if absolute else None) for av in variables]
     rules.warn_unused(url)
     if in_place and not rules.used and not absolute:
@@ -176,21 +174,6 @@ def _local_copy(url: str, access: Access) -> Iterator[str]:
         with open(path, "wb") as out:
             out.write(data)
         yield path
-
-
-def _common_format(variables: list[AggregatedVariable], url: str) -> str:
-    dialects = sorted({av.dialect for av in variables})
-    if not dialects:
-        raise CFAFormatError("the file holds no aggregated variable: nothing to relocate", file=url)
-    unwritable = [d for d in dialects if d not in WRITABLE_DIALECTS]
-    if unwritable:
-        raise CFAFormatError(
-            f"the file is written in the {', '.join(unwritable)} dialect, which daskcfa reads but does not write; "
-            f"relocate it with format= one of {', '.join(WRITE_FORMATS)} to convert it", file=url)
-    formats = sorted({WRITABLE_DIALECTS[d] for d in dialects})
-    if len(formats) > 1:
-        raise CFAFormatError(f"the file mixes the dialects {', '.join(dialects)}; choose one with format=", file=url)
-    return formats[0]
 
 
 def _relocated(av: AggregatedVariable, rules: _PrefixRules, old_url: str, new_url: str,

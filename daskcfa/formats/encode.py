@@ -61,8 +61,8 @@ from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentG
 from ..storage.uri import absolute, is_local, normalise
 from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
 
-__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "encode_aggregation", "fragment_conventions",
-           "absolute_reference"]
+__all__ = ["WRITE_FORMATS", "FILE_FORMATS", "WRITABLE_DIALECTS", "encode_aggregation", "fragment_conventions",
+           "absolute_reference", "common_format"]
 
 FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET")
 
@@ -592,6 +592,25 @@ def _conventions(existing: Any, format: str) -> str:
     if format in _CONVENTIONS:
         return " ".join([*_CONVENTIONS[format], *(w for w in words if not _VERSION_WORD.match(w))])
     return " ".join([*(w for w in words if not w.startswith("CFA-")), format])
+
+
+#: The model's dialect names -> the format the encoder writes them in.
+WRITABLE_DIALECTS = {"CF-1.13": "CF-1.13", "CFA-0.6": "CFA-0.6.2", "CFA-0.5": "CFA-0.5", "CFA-0.4": "CFA-0.4"}
+
+
+def common_format(variables: Sequence[AggregatedVariable], url: str, action: str) -> str:
+    """The one format that writes these variables in the dialect they were read in
+    (``action`` says what the user does, for the error's hint: ``"relocate it"``)."""
+    dialects = sorted({av.dialect for av in variables})
+    unwritable = [d for d in dialects if d not in WRITABLE_DIALECTS]
+    if unwritable:
+        raise CFAFormatError(
+            f"the file is written in the {', '.join(unwritable)} dialect, which daskcfa reads but does not write; "
+            f"{action} with format= one of {', '.join(WRITE_FORMATS)} to convert it", file=url)
+    formats = sorted({WRITABLE_DIALECTS[d] for d in dialects})
+    if len(formats) > 1:
+        raise CFAFormatError(f"the file mixes the dialects {', '.join(dialects)}; choose one with format=", file=url)
+    return formats[0] if formats else "CF-1.13"
 
 
 def absolute_reference(uri: str, format: str) -> str:

@@ -272,10 +272,11 @@ def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ..
 
 
 def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,
-            access: Access | None = None, strings: bool = True) -> da.Array:
-    """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``: see
-    :class:`AggregatedArray`)."""
-    array = AggregatedArray(variable, mask=mask, access=access, strings=strings)
+            access: Access | None = None, strings: bool = True, decode: bool = True) -> da.Array:
+    """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
+    ``decode``: see :class:`AggregatedArray`; stored values are never masked)."""
+    mask = mask and decode
+    array = AggregatedArray(variable, mask=mask, access=access, strings=strings, decode=decode)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
         meta = np.ma.MaskedArray(meta) if array.text else masked_chunk(np.ma.MaskedArray(meta))

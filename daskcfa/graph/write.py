@@ -22,6 +22,7 @@ markers show them stored and unchanged are not written again.
 from __future__ import annotations
 
 import json
+import operator
 import posixpath
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -52,7 +53,7 @@ from ..fragments.write import (
 from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
                      is_coordinate_variable)
 from ..storage.uri import check_uri_style
-from ..storage.publish import put_aggregation, refuse_existing
+from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
 from .plan import aligned_chunks, plan_fragments
 
@@ -68,6 +69,7 @@ __all__ = [
     "compression_keywords",
     "settle_unlimited",
     "fragment_name",
+    "region_bounds",
 ]
 
 
@@ -475,7 +477,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
                         detail=f"generation {commit.header['generation']}: "
                                f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
         fragments: dict[str, dict[str, Any]] = {}
-        if commit.mode == "r+":  # the fragments written earlier are still part of the aggregation
+        if commit.mode in UPDATE_MODES:  # the fragments written earlier are still part of the aggregation
             fragments = earlier.get("fragments", {}) if isinstance(earlier, dict) else {}
         for variable, recs in zip(commit.variables, records):
             entries = fragments.setdefault(variable, {})
@@ -601,9 +603,7 @@ def _bounds(source: WriteSource, full: tuple[int, ...], grid: FragmentGrid) -> t
     """Start and stop of the region written, checked to fall on fragment boundaries."""
     start, stop = [], []
     for d, (dim, n) in enumerate(zip(source.dims, full)):
-        a, b, _ = source.region.get(dim, slice(None)).indices(n)
-        if b <= a:
-            raise ArgumentError(f"region[{dim!r}] is empty")
+        a, b = region_bounds(source.region.get(dim, slice(None)), n, dim)
         bounds = grid.offsets[d]
         if a not in bounds or b not in bounds:
             raise ArgumentError(f"region[{dim!r}] = {a}:{b} does not fall on fragment boundaries of {source.name} "
@@ -611,6 +611,22 @@ def _bounds(source: WriteSource, full: tuple[int, ...], grid: FragmentGrid) -> t
         start.append(a)
         stop.append(b)
     return tuple(start), tuple(stop)
+
+
+def region_bounds(where: slice, size: int, dim: str) -> tuple[int, int]:
+    """Start and stop of a region slice along a dimension of ``size``: numpy's negative
+    indices are counted from the end, but a bound beyond the dimension or an empty
+    region is refused (numpy would clip it, and the data would land elsewhere)."""
+    bounds = []
+    for bound, default in ((where.start, 0), (where.stop, size)):
+        bound = default if bound is None else operator.index(bound)
+        if not -size <= bound <= size:
+            raise ArgumentError(f"region[{dim!r}] = {where.start}:{where.stop} reaches beyond the dimension's "
+                                f"size {size}")
+        bounds.append(bound + size if bound < 0 else bound)
+    if bounds[1] <= bounds[0]:
+        raise ArgumentError(f"region[{dim!r}] = {where.start}:{where.stop} is empty (the dimension has size {size})")
+    return bounds[0], bounds[1]
 
 
 def _chunk_keys(x: da.Array, chunk_offsets: list[np.ndarray], slices: list[slice]) -> Any:

@@ -6,7 +6,8 @@ A facade over the modules that do the work, so that callers write
 :mod:`.retry` (errors translated, transient faults retried), :mod:`.atomic`
 (temporaries and the move into place), :mod:`.publish` (putting an
 aggregation file in place), :mod:`.netcdf` (opening netCDF files under the
-lock), :mod:`.profiles` (credentials by reference).
+lock), :mod:`.profiles` (credentials by reference), :mod:`.s3nc` (S3netCDF4's
+configuration file: ``cache_location``).
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ from .objects import (
     version,
 )
 from .profiles import ProfileRef, register
+from .s3nc import cache_location
 from .uri import is_local, normalise, resolve, scheme_of, to_local_path
 
 __all__ = [
     "ProfileRef",
     "NO_PROFILE",
     "register",
+    "cache_location",
     "normalise",
     "resolve",
     "scheme_of",

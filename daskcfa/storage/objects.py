@@ -30,6 +30,7 @@ from .blocks import Blocks
 from .local import local_path, local_stat, open_local
 from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
+from .s3nc import s3nc_config
 from .retry import Refused, refusals, translated, with_retries
 from .uri import is_local, normalise, scheme_of
 
@@ -227,7 +228,7 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
         with open_local(uri) as f, translated(uri):
             return Blocks([f.read()])
     fs, path = filesystem(uri, profile, policy=policy)
-    if known_size is None or known_size <= 2 * part_size():
+    if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if not _streams(fs) or (known_size or size_hint or 0) < _STREAM_FROM:
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
         return Blocks(with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
@@ -409,13 +410,19 @@ def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
     fs, path = filesystem(uri, profile)
     if is_local(uri):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with_retries(uri, fs.pipe_file, path, data)
+    with_retries(uri, fs.pipe_file, path, data, **_upload_options(uri))
+
+
+def _upload_options(uri: str) -> dict[str, Any]:
+    """``chunksize`` of s3fs's uploads, where S3netCDF4's settings for the host give one."""
+    part = s3nc_config().transfer(uri).upload_part_size
+    return {} if part is None else {"chunksize": part}
 
 
 def put_file(uri: str, local: str, profile: ProfileRef = NO_PROFILE) -> None:
     """Upload the local file ``local`` as the object ``uri`` (streamed: large files need not fit in memory)."""
     fs, path = filesystem(uri, profile)
-    with_retries(uri, fs.put_file, local, path)
+    with_retries(uri, fs.put_file, local, path, **_upload_options(uri))
 
 
 def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:

@@ -3,7 +3,7 @@ target that exists, and the atomic put under a lease.
 
 One home for the rule every writer follows (``to_cfa``, ``aggregate``,
 ``rebuild``, ``relocate``, ``refragment``): ``"w-"`` never overwrites, ``"w"``
-replaces, ``"r+"`` updates an existing file.
+replaces, ``"r+"`` updates an existing file, ``"a"`` grows one (or creates it).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from .lease import Lease
 from .objects import exists
 from .profiles import ProfileRef
 
-__all__ = ["WRITE_MODES", "WHOLE_FILE_MODES", "check_mode", "refuse_existing", "put_aggregation"]
+__all__ = ["WRITE_MODES", "UPDATE_MODES", "WHOLE_FILE_MODES", "check_mode", "refuse_existing", "put_aggregation"]
 
 log = logger(__name__)
 
 #: Every write mode (``to_cfa``).
-WRITE_MODES = ("w-", "w", "r+")
+WRITE_MODES = ("w-", "w", "a", "r+")
+#: The modes that change an existing aggregation (and keep what they do not change).
+UPDATE_MODES = ("a", "r+")
 #: The modes of writers that write a whole new file and cannot update one.
 WHOLE_FILE_MODES = ("w-", "w")
 

@@ -11,9 +11,12 @@ import json
 import os
 import warnings
 
+import dask
 import pytest
 
 import daskcfa
+from daskcfa import storage
+from daskcfa.storage import objects
 from builders import assert_matches, build
 from daskcfa.fragments.manager import Budget, manager
 from daskcfa.storage import s3nc
@@ -86,8 +89,8 @@ def test_leftover_template_breaks_no_read(tmp_path, s3nc_file, s3_server, s3_buc
 
 
 def test_unhonoured_keys_are_named_and_aliases_still_work(tmp_path, s3nc_file, s3_server, s3_bucket, s3fs_fs):
-    config = {"version": "9", "hosts": _host(s3_server),
-              "backends": {"s3FileObject": {"maximum_part_size": "50MB"}}, "cache_location": "/tmp/cache",
+    config = {"version": "9", "hosts": _host(s3_server), "cache_location": "/tmp/cache",
+              "backends": {"s3FileObject": {"maximum_part_size": "50MB", "turbo": True}, "s3aioFileObject": 3},
               "resource_allocation": {"memory": "1EB", "filehandles": 11, "file_handles": 20, "disk_handles": 3}}
     s3nc_file.write_text(json.dumps(config))
     built = build("CFA-0.5", tmp_path / "ds", truth(), DIMS, SIZES)
@@ -99,9 +102,11 @@ def test_unhonoured_keys_are_named_and_aliases_still_work(tmp_path, s3nc_file, s
         assert_matches(x.compute(), built.expected)
     found = _config_warnings(record)
     assert len(found) == 1, found
-    for key in ("backends", "cache_location", "resource_allocation.file_handles",
-                "resource_allocation.disk_handles", "hosts.s3://tenancy-0.backend"):
+    for key in ("backends.s3FileObject.turbo", "backends.s3aioFileObject", "resource_allocation.file_handles",
+                "resource_allocation.disk_handles"):
         assert key in found[0]
+    for key in ("cache_location", "maximum_part_size", "backend'", "backend,"):  # honoured: not named
+        assert key not in found[0]
     assert s3_server.secret not in found[0]
     assert manager().budget == Budget(11, 10**18)  # "1EB" honoured, not a compute-time failure
 
@@ -159,3 +164,84 @@ def test_sizes_in_decimal_units_up_to_yottabytes(text, expected):
 def test_sizes_that_are_not(text):
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+# ---------------------------------------------------------------------------
+# Keys with a daskcfa meaning: transfer settings of the host's backend, cache_location
+# ---------------------------------------------------------------------------
+def _transfer_config(s3_server, backend_settings, backend="s3FileObject"):
+    host = _host(s3_server)
+    host["s3://tenancy-0"]["backend"] = backend
+    return {"version": "9", "hosts": host, "backends": {backend: backend_settings}}
+
+
+def test_transfer_settings_reach_the_hosts_filesystem(s3nc_file, s3_server, s3_bucket):
+    settings = {"maximum_part_size": "6MB", "maximum_parts": 3, "multipart_upload": True,
+                "multipart_download": True, "connect_timeout": 7, "read_timeout": 11.5}
+    s3nc_file.write_text(json.dumps(_transfer_config(s3_server, settings)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", daskcfa.CFAWarning)  # every key honoured: no warning
+        fs, path = storage.filesystem(f"s3://tenancy-0/{s3_bucket}/x.nc")
+    assert path == f"{s3_bucket}/x.nc"
+    assert fs.default_block_size == 6_000_000 and fs.max_concurrency == 3
+    assert fs.config_kwargs["connect_timeout"] == 7 and fs.config_kwargs["read_timeout"] == 11.5
+    assert fs.config_kwargs["retries"] == {"total_max_attempts": 1, "mode": "standard"}  # daskcfa's one retry layer
+    plain, _ = storage.filesystem(f"s3://{s3_bucket}/x.nc", storage.register(s3_server.storage_options, protocol="s3"))
+    assert plain.default_block_size != 6_000_000  # only the alias's host
+
+
+@pytest.mark.parametrize("multipart, parts", [(True, 3), (False, None)])
+def test_uploads_follow_the_part_size_and_multipart_switch(tmp_path, s3nc_file, s3_server, s3_bucket, s3fs_fs,
+                                                           multipart, parts):
+    settings = {"maximum_part_size": str(5 << 20), "multipart_upload": multipart}
+    s3nc_file.write_text(json.dumps(_transfer_config(s3_server, settings, backend="s3aioFileObject")))
+    payload = os.urandom(11 << 20)
+    local = tmp_path / "big.bin"
+    local.write_bytes(payload)
+    storage.put_file(f"s3://tenancy-0/{s3_bucket}/big.bin", str(local))
+    etag = s3fs_fs.info(f"{s3_bucket}/big.bin")["ETag"].strip('"')
+    assert (etag.rpartition("-")[2] == str(parts)) if parts else "-" not in etag  # a multipart ETag counts its parts
+    assert s3fs_fs.cat_file(f"{s3_bucket}/big.bin") == payload
+
+
+def test_whole_objects_in_one_get_without_multipart_download(s3nc_file, s3_server, s3_bucket, s3fs_fs, monkeypatch):
+    payload = os.urandom(3 << 20)
+    s3fs_fs.pipe_file(f"{s3_bucket}/obj.bin", payload)
+    uri = f"s3://tenancy-0/{s3_bucket}/obj.bin"
+    ranged = []
+    original = objects.read_ranges
+    monkeypatch.setattr(objects, "read_ranges", lambda *a, **k: ranged.append(a) or original(*a, **k))
+    with dask.config.set({"daskcfa.storage.part-size": "512KiB"}):
+        for download, gets in ((True, 1), (False, 0)):
+            s3nc_file.write_text(json.dumps(_transfer_config(s3_server, {"multipart_download": download})))
+            ranged.clear()
+            assert storage.read_whole(uri, known_size=len(payload)).tobytes() == payload
+            assert len(ranged) == gets
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("/scratch/cache", "/scratch/cache"), ("~/s3nc-cache", os.path.expanduser("~/s3nc-cache")),
+    ("{{ cache_location }}", None), (3, None),
+])
+def test_cache_location(s3nc_file, value, expected):
+    s3nc_file.write_text(json.dumps({"version": "9", "hosts": {}, "cache_location": value}))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert storage.cache_location() == expected
+    found = _config_warnings(record)
+    assert len(found) == (expected is None) and all("cache_location" in w for w in found)
+
+
+def test_no_cache_location_without_a_configuration(s3nc_file):
+    assert storage.cache_location() is None
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"maximum_part_size": "lots"}, "maximum_part_size"), ({"maximum_parts": 0}, "maximum_parts"),
+    ({"multipart_upload": "yes"}, "multipart_upload"), ({"read_timeout": -1}, "read_timeout"),
+])
+def test_unusable_transfer_settings_are_named_and_defaults_kept(s3nc_file, s3_server, s3_bucket, settings, named):
+    s3nc_file.write_text(json.dumps(_transfer_config(s3_server, settings)))
+    with pytest.warns(daskcfa.CFAWarning, match=f"backends.s3FileObject.{named}.*the default is used"):
+        fs, _ = storage.filesystem(f"s3://tenancy-0/{s3_bucket}/x.nc")
+    assert fs.default_block_size == 50 * 2**20 and "read_timeout" not in fs.config_kwargs
