@@ -40,6 +40,7 @@ import dask
 import numpy as np
 
 from .. import storage
+from ..choices import REFERENCE_FORMATS
 from ..dataset import Dataset, Variable
 from ..decode import Encoding
 from ..errors import ArgumentError, CFAError, NotFoundError, ReferencesError, redact
@@ -56,10 +57,7 @@ from ..storage.access import Access, open_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, refuse_existing
 from .verify import MAX_TASKS, select_aggregated
 
-__all__ = ["to_references", "FORMATS"]
-
-#: Reference-set formats written: fsspec's JSON (version 1, with templates) and its Parquet directory.
-FORMATS = ("json", "parquet")
+__all__ = ["to_references", "scan_fragments"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -124,7 +122,7 @@ def to_references(
     url, access = open_aggregation(url, storage_options, allowed_locations)
     if output is not None:
         output = storage.normalise(output)
-        refuse_existing(output, mode, access.profile, "use mode='w' to replace it")
+        refuse_existing(output, mode, access.profile, "use mode='w' to overwrite it")
     dataset = Dataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
@@ -145,8 +143,8 @@ def _format(format: str | None, output: str | None) -> str:
     if format is None:
         parquet = output is not None and output.rstrip("/").endswith((".parq", ".parquet"))
         return "parquet" if parquet else "json"
-    if format not in FORMATS:
-        raise ArgumentError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
+    if format not in REFERENCE_FORMATS:
+        raise ArgumentError(f"format must be one of {', '.join(map(repr, REFERENCE_FORMATS))}, got {format!r}")
     return format
 
 
@@ -474,11 +472,13 @@ def _check_unwritten(s: _Scanned, aggregation: Encoding, fill: Any, refuse: Any)
 def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> ReferencesError:
     lines = []
     for name, problems in refused.items():
-        problems = sorted(problems)
-        listed = "; ".join(f"fragment {index} ({redact(uri) or 'no file'}): {reason}"
-                           for index, uri, reason in problems[:_LISTED])
-        more = f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED else ""
-        lines.append(f"variable {name!r}: {len(problems)} problem(s): {listed}{more}")
+        by_fragment: dict[tuple[int, ...], tuple[str, list[str]]] = {}
+        for index, uri, reason in sorted(problems):
+            by_fragment.setdefault(index, (uri, []))[1].append(reason)
+        listed = "; ".join(f"fragment {index} ({redact(uri) or 'no file'}): {', '.join(reasons)}"
+                           for index, (uri, reasons) in list(by_fragment.items())[:_LISTED])
+        more = f"; and {len(by_fragment) - _LISTED} more" if len(by_fragment) > _LISTED else ""
+        lines.append(f"variable {name!r}, {len(by_fragment)} fragment(s): {listed}{more}")
     fine = [n for n in chosen if n not in refused]
     offer = (f"variable={[n.lstrip('/') for n in fine]!r} exports the variables that can be; " if fine else "")
     first_name, first = next(iter(refused.items()))
