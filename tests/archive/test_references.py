@@ -6,6 +6,7 @@ the S3 test server, as JSON and as Parquet; and the precise refusals where refer
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import netCDF4
@@ -39,7 +40,7 @@ def truth(seed: int = 1, masked: float = 0.15) -> np.ma.MaskedArray:
 
 def same_storage(storage=None, **kw):
     """Every fragment stored alike (the same fill value, masked points or not)."""
-    return lambda index: Frag(fill_value=FILL, storage=storage, **kw)
+    return lambda index: Frag(**{"fill_value": FILL, "storage": storage, **kw})
 
 
 def open_references(refs, storage_options=None, group=None, **fs_options):
@@ -54,14 +55,14 @@ def open_references(refs, storage_options=None, group=None, **fs_options):
                            backend_kwargs={"storage_options": options, "consolidated": False})
 
 
-def check(built, refs, url=None, storage_options=None, **fs_options):
+def check(built, refs, url=None, storage_options=None, rtol=1e-6, **fs_options):
     group, _, name = built.variable.strip("/").rpartition("/")
     with open_references(refs, storage_options, group or None, **fs_options) as ds:
         got = ds[name].to_masked_array()
         coords = {d: ds[d].values for d in built.dims if d in ds}
     expected = daskcfa.from_cfa(url or str(built.path), built.variable, storage_options=storage_options).compute()
-    assert_matches(got, expected)
-    assert_matches(got, built.expected)
+    assert_matches(got, expected, rtol=rtol)
+    assert_matches(got, built.expected, rtol=rtol)
     assert np.ma.getmaskarray(got).any(), "the test data have missing values"
     for values in coords.values():
         np.testing.assert_array_equal(values, np.arange(len(values)) * 1.5 + 10.0)
@@ -75,6 +76,37 @@ def test_every_dialect_as_references(tmp_path, dialect, storage):
     refs = daskcfa.to_references(str(built.path))
     assert refs["version"] == 1 and len(refs["templates"]) == 6, "each fragment URI once, in templates"
     assert all(Path(u).is_absolute() for u in refs["templates"].values())
+    check(built, refs)
+
+
+ENCODINGS = {  # the aggregation's packing and missing values, as xarray reads them from the references
+    "packed aggregation": dict(agg_scale_factor=0.01, agg_add_offset=260.0, frags=same_storage(fill_value=None),
+                               dtype="i2"),
+    "integers": dict(dtype="i4", frags=lambda i: Frag(fill_value=DEFAULT_FILL("i4"))),
+    "explicit fill": dict(fill_value=-999.0, frags=same_storage(fill_value=-999.0)),
+    "NaN fill": dict(fill_value=np.nan, frags=same_storage(fill_value=np.nan, missing="nan")),
+    "fragments' missing_value": dict(frags=same_storage(missing="missing_value", fill_value=-5.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(ENCODINGS))
+def test_encodings(tmp_path, case):
+    options = dict(ENCODINGS[case])
+    t = truth()
+    if options.get("dtype") == "i4":
+        t = make_truth(SHAPE, "i4", seed=2, masked=0.15, lo=-1000, hi=1000)
+    if options.get("dtype") == "i2":
+        options.pop("dtype")
+    built = build_cf113(tmp_path, t, DIMS, REGULAR, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (xarray: "multiple fill values", which is what the data have)
+        check(built, daskcfa.to_references(str(built.path)), rtol=1e-5)
+
+
+def test_alternative_locations_the_first_found(tmp_path):
+    built = build_cfa06(tmp_path, truth(), DIMS, REGULAR, alternatives=True, frags=same_storage())
+    refs = daskcfa.to_references(str(built.path))
+    assert not any("nowhere" in u for u in refs["templates"].values())
     check(built, refs)
 
 
