@@ -5,7 +5,7 @@ the command line's parser (``daskcfa --help``) does not import netCDF4,
 h5py or dask.array.
 """
 
-__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "URI_STYLES"]
+__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "URI_STYLES", "REFERENCE_FORMATS"]
 
 #: Aggregation dialects daskcfa writes.
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
@@ -17,3 +17,6 @@ FRAGMENT_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64
 #: the same storage (the default: the archive moves as a whole), or always ``"absolute"`` URIs, for readers that
 #: resolve relative references against their working directory (cfdm, CFAPyX, S3netCDF4).
 URI_STYLES = ("relative", "absolute")
+
+#: Reference-set formats ``to_references`` writes: fsspec's JSON (version 1, with templates) and its Parquet directory.
+REFERENCE_FORMATS = ("json", "parquet")

@@ -125,6 +125,15 @@ def _relocate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _references(args: argparse.Namespace) -> int:
+    from .archive.references import to_references
+
+    written = to_references(args.url, args.variables, output=args.output, format=args.format,
+                            storage_options=args.storage_options, mode=args.mode)
+    _print(written if args.output else json.dumps(written))
+    return 0
+
+
 # --------------------------------------------------------------------------
 # The parser
 # --------------------------------------------------------------------------
@@ -132,7 +141,7 @@ def _relocate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .choices import FRAGMENT_FORMATS, WRITE_FORMATS
+    from .choices import FRAGMENT_FORMATS, REFERENCE_FORMATS, WRITE_FORMATS
 
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("common options")
@@ -230,6 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--deep", action="store_true", help="also read all data (finds corrupt chunks)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     _variables_option(verify)
+
+    references = command("references", _references, "export an aggregation as an fsspec reference set",
+                         "Write an fsspec reference set (kerchunk's format) presenting every aggregated variable "
+                         "as a Zarr array whose chunks are its fragments' own HDF5 chunks, with the aggregation "
+                         "file's coordinates and attributes: any Zarr reader opens it without daskcfa. Only "
+                         "fragment metadata is read. Refused, naming the fragments, where the fragments do not "
+                         "fit one regular chunk grid with one encoding.")
+    references.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
+    references.add_argument("-o", "--output", metavar="OUT",
+                            help="where to write the references (default: JSON on stdout); OUT.parq: Parquet")
+    references.add_argument("--format", choices=REFERENCE_FORMATS,
+                            help="json (version 1, with templates) or parquet (default: from OUT's suffix)")
+    _variables_option(references)
+    _mode_option(references)
 
     relocate = command("relocate", _relocate, "rewrite fragment URIs after an archive moved",
                        "Rewrite the fragment URIs of an aggregation file by prefix (disk to S3, bucket rename), "

@@ -28,6 +28,7 @@ __all__ = [
     "WriteConflictError",
     "ConfigError",
     "ArgumentError",
+    "ReferencesError",
     "CFAWarning",
     "redact",
 ]
@@ -162,6 +163,12 @@ class ArgumentError(CFAError, ValueError, TypeError):
     """An argument names what the data does not have (a dimension, a variable, a group) or is malformed.
 
     Also a :class:`ValueError` and a :class:`TypeError`, which such errors were before."""
+
+
+class ReferencesError(CFAError, ValueError):
+    """An aggregated variable cannot be presented exactly as a Zarr array of byte-range references
+    (fragments stored unlike one another, or off one regular chunk grid): see
+    :func:`daskcfa.to_references`."""
 
 
 class CFAWarning(UserWarning):

@@ -24,6 +24,7 @@ LAZY = {
     "describe": ".archive.info",
     "relocate": ".archive.relocate",
     "verify": ".archive.verify",
+    "to_references": ".archive.references",
 }
 
 _PACKAGE = __name__.rpartition(".")[0]

@@ -24,7 +24,7 @@ import daskcfa
 from builders import assert_matches, generation_dir, make_truth
 
 DASKCFA = str(Path(sys.executable).with_name("daskcfa"))
-COMMANDS = ("info", "split", "aggregate", "rebuild", "verify", "relocate")
+COMMANDS = ("info", "split", "aggregate", "rebuild", "verify", "relocate", "references")
 DIMS = ("time", "lat", "lon")
 SHAPE = (8, 4, 6)
 COORDS = {"time": (np.arange(8.0), {"units": "days since 2000-01-01", "axis": "T", "standard_name": "time"}),
@@ -170,6 +170,27 @@ def test_verify(tmp_path):
                                                                      ([3, 0, 0], "unreadable")]
     proc = run("verify", url, "--variables", "pr")
     assert_one_line_error(proc, "verify", "'pr' is not an aggregated variable")
+
+
+def test_references(tmp_path):
+    xr = pytest.importorskip("xarray")
+    url = write(tmp_path / "t.nc")
+    printed = run("references", url)
+    assert printed.returncode == 0, printed.stderr
+    refs = json.loads(printed.stdout)
+    assert refs["version"] == 1 and len(refs["templates"]) == 4
+    out = tmp_path / "t.refs.json"
+    written = run("references", url, "-o", out)
+    assert written.returncode == 0 and written.stdout.strip() == str(out), written.stderr
+    assert json.loads(out.read_text()) == refs
+    with xr.open_dataset("reference://", engine="zarr", chunks=None,
+                         backend_kwargs={"storage_options": {"fo": str(out)}, "consolidated": False}) as ds:
+        assert_matches(ds["tas"].to_masked_array(), truth())
+    assert_one_line_error(run("references", url, "-o", out), "references", "exists; use --overwrite")
+    assert run("references", url, "-o", out, "--overwrite").returncode == 0
+    with netCDF4.Dataset(generation_dir(tmp_path / "t") / "t.tas.2.0.0.nc", "a") as nc:
+        nc["tas"].units = "degC"
+    assert_one_line_error(run("references", url), "references", "fragment (2, 0, 0)", "units 'degC' are converted")
 
 
 def test_progress_bar_locally_and_on_a_cluster(tmp_path):

@@ -32,7 +32,7 @@ from .files import open_fragment
 
 log = logger(__name__)
 
-__all__ = ["Target", "read_fragment", "allowed_uris"]
+__all__ = ["Target", "read_fragment", "allowed_uris", "units_conversion"]
 
 #: What HDF5, netCDF-C, h5py and the decompressors raise on a damaged file.
 _LIBRARY_ERRORS = (OSError, ValueError, OverflowError, RuntimeError, IndexError, KeyError, EOFError, MemoryError,
@@ -419,10 +419,12 @@ def _valid_subset(subset: tuple[int, ...], expected: tuple[int, ...], found: tup
     return all(expected[a] == 1 for a in range(len(expected)) if a not in subset)
 
 
-def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Target) -> np.ndarray:
+def units_conversion(attrs: Mapping[str, Any], ref: FragmentRef, target: Target) -> tuple[Unit, Unit] | None:
+    """The units a fragment's values are converted from and to (None: they are not converted);
+    units that cannot be converted raise :class:`UnitsError`."""
     units = ref.units or attrs.get("units")
     if target.units is None or units is None or str(units) == str(target.units):
-        return data
+        return None
     calendar = attrs.get("calendar", target.calendar)
     try:
         source = Unit(str(units), calendar=calendar)
@@ -430,9 +432,18 @@ def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Targ
     except ValueError as exc:
         raise UnitsError(f"cannot interpret units: {exc}") from None
     if source == dest:
-        return data
+        return None
     if not source.is_convertible(dest):
         raise UnitsError(f"fragment units {str(units)!r} cannot be converted to {str(target.units)!r}")
+    return source, dest
+
+
+def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Target) -> np.ndarray:
+    conversion = units_conversion(attrs, ref, target)
+    if conversion is None:
+        return data
+    source, dest = conversion
+    units = ref.units or attrs.get("units")
     mask = np.ma.getmask(data)
     values = np.ma.getdata(data)
     if values.dtype.kind != "f":

@@ -32,6 +32,7 @@ from ..logs import logger
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from . import readahead
+from .layout import StoredLayout
 from .manager import manager
 from .netcdf import NetCDF4File
 from .netcdf3 import SIGNATURES as NETCDF3_SIGNATURES, NetCDF3File, open_netcdf3
@@ -65,6 +66,12 @@ class _Variable:
     def layout(self) -> tuple[tuple[int, ...] | None, bool]:
         """The chunk shape (None: contiguous, or not told by the engine) and whether chunks are filtered."""
         return getattr(self._var, "chunks", None), bool(getattr(self._var, "compressed", False))
+
+    def storage_layout(self) -> StoredLayout | None:
+        """Where the variable's bytes lie in its file (None: its engine cannot tell, as
+        netCDF4-python and zarr-python cannot)."""
+        method = getattr(self._var, "storage_layout", None)
+        return None if method is None else method()
 
     def _fallback_attrs(self) -> Mapping[str, Any]:
         return self._fallback().variable(self._name).attrs

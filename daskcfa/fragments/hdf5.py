@@ -32,6 +32,7 @@ import numpy as np
 
 from ..storage.blocks import Blocks, Buffer
 from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SHUFFLE, SUPPORTED_FILTERS, inflate_head, unfilter
+from .layout import StoredLayout
 from .hdf5_netcdf import (
     NON_COORD_PREFIX,
     DirectReadUnsupported,
@@ -244,6 +245,40 @@ class HDF5Variable:
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
         return f"<HDF5Variable {self.name!r} ({dims}) {self.dtype}>"
 
+    def storage_layout(self) -> StoredLayout:
+        """Where every stored chunk lies (a walk over the chunk index, no data read)."""
+        fill = np.asarray(self._fill).astype(self._stored)[()]
+        if self.chunks is None:
+            return StoredLayout.contiguous(self._stored, self.shape, self._offset, fill)
+        infos = self._all_chunk_infos()
+        ndim = len(self.shape)
+        dcpl = self._dsid.get_create_plist()
+        filters = tuple((int(code), tuple(int(v) for v in values))
+                        for code, _flags, values, _name in map(dcpl.get_filter, range(dcpl.get_nfilters())))
+        return StoredLayout(
+            dtype=self._stored, shape=self.shape, chunks=tuple(self.chunks), filters=filters, fill_value=fill,
+            starts=np.array([i.chunk_offset for i in infos], np.int64).reshape(len(infos), ndim),
+            byte_offsets=np.array([i.byte_offset for i in infos], np.int64),
+            sizes=np.array([i.size for i in infos], np.int64),
+            filter_masks=np.array([i.filter_mask for i in infos], np.int64))
+
+    def _all_chunk_infos(self) -> list[StoreInfo]:
+        """Every chunk written, in the index's order."""
+        if self._walk_index():
+            infos = list(self._index.values())
+        else:
+            infos = [self._dsid.get_chunk_info(i) for i in range(self._dsid.get_num_chunks())]
+        return [i for i in infos if i.byte_offset is not None]
+
+    def _walk_index(self) -> bool:
+        """Read the whole chunk index in one walk, once (False: this HDF5 cannot walk it)."""
+        walk = getattr(self._dsid, "chunk_iter", None)  # needs HDF5 >= 1.12.3
+        if walk is not None and not self._index_complete:
+            index: dict[tuple[int, ...], StoreInfo] = {}
+            walk(lambda info: index.__setitem__(info.chunk_offset, info))
+            self._index, self._index_complete = index, True
+        return walk is not None
+
     def read(self, key: tuple) -> np.ndarray:
         """The raw stored values at ``key`` (one int or step>0 slice per dimension).
 
@@ -320,11 +355,8 @@ class HDF5Variable:
 
     def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
         """The index entries (``StoreInfo``) of the chunks at ``coords``, None if absent."""
-        walk = getattr(self._dsid, "chunk_iter", None)  # needs HDF5 >= 1.12.3
-        if walk is not None and not self._index_complete and len(coords) * _WALK_RATIO >= self._nchunks:
-            index: dict[tuple[int, ...], StoreInfo] = {}
-            walk(lambda info: index.__setitem__(info.chunk_offset, info))
-            self._index, self._index_complete = index, True
+        if len(coords) * _WALK_RATIO >= self._nchunks:
+            self._walk_index()
         index = self._index
         if self._index_complete:
             return [index.get(c) for c in coords]

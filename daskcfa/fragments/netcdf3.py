@@ -25,9 +25,10 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from ..errors import FragmentReadError
+from ..errors import FragmentReadError, ReferencesError
 from ..storage.blocks import Blocks
 from .hdf5 import DirectReadUnsupported, normalize_key
+from .layout import StoredLayout
 
 __all__ = ["SIGNATURES", "NetCDF3File", "NetCDF3Variable", "check_netcdf3_length", "open_netcdf3"]
 
@@ -330,6 +331,16 @@ class NetCDF3Variable:
         self._strides = tuple(itemsize * math.prod(self.shape[k + 1:]) for k in range(len(self.shape)))
         if layout.is_record(var):
             self._strides = (layout.recsize,) + self._strides[1:]
+
+    def storage_layout(self) -> StoredLayout:
+        """The variable as one contiguous chunk (netCDF-3 has no other layout), unless it is a
+        record variable whose records are interleaved with other record variables'."""
+        dense = self._stored.itemsize * math.prod(self.shape[1:])
+        if self.shape and self.shape[0] > 1 and self._strides[0] != dense:
+            raise ReferencesError("a record variable of a netCDF-3 file whose records interleave with other "
+                                  "record variables': its values are not contiguous")
+        fill = self.attrs.get("_FillValue")
+        return StoredLayout.contiguous(self._stored, self.shape, self._begin, fill)
 
     def read(self, key: tuple) -> np.ndarray:
         """The raw stored values at ``key`` (one int or step>0 slice per dimension), like netCDF4
