@@ -85,6 +85,14 @@ def s3_server():
         yield server
 
 
+@pytest.fixture(scope="session")
+def s3netcdf4():
+    """The interpreter of the S3netCDF4 venv (tests/s3netcdf4_helpers.py), or a skip saying why there is none."""
+    from s3netcdf4_helpers import s3netcdf4_python
+
+    return s3netcdf4_python()
+
+
 @pytest.fixture
 def s3_server_private():
     """A separate S3 server for this test only (for kill()/restart() tests)."""

@@ -33,8 +33,8 @@ class Transfer:
 
     ``part_size`` (``maximum_part_size``) is the s3fs block size and the part
     size of multipart uploads; ``max_parts`` (``maximum_parts``) the parts of one
-    upload sent at once; ``multipart_upload=False`` puts every object in one
-    request, ``multipart_download=False`` fetches every whole object in one GET;
+    upload sent at once; ``enable_multipart_upload=false`` puts every object in one
+    request, ``enable_multipart_download=false`` fetches every whole object in one GET;
     the timeouts (seconds) go to botocore.
     """
 
@@ -230,8 +230,8 @@ def _load_s3nc(path: str, stamp: int) -> S3ncConfig:
 _BACKEND_KEYS = {
     "maximum_part_size": ("part_size", lambda v: _positive(parse_size(v))),
     "maximum_parts": ("max_parts", lambda v: _count(v)),
-    "multipart_upload": ("multipart_upload", lambda v: _switch(v)),
-    "multipart_download": ("multipart_download", lambda v: _switch(v)),
+    "enable_multipart_upload": ("multipart_upload", lambda v: _switch(v)),
+    "enable_multipart_download": ("multipart_download", lambda v: _switch(v)),
     "connect_timeout": ("connect_timeout", lambda v: _seconds(v)),
     "read_timeout": ("read_timeout", lambda v: _seconds(v)),
 }

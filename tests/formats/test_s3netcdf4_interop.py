@@ -12,20 +12,13 @@ it runs from the aggregation's directory.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import daskcfa
 from builders import assert_matches, make_truth
+from s3netcdf4_helpers import check_filled, peer, read_by_s3netcdf4, s3nc_config
 
-REPO = Path(__file__).resolve().parents[2]
-PEER = Path(__file__).resolve().parents[1] / "s3netcdf4_peer.py"
 DIMS = ("time", "lat", "lon")
 SHAPE = (8, 4, 6)
 SUBARRAY = (4, 2, 6)  # S3netCDF4 honours a sub-array shape that divides the array evenly
@@ -33,52 +26,8 @@ FORMATS = {"CFA-0.5": "0.5", "CFA-0.4": "0.4"}
 VARIABLES = ["tas", "/forecast/tas"]
 
 
-@pytest.fixture(scope="session")
-def s3netcdf4() -> str:
-    """The interpreter of the S3netCDF4 venv, made on first use by ``ci/s3nc-venv``."""
-    env = {**os.environ, "PYTHON": os.environ.get("DASKCFA_S3NC_PYTHON", sys.executable)}
-    done = subprocess.run(["bash", str(REPO / "ci" / "s3nc-venv")], env=env, capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0:
-        pytest.skip(f"S3netCDF4 is not available (ci/s3nc-venv exit {done.returncode}): {done.stderr.strip()[-500:]}")
-    return str(REPO / ".venv-s3nc" / "bin" / "python")
-
-
-def peer(python: str, config: Path, cwd: Path, *args: str) -> None:
-    done = subprocess.run([python, str(PEER), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "S3_NC_CONFIG": str(config)})
-    assert done.returncode == 0, f"S3netCDF4 failed:\n{done.stderr[-3000:]}"
-
-
-def s3nc_config(path: Path, s3_server=None, alias: str = "tenancy-0") -> Path:
-    """An S3netCDF4 configuration; with ``s3_server``, the alias for it (the serial backend:
-    the default asynchronous one silently uploads nothing here)."""
-    hosts = {}
-    if s3_server is not None:
-        hosts[f"s3://{alias}"] = {"alias": alias, "url": s3_server.endpoint_url,
-                                  "credentials": {"accessKey": s3_server.key, "secretKey": s3_server.secret},
-                                  "backend": "s3FileObject", "api": "S3v4"}
-    backend = {"maximum_part_size": "50MB", "maximum_parts": 4, "enable_multipart_download": False,
-               "enable_multipart_upload": False, "connect_timeout": 30.0, "read_timeout": 30.0}
-    path.write_text(json.dumps({"version": "9", "hosts": hosts, "backends": {"s3FileObject": backend},
-                                "resource_allocation": {"memory": "100MB", "filehandles": 20}}))
-    return path
-
-
 def truth() -> np.ma.MaskedArray:
     return make_truth(SHAPE, "f4", seed=3, masked=0.1)
-
-
-def read_by_s3netcdf4(python: str, config: Path, path: Path | str, variable: str, cwd: Path) -> np.ma.MaskedArray:
-    out = cwd / "s3netcdf4-read.npz"
-    peer(python, config, cwd, "read", path, variable, out)
-    with np.load(out) as saved:
-        return np.ma.MaskedArray(saved["data"], mask=saved["mask"])
-
-
-def check_filled(got: np.ma.MaskedArray, expected: np.ma.MaskedArray, fill: float) -> None:
-    """S3netCDF4 returns fill values where data are missing (masked or not): compare with them filled."""
-    np.testing.assert_array_equal(np.ma.filled(got, fill), np.ma.filled(expected, fill))
 
 
 @pytest.mark.parametrize("variable", VARIABLES)

@@ -176,8 +176,8 @@ def _transfer_config(s3_server, backend_settings, backend="s3FileObject"):
 
 
 def test_transfer_settings_reach_the_hosts_filesystem(s3nc_file, s3_server, s3_bucket):
-    settings = {"maximum_part_size": "6MB", "maximum_parts": 3, "multipart_upload": True,
-                "multipart_download": True, "connect_timeout": 7, "read_timeout": 11.5}
+    settings = {"maximum_part_size": "6MB", "maximum_parts": 3, "enable_multipart_upload": True,
+                "enable_multipart_download": True, "connect_timeout": 7, "read_timeout": 11.5}
     s3nc_file.write_text(json.dumps(_transfer_config(s3_server, settings)))
     with warnings.catch_warnings():
         warnings.simplefilter("error", daskcfa.CFAWarning)  # every key honoured: no warning
@@ -193,7 +193,7 @@ def test_transfer_settings_reach_the_hosts_filesystem(s3nc_file, s3_server, s3_b
 @pytest.mark.parametrize("multipart, parts", [(True, 3), (False, None)])
 def test_uploads_follow_the_part_size_and_multipart_switch(tmp_path, s3nc_file, s3_server, s3_bucket, s3fs_fs,
                                                            multipart, parts):
-    settings = {"maximum_part_size": str(5 << 20), "multipart_upload": multipart}
+    settings = {"maximum_part_size": str(5 << 20), "enable_multipart_upload": multipart}
     s3nc_file.write_text(json.dumps(_transfer_config(s3_server, settings, backend="s3aioFileObject")))
     payload = os.urandom(11 << 20)
     local = tmp_path / "big.bin"
@@ -213,7 +213,7 @@ def test_whole_objects_in_one_get_without_multipart_download(s3nc_file, s3_serve
     monkeypatch.setattr(objects, "read_ranges", lambda *a, **k: ranged.append(a) or original(*a, **k))
     with dask.config.set({"daskcfa.storage.part-size": "512KiB"}):
         for download, gets in ((True, 1), (False, 0)):
-            s3nc_file.write_text(json.dumps(_transfer_config(s3_server, {"multipart_download": download})))
+            s3nc_file.write_text(json.dumps(_transfer_config(s3_server, {"enable_multipart_download": download})))
             ranged.clear()
             assert storage.read_whole(uri, known_size=len(payload)).tobytes() == payload
             assert len(ranged) == gets
@@ -238,7 +238,7 @@ def test_no_cache_location_without_a_configuration(s3nc_file):
 
 @pytest.mark.parametrize("settings, named", [
     ({"maximum_part_size": "lots"}, "maximum_part_size"), ({"maximum_parts": 0}, "maximum_parts"),
-    ({"multipart_upload": "yes"}, "multipart_upload"), ({"read_timeout": -1}, "read_timeout"),
+    ({"enable_multipart_upload": "yes"}, "enable_multipart_upload"), ({"read_timeout": -1}, "read_timeout"),
 ])
 def test_unusable_transfer_settings_are_named_and_defaults_kept(s3nc_file, s3_server, s3_bucket, settings, named):
     s3nc_file.write_text(json.dumps(_transfer_config(s3_server, settings)))
