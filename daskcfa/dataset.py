@@ -8,9 +8,12 @@ users see the dataset the aggregation describes, not how it is stored.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import dask
 import dask.array as da
 import netCDF4
 import numpy as np
@@ -21,6 +24,7 @@ from .arguments import nearest
 from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
+from .fragments.manager import Budget
 from .graph.masked import plain_masked
 from .graph.read import to_dask
 from .model import AggregatedVariable, Fragments
@@ -172,7 +176,7 @@ class Variable(_AttributeAccessors):
         raise AttributeError(name)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return plain_masked(self.data[key].compute())
+        return plain_masked(_result(self.data[key]))
 
     def __setitem__(self, key: Any, values: Any) -> None:
         raise ArgumentError(f"{self.path} was opened for reading: open the dataset with mode 'a' or 'r+' "
@@ -187,6 +191,33 @@ class Variable(_AttributeAccessors):
         kind = f"aggregated, {len(self.fragments)} fragments in a {self.fragments.shape} grid" if self.fragments else "ordinary"
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
         return f"<daskcfa.Variable {self.path} ({dims}) {self.dtype} [{kind}]>"
+
+
+def _result(x: da.Array) -> np.ndarray:
+    """``x`` computed: in memory, or, when it is larger than the process's memory budget and a cache
+    directory is configured (dask config ``daskcfa.io.cache-location``, else S3netCDF4's
+    ``cache_location``), as ``numpy.memmap`` files there (S3netCDF4's behaviour for big reads).
+
+    The files are unlinked as soon as they are mapped: the memory map keeps them while the result
+    lives, and nothing is left behind.
+    """
+    directory = dask.config.get("daskcfa.io.cache-location", None) or storage.cache_location()
+    if directory is None or x.dtype.kind not in "biufc" or x.nbytes <= Budget.from_config().memory:
+        return x.compute()
+    os.makedirs(directory, exist_ok=True)
+    values, mask = (_memory_map(directory, x.shape, dtype) for dtype in (x.dtype, np.dtype(bool)))
+    da.store([x.map_blocks(np.ma.getdata, dtype=x.dtype), x.map_blocks(np.ma.getmaskarray, dtype=bool)],
+             [values, mask], lock=False)
+    return np.ma.MaskedArray(values, mask=mask, copy=False) if mask.any() else values
+
+
+def _memory_map(directory: str, shape: tuple[int, ...], dtype: np.dtype) -> np.memmap:
+    handle, path = tempfile.mkstemp(prefix="daskcfa-read-", suffix=".dat", dir=directory)
+    os.close(handle)
+    try:
+        return np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+    finally:
+        os.unlink(path)
 
 
 def _decoded_dtype(var: Variable) -> np.dtype:
@@ -242,7 +273,7 @@ class Group(_AttributeAccessors):
         return True
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise ArgumentError(f"the dataset was opened for reading: open it with mode 'w', 'a' or 'r+' "
+        raise ArgumentError("the dataset was opened for reading: open it with mode 'w', 'a' or 'r+' "
                             "(daskcfa.Dataset(url, 'a')) to change it", file=self._root().url or None)
 
     createDimension = createVariable = createGroup = setncattr = setncatts = delncattr = _read_only

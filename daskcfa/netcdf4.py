@@ -51,8 +51,10 @@ from dask.utils import parse_bytes
 
 from . import dataset, storage
 from .decode import Encoding
-from .errors import ArgumentError, CFAError, redact, FragmentError, NotFoundError, StorageError, WriteConflictError
+from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
+from .formats import aggregated_variables
+from .formats.encode import common_format
 from .graph.plan import plan_fragments
 from .graph.write import (WriteSource, commit_aggregation, compression_keywords, fragment_name, fragment_spec,
                           plan_commit, settle_unlimited)
@@ -60,7 +62,6 @@ from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGr
 from .locks import HDF5_LOCK
 from .storage.access import open_aggregation
 from .storage.lease import Lease, generation_name, in_generation, marker_of
-from .storage.publish import refuse_existing
 
 __all__ = ["Dataset", "AggregationWriter", "PlainWriter", "Dimension", "AGGREGATION_FORMATS", "PLAIN_FORMATS"]
 
@@ -99,6 +100,24 @@ def _formats(format: str | None, cfa_version: str | None) -> tuple[str, str, str
     return dialect, file_format, fragment_format
 
 
+def _existing_format(url: str, storage_options: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """``(format, cfa_version)`` that keep an existing dataset as it is written (updates, ``mode="a"``):
+    a plain file stays plain, an aggregation keeps its dialect and its aggregation file's format."""
+    url, access = open_aggregation(url, storage_options)
+    try:
+        with storage.netcdf_file(url, profile=access.profile) as nc:
+            file_format = nc.data_model
+            found = aggregated_variables(nc, url)
+    except NotFoundError:
+        return None, None  # (the writer says there is nothing to update)
+    if not found:
+        return file_format, None
+    dialect = common_format(list(found.values()), url, "update it")
+    if dialect == "CFA-0.4":
+        return ("CFA3" if file_format.startswith("NETCDF3") else "CFA4"), "0.4"
+    return ("CFA4", "0.5") if dialect == "CFA-0.5" else (dialect, None)
+
+
 class Dataset(dataset.Dataset):
     """A netCDF dataset, netCDF4-python style: ``Dataset(url, mode="r", format=...)``.
 
@@ -122,6 +141,8 @@ class Dataset(dataset.Dataset):
             return super().__new__(cls)
         if mode not in _MODES:
             raise ArgumentError(f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
+        if mode in ("a", "r+") and format is None:
+            format, cfa_version = _existing_format(os.fspath(url), storage_options)
         kinds = None if mode == "r" else _formats(format, cfa_version)
         if kinds is not None:  # S3netCDF4 takes these for aggregations; the aggregation is always written at close
             options.pop("diskless", None)
@@ -270,11 +291,51 @@ class GrowingDimension:
         return f"<daskcfa.netcdf4.Dimension {self.name!r} ({kind}size {self.size})>"
 
 
-class _Definitions:
+def _private(name: str) -> bool:
+    """An attribute of the Python object (``_writer``), not a netCDF attribute (``_FillValue``, ``_Unsigned``)."""
+    return name.startswith("_") and not name[1:2].isupper()
+
+
+_OWN_NAMES = frozenset({"name", "path", "attrs", "dimensions", "variables", "groups", "parent", "url"})
+
+
+class _NetCDFAttributes:
+    """netCDF4-python's attribute rules: ``obj.units = "K"`` sets a netCDF attribute, as ``setncattr`` does."""
+
+    attrs: dict[str, Any]
+    _writer: "AggregationWriter"
+    _own: frozenset[str] = _OWN_NAMES  #: names of the Python object's own attributes
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if _private(name) or name in self._own or "attrs" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            self.setncattr(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self.delncattr(name)
+
+    def setncattr(self, name: str, value: Any) -> None:
+        self._writer.check_open()
+        self.attrs[name] = self._attribute(name, value)
+
+    def _attribute(self, name: str, value: Any) -> Any:
+        """The value stored for attribute ``name`` (or a refusal)."""
+        return value
+
+    def setncatts(self, attdict: Mapping[str, Any]) -> None:
+        for name, value in attdict.items():
+            self.setncattr(name, value)
+
+    def delncattr(self, name: str) -> None:
+        self._writer.check_open()
+        self.attrs.pop(name)
+
+
+class _Definitions(_NetCDFAttributes):
     """netCDF4-python's defining calls, shared by the dataset and its groups."""
 
     path: str
-    attrs: dict[str, Any]
     dimensions: dict[str, Any]
     variables: dict[str, Any]
     groups: dict[str, Any]
@@ -357,18 +418,6 @@ class _Definitions:
             node = node.parent
         raise ArgumentError(f"dimension {name!r} is not defined in group {self.path!r} or above")
 
-    def setncattr(self, name: str, value: Any) -> None:
-        self._writer.check_open()
-        self.attrs[name] = value
-
-    def setncatts(self, attdict: Mapping[str, Any]) -> None:
-        for name, value in attdict.items():
-            self.setncattr(name, value)
-
-    def delncattr(self, name: str) -> None:
-        self._writer.check_open()
-        self.attrs.pop(name)
-
 
 def _check_name(name: str, taken: Mapping[str, Any], what: str, group: str) -> None:
     if not isinstance(name, str) or not name or "/" in name:
@@ -391,29 +440,12 @@ def _datatype(datatype: Any, name: str) -> np.dtype:
     return dtype.newbyteorder("=")
 
 
-def _private(name: str) -> bool:
-    """An attribute of the Python object (``_writer``), not a netCDF attribute (``_FillValue``, ``_Unsigned``)."""
-    return name.startswith("_") and not name[1:2].isupper()
-
-
-_OWN_NAMES = frozenset({"name", "path", "attrs", "dimensions", "variables", "groups", "parent", "url"})
-
-
 class WritableGroup(_Definitions, dataset.Group):
     """A group of a dataset being written."""
 
     def __init__(self, name: str, path: str, parent: Any, writer: "AggregationWriter") -> None:
         dataset.Group.__init__(self, name=name, path=path, parent=parent)
         object.__setattr__(self, "_writer", writer)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name) or name in _OWN_NAMES or "attrs" not in self.__dict__:
-            object.__setattr__(self, name, value)
-        else:
-            self.setncattr(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        self.delncattr(name)
 
 
 class _Buffer:
@@ -448,7 +480,7 @@ class _Buffer:
                                  mask=np.where(assigned, masked, np.ma.getmaskarray(under)))
 
 
-class WritableVariable(dataset.Variable):
+class WritableVariable(_NetCDFAttributes, dataset.Variable):
     """A variable of a dataset being written: ``var[index] = values``, netCDF4-python's rules.
 
     Indices: integers (negative count from the end), slices, integer and
@@ -487,31 +519,15 @@ class WritableVariable(dataset.Variable):
     def fragments(self) -> None:  # type: ignore[override]
         return None
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name) or name in ("name", "path", "dims", "dtype", "attrs", "aggregation"):
-            object.__setattr__(self, name, value)
-        else:
-            self.setncattr(name, value)
+    _own = frozenset({"name", "path", "dims", "dtype", "attrs", "aggregation"})
 
-    def __delattr__(self, name: str) -> None:
-        self.delncattr(name)
-
-    def setncattr(self, name: str, value: Any) -> None:
-        self._writer.check_open()
+    def _attribute(self, name: str, value: Any) -> Any:
         if name == "_FillValue":
             if self._assigned_any():
                 raise ArgumentError(f"{self.path}: _FillValue cannot change once values are assigned (give it to "
                                     "createVariable(fill_value=...), as netCDF4-python asks)")
             value = np.array(value, dtype=self.dtype)[()] if self.dtype.kind in "iuf" else value
-        self.attrs[name] = value
-
-    def setncatts(self, attdict: Mapping[str, Any]) -> None:
-        for name, value in attdict.items():
-            self.setncattr(name, value)
-
-    def delncattr(self, name: str) -> None:
-        self._writer.check_open()
-        self.attrs.pop(name)
+        return value
 
     def _assigned_any(self) -> bool:
         if self._plain is not None:
@@ -793,17 +809,6 @@ class AggregationWriter(_Definitions, Dataset):
             lease.release()
             raise
         return self
-
-    # -- netCDF4-python's attribute rules on the dataset object --------------------------------
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name) or name in _OWN_NAMES:
-            object.__setattr__(self, name, value)
-        else:
-            self.setncattr(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        self.delncattr(name)
 
     @property
     def parent(self) -> None:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import tracemalloc
-from pathlib import Path
 
 import netCDF4
 import numpy as np
@@ -479,3 +478,23 @@ def test_s3_alias_write_read_by_s3netcdf4_and_daskcfa(tmp_path, s3netcdf4, s3_se
     real = f"s3://{s3_bucket}/run/a.nc"  # and by the real URL with storage options
     with Dataset(real, storage_options=s3_server.storage_options) as ds:
         same(ds[variable][:, 2], values[:, 2])
+
+
+@pytest.mark.parametrize("fmt,version,dialect", [("CFA4", "0.4", "CFA-0.4"), ("CFA3", None, "CFA-0.4"),
+                                                 ("CFA-0.6.2", None, "CFA-0.6"), ("NETCDF3_CLASSIC", None, None)])
+def test_update_keeps_the_format(tmp_path, fmt, version, dialect):
+    """mode="a" without format= keeps what the file is: its dialect and file format, or a plain file."""
+    url = str(tmp_path / "keep.nc")
+    with Dataset(url, "w", format=fmt, cfa_version=version) as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 3)
+        ds.createVariable("t", "f8", ("t",))[0:2] = [0.0, 1.0]
+        ds.createVariable("v", "f4", ("t", "x"), subarray_shape=[1, 3])[0:2] = np.ones((2, 3))
+    with Dataset(url, "a") as ds:
+        ds["v"][2] = np.full(3, 2.0)
+        ds["t"][2] = 2.0
+    with netCDF4.Dataset(url) as nc:
+        assert nc.data_model == ("NETCDF3_CLASSIC" if fmt.endswith("3") or fmt == "NETCDF3_CLASSIC" else "NETCDF4")
+    if dialect is not None:
+        assert daskcfa.read_aggregation(url, "v").dialect == dialect
+    same(Dataset(url)["v"][:], np.array([[1.0] * 3, [1.0] * 3, [2.0] * 3]))
