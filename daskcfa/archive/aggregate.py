@@ -134,6 +134,9 @@ def reference(uri: str, base: str) -> str:
     tree below the root, the same bucket or host), so that the dataset can
     be moved as a whole; an absolute URI otherwise.
     """
+    uri, mode = storage.split_mode(uri)  # (netCDF-C's mode of a Zarr store, kept as written)
+    if mode:
+        return reference(uri, base) + mode
     if storage.is_local(uri) and storage.is_local(base):
         path, directory = storage.local_path(uri), os.path.dirname(storage.local_path(base))
         if os.path.commonpath([path, directory]) == os.path.abspath(os.sep):
@@ -206,7 +209,7 @@ def _fragment_of(info: FileInfo) -> tuple[str | None, str, tuple[int, ...] | Non
     if generation_of(info.uri) is not None:  # {stem}/{generation}/{stem}.{var}.{index}.nc
         directory = posixpath.dirname(directory)
     stem = posixpath.basename(directory)
-    parts = re.sub(r"\.nc4?$", "", name).split(".")
+    parts = re.sub(r"\.(nc4?|zarr)$", "", name).split(".")
     if stem and parts[: len(stem.split("."))] == stem.split("."):
         parts = parts[len(stem.split(".")):]
         for var in candidates:

@@ -33,6 +33,7 @@ from ..arguments import check_fragment_shape
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
+from ..fragments.zarr import is_zarr
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
@@ -289,7 +290,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     from ..api import open_cfa
 
     url = storage.normalise(source)
-    if not storage.is_opendap(url) and storage.is_directory(url):
+    if is_zarr(url) or (not storage.is_opendap(url) and storage.is_directory(url)):  # (a store: scanned as a file)
         return (*_from_files(url, variables, storage_options), url)
     ds = open_cfa(url, storage_options=storage_options)
     if not ds.aggregated_variables:  # a plain netCDF file: it is the one fragment of each data variable

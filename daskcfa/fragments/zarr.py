@@ -28,7 +28,6 @@ import base64
 import importlib.util
 import json
 import math
-import re
 import struct
 from typing import Any, Mapping
 
@@ -43,17 +42,14 @@ from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
 
-__all__ = ["is_zarr", "store_uri", "ZarrFile", "ZarrVariable"]
+__all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable"]
 
-#: netCDF-C's URL fragment naming a Zarr storage mode: ``#mode=nczarr,file``, ``#mode=zarr,s3``, ...
-_MODE = re.compile(r"#mode=([^#]*)$")
 #: attributes that describe the Zarr or NCZarr layout, not the variable
 _LAYOUT_ATTRS = ("_ARRAY_DIMENSIONS", "_nczarr_array", "_nczarr_attr", "_nczarr_group", "_nczarr_superblock")
 
 
 def _mode(uri: str) -> list[str]:
-    match = _MODE.search(uri)
-    return match.group(1).split(",") if match else []
+    return storage.split_mode(uri)[1][len("#mode="):].split(",")
 
 
 def is_zarr(uri: str) -> bool:
@@ -69,9 +65,18 @@ def is_reference_set(uri: str) -> bool:
     return store_uri(uri).rstrip("/").endswith((".json", ".parq", ".parquet"))
 
 
+def stored_size(uri: str, profile: ProfileRef = storage.NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
+    """The bytes a store holds on storage: every object under it (a JSON reference set: its own
+    file, not the files it points into)."""
+    location = store_uri(uri)
+    if location.rstrip("/").endswith(".json"):
+        return storage.size(location, profile, policy=policy)
+    return storage.tree_size(location, profile, policy=policy)
+
+
 def store_uri(uri: str) -> str:
     """The store's own URI (netCDF-C's ``#mode=...`` removed)."""
-    return _MODE.sub("", uri)
+    return storage.split_mode(uri)[0]
 
 
 class ZarrFile:
@@ -106,8 +111,9 @@ class ZarrFile:
                 raise NotFoundError("not found", file=uri) from None
             raise FragmentReadError(f"not a readable Zarr store ({type(exc).__name__}: {exc})", file=uri) from None
 
-    def variable(self, name: str) -> "ZarrVariable":
-        """The array ``name`` (a path below the root for a variable in a group); KeyError if absent."""
+    def variable(self, name: str, *, text: bool = False) -> "ZarrVariable":
+        """The array ``name`` (a path below the root for a variable in a group); KeyError if absent.
+        ``text``: string arrays too (their metadata and values, for scanning a store)."""
         import zarr
 
         path = name.strip("/")
@@ -117,7 +123,22 @@ class ZarrFile:
             raise KeyError(name) from None
         if not isinstance(array, zarr.Array):
             raise KeyError(name)
-        return ZarrVariable(array, path.rsplit("/", 1)[-1])
+        return ZarrVariable(array, path.rsplit("/", 1)[-1], text=text)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The root group's attributes, as netCDF global attributes (layout metadata removed)."""
+        attrs = dict(self._group.attrs)
+        types = (attrs.get("_nczarr_attr") or {}).get("types") or {}
+        return netcdf_attributes(_cf_attributes(_without_layout(attrs), None, None, types))
+
+    def names(self) -> list[str]:
+        """The root group's arrays, in the store's order."""
+        return list(self._group.array_keys())
+
+    def groups(self) -> tuple[str, ...]:
+        """The root group's subgroups."""
+        return tuple(self._group.group_keys())
 
     def close(self) -> None:
         """Nothing to release: the store holds no open file between reads."""
@@ -224,29 +245,57 @@ class ZarrVariable:
     #: Zarr fill values are given as attributes here: netCDF's default fills do not apply
     no_fill = True
 
-    def __init__(self, array: Any, name: str) -> None:
+    def __init__(self, array: Any, name: str, *, text: bool = False) -> None:
         self._array = array
         self.name = name
         self.shape = tuple(int(n) for n in array.shape)
         stored = np.dtype(array.dtype)
-        if stored.kind not in "biuf":
+        if text and stored.kind in "USOT":
+            stored = np.dtype(object)  # (as netCDF4-python gives strings)
+        elif stored.kind not in "biuf":
             raise FragmentReadError(f"Zarr array {name!r} has type {stored}, which daskcfa does not read")
-        self.dtype = stored.newbyteorder("=")
+        self.dtype = stored.newbyteorder("=") if stored.kind != "O" else stored
         chunks = getattr(array, "chunks", None) or self.shape
         #: bytes of one decoded chunk (Zarr decodes whole chunks)
         self.chunk_nbytes = int(math.prod(chunks)) * self.dtype.itemsize
         attrs = dict(array.attrs)
         self.dims = _dimension_names(array, attrs, len(self.shape), name)
         types = (attrs.get("_nczarr_attr") or {}).get("types") or {}  # (NCZarr: each attribute's netCDF type)
-        for key in _LAYOUT_ATTRS:
-            attrs.pop(key, None)
-        self.attrs = _cf_attributes(attrs, array, self.dtype, types)
+        self.attrs = _cf_attributes(_without_layout(attrs), array, self.dtype if self.dtype.kind != "O" else None,
+                                    types)
 
     def read(self, key: tuple) -> np.ndarray:
         """The raw stored values at ``key`` (one int or step>0 slice per dimension)."""
         normalize_key(key, self.shape)  # (the same checks as the other readers)
         values = np.asarray(self._array[key] if key else self._array[...])
         return values.astype(self.dtype, copy=False)
+
+    def values(self) -> np.ndarray:
+        """Every raw stored value (strings as an object array of ``str``)."""
+        return self.read(tuple(slice(0, n, 1) for n in self.shape))
+
+
+def _without_layout(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if k not in _LAYOUT_ATTRS}
+
+
+def netcdf_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """CF attributes (:func:`_cf_attributes`) as netCDF can hold them: booleans as bytes (netCDF
+    has none), lists of strings as lists of ``str``; what netCDF has no form for (JSON objects,
+    null, mixed lists) left out."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if value is None or isinstance(value, dict):
+            continue
+        if isinstance(value, (np.ndarray, np.generic)):
+            if value.dtype.kind == "b":
+                value = np.asarray(value, dtype=np.int8)
+            elif value.dtype.kind == "U":
+                value = [str(v) for v in np.ravel(value)] if np.ndim(value) else str(value)
+            elif value.dtype.kind not in "iuf":
+                continue
+        out[key] = value
+    return out
 
 
 def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str) -> tuple[str, ...]:
@@ -262,16 +311,19 @@ def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str)
     return names
 
 
-def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype, types: Mapping[str, str]) -> dict[str, Any]:
-    """The CF attributes of a Zarr array, as xarray reads them, in netCDF's types: JSON has
-    one number type, and a float32 fill value compared in float64 would not match."""
+def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, types: Mapping[str, str]
+                   ) -> dict[str, Any]:
+    """The CF attributes of a Zarr array (or group: ``array`` None), as xarray reads them, in
+    netCDF's types: JSON has one number type, and a float32 fill value compared in float64
+    would not match."""
     fill = attrs.get("_FillValue")
-    if isinstance(fill, str) and dtype.kind == "f":  # xarray's encoding of a float fill in Zarr v3
+    if isinstance(fill, str) and dtype is not None and dtype.kind == "f":  # xarray's encoding of a float fill in Zarr v3
         try:
             attrs["_FillValue"] = struct.unpack("<d", base64.standard_b64decode(fill))[0]
         except (ValueError, struct.error):
             raise FragmentReadError(f"unreadable _FillValue {fill!r}") from None
-    elif fill is None and getattr(array.metadata, "zarr_format", 3) == 2 and array.fill_value is not None:
+    elif fill is None and array is not None and getattr(array.metadata, "zarr_format", 3) == 2 \
+            and array.fill_value is not None:
         attrs["_FillValue"] = array.fill_value  # (v2: the array's fill value, as xarray reads it)
     for key, value in attrs.items():
         if isinstance(value, (str, dict)) or value is None:

@@ -44,10 +44,11 @@ from .objects import (
     remove_tree,
     size,
     stat,
+    tree_size,
     version,
 )
 from .profiles import ProfileRef, register
-from .uri import is_local, normalise, resolve, scheme_of, to_local_path
+from .uri import is_local, normalise, resolve, scheme_of, split_mode, to_local_path
 
 __all__ = [
     "ProfileRef",
@@ -60,6 +61,7 @@ __all__ = [
     "is_opendap",
     "opendap_url",
     "to_local_path",
+    "split_mode",
     "local_path",
     "irregular",
     "local_stat",
@@ -68,6 +70,7 @@ __all__ = [
     "exists",
     "size",
     "stat",
+    "tree_size",
     "version",
     "part_size",
     "read_bytes",

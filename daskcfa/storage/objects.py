@@ -16,6 +16,7 @@ import io
 import os
 import re
 import shutil
+import stat as stat_module
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Sequence
 
@@ -25,7 +26,7 @@ import fsspec.asyn
 import yarl
 from dask.utils import parse_bytes
 
-from ..errors import CFAError, StorageError, UnsafeURIError, redact
+from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
 from .blocks import Blocks
 from .local import local_path, local_stat, open_local
 from .policy import LocationPolicy
@@ -192,6 +193,27 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
     token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
                   if info.get(k) is not None), "")
     return int(info["size"]), token
+
+
+def tree_size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
+    """The bytes of every object under a directory or prefix (a Zarr store); NotFoundError when
+    it holds none. Locally, only regular files count (a link to a device is not followed)."""
+    if is_local(uri):
+        root = local_path(uri)
+        if not os.path.isdir(root):
+            raise NotFoundError("not found", file=uri)
+        total = 0
+        with translated(uri):
+            for directory, _, names in os.walk(root):
+                for name in names:
+                    info = os.lstat(os.path.join(directory, name))
+                    total += info.st_size if stat_module.S_ISREG(info.st_mode) else 0
+        return total
+    fs, path = filesystem(uri, profile, policy=policy)
+    found = with_retries(uri, fs.find, path.rstrip("/") + "/", detail=True)
+    if not found:
+        raise NotFoundError("not found", file=uri)
+    return sum(int(info.get("size") or 0) for info in found.values())
 
 
 def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
@@ -446,18 +468,21 @@ def put_stream(uri: str, write: Callable[[IO[bytes]], None], profile: ProfileRef
 GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-def glob(pattern: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
+def glob(pattern: str, profile: ProfileRef = NO_PROFILE, *, directories: bool = False) -> list[str]:
     """Files matching a glob, as URIs, sorted: fsspec's glob for every scheme (``*`` within
     a path segment, ``**`` across them). Hidden files and directories (``.name``: writers'
-    temporaries and markers) match only a pattern that names them, as in a shell."""
+    temporaries and markers) match only a pattern that names them, as in a shell.
+    ``directories``: directories (prefixes) matching it too, as URIs ending in ``/``."""
     fs, path = filesystem(normalise(pattern) if is_local(pattern) else pattern, profile)
     found = with_retries(pattern, fs.glob, path, detail=True)
     head = GLOB_CHARS.split(path, 1)[0].rpartition("/")[0]
     hidden_asked = "/." in path[len(head):]
-    files = [p for p, info in found.items() if info.get("type") == "file"
+    kinds = ("file", "directory") if directories else ("file",)
+    files = [p.rstrip("/") + ("/" if info.get("type") == "directory" else "") for p, info in found.items()
+             if info.get("type") in kinds
              and (hidden_asked or not any(part.startswith(".") for part in p[len(head):].split("/")))]
     if is_local(pattern):
-        return sorted(normalise(p) for p in files)
+        return sorted(normalise(p) + ("/" if p.endswith("/") else "") for p in files)
     scheme = scheme_of(pattern)
     return sorted(p if "://" in p else f"{scheme}://{p}" for p in files)
 
