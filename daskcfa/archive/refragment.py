@@ -30,6 +30,7 @@ from dask.utils import format_bytes, parse_bytes
 
 from .. import config, storage
 from ..arguments import check_fragment_shape
+from ..choices import ZARR_FRAGMENTS
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
@@ -421,6 +422,9 @@ def _output(var: _Refragmented, compression: Any, fragment_format: str) -> Outpu
         return OutputEstimate(fragments, raw, raw, {}, "none")
     if compression is None:
         keywords, ratio = _source_compression(var.aggregation, var.access)
+        if fragment_format == ZARR_FRAGMENTS and keywords:  # (Zarr fragments take zlib: the source's level and shuffle)
+            level = keywords.get("complevel", 4) if keywords.get("compression") == "zlib" else 4
+            keywords = {"compression": "zlib", "complevel": level, "shuffle": bool(keywords.get("shuffle"))}
         return OutputEstimate(fragments, raw, raw if ratio is None else int(raw * ratio), keywords, "source")
     if compression is False or compression == "none" or (isinstance(compression, Mapping) and not compression):
         return OutputEstimate(fragments, raw, raw, {}, "none")

@@ -1,4 +1,5 @@
-"""Fragments stored as Zarr: Zarr v2 or v3 stores, netCDF-C's NCZarr, and fsspec reference sets.
+"""Fragments stored as Zarr: Zarr v2 or v3 stores, netCDF-C's NCZarr, and fsspec reference sets;
+and fragments written as Zarr v2 stores (:class:`StoreWriter`).
 
 A fragment is a Zarr store when its URI says so, as netCDF-C spells it
 (``file:///d/f0.zarr#mode=nczarr,file``, ``s3://b/f0.zarr#mode=zarr,s3``) or
@@ -29,7 +30,7 @@ import importlib.util
 import json
 import math
 import struct
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
@@ -37,12 +38,13 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError
+from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError, StorageError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
 
-__all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable"]
+__all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable",
+           "ZARR_COMPRESSION_KEYS", "CONSOLIDATED", "check_zarr_compression", "StoreWriter", "store_state"]
 
 #: attributes that describe the Zarr or NCZarr layout, not the variable
 _LAYOUT_ATTRS = ("_ARRAY_DIMENSIONS", "_nczarr_array", "_nczarr_attr", "_nczarr_group", "_nczarr_superblock")
@@ -343,3 +345,101 @@ _IN_DATA_TYPE = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid
 #: NCZarr's attribute types that are numbers
 _NUMBER_TYPES = {t: np.dtype(t) for t in ("|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8",
                                           ">i2", ">u2", ">i4", ">u4", ">i8", ">u8", ">f4", ">f8")}
+
+
+# --------------------------------------------------------------------------
+# Writing: a fragment as a self-describing Zarr v2 store
+# --------------------------------------------------------------------------
+
+#: ``compression`` settings a Zarr fragment takes (netCDF4-python's names, mapped to numcodecs).
+ZARR_COMPRESSION_KEYS = frozenset({"compression", "zlib", "complevel", "shuffle", "chunksizes"})
+#: The store's consolidated metadata, written last: a store without it is unfinished.
+CONSOLIDATED = ".zmetadata"
+
+
+def check_zarr_compression(compression: Mapping[str, Any]) -> dict[str, Any]:
+    """``compression`` (``createVariable`` keywords) if a Zarr fragment can take it; ArgumentError otherwise.
+
+    Zlib (``compression="zlib"`` or ``zlib=True``) with ``complevel`` (default
+    4) and ``shuffle`` (default on), as netCDF-4 compresses: numcodecs' Zlib and
+    Shuffle, which xarray and netCDF-C's NCZarr both read; ``chunksizes`` gives
+    the Zarr chunks.
+    """
+    unknown = sorted(set(compression) - ZARR_COMPRESSION_KEYS)
+    if unknown:
+        raise ArgumentError(f"Zarr fragments take the compression settings {', '.join(sorted(ZARR_COMPRESSION_KEYS))}, "
+                            f"not {unknown}")
+    if compression.get("compression") not in (None, "zlib"):
+        raise ArgumentError(f"Zarr fragments are compressed with zlib only (the codec xarray and netCDF-C's NCZarr "
+                            f"both read), not {compression['compression']!r}")
+    level = compression.get("complevel", 4)
+    if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not 0 <= level <= 9:
+        raise ArgumentError(f"complevel must be an integer from 0 to 9, not {level!r}")
+    return dict(compression)
+
+
+def _array_options(compression: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
+    """zarr-python's ``create_array`` codecs and chunks for ``compression`` (already checked)."""
+    import numcodecs
+
+    options: dict[str, Any] = {"compressors": None, "filters": None, "chunks": "auto"}
+    if compression.get("compression") == "zlib" or compression.get("zlib"):
+        options["compressors"] = [numcodecs.Zlib(level=int(compression.get("complevel", 4)))]
+        if compression.get("shuffle", True) and dtype.itemsize > 1:
+            options["filters"] = [numcodecs.Shuffle(elementsize=dtype.itemsize)]
+    chunks = compression.get("chunksizes")
+    if chunks is not None:
+        if len(chunks) != len(shape) or any(int(c) < 1 for c in chunks):
+            raise ArgumentError(f"chunksizes {tuple(chunks)} do not fit an array of {len(shape)} dimensions")
+        options["chunks"] = tuple(min(int(c), max(n, 1)) for c, n in zip(chunks, shape))
+    return options
+
+
+def _json_value(value: Any) -> Any:
+    """An attribute value as JSON holds it (numbers and strings; arrays as lists)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+        return [_json_value(v) for v in value] if isinstance(value, list) else _json_value(value)
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+class StoreWriter:
+    """A Zarr v2 store being written on local disk, laid out as xarray and netCDF-C read it:
+    ``_ARRAY_DIMENSIONS`` names each array's dimensions, ``_FillValue`` is the array's
+    ``fill_value`` (none when the variable has none) and an attribute too (netCDF-C masks
+    by the attribute, in the array's type; xarray by either), attributes are JSON, and the
+    consolidated metadata (:data:`CONSOLIDATED`) is written by :meth:`finish`, last."""
+
+    def __init__(self, path: str, attrs: Mapping[str, Any]) -> None:
+        import zarr
+
+        self.path = path
+        self._group = zarr.open_group(zarr.storage.LocalStore(path), mode="w", zarr_format=2,
+                                      attributes={k: _json_value(v) for k, v in attrs.items()})
+
+    def array(self, name: str, dims: Sequence[str], shape: tuple[int, ...], dtype: np.dtype,
+              attrs: Mapping[str, Any], compression: Mapping[str, Any]) -> Any:
+        """A new array (written by assigning to it)."""
+        fill = attrs.get("_FillValue")
+        if fill is not None:
+            fill = np.asarray(fill).astype(dtype).item()
+        return self._group.create_array(
+            name, shape=shape, dtype=dtype, fill_value=fill, **_array_options(compression, dtype, shape),
+            attributes={"_ARRAY_DIMENSIONS": list(dims), **{k: _json_value(v) for k, v in attrs.items()}})
+
+    def finish(self) -> None:
+        import zarr
+
+        zarr.consolidate_metadata(self._group.store)
+
+
+def store_state(uri: str, profile: ProfileRef = storage.NO_PROFILE) -> tuple[int, str]:
+    """A finished store's size (every object) and version (its consolidated metadata's, written
+    last: NotFoundError while the store is unfinished)."""
+    location = store_uri(uri).rstrip("/")
+    _, version = storage.stat(f"{location}/{CONSOLIDATED}", profile)
+    return storage.tree_size(location, profile), version

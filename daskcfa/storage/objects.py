@@ -440,6 +440,16 @@ def put_file(uri: str, local: str, profile: ProfileRef = NO_PROFILE) -> None:
     with_retries(uri, fs.put_file, local, path)
 
 
+def put_files(pairs: Sequence[tuple[str, str]], profile: ProfileRef = NO_PROFILE) -> None:
+    """Upload local files as objects, ``(local path, URI)`` pairs on one storage, concurrently
+    (fsspec's batches: a Zarr store's many chunks)."""
+    if not pairs:
+        return
+    fs, _ = filesystem(pairs[0][1], profile)
+    paths = [filesystem(uri, profile)[1] for _, uri in pairs]
+    with_retries(pairs[0][1], fs.put, [local for local, _ in pairs], paths)
+
+
 def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
     """Every object under a prefix (recursively), as URIs."""
     fs, path = filesystem(uri, profile)
@@ -513,3 +523,20 @@ def remove_tree(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
 def delete(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
     fs, path = filesystem(uri, profile)
     with_retries(uri, fs.rm_file, path)
+
+
+def delete_all(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Delete the object at ``uri``, or the directory (prefix) there with every object under
+    it: a fragment that is a Zarr store; nothing there is no error."""
+    if is_local(uri):
+        path = local_path(uri)
+        with translated(uri):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        return
+    fs, path = filesystem(uri, profile)
+    found = with_retries(uri, fs.find, path.rstrip("/"), withdirs=False)
+    if found:
+        with_retries(uri, fs.rm, found)
