@@ -47,7 +47,7 @@ __all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_at
            "ZARR_COMPRESSION_KEYS", "CONSOLIDATED", "check_zarr_compression", "StoreWriter", "store_state"]
 
 #: attributes that describe the Zarr or NCZarr layout, not the variable
-_LAYOUT_ATTRS = ("_ARRAY_DIMENSIONS", "_nczarr_array", "_nczarr_attr", "_nczarr_group", "_nczarr_superblock")
+_LAYOUT_ATTRS = ("_ARRAY_DIMENSIONS", "_NCProperties", "_nczarr_array", "_nczarr_attr", "_nczarr_group", "_nczarr_superblock")
 
 
 def _mode(uri: str) -> list[str]:
