@@ -364,7 +364,7 @@ def _upload_store(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray |
                     digest.update(block)
         base = target.uri.rstrip("/")
         with semaphore if semaphore is not None else nullcontext():
-            storage.remove_tree(base + "/")
+            storage.remove_tree(base + "/", spec.profile)
             first = [n for n in names if n != CONSOLIDATED]
             storage.put_files([(os.path.join(scratch, n), f"{base}/{n}") for n in first], spec.profile)
             storage.put_file(f"{base}/{CONSOLIDATED}", os.path.join(scratch, CONSOLIDATED), spec.profile)
