@@ -180,7 +180,10 @@ def to_cfa(
         ``"NETCDF3_64BIT_DATA"``) and their compression: ``None``, a
         netCDF4-python compression name such as ``"zlib"`` (its defaults), or
         ``createVariable`` keywords such as ``{"zlib": True, "complevel": 1,
-        "shuffle": True}`` (netCDF-4 formats only).
+        "shuffle": True}`` (netCDF-4 formats only). ``"zarr"`` writes each
+        fragment as a Zarr v2 store readable by xarray and netCDF-C's NCZarr
+        (CF-1.13 only; numbers only; ``compression`` zlib with ``complevel``,
+        ``shuffle``, ``chunksizes``), named ``….zarr``.
     fragment_name
         Template of the fragment URIs, relative to the aggregation file:
         ``{stem}`` is the aggregation file's name without extension, ``{var}``

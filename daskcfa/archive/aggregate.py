@@ -1,4 +1,4 @@
-"""Aggregation files over existing netCDF files, without copying data.
+"""Aggregation files over existing netCDF files (or Zarr stores, reference sets), without copying data.
 
 :func:`aggregate` turns files that tile a larger dataset (120 five-year CMIP
 files, or lat/lon tiles) into one CF aggregation file whose fragments are
@@ -52,7 +52,9 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     ``tracking_id``... differ per file and are dropped).
 
     ``sources``: file URLs, directories, globs or a list of these (see
-    :func:`~daskcfa.archive.scan.scan`). Fragment URIs are stored relative to
+    :func:`~daskcfa.archive.scan.scan`); netCDF files, Zarr stores (v2, v3,
+    NCZarr URLs with netCDF-C's ``#mode=...``, kept in the fragment URI) and
+    fsspec reference sets (JSON, Parquet), mixed as needed. Fragment URIs are stored relative to
     the aggregation file when both are on the same storage (same bucket), else
     absolute; ``uris="absolute"`` always stores absolute URIs (for readers
     that resolve relative ones against their working directory). ``mode``:

@@ -167,9 +167,9 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     Parameters
     ----------
     source
-        A CFA aggregation file URL (any dialect), one netCDF file URL (its
-        variables with dimensions, coordinates and bounds aside, are
-        re-fragmented), several netCDF files (a list of URLs, a glob, a
+        A CFA aggregation file URL (any dialect), one netCDF file URL or Zarr
+        store (its variables with dimensions, coordinates and bounds aside, are
+        re-fragmented), several netCDF files or Zarr stores (a list of URLs, a glob, a
         directory or prefix: combined with :func:`daskcfa.archive.scan.scan`),
         or a :class:`daskcfa.Dataset`.
     target
@@ -188,7 +188,9 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
         stored fragment: codec, level, shuffle, checksum); ``"none"`` (or
         ``{}``): uncompressed; otherwise as for :func:`daskcfa.to_cfa` (a
         name such as ``"zlib"`` or ``createVariable`` keywords). netCDF-3
-        fragment formats are never compressed.
+        fragment formats are never compressed; Zarr fragments
+        (``fragment_format="zarr"``) take zlib (a source compressed otherwise:
+        zlib at level 4, with its shuffle).
     max_mem
         Most memory one task may use (bytes, or a string such as
         ``"256MiB"``). Fragments larger than that are written slab by slab;

@@ -39,7 +39,8 @@ def scan(sources: str | Sequence[str], *, concat_dims: Sequence[str] | None = No
          scheduler: Any = None) -> AggregationDataset:
     """The aggregation of existing netCDF files, in memory (nothing is written).
 
-    ``sources`` is a file URL, a directory or prefix (its netCDF files), a glob
+    ``sources`` is a file URL, a Zarr store or reference set (one source), a
+    directory or prefix (its netCDF files and Zarr stores), a glob
     (``"data/tas_*.nc"``, ``"s3://bucket/cmip/*.nc"``) or a list of these.
     ``concat_dims`` names the dimensions to concatenate along (default: those
     whose coordinate values differ between files); ``variables`` restricts the
