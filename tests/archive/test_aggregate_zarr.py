@@ -257,3 +257,16 @@ def test_verify_finds_a_damaged_store(tmp_path):
     report = daskcfa.verify(url)
     assert [(p.index, p.kind) for p in report.problems] == [((1, 0, 0), "missing")]
     assert daskcfa.describe(url, storage_size=True).missing_files
+
+
+def test_rebuild_from_zarr_fragments(tmp_path):
+    """``rebuild`` places the writer's Zarr fragments by their names (``t.tas.1.0.0.zarr``), as
+    it does netCDF ones; the stores' own files are never taken for fragments."""
+    x = _truth(2)
+    url = daskcfa.to_cfa(x, str(tmp_path / "t.nc"), variable="tas", dims=DIMS, attrs={"units": "K"},
+                         fragment_shape=(STEPS, 1, 4), fragment_format="zarr")
+    (tmp_path / "t.nc").unlink()
+    rebuilt = daskcfa.rebuild(str(tmp_path / "t"), str(tmp_path / "again.nc"))
+    assert daskcfa.read_aggregation(rebuilt, "tas").fragments.grid.grid_shape == (2, 3, 1)
+    assert_matches(daskcfa.from_cfa(rebuilt, "tas").compute(), x)
+    assert url.endswith("t.nc")
