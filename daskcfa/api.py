@@ -16,7 +16,7 @@ from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
 from . import append, inputs
 from .formats.encode import common_format
-from .graph.write import WriteRequest, write_graph
+from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
 from .graph.plan import plan_fragments
 from .graph.read import to_dask
 from .model import AggregatedVariable
@@ -121,7 +121,7 @@ def to_cfa(
     format: str | None = None,
     fragment_format: str = "NETCDF4",
     compression: str | Mapping[str, Any] | None = None,
-    fragment_name: str = "{stem}/{stem}.{var}.{index}.nc",
+    fragment_name: str = DEFAULT_FRAGMENT_NAME,
     storage_options: Mapping[str, Any] | None = None,
     mode: str = "w-",
     compute: bool = True,
@@ -184,7 +184,10 @@ def to_cfa(
         ``"NETCDF3_64BIT_DATA"``) and their compression: ``None``, a
         netCDF4-python compression name such as ``"zlib"`` (its defaults), or
         ``createVariable`` keywords such as ``{"zlib": True, "complevel": 1,
-        "shuffle": True}`` (netCDF-4 formats only).
+        "shuffle": True}`` (netCDF-4 formats only). ``"zarr"`` writes each
+        fragment as a Zarr v2 store readable by xarray and netCDF-C's NCZarr
+        (CF-1.13 only; numbers only; ``compression`` zlib with ``complevel``,
+        ``shuffle``, ``chunksizes``), named ``….zarr``.
     fragment_name
         Template of the fragment URIs, relative to the aggregation file:
         ``{stem}`` is the aggregation file's name without extension, ``{var}``

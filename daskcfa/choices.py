@@ -5,13 +5,17 @@ the command line's parser (``daskcfa --help``) does not import netCDF4,
 h5py or dask.array.
 """
 
-__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "URI_STYLES", "REFERENCE_FORMATS"]
+__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "ZARR_FRAGMENTS", "URI_STYLES", "REFERENCE_FORMATS"]
 
 #: Aggregation dialects daskcfa writes.
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 
-#: netCDF file formats a fragment can be written in.
-FRAGMENT_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA")
+#: The fragment format of fragments written as Zarr stores (Zarr v2, read by xarray and netCDF-C's NCZarr).
+ZARR_FRAGMENTS = "zarr"
+
+#: Formats a fragment can be written in: netCDF file formats, or a Zarr store.
+FRAGMENT_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA",
+                    ZARR_FRAGMENTS)
 
 #: How an aggregation file refers to its fragments: ``"relative"`` to the aggregation file where both are on
 #: the same storage (the default: the archive moves as a whole), or always ``"absolute"`` URIs, for readers that

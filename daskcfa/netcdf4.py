@@ -56,7 +56,7 @@ from .fragments.write import FragmentRecord, FragmentTarget, encode_values, writ
 from .formats import aggregated_variables
 from .formats.encode import common_format
 from .graph.plan import plan_fragments
-from .graph.write import (WriteSource, commit_aggregation, compression_keywords, fragment_name, fragment_spec,
+from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation, compression_keywords, fragment_name, fragment_spec,
                           plan_commit, settle_unlimited)
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .locks import HDF5_LOCK
@@ -777,7 +777,7 @@ class AggregationWriter(_Definitions, Dataset):
     @classmethod
     def create(cls, url: str, mode: str, clobber: bool, kinds: tuple[str, str, str],
                storage_options: Mapping[str, Any] | None, *, buffer_size: int | str | None = None,
-               fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", uris: str = "relative",
+               fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
                max_concurrent_uploads: int | None = None, keep_previous: float = 0.0) -> "AggregationWriter":
         self = object.__new__(cls)
         d = self.__dict__

@@ -1,4 +1,4 @@
-"""Aggregation files over existing netCDF files, without copying data.
+"""Aggregation files over existing netCDF files (or Zarr stores, reference sets), without copying data.
 
 :func:`aggregate` turns files that tile a larger dataset (120 five-year CMIP
 files, or lat/lon tiles) into one CF aggregation file whose fragments are
@@ -52,7 +52,9 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     ``tracking_id``... differ per file and are dropped).
 
     ``sources``: file URLs, directories, globs or a list of these (see
-    :func:`~daskcfa.archive.scan.scan`). Fragment URIs are stored relative to
+    :func:`~daskcfa.archive.scan.scan`); netCDF files, Zarr stores (v2, v3,
+    NCZarr URLs with netCDF-C's ``#mode=...``, kept in the fragment URI) and
+    fsspec reference sets (JSON, Parquet), mixed as needed. Fragment URIs are stored relative to
     the aggregation file when both are on the same storage (same bucket), else
     absolute; ``uris="absolute"`` always stores absolute URIs (for readers
     that resolve relative ones against their working directory). ``mode``:
@@ -134,6 +136,9 @@ def reference(uri: str, base: str) -> str:
     tree below the root, the same bucket or host), so that the dataset can
     be moved as a whole; an absolute URI otherwise.
     """
+    uri, mode = storage.split_mode(uri)  # (netCDF-C's mode of a Zarr store, kept as written)
+    if mode:
+        return reference(uri, base) + mode
     if storage.is_local(uri) and storage.is_local(base):
         path, directory = storage.local_path(uri), os.path.dirname(storage.local_path(base))
         if os.path.commonpath([path, directory]) == os.path.abspath(os.sep):
@@ -206,7 +211,7 @@ def _fragment_of(info: FileInfo) -> tuple[str | None, str, tuple[int, ...] | Non
     if generation_of(info.uri) is not None:  # {stem}/{generation}/{stem}.{var}.{index}.nc
         directory = posixpath.dirname(directory)
     stem = posixpath.basename(directory)
-    parts = re.sub(r"\.nc4?$", "", name).split(".")
+    parts = re.sub(r"\.(nc4?|zarr)$", "", name).split(".")
     if stem and parts[: len(stem.split("."))] == stem.split("."):
         parts = parts[len(stem.split(".")):]
         for var in candidates:

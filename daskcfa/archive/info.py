@@ -27,6 +27,7 @@ from .. import storage
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAError, NotFoundError, VariableNotFoundError, redact
 from ..fragments.canonical import allowed_uris
+from ..fragments.zarr import is_zarr, stored_size
 from ..model import AggregatedVariable
 from ..storage.access import Access, open_aggregation
 from .verify import select_aggregated
@@ -217,7 +218,8 @@ def _sizes(files: Sequence[tuple[str, str, tuple[int, ...]]], access: Access) ->
     sizes: list[int | None] = []
     for uri, variable, fragment in files:
         try:
-            sizes.append(storage.size(uri, access.profile, policy=access.policy))
+            size = stored_size if is_zarr(uri) else storage.size  # (a store: every object under it)
+            sizes.append(size(uri, access.profile, policy=access.policy))
         except NotFoundError:
             sizes.append(None)
         except CFAError as exc:

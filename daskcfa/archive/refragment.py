@@ -30,9 +30,11 @@ from dask.utils import format_bytes, parse_bytes
 
 from .. import config, storage
 from ..arguments import check_fragment_shape
+from ..choices import ZARR_FRAGMENTS
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
+from ..fragments.zarr import is_zarr
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
@@ -165,9 +167,9 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     Parameters
     ----------
     source
-        A CFA aggregation file URL (any dialect), one netCDF file URL (its
-        variables with dimensions, coordinates and bounds aside, are
-        re-fragmented), several netCDF files (a list of URLs, a glob, a
+        A CFA aggregation file URL (any dialect), one netCDF file URL or Zarr
+        store (its variables with dimensions, coordinates and bounds aside, are
+        re-fragmented), several netCDF files or Zarr stores (a list of URLs, a glob, a
         directory or prefix: combined with :func:`daskcfa.archive.scan.scan`),
         or a :class:`daskcfa.Dataset`.
     target
@@ -186,7 +188,9 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
         stored fragment: codec, level, shuffle, checksum); ``"none"`` (or
         ``{}``): uncompressed; otherwise as for :func:`daskcfa.to_cfa` (a
         name such as ``"zlib"`` or ``createVariable`` keywords). netCDF-3
-        fragment formats are never compressed.
+        fragment formats are never compressed; Zarr fragments
+        (``fragment_format="zarr"``) take zlib (a source compressed otherwise:
+        zlib at level 4, with its shuffle).
     max_mem
         Most memory one task may use (bytes, or a string such as
         ``"256MiB"``). Fragments larger than that are written slab by slab;
@@ -289,7 +293,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     from ..api import open_cfa
 
     url = storage.normalise(source)
-    if not storage.is_opendap(url) and storage.is_directory(url):
+    if is_zarr(url) or (not storage.is_opendap(url) and storage.is_directory(url)):  # (a store: scanned as a file)
         return (*_from_files(url, variables, storage_options), url)
     ds = open_cfa(url, storage_options=storage_options)
     if not ds.aggregated_variables:  # a plain netCDF file: it is the one fragment of each data variable
@@ -420,6 +424,9 @@ def _output(var: _Refragmented, compression: Any, fragment_format: str) -> Outpu
         return OutputEstimate(fragments, raw, raw, {}, "none")
     if compression is None:
         keywords, ratio = _source_compression(var.aggregation, var.access)
+        if fragment_format == ZARR_FRAGMENTS and keywords:  # (Zarr fragments take zlib: the source's level and shuffle)
+            level = keywords.get("complevel", 4) if keywords.get("compression") == "zlib" else 4
+            keywords = {"compression": "zlib", "complevel": level, "shuffle": bool(keywords.get("shuffle"))}
         return OutputEstimate(fragments, raw, raw if ratio is None else int(raw * ratio), keywords, "source")
     if compression is False or compression == "none" or (isinstance(compression, Mapping) and not compression):
         return OutputEstimate(fragments, raw, raw, {}, "none")

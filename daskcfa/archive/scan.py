@@ -1,11 +1,13 @@
-"""Scan existing netCDF files and plan an aggregation over them (nothing is written).
+"""Scan existing netCDF files (and Zarr stores, reference sets) and plan an aggregation over them (nothing is written).
 
 The I/O half, kept apart from the planner (:mod:`.aggregation_plan`) like a
 plan from its execution: the files are found (:mod:`.sources`); a **metadata
 scan** (parallel, one dask task per file, any scheduler) opens each file and
 returns a small :class:`~.aggregation_plan.FileInfo` -- dimensions, variables
 (dims, dtype, attributes), global attributes and the values of the
-coordinate variables and their bounds; the planner lays the files out; a
+coordinate variables and their bounds (a Zarr store or reference set is read
+through :class:`~daskcfa.fragments.zarr.ZarrFile`, by the fragment reader's
+rules); the planner lays the files out; a
 second, smaller pass reads the ordinary variables the planner asks for (only
 when there are some), and digests them in every other file to prove they agree.
 
@@ -16,13 +18,15 @@ files involved. Credentials never enter a task: tasks carry an opaque
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dask
 import numpy as np
 
 from .. import storage
-from ..errors import AggregationError, CFAError, redact
+from ..errors import AggregationError, CFAError, FragmentReadError, redact
+from ..fragments.zarr import ZarrFile, is_zarr, netcdf_attributes
 from ..model import BOUNDS_ATTRS, AggregationDataset, is_coordinate_variable
 from .aggregation_plan import FILES_NAMED, FileInfo, PlainReads, Planner, VariableInfo, digest
 from .sources import expand_sources, sources_profile
@@ -35,7 +39,8 @@ def scan(sources: str | Sequence[str], *, concat_dims: Sequence[str] | None = No
          scheduler: Any = None) -> AggregationDataset:
     """The aggregation of existing netCDF files, in memory (nothing is written).
 
-    ``sources`` is a file URL, a directory or prefix (its netCDF files), a glob
+    ``sources`` is a file URL, a Zarr store or reference set (one source), a
+    directory or prefix (its netCDF files and Zarr stores), a glob
     (``"data/tas_*.nc"``, ``"s3://bucket/cmip/*.nc"``) or a list of these.
     ``concat_dims`` names the dimensions to concatenate along (default: those
     whose coordinate values differ between files); ``variables`` restricts the
@@ -93,22 +98,34 @@ def _scan_one(uri: str, profile: storage.ProfileRef) -> FileInfo | str:
 
 
 def _in_file(uri: str, profile: storage.ProfileRef, what: str, read: Callable[[Any], Any]) -> Any:
-    """``read(dataset)`` under the netCDF lock, or why the file cannot be read (a string)."""
+    """``read(dataset)`` (a netCDF4 dataset under the netCDF lock, or a Zarr store's :class:`ZarrFile`),
+    or why the file cannot be read (a string)."""
     opened = False
     try:
-        with storage.netcdf_file(uri, profile=profile) as ds:
+        with _opened(uri, profile) as ds:
             opened = True
             try:
                 return read(ds)
             except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
                 return f"cannot read its {what} ({type(exc).__name__}: {redact(str(exc))[:200]})"
     except CFAError as exc:
-        if opened:
+        if opened and not isinstance(exc, FragmentReadError):
             raise
-        return exc.reason  # it cannot be opened
+        return exc.reason  # it cannot be opened, or a variable of it cannot be read
+
+
+@contextmanager
+def _opened(uri: str, profile: storage.ProfileRef) -> Iterator[Any]:
+    if is_zarr(uri):
+        yield ZarrFile(uri, profile)  # (named by the caller: no location policy, as for a file)
+    else:
+        with storage.netcdf_file(uri, profile=profile) as ds:
+            yield ds
 
 
 def _describe(ds: Any, uri: str) -> FileInfo:
+    if isinstance(ds, ZarrFile):
+        return _describe_zarr(ds, uri)
     variables = {}
     for name, var in ds.variables.items():
         dtype = np.dtype(object) if var.dtype is str else np.dtype(var.dtype)
@@ -118,7 +135,24 @@ def _describe(ds: Any, uri: str) -> FileInfo:
                     dims={name: len(dim) for name, dim in ds.dimensions.items()}, variables=variables,
                     groups=tuple(ds.groups))
     for name in _coordinate_names(variables):
-        info.values[name] = _raw(ds.variables[name])
+        info.values[name] = _raw(ds, name)
+    return info
+
+
+def _describe_zarr(store: ZarrFile, uri: str) -> FileInfo:
+    """A Zarr store as a netCDF file: its arrays' dimension names, CF attributes and fill values
+    as the fragment reader (and xarray) reads them; dimensions from the arrays' shapes."""
+    variables: dict[str, VariableInfo] = {}
+    dims: dict[str, int] = {}
+    for name in store.names():
+        var = store.variable(name, text=True)
+        variables[name] = VariableInfo(name, var.dims, var.shape, var.dtype, netcdf_attributes(var.attrs))
+        for dim, size in zip(var.dims, var.shape):
+            if dims.setdefault(dim, size) != size:
+                raise ValueError(f"dimension {dim!r} has size {dims[dim]} in one array and {size} in {name!r}")
+    info = FileInfo(uri=uri, attrs=store.attrs, dims=dims, variables=variables, groups=store.groups())
+    for name in _coordinate_names(variables):
+        info.values[name] = _raw(store, name)
     return info
 
 
@@ -134,8 +168,11 @@ def _coordinate_names(variables: Mapping[str, VariableInfo]) -> list[str]:
     return names
 
 
-def _raw(var: Any) -> np.ndarray:
-    """Stored values, exactly (no masking, no unpacking)."""
+def _raw(ds: Any, name: str) -> np.ndarray:
+    """Stored values of variable ``name``, exactly (no masking, no unpacking)."""
+    if isinstance(ds, ZarrFile):
+        return ds.variable(name, text=True).values()
+    var = ds.variables[name]
     var.set_auto_maskandscale(False)
     values = var[...]
     return np.asarray(values)
@@ -145,8 +182,8 @@ def _read_plain(uri: str, profile: storage.ProfileRef, wanted: tuple[str, ...], 
                 ) -> tuple[dict[str, np.ndarray], dict[str, str]] | str:
     """Stored values of ``wanted`` and digests of ``digested`` variables of one file."""
     return _in_file(uri, profile, "variables", lambda ds: (
-        {name: _raw(ds.variables[name]) for name in wanted},
-        {name: digest(_raw(ds.variables[name])) for name in digested},
+        {name: _raw(ds, name) for name in wanted},
+        {name: digest(_raw(ds, name)) for name in digested},
     ))
 
 

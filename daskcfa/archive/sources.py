@@ -1,5 +1,13 @@
 """The files an aggregation is made of: URLs, directories or prefixes, and globs,
-expanded to a list of file URLs (nothing is opened)."""
+expanded to a list of file URLs (nothing is opened).
+
+A Zarr store (a ``.zarr`` directory or prefix, or a URL with netCDF-C's
+``#mode=...``) and a Parquet reference set (a ``.parq`` directory) are each
+one source, never listed for files; a directory contributes the stores it
+holds as well as its netCDF files. A JSON reference set is a source when
+named (or matched by a glob), never picked out of a directory listing, where
+JSON files may be anything.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,13 @@ from typing import Any, Mapping, Sequence
 
 from .. import storage
 from ..errors import AggregationError, StorageError, redact
+from ..fragments.zarr import is_zarr
 
 __all__ = ["sources_profile", "expand_sources"]
 
 _NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf", ".h5", ".hdf5")
+#: Directories (prefixes) that are one source each: Zarr stores and Parquet reference sets.
+_STORE_SUFFIXES = (".zarr", ".parq", ".parquet")
 
 
 def sources_profile(sources: str | Sequence[str], storage_options: Mapping[str, Any] | None) -> storage.ProfileRef:
@@ -26,24 +37,28 @@ def expand_sources(sources: str | Sequence[str], profile: storage.ProfileRef = s
 
     Hidden files and directories (``.name``: the writer's temporary files and
     ``.daskcfa`` markers) are skipped in listings; a directory contributes its
-    netCDF files (by suffix), recursively when ``recursive``. Duplicates are
-    dropped.
+    netCDF files (by suffix) and Zarr stores (``.zarr``), recursively when
+    ``recursive``. Duplicates are dropped.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [os.fspath(sources)]
     found: list[str] = []
     for source in sources:
         source = os.fspath(source)
-        if storage.GLOB_CHARS.search(source):
-            matches = storage.glob(source, profile)
+        pattern, mode = storage.split_mode(source)
+        if storage.GLOB_CHARS.search(pattern):  # (with netCDF-C's mode: stores matching it, in that mode)
+            matches = storage.glob(pattern, profile, directories=True)
+            matches = [m.rstrip("/") + mode for m in matches if is_zarr(m + mode) or not (m.endswith("/") or mode)]
             if not matches:
                 raise AggregationError("no file matches the pattern", file=source)
             found += matches
+        elif is_zarr(source):
+            found.append(storage.normalise(source).rstrip("/"))  # (one store, however many objects it holds)
         elif _is_directory(source, profile):
             base = storage.normalise(source).rstrip("/")
-            listed = [u for u in storage.listdir(base, profile) if _listed(u, base, recursive)]
+            listed = _listed(storage.listdir(base, profile), base, recursive)
             if not listed:
-                raise AggregationError("no netCDF file in the directory", file=source)
+                raise AggregationError("no netCDF file or Zarr store in the directory", file=source)
             found += listed
         else:
             found.append(storage.normalise(source))
@@ -52,12 +67,21 @@ def expand_sources(sources: str | Sequence[str], profile: storage.ProfileRef = s
     return list(dict.fromkeys(found))
 
 
-def _listed(uri: str, base: str, recursive: bool) -> bool:
-    relative = uri[len(base):].lstrip("/")
-    parts = relative.split("/")
-    if any(p.startswith(".") for p in parts) or (not recursive and len(parts) > 1):
-        return False
-    return relative.lower().endswith(_NETCDF_SUFFIXES)
+def _listed(uris: Sequence[str], base: str, recursive: bool) -> list[str]:
+    """The netCDF files and Zarr stores among the objects listed under ``base``, sorted."""
+    found: dict[str, None] = {}
+    for uri in uris:
+        parts = uri[len(base):].lstrip("/").split("/")
+        if any(p.startswith(".") for p in parts):
+            continue
+        store = next((k for k, p in enumerate(parts[:-1]) if p.lower().endswith(_STORE_SUFFIXES)), None)
+        if store is not None:  # an object inside a store: the store is the source
+            parts = parts[:store + 1]
+        elif not parts[-1].lower().endswith(_NETCDF_SUFFIXES):
+            continue
+        if recursive or len(parts) == 1:
+            found["/".join([base, *parts])] = None
+    return sorted(found)
 
 
 def _is_directory(source: str, profile: storage.ProfileRef) -> bool:

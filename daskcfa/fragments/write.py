@@ -1,6 +1,7 @@
 """Write one fragment file: the worker side of :func:`daskcfa.to_cfa`.
 
-A fragment is a complete, self-describing netCDF file (S3netCDF4's rule): the
+A fragment is a complete, self-describing netCDF file (S3netCDF4's rule), or
+Zarr store (``fragment_format="zarr"``, :class:`~.zarr.StoreWriter`): the
 variable's sub-domain dimensions, the coordinate variables sliced to that
 sub-domain, the variable's attributes (``_FillValue`` included) and the global
 attributes, so that an aggregation could be rebuilt from the fragments alone
@@ -9,13 +10,19 @@ and any netCDF tool can read one on its own.
 Each fragment is written so that it either appears whole or not at all: a
 local file is written under a temporary name beside its final name and then
 renamed; a remote object is built in node-local scratch space (``tempfile``)
-and uploaded with one put, which object stores make visible atomically.
+and uploaded with one put, which object stores make visible atomically. A
+Zarr store is a directory of many objects: locally it is written under a
+temporary name and the directory renamed; remotely its objects are uploaded
+under the store's prefix (any left by an interrupted upload removed first)
+with the consolidated metadata last, so that a store without it is known
+unfinished.
 
 After a fragment is in place, a small JSON *marker* records what was written
 (the write's token, size, the storage's version token and, for remote
 objects, the MD5 of the uploaded bytes). A
 re-run of the same write finds the marker, checks the stored object still has
-that size and version, and skips the fragment: that is how an interrupted
+that size and version (a store: its total size and its consolidated
+metadata's version), and skips the fragment: that is how an interrupted
 ``to_cfa`` resumes without rewriting finished fragments and without reading
 them back.
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -35,11 +43,12 @@ import numpy as np
 from dask.array.core import concatenate3
 
 from .. import storage
-from ..choices import FRAGMENT_FORMATS
+from ..choices import FRAGMENT_FORMATS, ZARR_FRAGMENTS
 from ..decode import Encoding
 from ..errors import CFAError, FragmentError, NotFoundError
 from ..locks import HDF5_LOCK
 from ..storage.lease import Lease
+from .zarr import CONSOLIDATED, StoreWriter, store_state
 
 __all__ = [
     "FRAGMENT_FORMATS",
@@ -66,7 +75,9 @@ class FragmentRecord(NamedTuple):
     index: tuple[int, ...]
     uri: str  #: as stored in the aggregation file (relative to it, unless given absolute)
     nbytes: int
-    checksum: str  #: MD5 of an uploaded object's bytes, hex ("" for local files: not read back)
+    #: MD5 of an uploaded object's bytes (a store: of its objects' names and bytes, in name order), hex
+    #: ("" for local files: not read back)
+    checksum: str
     resumed: bool = False  #: written by an earlier run, verified and kept
 
 
@@ -212,7 +223,7 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, slic
         else:
             nbytes, checksum = _write_remote(spec, target, data, sliced, semaphore)
         record = FragmentRecord(target.index, target.reference, nbytes, checksum)
-        _, version = storage.stat(target.uri, spec.profile)
+        _, version = _stored(spec, target.uri)
         marker = {"token": target.token, "uri": target.reference, "nbytes": nbytes, "md5": checksum,
                   "version": version}
         storage.put_bytes(target.marker, json.dumps(marker).encode(), spec.profile)
@@ -234,7 +245,7 @@ def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | No
         marker = json.loads(storage.read_bytes(target.marker, spec.profile))
         if marker.get("token") != target.token:
             return None
-        nbytes, version = storage.stat(target.uri, spec.profile)
+        nbytes, version = _stored(spec, target.uri)
     except (NotFoundError, ValueError, AttributeError):
         return None
     if nbytes != marker.get("nbytes") or version != marker.get("version"):
@@ -242,26 +253,48 @@ def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | No
     return FragmentRecord(target.index, target.reference, nbytes, str(marker.get("md5", "")), resumed=True)
 
 
+def _stored(spec: FragmentSpec, uri: str) -> tuple[int, str]:
+    """The stored fragment's size and version (NotFoundError when absent or, a store, unfinished)."""
+    if spec.file_format == ZARR_FRAGMENTS:
+        return store_state(uri, spec.profile)
+    return storage.stat(uri, spec.profile)
+
+
 def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
                  sliced: Sequence[np.ndarray]) -> tuple[int, str]:
-    """netCDF-C writes a temporary file beside the final one, which is then renamed into place."""
+    """netCDF-C (or zarr-python) writes a temporary file (directory) beside the final one, which
+    is then renamed into place."""
     final = storage.local_path(target.uri)
     os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
     partial = storage.temporary_name(final)
     try:
         _write_file(partial, spec, target, data, sliced)
-        nbytes = os.path.getsize(partial)  # resume checks size and mtime: no read-back
+        nbytes = _local_size(partial)  # resume checks size and mtime: no read-back
+        if spec.file_format == ZARR_FRAGMENTS:
+            storage.remove_tree(final)  # (a finished store whose marker was never written: a rename needs room)
         storage.commit(partial, final, spec.profile)
     except BaseException:
-        if storage.exists(partial):
+        if os.path.isdir(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+        elif storage.exists(partial):
             storage.delete(partial)
         raise
     return nbytes, ""
 
 
+def _local_size(path: str) -> int:
+    """Bytes of a local fragment file, or of every file of a store."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+
+
 def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
                 sliced: Sequence[np.ndarray]) -> None:
     """Write the fragment file at the local ``path``; slabs are read between writes, outside the lock."""
+    if spec.file_format == ZARR_FRAGMENTS:
+        _write_store(path, spec, target, data, sliced)
+        return
     with HDF5_LOCK:
         nc = netCDF4.Dataset(path, "w", format=spec.file_format)
     try:
@@ -277,6 +310,19 @@ def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.
             nc.close()
 
 
+def _write_store(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
+                 sliced: Sequence[np.ndarray]) -> None:
+    """Write the fragment as a Zarr store at the local ``path``, its consolidated metadata last."""
+    store = StoreWriter(path, spec.global_attrs)
+    for var, values in zip(spec.sliced, sliced):
+        values = np.asarray(values)
+        store.array(var.name, var.dims, values.shape, var.dtype, var.attrs, {})[...] = values
+    array = store.array(spec.identifier, spec.dims, target.shape, spec.dtype, spec.attrs, spec.compression)
+    for where, values in data if isinstance(data, Slabs) else [((), data)]:
+        array[where or ...] = values
+    store.finish()
+
+
 def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
                   sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
     """Build the file in node-local scratch space, then upload it (streamed: memory stays one slab).
@@ -284,6 +330,8 @@ def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray |
     Never in netCDF-C's memory: an in-memory netCDF-4 image has a root group
     without link creation order, which netCDF-C refuses to open for writing.
     """
+    if spec.file_format == ZARR_FRAGMENTS:
+        return _upload_store(spec, target, data, sliced, semaphore)
     handle, scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-fragment-")
     os.close(handle)
     try:
@@ -297,6 +345,32 @@ def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray |
         return os.path.getsize(scratch), digest.hexdigest()
     finally:
         os.unlink(scratch)
+
+
+def _upload_store(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
+                  sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
+    """Build the store in node-local scratch space, then upload its objects under the store's
+    prefix: whatever an interrupted upload left there removed first, the consolidated metadata last."""
+    scratch = tempfile.mkdtemp(prefix="daskcfa-fragment-", suffix=".zarr")
+    try:
+        _write_store(scratch, spec, target, data, sliced)
+        names = sorted(os.path.relpath(os.path.join(d, n), scratch).replace(os.sep, "/")
+                       for d, _, files in os.walk(scratch) for n in files)
+        digest = hashlib.md5(usedforsecurity=False)
+        for name in names:
+            digest.update(name.encode() + b"\0")
+            with open(os.path.join(scratch, name), "rb") as f:
+                for block in iter(lambda: f.read(8 << 20), b""):
+                    digest.update(block)
+        base = target.uri.rstrip("/")
+        with semaphore if semaphore is not None else nullcontext():
+            storage.remove_tree(base + "/", spec.profile)
+            first = [n for n in names if n != CONSOLIDATED]
+            storage.put_files([(os.path.join(scratch, n), f"{base}/{n}") for n in first], spec.profile)
+            storage.put_file(f"{base}/{CONSOLIDATED}", os.path.join(scratch, CONSOLIDATED), spec.profile)
+        return _local_size(scratch), digest.hexdigest()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | None,

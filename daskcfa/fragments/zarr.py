@@ -1,4 +1,5 @@
-"""Fragments stored as Zarr: Zarr v2 or v3 stores, netCDF-C's NCZarr, and fsspec reference sets.
+"""Fragments stored as Zarr: Zarr v2 or v3 stores, netCDF-C's NCZarr, and fsspec reference sets;
+and fragments written as Zarr v2 stores (:class:`StoreWriter`).
 
 A fragment is a Zarr store when its URI says so, as netCDF-C spells it
 (``file:///d/f0.zarr#mode=nczarr,file``, ``s3://b/f0.zarr#mode=zarr,s3``) or
@@ -28,9 +29,8 @@ import base64
 import importlib.util
 import json
 import math
-import re
 import struct
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
@@ -38,22 +38,20 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError
+from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError, StorageError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
 
-__all__ = ["is_zarr", "store_uri", "ZarrFile", "ZarrVariable"]
+__all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable",
+           "ZARR_COMPRESSION_KEYS", "CONSOLIDATED", "check_zarr_compression", "StoreWriter", "store_state"]
 
-#: netCDF-C's URL fragment naming a Zarr storage mode: ``#mode=nczarr,file``, ``#mode=zarr,s3``, ...
-_MODE = re.compile(r"#mode=([^#]*)$")
 #: attributes that describe the Zarr or NCZarr layout, not the variable
-_LAYOUT_ATTRS = ("_ARRAY_DIMENSIONS", "_nczarr_array", "_nczarr_attr", "_nczarr_group", "_nczarr_superblock")
+_LAYOUT_ATTRS = ("_ARRAY_DIMENSIONS", "_NCProperties", "_nczarr_array", "_nczarr_attr", "_nczarr_group", "_nczarr_superblock")
 
 
 def _mode(uri: str) -> list[str]:
-    match = _MODE.search(uri)
-    return match.group(1).split(",") if match else []
+    return storage.split_mode(uri)[1][len("#mode="):].split(",")
 
 
 def is_zarr(uri: str) -> bool:
@@ -69,9 +67,18 @@ def is_reference_set(uri: str) -> bool:
     return store_uri(uri).rstrip("/").endswith((".json", ".parq", ".parquet"))
 
 
+def stored_size(uri: str, profile: ProfileRef = storage.NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
+    """The bytes a store holds on storage: every object under it (a JSON reference set: its own
+    file, not the files it points into)."""
+    location = store_uri(uri)
+    if location.rstrip("/").endswith(".json"):
+        return storage.size(location, profile, policy=policy)
+    return storage.tree_size(location, profile, policy=policy)
+
+
 def store_uri(uri: str) -> str:
     """The store's own URI (netCDF-C's ``#mode=...`` removed)."""
-    return _MODE.sub("", uri)
+    return storage.split_mode(uri)[0]
 
 
 class ZarrFile:
@@ -106,8 +113,9 @@ class ZarrFile:
                 raise NotFoundError("not found", file=uri) from None
             raise FragmentReadError(f"not a readable Zarr store ({type(exc).__name__}: {exc})", file=uri) from None
 
-    def variable(self, name: str) -> "ZarrVariable":
-        """The array ``name`` (a path below the root for a variable in a group); KeyError if absent."""
+    def variable(self, name: str, *, text: bool = False) -> "ZarrVariable":
+        """The array ``name`` (a path below the root for a variable in a group); KeyError if absent.
+        ``text``: string arrays too (their metadata and values, for scanning a store)."""
         import zarr
 
         path = name.strip("/")
@@ -117,7 +125,22 @@ class ZarrFile:
             raise KeyError(name) from None
         if not isinstance(array, zarr.Array):
             raise KeyError(name)
-        return ZarrVariable(array, path.rsplit("/", 1)[-1])
+        return ZarrVariable(array, path.rsplit("/", 1)[-1], text=text)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The root group's attributes, as netCDF global attributes (layout metadata removed)."""
+        attrs = dict(self._group.attrs)
+        types = (attrs.get("_nczarr_attr") or {}).get("types") or {}
+        return netcdf_attributes(_cf_attributes(_without_layout(attrs), None, None, types))
+
+    def names(self) -> list[str]:
+        """The root group's arrays, in the store's order."""
+        return list(self._group.array_keys())
+
+    def groups(self) -> tuple[str, ...]:
+        """The root group's subgroups."""
+        return tuple(self._group.group_keys())
 
     def close(self) -> None:
         """Nothing to release: the store holds no open file between reads."""
@@ -224,29 +247,57 @@ class ZarrVariable:
     #: Zarr fill values are given as attributes here: netCDF's default fills do not apply
     no_fill = True
 
-    def __init__(self, array: Any, name: str) -> None:
+    def __init__(self, array: Any, name: str, *, text: bool = False) -> None:
         self._array = array
         self.name = name
         self.shape = tuple(int(n) for n in array.shape)
         stored = np.dtype(array.dtype)
-        if stored.kind not in "biuf":
+        if text and stored.kind in "USOT":
+            stored = np.dtype(object)  # (as netCDF4-python gives strings)
+        elif stored.kind not in "biuf":
             raise FragmentReadError(f"Zarr array {name!r} has type {stored}, which daskcfa does not read")
-        self.dtype = stored.newbyteorder("=")
+        self.dtype = stored.newbyteorder("=") if stored.kind != "O" else stored
         chunks = getattr(array, "chunks", None) or self.shape
         #: bytes of one decoded chunk (Zarr decodes whole chunks)
         self.chunk_nbytes = int(math.prod(chunks)) * self.dtype.itemsize
         attrs = dict(array.attrs)
         self.dims = _dimension_names(array, attrs, len(self.shape), name)
         types = (attrs.get("_nczarr_attr") or {}).get("types") or {}  # (NCZarr: each attribute's netCDF type)
-        for key in _LAYOUT_ATTRS:
-            attrs.pop(key, None)
-        self.attrs = _cf_attributes(attrs, array, self.dtype, types)
+        self.attrs = _cf_attributes(_without_layout(attrs), array, self.dtype if self.dtype.kind != "O" else None,
+                                    types)
 
     def read(self, key: tuple) -> np.ndarray:
         """The raw stored values at ``key`` (one int or step>0 slice per dimension)."""
         normalize_key(key, self.shape)  # (the same checks as the other readers)
         values = np.asarray(self._array[key] if key else self._array[...])
         return values.astype(self.dtype, copy=False)
+
+    def values(self) -> np.ndarray:
+        """Every raw stored value (strings as an object array of ``str``)."""
+        return self.read(tuple(slice(0, n, 1) for n in self.shape))
+
+
+def _without_layout(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if k not in _LAYOUT_ATTRS}
+
+
+def netcdf_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """CF attributes (:func:`_cf_attributes`) as netCDF can hold them: booleans as bytes (netCDF
+    has none), lists of strings as lists of ``str``; what netCDF has no form for (JSON objects,
+    null, mixed lists) left out."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if value is None or isinstance(value, dict):
+            continue
+        if isinstance(value, (np.ndarray, np.generic)):
+            if value.dtype.kind == "b":
+                value = np.asarray(value, dtype=np.int8)
+            elif value.dtype.kind == "U":
+                value = [str(v) for v in np.ravel(value)] if np.ndim(value) else str(value)
+            elif value.dtype.kind not in "iuf":
+                continue
+        out[key] = value
+    return out
 
 
 def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str) -> tuple[str, ...]:
@@ -262,16 +313,19 @@ def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str)
     return names
 
 
-def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype, types: Mapping[str, str]) -> dict[str, Any]:
-    """The CF attributes of a Zarr array, as xarray reads them, in netCDF's types: JSON has
-    one number type, and a float32 fill value compared in float64 would not match."""
+def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, types: Mapping[str, str]
+                   ) -> dict[str, Any]:
+    """The CF attributes of a Zarr array (or group: ``array`` None), as xarray reads them, in
+    netCDF's types: JSON has one number type, and a float32 fill value compared in float64
+    would not match."""
     fill = attrs.get("_FillValue")
-    if isinstance(fill, str) and dtype.kind == "f":  # xarray's encoding of a float fill in Zarr v3
+    if isinstance(fill, str) and dtype is not None and dtype.kind == "f":  # xarray's encoding of a float fill in Zarr v3
         try:
             attrs["_FillValue"] = struct.unpack("<d", base64.standard_b64decode(fill))[0]
         except (ValueError, struct.error):
             raise FragmentReadError(f"unreadable _FillValue {fill!r}") from None
-    elif fill is None and getattr(array.metadata, "zarr_format", 3) == 2 and array.fill_value is not None:
+    elif fill is None and array is not None and getattr(array.metadata, "zarr_format", 3) == 2 \
+            and array.fill_value is not None:
         attrs["_FillValue"] = array.fill_value  # (v2: the array's fill value, as xarray reads it)
     for key, value in attrs.items():
         if isinstance(value, (str, dict)) or value is None:
@@ -291,3 +345,101 @@ _IN_DATA_TYPE = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid
 #: NCZarr's attribute types that are numbers
 _NUMBER_TYPES = {t: np.dtype(t) for t in ("|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8",
                                           ">i2", ">u2", ">i4", ">u4", ">i8", ">u8", ">f4", ">f8")}
+
+
+# --------------------------------------------------------------------------
+# Writing: a fragment as a self-describing Zarr v2 store
+# --------------------------------------------------------------------------
+
+#: ``compression`` settings a Zarr fragment takes (netCDF4-python's names, mapped to numcodecs).
+ZARR_COMPRESSION_KEYS = frozenset({"compression", "zlib", "complevel", "shuffle", "chunksizes"})
+#: The store's consolidated metadata, written last: a store without it is unfinished.
+CONSOLIDATED = ".zmetadata"
+
+
+def check_zarr_compression(compression: Mapping[str, Any]) -> dict[str, Any]:
+    """``compression`` (``createVariable`` keywords) if a Zarr fragment can take it; ArgumentError otherwise.
+
+    Zlib (``compression="zlib"`` or ``zlib=True``) with ``complevel`` (default
+    4) and ``shuffle`` (default on), as netCDF-4 compresses: numcodecs' Zlib and
+    Shuffle, which xarray and netCDF-C's NCZarr both read; ``chunksizes`` gives
+    the Zarr chunks.
+    """
+    unknown = sorted(set(compression) - ZARR_COMPRESSION_KEYS)
+    if unknown:
+        raise ArgumentError(f"Zarr fragments take the compression settings {', '.join(sorted(ZARR_COMPRESSION_KEYS))}, "
+                            f"not {unknown}")
+    if compression.get("compression") not in (None, "zlib"):
+        raise ArgumentError(f"Zarr fragments are compressed with zlib only (the codec xarray and netCDF-C's NCZarr "
+                            f"both read), not {compression['compression']!r}")
+    level = compression.get("complevel", 4)
+    if not isinstance(level, (int, np.integer)) or isinstance(level, bool) or not 0 <= level <= 9:
+        raise ArgumentError(f"complevel must be an integer from 0 to 9, not {level!r}")
+    return dict(compression)
+
+
+def _array_options(compression: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
+    """zarr-python's ``create_array`` codecs and chunks for ``compression`` (already checked)."""
+    import numcodecs
+
+    options: dict[str, Any] = {"compressors": None, "filters": None, "chunks": "auto"}
+    if compression.get("compression") == "zlib" or compression.get("zlib"):
+        options["compressors"] = [numcodecs.Zlib(level=int(compression.get("complevel", 4)))]
+        if compression.get("shuffle", True) and dtype.itemsize > 1:
+            options["filters"] = [numcodecs.Shuffle(elementsize=dtype.itemsize)]
+    chunks = compression.get("chunksizes")
+    if chunks is not None:
+        if len(chunks) != len(shape) or any(int(c) < 1 for c in chunks):
+            raise ArgumentError(f"chunksizes {tuple(chunks)} do not fit an array of {len(shape)} dimensions")
+        options["chunks"] = tuple(min(int(c), max(n, 1)) for c, n in zip(chunks, shape))
+    return options
+
+
+def _json_value(value: Any) -> Any:
+    """An attribute value as JSON holds it (numbers and strings; arrays as lists)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+        return [_json_value(v) for v in value] if isinstance(value, list) else _json_value(value)
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+class StoreWriter:
+    """A Zarr v2 store being written on local disk, laid out as xarray and netCDF-C read it:
+    ``_ARRAY_DIMENSIONS`` names each array's dimensions, ``_FillValue`` is the array's
+    ``fill_value`` (none when the variable has none) and an attribute too (netCDF-C masks
+    by the attribute, in the array's type; xarray by either), attributes are JSON, and the
+    consolidated metadata (:data:`CONSOLIDATED`) is written by :meth:`finish`, last."""
+
+    def __init__(self, path: str, attrs: Mapping[str, Any]) -> None:
+        import zarr
+
+        self.path = path
+        self._group = zarr.open_group(zarr.storage.LocalStore(path), mode="w", zarr_format=2,
+                                      attributes={k: _json_value(v) for k, v in attrs.items()})
+
+    def array(self, name: str, dims: Sequence[str], shape: tuple[int, ...], dtype: np.dtype,
+              attrs: Mapping[str, Any], compression: Mapping[str, Any]) -> Any:
+        """A new array (written by assigning to it)."""
+        fill = attrs.get("_FillValue")
+        if fill is not None:
+            fill = np.asarray(fill).astype(dtype).item()
+        return self._group.create_array(
+            name, shape=shape, dtype=dtype, fill_value=fill, **_array_options(compression, dtype, shape),
+            attributes={"_ARRAY_DIMENSIONS": list(dims), **{k: _json_value(v) for k, v in attrs.items()}})
+
+    def finish(self) -> None:
+        import zarr
+
+        zarr.consolidate_metadata(self._group.store)
+
+
+def store_state(uri: str, profile: ProfileRef = storage.NO_PROFILE) -> tuple[int, str]:
+    """A finished store's size (every object) and version (its consolidated metadata's, written
+    last: NotFoundError while the store is unfinished)."""
+    location = store_uri(uri).rstrip("/")
+    _, version = storage.stat(f"{location}/{CONSOLIDATED}", profile)
+    return storage.tree_size(location, profile), version

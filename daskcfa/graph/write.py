@@ -40,6 +40,8 @@ from ..decode import PACKING_ATTRS, STORAGE_ATTRS, Encoding, default_fill_value
 from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, WriteConflictError
 from ..formats import aggregated_variables
 from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
+from ..choices import ZARR_FRAGMENTS
+from ..fragments.zarr import check_zarr_compression
 from ..fragments.write import (
     COMPRESSION_KEYS,
     FRAGMENT_FORMATS,
@@ -71,6 +73,10 @@ __all__ = [
     "fragment_name",
     "region_bounds",
 ]
+
+
+#: Fragments' names: S3netCDF4's layout (``.zarr`` instead of ``.nc`` for Zarr fragments).
+DEFAULT_FRAGMENT_NAME = "{stem}/{stem}.{var}.{index}.nc"
 
 
 class FragmentSource:
@@ -156,8 +162,11 @@ class _Commit:
 
 
 def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
-    """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types."""
-    if file_format == "NETCDF4":
+    """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types;
+    Zarr fragments hold numbers only (what their reader reads)."""
+    if file_format == ZARR_FRAGMENTS and dtype.kind not in "biuf":
+        raise ArgumentError(f"{name!r} has dtype {dtype}; Zarr fragments hold numbers only (use NETCDF4 fragments)")
+    if file_format in ("NETCDF4", ZARR_FRAGMENTS):
         return
     if dtype.kind in "OU" or (dtype.kind == "S" and dtype.itemsize > 1):
         raise ArgumentError(f"{name!r} holds strings, which only NETCDF4 fragments store (vlen strings)")
@@ -175,7 +184,7 @@ def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
 
 def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, max_fragment_size: int | str = "50MB",
                 format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
-                fragment_name: str = "{stem}/{stem}.{var}.{index}.nc", mode: str = "w-",
+                fragment_name: str = DEFAULT_FRAGMENT_NAME, mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
                 hold: bool = False, keep_previous: float = 0.0, uris: str = "relative") -> Delayed:
     """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`).
@@ -195,6 +204,7 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, 
     if keep_previous < 0:
         raise ArgumentError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
     check_fragment_shape(fragment_shape, [d for s in request.sources for d in s.dims], file=url)
+    fragment_name = _named_for(fragment_name, fragment_format, format)
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
                        compression_keywords(compression, fragment_format), fragment_name, mode, profile, semaphore,
                        check_uri_style(uris))
@@ -536,6 +546,22 @@ def _check_template(template: str, nvariables: int) -> None:
                          "so that every fragment gets its own name")
 
 
+def _named_for(template: str, fragment_format: str, format: str) -> str:
+    """The fragment name template for ``fragment_format``: Zarr stores end in ``.zarr`` (how
+    readers know them), in CF-1.13 aggregations (which name fragments by URI alone)."""
+    if fragment_format != ZARR_FRAGMENTS:
+        return template
+    if format != "CF-1.13":
+        raise ArgumentError(f"Zarr fragments are written for CF-1.13 aggregations, not {format} (whose readers "
+                            "expect netCDF fragments)")
+    if template == DEFAULT_FRAGMENT_NAME:
+        return template[: -len(".nc")] + ".zarr"
+    if not template.endswith(".zarr"):
+        raise ArgumentError(f"fragment_name {template!r} must end in '.zarr' for Zarr fragments (how readers "
+                            "recognise a store)")
+    return template
+
+
 def _check_apart(url: str, stem: str) -> None:
     """Refuse, before anything is written, an aggregation file named as its fragments' directory
     (``to_cfa(x, "myarchive")``: fragments and write markers would go to ``myarchive/``, where the file must go)."""
@@ -558,6 +584,8 @@ def compression_keywords(compression: Any, fragment_format: str) -> dict[str, An
         raise ArgumentError(f"unknown compression settings {unknown}; known: {', '.join(sorted(COMPRESSION_KEYS))}")
     if fragment_format.startswith("NETCDF3"):
         raise ArgumentError(f"{fragment_format} fragments cannot be compressed (use NETCDF4 or NETCDF4_CLASSIC)")
+    if fragment_format == ZARR_FRAGMENTS:
+        return check_zarr_compression(compression)
     return dict(compression)
 
 

@@ -23,6 +23,7 @@ from .objects import (
     block_size,
     config_bytes,
     delete,
+    delete_all,
     exists,
     fetch_soon,
     filesystem,
@@ -38,6 +39,7 @@ from .objects import (
     probe_opendap,
     put_bytes,
     put_file,
+    put_files,
     put_stream,
     read_bytes,
     read_ranges,
@@ -45,11 +47,12 @@ from .objects import (
     remove_tree,
     size,
     stat,
+    tree_size,
     version,
 )
 from .profiles import ProfileRef, register
 from .s3nc import cache_location
-from .uri import is_local, normalise, resolve, scheme_of, to_local_path
+from .uri import is_local, normalise, resolve, scheme_of, split_mode, to_local_path
 
 __all__ = [
     "ProfileRef",
@@ -63,6 +66,7 @@ __all__ = [
     "is_opendap",
     "opendap_url",
     "to_local_path",
+    "split_mode",
     "local_path",
     "irregular",
     "local_stat",
@@ -71,6 +75,7 @@ __all__ = [
     "exists",
     "size",
     "stat",
+    "tree_size",
     "version",
     "part_size",
     "read_bytes",
@@ -84,6 +89,7 @@ __all__ = [
     "probe_opendap",
     "put_bytes",
     "put_file",
+    "put_files",
     "put_stream",
     "is_directory",
     "remove_tree",
@@ -91,6 +97,7 @@ __all__ = [
     "GLOB_CHARS",
     "listdir",
     "delete",
+    "delete_all",
     "commit",
     "temporary_name",
     "put_atomic",

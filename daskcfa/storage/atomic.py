@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import uuid
 from typing import Sequence
 
@@ -83,7 +84,10 @@ def remove_stale_temporaries(uris: Sequence[str], profile: ProfileRef = NO_PROFI
             if match and match.group("name") in names:
                 with translated(entry.path):
                     try:
-                        os.remove(entry.path)
+                        if entry.is_dir(follow_symlinks=False):
+                            shutil.rmtree(entry.path)  # (a Zarr store's temporary directory)
+                        else:
+                            os.remove(entry.path)
                     except FileNotFoundError:
                         continue
                 removed.append(entry.path)

@@ -54,7 +54,7 @@ from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError, 
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
-from .objects import delete, exists, filesystem, read_bytes
+from .objects import delete, delete_all, exists, filesystem, read_bytes
 from .retry import translated, with_retries
 from .uri import is_local
 from .profiles import ProfileRef
@@ -451,7 +451,7 @@ def retire(new: Iterable[str], target: str, record: str, profile: ProfileRef) ->
         try:
             for each in (uri, marker_of(uri)):
                 if exists(each, profile):
-                    delete(each, profile)
+                    delete_all(each, profile)  # (a Zarr fragment is a directory or prefix of objects)
             deleted.append(uri)
         except CFAError:
             waiting[uri] = now

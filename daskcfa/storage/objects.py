@@ -16,6 +16,7 @@ import io
 import os
 import re
 import shutil
+import stat as stat_module
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Sequence
 
@@ -25,7 +26,7 @@ import fsspec.asyn
 import yarl
 from dask.utils import parse_bytes
 
-from ..errors import CFAError, StorageError, UnsafeURIError, redact
+from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
 from .blocks import Blocks
 from .local import local_path, local_stat, open_local
 from .policy import LocationPolicy
@@ -193,6 +194,27 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
     token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
                   if info.get(k) is not None), "")
     return int(info["size"]), token
+
+
+def tree_size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
+    """The bytes of every object under a directory or prefix (a Zarr store); NotFoundError when
+    it holds none. Locally, only regular files count (a link to a device is not followed)."""
+    if is_local(uri):
+        root = local_path(uri)
+        if not os.path.isdir(root):
+            raise NotFoundError("not found", file=uri)
+        total = 0
+        with translated(uri):
+            for directory, _, names in os.walk(root):
+                for name in names:
+                    info = os.lstat(os.path.join(directory, name))
+                    total += info.st_size if stat_module.S_ISREG(info.st_mode) else 0
+        return total
+    fs, path = filesystem(uri, profile, policy=policy)
+    found = with_retries(uri, fs.find, path.rstrip("/") + "/", detail=True)
+    if not found:
+        raise NotFoundError("not found", file=uri)
+    return sum(int(info.get("size") or 0) for info in found.values())
 
 
 def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
@@ -425,6 +447,16 @@ def put_file(uri: str, local: str, profile: ProfileRef = NO_PROFILE) -> None:
     with_retries(uri, fs.put_file, local, path, **_upload_options(uri))
 
 
+def put_files(pairs: Sequence[tuple[str, str]], profile: ProfileRef = NO_PROFILE) -> None:
+    """Upload local files as objects, ``(local path, URI)`` pairs on one storage, concurrently
+    (fsspec's batches: a Zarr store's many chunks)."""
+    if not pairs:
+        return
+    fs, _ = filesystem(pairs[0][1], profile)
+    paths = [filesystem(uri, profile)[1] for _, uri in pairs]
+    with_retries(pairs[0][1], fs.put, [local for local, _ in pairs], paths)
+
+
 def listdir(uri: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
     """Every object under a prefix (recursively), as URIs."""
     fs, path = filesystem(uri, profile)
@@ -453,18 +485,21 @@ def put_stream(uri: str, write: Callable[[IO[bytes]], None], profile: ProfileRef
 GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-def glob(pattern: str, profile: ProfileRef = NO_PROFILE) -> list[str]:
+def glob(pattern: str, profile: ProfileRef = NO_PROFILE, *, directories: bool = False) -> list[str]:
     """Files matching a glob, as URIs, sorted: fsspec's glob for every scheme (``*`` within
     a path segment, ``**`` across them). Hidden files and directories (``.name``: writers'
-    temporaries and markers) match only a pattern that names them, as in a shell."""
+    temporaries and markers) match only a pattern that names them, as in a shell.
+    ``directories``: directories (prefixes) matching it too, as URIs ending in ``/``."""
     fs, path = filesystem(normalise(pattern) if is_local(pattern) else pattern, profile)
     found = with_retries(pattern, fs.glob, path, detail=True)
     head = GLOB_CHARS.split(path, 1)[0].rpartition("/")[0]
     hidden_asked = "/." in path[len(head):]
-    files = [p for p, info in found.items() if info.get("type") == "file"
+    kinds = ("file", "directory") if directories else ("file",)
+    files = [p.rstrip("/") + ("/" if info.get("type") == "directory" else "") for p, info in found.items()
+             if info.get("type") in kinds
              and (hidden_asked or not any(part.startswith(".") for part in p[len(head):].split("/")))]
     if is_local(pattern):
-        return sorted(normalise(p) for p in files)
+        return sorted(normalise(p) + ("/" if p.endswith("/") else "") for p in files)
     scheme = scheme_of(pattern)
     return sorted(p if "://" in p else f"{scheme}://{p}" for p in files)
 
@@ -495,3 +530,20 @@ def remove_tree(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
 def delete(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
     fs, path = filesystem(uri, profile)
     with_retries(uri, fs.rm_file, path)
+
+
+def delete_all(uri: str, profile: ProfileRef = NO_PROFILE) -> None:
+    """Delete the object at ``uri``, or the directory (prefix) there with every object under
+    it: a fragment that is a Zarr store; nothing there is no error."""
+    if is_local(uri):
+        path = local_path(uri)
+        with translated(uri):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        return
+    fs, path = filesystem(uri, profile)
+    found = with_retries(uri, fs.find, path.rstrip("/"), withdirs=False)
+    if found:
+        with_retries(uri, fs.rm, found)

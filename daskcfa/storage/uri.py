@@ -3,7 +3,9 @@
 Fragment references in aggregation files are absolute URIs (``file:///``,
 ``s3://``, ``https://``), plain absolute paths (what older tools wrote), or
 relative references resolved against the location of the aggregation file —
-never against the working directory.
+never against the working directory. A Zarr store's URI may end in netCDF-C's
+storage mode (``f.zarr#mode=nczarr,file``): the suffix is kept apart, unquoted,
+through every operation here.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from ..choices import URI_STYLES
 from .s3nc import s3nc_config
 
 __all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "absolute", "URI_STYLES",
-           "check_uri_style"]
+           "check_uri_style", "split_mode"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: netCDF-C's URL fragment naming a Zarr storage mode: ``#mode=nczarr,file``, ``#mode=zarr,s3``, ...
+_MODE = re.compile(r"#mode=[^#]*$")
+
+
+def split_mode(uri: str) -> tuple[str, str]:
+    """``(location, suffix)``: a URI without netCDF-C's ``#mode=...`` suffix, and that suffix ("" if none)."""
+    match = _MODE.search(uri)
+    return (uri[:match.start()], match.group(0)) if match else (uri, "")
 
 
 def scheme_of(uri: str) -> str:
@@ -44,6 +54,9 @@ def to_local_path(uri: str) -> str:
 
 def normalise(uri: str) -> str:
     """A canonical absolute form: local paths made absolute, ``.``/``..`` folded."""
+    uri, mode = split_mode(uri)
+    if mode:
+        return normalise(uri) + mode
     if is_local(uri):
         return os.path.normpath(os.path.abspath(to_local_path(uri)))
     match = _SCHEME.match(uri)
@@ -63,7 +76,8 @@ def normalise(uri: str) -> str:
 
 def absolute(uri: str) -> str:
     """``uri`` as an absolute URI, the same from any working directory (``file://`` for local files)."""
-    return "file://" + quote(normalise(uri)) if is_local(uri) else uri
+    uri, mode = split_mode(uri)
+    return ("file://" + quote(normalise(uri)) if is_local(uri) else uri) + mode
 
 
 def check_uri_style(uris: str) -> str:

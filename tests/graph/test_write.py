@@ -148,7 +148,7 @@ def test_written_files_are_editable_by_netcdf_c(tmp_path, fmt):
         assert ds.attrs["comment"] == "edited second"
 
 
-@pytest.mark.parametrize("fmt, fragment_format", list(itertools.product(WRITE_FORMATS, FRAGMENT_FORMATS)))
+@pytest.mark.parametrize("fmt, fragment_format", list(itertools.product(WRITE_FORMATS, FRAGMENT_FORMATS[:-1])))  # (netCDF)
 def test_every_format_and_fragment_format(tmp_path, fmt, fragment_format):
     x = truth()
     url = write(x, tmp_path / "t.nc", format=fmt, fragment_format=fragment_format)
