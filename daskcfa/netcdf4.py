@@ -56,8 +56,8 @@ from .fragments.write import FragmentRecord, FragmentTarget, encode_values, writ
 from .formats import aggregated_variables
 from .formats.encode import common_format
 from .graph.plan import plan_fragments
-from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation, compression_keywords, fragment_name, fragment_spec,
-                          plan_commit, settle_unlimited)
+from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation, compression_keywords,
+                          fragment_name, fragment_spec, plan_commit, settle_unlimited)
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .locks import HDF5_LOCK
 from .storage.access import open_aggregation
