@@ -38,8 +38,8 @@ import os
 import posixpath
 import shutil
 import tempfile
-import threading
 import uuid
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -243,12 +243,17 @@ class PlainWriter(_PlainGroup):
 
     def close(self) -> None:
         """Close the file and put it in place (upload it, for remote targets)."""
+        self._end(commit=True)
+
+    def _end(self, *, commit: bool) -> None:
         if self._closed:
             return
         self._closed = True
         try:
             with HDF5_LOCK:
                 self._nc.close()
+            if not commit:
+                return
             if storage.is_local(self._url):
                 storage.commit(self._scratch, storage.local_path(self._url), self._profile)
             else:
@@ -260,8 +265,9 @@ class PlainWriter(_PlainGroup):
     def __enter__(self) -> "PlainWriter":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        """An exception inside the ``with`` block abandons the write: the previous file stays."""
+        self._end(commit=kind is None)
 
     def __repr__(self) -> str:
         return f"<daskcfa.netcdf4.PlainWriter {redact(self._url)} ({self._nc.data_model})>"
@@ -270,6 +276,12 @@ class PlainWriter(_PlainGroup):
 # --------------------------------------------------------------------------
 # Aggregations: buffered fragments, written as they complete, committed at close()
 # --------------------------------------------------------------------------
+
+
+def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
+    """Stop a writer's threads and give its lease back (at close, or when it is dropped unclosed)."""
+    pool.shutdown(wait=True, cancel_futures=True)
+    lease.release()
 
 
 class GrowingDimension:
@@ -786,8 +798,7 @@ class AggregationWriter(_Definitions, Dataset):
         dataset.Group.__init__(self, name="/", path="/")
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
-                 _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _sizes={}, _expected=None,
-                 _lock=threading.RLock())
+                 _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _sizes={}, _expected=None)
         budget = buffer_size if buffer_size is not None else dask.config.get("daskcfa.write.buffer-memory")
         d["_budget"] = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
@@ -798,15 +809,17 @@ class AggregationWriter(_Definitions, Dataset):
             raise NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
         lease = Lease.new(url, profile, generation_name(uuid.uuid4().hex))
         lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait")) if mode in ("a", "r+") else 0.0)
+        workers = max_concurrent_uploads or (2 if storage.is_local(url) else 4)
         d["_lease"] = lease
+        d["_pool"] = ThreadPoolExecutor(max_workers=int(workers), thread_name_prefix="daskcfa-dataset")
+        # at close(), when abandoned, and when dropped unclosed: the threads stop, the lease goes
+        d["_end"] = weakref.finalize(self, _end_writing, lease, d["_pool"])
         try:
             if mode in ("a", "r+"):
                 d["_expected"] = storage.stat(url, profile)
                 self._load(Dataset.open(url, access=open_aggregation(url, storage_options)[1]))
-            workers = max_concurrent_uploads or (2 if storage.is_local(url) else 4)
-            d["_pool"] = ThreadPoolExecutor(max_workers=int(workers), thread_name_prefix="daskcfa-dataset")
         except BaseException:
-            lease.release()
+            self._end()
             raise
         return self
 
@@ -994,9 +1007,19 @@ class AggregationWriter(_Definitions, Dataset):
             self._inflight.clear()
             self._commit()
         finally:
-            self.__dict__["_closed"] = True
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._lease.release()
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Stop writing: nothing more is committed, the lease goes (what was written is never referenced)."""
+        self.__dict__["_closed"] = True
+        self._end()
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        """An exception inside the ``with`` block abandons the write: the previous dataset (or none) stays."""
+        if kind is None:
+            self.close()
+        else:
+            self._abandon()
 
     def _finish(self, var: WritableVariable) -> None:
         grid = var._layout.grid(var.shape)
@@ -1080,9 +1103,11 @@ class AggregationWriter(_Definitions, Dataset):
             for var in group.variables.values():
                 if not var._aggregated:
                     var._plain_to(var.shape)
+                    values = var._plain.array(var.shape)
+                    if var.dtype.kind in "OU":  # strings never assigned are empty (netCDF has no missing string)
+                        values = values.filled("")
                     model.variables.append(PlainVariable(var.path, var.dims, var.dtype, dict(var.attrs),
-                                                         encode_values(var._plain.array(var.shape), var.attrs,
-                                                                       var.dtype)))
+                                                         encode_values(values, var.attrs, var.dtype)))
         for var in self._aggregated():
             written = {index: rec for (path, index), rec in self._records.items() if path == var.path}
             source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs))

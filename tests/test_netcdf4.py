@@ -498,3 +498,49 @@ def test_update_keeps_the_format(tmp_path, fmt, version, dialect):
     if dialect is not None:
         assert daskcfa.read_aggregation(url, "v").dialect == dialect
     same(Dataset(url)["v"][:], np.array([[1.0] * 3, [1.0] * 3, [2.0] * 3]))
+
+
+def test_exception_inside_with_abandons_the_write(tmp_path):
+    url = str(tmp_path / "e.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("x", 4)
+        ds.createVariable("v", "f4", ("x",))[:] = np.arange(4.0)
+    for fmt in ("CF-1.13", "NETCDF4"):
+        target = url if fmt == "CF-1.13" else str(tmp_path / "plain.nc")
+        with pytest.raises(ZeroDivisionError):
+            with Dataset(target, "a" if fmt == "CF-1.13" else "w", format=fmt) as ds:
+                if fmt == "CF-1.13":
+                    ds["v"][:] = np.full(4, -1.0)
+                1 / 0
+    same(Dataset(url)["v"][:], np.arange(4.0))  # the update was not committed
+    assert not os.path.exists(tmp_path / "plain.nc")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no lease, no temporary left
+    with Dataset(url, "w") as ds:  # and the lease was given back
+        ds.createDimension("x", 1)
+
+
+def test_writer_dropped_unclosed_gives_its_lease_back(tmp_path):
+    import gc
+
+    url = str(tmp_path / "d.nc")
+    ds = Dataset(url, "w")
+    ds.createDimension("x", 2)
+    del ds
+    gc.collect()
+    with Dataset(url, "w") as again:
+        again.createDimension("x", 2)
+        again.createVariable("v", "i4", ("x",))[:] = [1, 2]
+    same(Dataset(url)["v"][:], np.array([1, 2]))
+
+
+def test_strings_and_characters_in_the_aggregation_file(tmp_path):
+    url = str(tmp_path / "s.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("station", 3)
+        ds.createDimension("t", 4)
+        names = ds.createVariable("name", str, ("station",))
+        names[0] = "Reading"
+        names[2] = "Chilbolton"  # station 1 never named
+        ds.createVariable("v", "f4", ("t", "station"))[:] = np.ones((4, 3))
+    got = Dataset(url)["name"][:]
+    assert list(got) == ["Reading", "", "Chilbolton"]
