@@ -467,18 +467,29 @@ class _Buffer:
         self.values = np.zeros(shape, dtype)
         self.masked = np.zeros(shape, bool)
         self.assigned = np.zeros(shape, bool)
+        self.count = 0  #: elements assigned
 
     @property
     def nbytes(self) -> int:
         return self.values.nbytes + self.masked.nbytes + self.assigned.nbytes
 
+    @property
+    def fullness(self) -> float:
+        return self.count / self.assigned.size if self.assigned.size else 1.0
+
     def put(self, where: tuple, values: np.ndarray) -> None:
         self.values[where] = np.ma.getdata(values)
         self.masked[where] = np.ma.getmaskarray(values)
+        self.count += int(self.assigned[where].size - np.count_nonzero(self.assigned[where]))
         self.assigned[where] = True
 
+    def mark(self, assigned: np.ndarray | bool) -> None:
+        """Say which elements are assigned (all of them: ``True``)."""
+        self.assigned[...] = assigned
+        self.count = int(np.count_nonzero(self.assigned))
+
     def complete(self) -> bool:
-        return bool(self.assigned.all())
+        return self.count == self.assigned.size
 
     def array(self, shape: tuple[int, ...], underneath: Any = None) -> np.ma.MaskedArray:
         """The values over ``shape`` (a fragment cut short at the end of an unlimited dimension):
@@ -602,15 +613,25 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
         return f"<daskcfa.netcdf4.WritableVariable {self.path} ({dims}) {self.dtype} [{kind}, being written]>"
 
 
+def _run(at: np.ndarray) -> slice | np.ndarray:
+    """Positions as a slice when they are consecutive (numpy's basic indexing: no copy of an index)."""
+    if len(at) and at[-1] - at[0] == len(at) - 1 and (len(at) == 1 or (np.diff(at) == 1).all()):
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at
+
+
+def _orthogonal(positions: tuple[np.ndarray, ...]) -> tuple:
+    """An index selecting ``positions`` along each dimension orthogonally (netCDF4-python's rule)."""
+    runs = tuple(_run(at) for at in positions)
+    return runs if sum(not isinstance(r, slice) for r in runs) <= 1 else np.ix_(*positions)
+
+
 def _take(values: Any, positions: tuple[np.ndarray, ...]) -> Any:
     """``values`` at ``positions`` along each dimension (orthogonally), numpy or dask: runs of consecutive
     positions as slices, taken one dimension at a time (dask takes one index array per step)."""
     for d, at in enumerate(positions):
-        if len(at) and at[-1] - at[0] == len(at) - 1 and (len(at) == 1 or (np.diff(at) == 1).all()):
-            where: Any = slice(int(at[0]), int(at[-1]) + 1)
-        else:
-            where = at
-        if where != slice(0, values.shape[d]):
+        where = _run(at)
+        if not (isinstance(where, slice) and where == slice(0, values.shape[d])):
             values = values[(slice(None),) * d + (where,)]
     return values
 
@@ -867,7 +888,7 @@ class AggregationWriter(_Definitions, Dataset):
             source = tuple(p[2] for p in parts)
             piece = _as_numpy(_take(values, source))
             buffer = self._buffer(var, index)
-            buffer.put(np.ix_(*local) if local else (), piece)
+            buffer.put(_orthogonal(local), piece)
             if buffer.complete():
                 self._write(var, index, buffer.array(buffer.values.shape))
         self._within_budget()
@@ -885,16 +906,17 @@ class AggregationWriter(_Definitions, Dataset):
                 cut = tuple(slice(0, n) for n in stored.shape)
                 buffer.put(cut, stored)
                 shape = buffer.assigned.shape
-                buffer.assigned[...] = True if bits is None else \
-                    np.unpackbits(bits, count=int(np.prod(shape))).astype(bool).reshape(shape)
+                buffer.mark(True if bits is None else
+                            np.unpackbits(bits, count=int(np.prod(shape))).astype(bool).reshape(shape))
         return buffer
 
     def _within_budget(self) -> None:
         """Write the fullest incomplete fragments, as they are, while the buffers exceed the budget."""
-        buffers = [(b.assigned.mean() if b.assigned.size else 1.0, var, index, b)
-                   for var in self._aggregated() for index, b in var._buffers.items()]
+        buffers = [(var, index, b) for var in self._aggregated() for index, b in var._buffers.items()]
         total = sum(b.nbytes for *_, b in buffers)
-        for _, var, index, buffer in sorted(buffers, key=lambda t: -t[0]):
+        if total <= self._budget:
+            return
+        for var, index, buffer in sorted(buffers, key=lambda t: -t[2].fullness):
             if total <= self._budget:
                 break
             total -= buffer.nbytes
