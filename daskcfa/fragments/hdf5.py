@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from ..storage.blocks import Blocks, Buffer
+from ..storage.local import pread
 from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SHUFFLE, SUPPORTED_FILTERS, inflate_head, unfilter
 from .layout import StoredLayout
 from .hdf5_netcdf import (
@@ -181,7 +182,7 @@ class HDF5File:
     def _pread_ranges(self, ranges: list[tuple[int, int]]) -> list[Buffer]:
         if self._fd is None:
             raise ValueError(f"{self.path!r} is closed")
-        return [_pread(self._fd, offset, length, self.path) for offset, length in ranges]
+        return [pread(self._fd, offset, length, self.path) for offset, length in ranges]
 
 
 class HDF5Variable:
@@ -466,17 +467,6 @@ def _batches(items: list[_ChunkRead]) -> list[list[_ChunkRead]]:
 
 # -- bytes ------------------------------------------------------------------
 
-
-def _pread(fd: int, offset: int, length: int, path: str) -> np.ndarray:
-    buf = np.empty(length, np.uint8)  # unlike bytearray, not zeroed first
-    view = memoryview(buf)
-    done = 0
-    while done < length:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise OSError(f"{path!r} ends before byte {offset + length} (truncated file?)")
-        done += got
-    return buf
 
 
 def _check_length(buf: Buffer, expected: int, where: str) -> None:
