@@ -182,10 +182,10 @@ def load_index(aggregation: str, profile: ProfileRef, policy: LocationPolicy,
         use = dask.config.get("daskcfa.io.chunk-index", "auto")
     if not (use is True or use is False or use == "auto"):
         raise ArgumentError(f"chunk_index must be True, False or 'auto', got {use!r}")
-    if use is False:
+    required = use is True
+    if use is False or (storage.is_opendap(aggregation) and not required):  # (an endpoint: nothing beside it)
         return None
     uri = index_uri(aggregation)
-    required = use is True
     try:
         policy.check(uri)  # (beside the aggregation: allowed where the aggregation is)
         size, token = storage.stat(uri, profile, policy=policy)
@@ -193,6 +193,11 @@ def load_index(aggregation: str, profile: ProfileRef, policy: LocationPolicy,
         if required:
             raise NotFoundError("chunk_index=True, but the aggregation has no chunk index (write one with "
                                 "daskcfa.index() or `daskcfa index`)", file=uri) from None
+        return None
+    except CFAError as exc:  # (a store may refuse to say whether an object it does not hold exists: 403)
+        if required:
+            raise
+        log.debug("no chunk index looked for at %s: %s", redact(uri), exc)
         return None
     try:
         limit = max_memory() // _FILE_SHARE
