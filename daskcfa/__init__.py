@@ -59,6 +59,7 @@ __all__ = [
     "relocate",
     "describe",
     "to_references",
+    "index",
     "AggregationError",
     "ArgumentError",
     "ConfigError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
@@ -18,6 +19,7 @@ from . import append, inputs
 from .formats.encode import common_format
 from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
 from .graph.plan import plan_fragments
+from .fragments.chunk_index import load_index
 from .graph.read import to_dask
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
@@ -72,6 +74,7 @@ def from_cfa(
     storage_options: Mapping[str, Any] | None = None,
     allowed_locations: Iterable[str] | None = None,
     missing: str = "raise",
+    chunk_index: bool | str | None = None,
 ) -> da.Array:
     """Open an aggregated variable of a CFA-netCDF file as a dask array.
 
@@ -90,21 +93,37 @@ def from_cfa(
     the warning is issued on the worker); the default ``"raise"`` raises the
     fragment's :class:`~daskcfa.FragmentError`. Storage outages, refused
     credentials, unconvertible units and unsafe URIs always raise.
+
+    ``chunk_index``: with the chunk index that :func:`daskcfa.index` writes
+    beside the aggregation file, HDF5 fragments are read by byte range with no
+    HDF5 metadata (a point is one ranged read per fragment); a fragment changed
+    since it was indexed is read without it, with a :class:`~daskcfa.CFAWarning`.
+    ``"auto"`` uses the index when there is one (an unusable one is left out
+    with a warning), True requires it, False ignores it; None takes dask config
+    ``daskcfa.io.chunk-index`` (default ``"auto"``).
     """
-    url, access = open_aggregation(url, storage_options, allowed_locations, missing)
+    url, access = _opened(url, storage_options, allowed_locations, missing, chunk_index)
     return to_dask(read_aggregation(url, variable, access=access), chunks=chunks, mask=mask, access=access)
 
 
+def _opened(url: str, storage_options: Mapping[str, Any] | None, allowed_locations: Iterable[str] | None,
+            missing: str, chunk_index: bool | str | None) -> tuple[str, Access]:
+    """The aggregation's URL and the access to read it with, its chunk index loaded as asked."""
+    url, access = open_aggregation(url, storage_options, allowed_locations, missing)
+    return url, replace(access, chunk_index=load_index(url, access.profile, access.policy, chunk_index))
+
+
 def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
-             allowed_locations: Iterable[str] | None = None, missing: str = "raise") -> Dataset:
+             allowed_locations: Iterable[str] | None = None, missing: str = "raise",
+             chunk_index: bool | str | None = None) -> Dataset:
     """Open a whole aggregation file: dimensions, groups, attributes and every variable.
 
     ``storage_options``, ``allowed_locations`` and ``missing`` (``"raise"`` or
     ``"fill"``: absent or unreadable fragments read as missing data, with a
-    :class:`~daskcfa.CFAWarning`) apply to every aggregated variable, as in
-    :func:`from_cfa`.
+    :class:`~daskcfa.CFAWarning`) and ``chunk_index`` apply to every aggregated
+    variable, as in :func:`from_cfa`.
     """
-    url, access = open_aggregation(url, storage_options, allowed_locations, missing)
+    url, access = _opened(url, storage_options, allowed_locations, missing, chunk_index)
     return Dataset.open(url, access=access)
 
 

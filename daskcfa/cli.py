@@ -134,6 +134,13 @@ def _references(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from .archive.chunk_index import index
+
+    _print(str(index(args.url, args.variables, storage_options=args.storage_options)))
+    return 0
+
+
 # --------------------------------------------------------------------------
 # The parser
 # --------------------------------------------------------------------------
@@ -253,6 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
                             help="json (version 1, with templates) or parquet (default: from OUT's suffix)")
     _variables_option(references)
     _mode_option(references)
+
+    index = command("index", _index, "write the chunk index that lets reads skip HDF5 metadata",
+                    "Write, beside the aggregation file t.nc, its chunk index .t.nc.chunks.json: every "
+                    "fragment's size and version and where each of its HDF5 chunks lies, with which filters. "
+                    "Reads (daskcfa.from_cfa, open_cfa) then fetch the chunks by byte range with no HDF5 "
+                    "metadata; a fragment changed since is read without it, with a warning. Fragments the "
+                    "direct readers cannot locate are left out (listed in a warning).")
+    index.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
+    _variables_option(index)
 
     relocate = command("relocate", _relocate, "rewrite fragment URIs after an archive moved",
                        "Rewrite the fragment URIs of an aggregation file by prefix (disk to S3, bucket rename), "

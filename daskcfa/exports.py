@@ -25,6 +25,7 @@ LAZY = {
     "relocate": ".archive.relocate",
     "verify": ".archive.verify",
     "to_references": ".archive.references",
+    "index": ".archive.chunk_index",
 }
 
 _PACKAGE = __name__.rpartition(".")[0]

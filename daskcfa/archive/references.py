@@ -34,7 +34,7 @@ import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import dask
 import numpy as np
@@ -57,7 +57,7 @@ from ..storage.access import Access, open_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, refuse_existing
 from .verify import MAX_TASKS, select_aggregated
 
-__all__ = ["to_references", "scan_fragments"]
+__all__ = ["to_references", "scan_fragments", "in_batches"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -211,20 +211,7 @@ def _chunk_key(index: Sequence[int]) -> str:
 
 def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> dict[str, Any]:
     """The arrays of the aggregated variables, from their fragments' metadata read in parallel."""
-    total = sum(len(av.fragments) for av in chosen)
-    per_task = max(1, math.ceil(total / MAX_TASKS))
-    tasks = []
-    for av in chosen:
-        target = AggregatedArray(av, access=access).target
-        refs = list(av.fragments)
-        for start in range(0, len(refs), per_task):
-            batch = refs[start:start + per_task]
-            key = f"references-{av.basename}-{dask.base.tokenize(url, av.name, batch, target)}"
-            tasks.append((av.name, dask.delayed(scan_fragments, pure=True)(batch, target, dask_key_name=key)))
-    results = dask.compute(*(task for _, task in tasks))
-    scanned: dict[str, list[_Scanned]] = {av.name: [] for av in chosen}
-    for (name, _), batch in zip(tasks, results):
-        scanned[name] += batch
+    scanned = in_batches(chosen, url, access, scan_fragments, "references")
     refs: dict[str, Any] = {}
     refused: dict[str, list[tuple[tuple[int, ...], str, str]]] = {}
     for av in chosen:
@@ -237,6 +224,28 @@ def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> d
     if refused:
         raise _refusal(refused, [av.name for av in chosen], url)
     return refs
+
+
+def in_batches(chosen: Sequence[AggregatedVariable], url: str, access: Access,
+               function: Callable[[Sequence[FragmentRef], Target], list[Any]], label: str) -> dict[str, list[Any]]:
+    """``function(fragments, target)`` over every fragment of the ``chosen`` variables, one dask
+    task per batch (at most ``MAX_TASKS`` in all) on the current scheduler: its results, per variable,
+    in fragment order."""
+    total = sum(len(av.fragments) for av in chosen)
+    per_task = max(1, math.ceil(total / MAX_TASKS))
+    tasks = []
+    for av in chosen:
+        target = AggregatedArray(av, access=access).target
+        refs = list(av.fragments)
+        for start in range(0, len(refs), per_task):
+            batch = refs[start:start + per_task]
+            key = f"{label}-{av.basename}-{dask.base.tokenize(url, av.name, batch, target)}"
+            tasks.append((av.name, dask.delayed(function, pure=True)(batch, target, dask_key_name=key)))
+    results = dask.compute(*(task for _, task in tasks))
+    found: dict[str, list[Any]] = {av.name: [] for av in chosen}
+    for (name, _), batch in zip(tasks, results):
+        found[name] += batch
+    return found
 
 
 def scan_fragments(refs: Sequence[FragmentRef], target: Target) -> list[_Scanned]:

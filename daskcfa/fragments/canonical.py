@@ -28,7 +28,8 @@ from .. import storage
 from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
 from ..units import Unit
-from .files import open_fragment
+from .chunk_index import IndexedFragmentChanged, VariableIndex
+from .files import open_fragment, open_indexed
 
 log = logger(__name__)
 
@@ -66,6 +67,9 @@ class Target:
     #: characters are never missing one by one (a fragment's missing characters hold the
     #: aggregation's fill value, its padding); vlen string fragments are encoded with it
     text_encoding: str | None = None
+    #: the variable's chunk index (read beside the aggregation file: :mod:`.chunk_index`), whose
+    #: fragments are read by byte range without HDF5 metadata while they are the objects indexed
+    chunk_index: VariableIndex | None = None
 
     @property
     def default_identifier(self) -> str:
@@ -172,10 +176,26 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedA
 
 def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
     names = ref.variable_names(target.default_identifier)
-    name = names[-1]
+    entry = None if target.chunk_index is None else target.chunk_index.entry(uri, names)
+    if entry is not None:  # no HDF5 metadata: the chunks' byte ranges, if the object is still the one indexed
+        try:
+            return _read_variable(open_indexed(uri, entry, profile=target.profile, policy=target.policy),
+                                  uri, ref, key, target, names[-1])
+        except IndexedFragmentChanged:
+            message = str(CFAError("the fragment changed since the chunk index was written: read without the "
+                                   "index (write the index again: daskcfa.index())", file=uri,
+                                   variable=target.variable, fragment=ref.index))
+            log.warning("%s", message)
+            warnings.warn(message, CFAWarning, stacklevel=2)
     expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
-    with open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=fraction,
-                       expected_nbytes=expected) as var:
+    return _read_variable(open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=fraction,
+                                        expected_nbytes=expected), uri, ref, key, target, names[-1])
+
+
+def _read_variable(opened: Any, uri: str, ref: FragmentRef, key: tuple, target: Target,
+                   name: str) -> np.ma.MaskedArray:
+    """The fragment variable ``opened`` (a context manager giving it) read at ``key``, in canonical form."""
+    with opened as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
             var = _CharStrings(var)  # a char array's last dimension is the string length
         elif target.dtype.kind == "S" and np.dtype(var.dtype).kind == "O" and len(var.shape) == len(ref.shape) - 1:

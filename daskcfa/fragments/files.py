@@ -32,6 +32,7 @@ from ..logs import logger
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from . import readahead
+from .chunk_index import IndexedVariable, IndexEntry
 from .layout import StoredLayout
 from .manager import manager
 from .netcdf import NetCDF4File
@@ -290,6 +291,16 @@ def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = 
         handle = _remote_handle(uri, profile, policy, fraction, expected_nbytes)
     with handle as (file, _):
         yield file.first_variable([name] if isinstance(name, str) else name)
+
+
+@contextmanager
+def open_indexed(uri: str, entry: IndexEntry, *, profile: ProfileRef = storage.NO_PROFILE,
+                 policy: LocationPolicy | None = None) -> Iterator[_Variable]:
+    """The fragment variable its chunk ``entry`` describes, read by byte range without
+    opening the file as HDF5 (reads raise :class:`IndexedFragmentChanged` if ``uri`` is
+    no longer the object indexed); as :func:`open_fragment` hands it out."""
+    var = IndexedVariable(uri, entry, profile, policy)
+    yield _Variable(var, var.name, None, uri)
 
 
 def _open_zarr(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:

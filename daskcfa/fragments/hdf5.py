@@ -31,7 +31,8 @@ import h5py
 import numpy as np
 
 from ..storage.blocks import Blocks, Buffer
-from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SHUFFLE, SUPPORTED_FILTERS, inflate_head, unfilter
+from ..storage.local import pread
+from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SUPPORTED_FILTERS, inflate_head, pipeline_of, unfilter
 from .layout import StoredLayout
 from .hdf5_netcdf import (
     NON_COORD_PREFIX,
@@ -44,7 +45,7 @@ from .hdf5_netcdf import (
     open_dataset,
 )
 
-__all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges"]
+__all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges", "StoreInfo", "StoredVariable"]
 
 #: Fetches ``[(offset, length), ...]`` from a file and returns the bytes of
 #: every range, in order. Given all ranges of a read at once, so that remote
@@ -181,103 +182,48 @@ class HDF5File:
     def _pread_ranges(self, ranges: list[tuple[int, int]]) -> list[Buffer]:
         if self._fd is None:
             raise ValueError(f"{self.path!r} is closed")
-        return [_pread(self._fd, offset, length, self.path) for offset, length in ranges]
+        return [pread(self._fd, offset, length, self.path) for offset, length in ranges]
 
 
-class HDF5Variable:
-    """One netCDF variable of an :class:`HDF5File`, read straight from its storage.
+class StoredVariable:
+    """Raw values read straight from a variable's stored bytes: contiguous, or chunks
+    located by :meth:`_chunk_infos` and decoded outside any lock.
 
-    Metadata (dimensions, attributes, layout, filters, fill value) is gathered
-    once here; :meth:`read` may then be called from several threads at once.
+    Subclasses locate the chunks: :class:`HDF5Variable` with h5py, and
+    :class:`~daskcfa.fragments.chunk_index.IndexedVariable` from a chunk index
+    saved beside an aggregation (no HDF5 at all). :meth:`read` may be called
+    from several threads at once.
     """
 
-    name: str
-    dims: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
     chunks: tuple[int, ...] | None
     chunk_nbytes: int
-    attrs: dict[str, Any]
 
-    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
-        self.name = name
+    def __init__(self, stored: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...] | None, offset: int | None,
+                 pipeline: list[tuple[int, int]], fill: Any, read_ranges: ReadRanges, where: str) -> None:
+        # ``stored``: the type with its byte order; ``offset``: a contiguous variable's (None: never
+        # written); ``pipeline``: ``(filter code, shuffle element size)`` in the order applied on write
         self._where = where  # for error messages
-        self._stored = check_dtype(dsid, self._where)
-        self.dtype = self._stored.newbyteorder("=")
-        self.shape = dsid.shape
+        self._stored = stored
+        self.dtype = stored.newbyteorder("=")
+        self.shape = tuple(shape)
+        self.chunks = None if chunks is None else tuple(chunks)
+        self._offset = offset
         self._read_ranges = read_ranges
-        self._dsid = dsid
-
-        dcpl = dsid.get_create_plist()
-        layout = dcpl.get_layout()
-        if dcpl.get_external_count():
-            raise DirectReadUnsupported(f"external storage is not supported ({self._where})")
-        self.chunks = dcpl.get_chunk() if layout == h5py.h5d.CHUNKED else None
-        if layout == h5py.h5d.CONTIGUOUS:
-            self._offset = dsid.get_offset()
-        elif layout != h5py.h5d.CHUNKED:
-            raise DirectReadUnsupported(f"storage layout {layout} is not supported ({self._where})")
-        self._filters = _filter_pipeline(dcpl, self._where)
-        self.compressed = bool(self._filters)  #: whether chunks go through filters (read amplification)
-        fill = np.zeros((1,), self._stored)
-        dcpl.get_fill_value(fill)
-        self._fill = fill[0].astype(self.dtype)
+        self._filters = pipeline
+        self.compressed = bool(pipeline)  #: whether chunks go through filters (read amplification)
+        self._fill = np.asarray(fill).astype(self.dtype)[()]
         #: Bytes one decoded chunk takes (0: contiguous), which a read holds in memory at once.
         self.chunk_nbytes = 0
-        #: stored without netCDF's fill (netCDF-C's NOFILL: HDF5 never writes fill values)
-        self.no_fill = dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
         if self.chunks is not None:
             self.chunk_nbytes = self._chunk_nbytes = math.prod(self.chunks) * self._stored.itemsize
             self._chunk_strides = tuple(math.prod(self.chunks[j + 1:]) for j in range(len(self.chunks)))
             self._nchunks = math.prod(-(-n // c) for n, c in zip(self.shape, self.chunks))
-            self._index: dict[tuple[int, ...], StoreInfo] = {}
-            self._index_complete = False
 
-        check_dimensions(dsid, self._where)
-        self.attrs = NetCDFAttributes(dsid, self._where)
-
-    @functools.cached_property
-    def dims(self) -> tuple[str, ...]:
-        """netCDF dimension names (looked up on first use: few reads need them)."""
-        return dimension_names(h5py.Dataset(self._dsid), self._where)
-
-    def __repr__(self) -> str:
-        dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
-        return f"<HDF5Variable {self.name!r} ({dims}) {self.dtype}>"
-
-    def storage_layout(self) -> StoredLayout:
-        """Where every stored chunk lies (a walk over the chunk index, no data read)."""
-        fill = np.asarray(self._fill).astype(self._stored)[()]
-        if self.chunks is None:
-            return StoredLayout.contiguous(self._stored, self.shape, self._offset, fill)
-        infos = self._all_chunk_infos()
-        ndim = len(self.shape)
-        dcpl = self._dsid.get_create_plist()
-        filters = tuple((int(code), tuple(int(v) for v in values))
-                        for code, _flags, values, _name in map(dcpl.get_filter, range(dcpl.get_nfilters())))
-        return StoredLayout(
-            dtype=self._stored, shape=self.shape, chunks=tuple(self.chunks), filters=filters, fill_value=fill,
-            starts=np.array([i.chunk_offset for i in infos], np.int64).reshape(len(infos), ndim),
-            byte_offsets=np.array([i.byte_offset for i in infos], np.int64),
-            sizes=np.array([i.size for i in infos], np.int64),
-            filter_masks=np.array([i.filter_mask for i in infos], np.int64))
-
-    def _all_chunk_infos(self) -> list[StoreInfo]:
-        """Every chunk written, in the index's order."""
-        if self._walk_index():
-            infos = list(self._index.values())
-        else:
-            infos = [self._dsid.get_chunk_info(i) for i in range(self._dsid.get_num_chunks())]
-        return [i for i in infos if i.byte_offset is not None]
-
-    def _walk_index(self) -> bool:
-        """Read the whole chunk index in one walk, once (False: this HDF5 cannot walk it)."""
-        walk = getattr(self._dsid, "chunk_iter", None)  # needs HDF5 >= 1.12.3
-        if walk is not None and not self._index_complete:
-            index: dict[tuple[int, ...], StoreInfo] = {}
-            walk(lambda info: index.__setitem__(info.chunk_offset, info))
-            self._index, self._index_complete = index, True
-        return walk is not None
+    def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
+        """The index entries (``StoreInfo``) of the chunks at ``coords``, None if absent."""
+        raise NotImplementedError
 
     def read(self, key: tuple) -> np.ndarray:
         """The raw stored values at ``key`` (one int or step>0 slice per dimension).
@@ -353,18 +299,6 @@ class HDF5Variable:
                 out[outer] = self._decode(raw, info, self._bytes_needed(inner))[inner]
         return out
 
-    def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
-        """The index entries (``StoreInfo``) of the chunks at ``coords``, None if absent."""
-        if len(coords) * _WALK_RATIO >= self._nchunks:
-            self._walk_index()
-        index = self._index
-        if self._index_complete:
-            return [index.get(c) for c in coords]
-        for c in coords:
-            if c not in index:
-                index[c] = self._dsid.get_chunk_info_by_coord(c)
-        return [index[c] for c in coords]
-
     def _bytes_needed(self, inner: tuple[slice, ...]) -> int:
         """How much of a chunk's bytes (in C order) hold the selection ``inner`` of it."""
         last = 0
@@ -394,16 +328,107 @@ class HDF5Variable:
         return buf.view(self._stored).reshape(self.chunks)
 
 
+class HDF5Variable(StoredVariable):
+    """One netCDF variable of an :class:`HDF5File`, read straight from its storage.
+
+    Metadata (dimensions, attributes, layout, filters, fill value) is gathered
+    once here; :meth:`read` may then be called from several threads at once.
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    attrs: dict[str, Any]
+
+    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
+        self.name = name
+        self._dsid = dsid
+        stored = check_dtype(dsid, where)
+        dcpl = dsid.get_create_plist()
+        layout = dcpl.get_layout()
+        if dcpl.get_external_count():
+            raise DirectReadUnsupported(f"external storage is not supported ({where})")
+        if layout not in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED):
+            raise DirectReadUnsupported(f"storage layout {layout} is not supported ({where})")
+        fill = np.zeros((1,), stored)
+        dcpl.get_fill_value(fill)
+        super().__init__(stored, dsid.shape, dcpl.get_chunk() if layout == h5py.h5d.CHUNKED else None,
+                         dsid.get_offset() if layout == h5py.h5d.CONTIGUOUS else None,
+                         _filter_pipeline(dcpl, where), fill[0], read_ranges, where)
+        #: stored without netCDF's fill (netCDF-C's NOFILL: HDF5 never writes fill values)
+        self.no_fill = dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
+        if self.chunks is not None:
+            self._index: dict[tuple[int, ...], StoreInfo] = {}
+            self._index_complete = False
+
+        check_dimensions(dsid, self._where)
+        self.attrs = NetCDFAttributes(dsid, self._where)
+
+    @functools.cached_property
+    def dims(self) -> tuple[str, ...]:
+        """netCDF dimension names (looked up on first use: few reads need them)."""
+        return dimension_names(h5py.Dataset(self._dsid), self._where)
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
+        return f"<HDF5Variable {self.name!r} ({dims}) {self.dtype}>"
+
+    def storage_layout(self) -> StoredLayout:
+        """Where every stored chunk lies (a walk over the chunk index, no data read)."""
+        fill = np.asarray(self._fill).astype(self._stored)[()]
+        if self.chunks is None:
+            return StoredLayout.contiguous(self._stored, self.shape, self._offset, fill)
+        infos = self._all_chunk_infos()
+        ndim = len(self.shape)
+        dcpl = self._dsid.get_create_plist()
+        filters = tuple((int(code), tuple(int(v) for v in values))
+                        for code, _flags, values, _name in map(dcpl.get_filter, range(dcpl.get_nfilters())))
+        return StoredLayout(
+            dtype=self._stored, shape=self.shape, chunks=tuple(self.chunks), filters=filters, fill_value=fill,
+            starts=np.array([i.chunk_offset for i in infos], np.int64).reshape(len(infos), ndim),
+            byte_offsets=np.array([i.byte_offset for i in infos], np.int64),
+            sizes=np.array([i.size for i in infos], np.int64),
+            filter_masks=np.array([i.filter_mask for i in infos], np.int64))
+
+    def _all_chunk_infos(self) -> list[StoreInfo]:
+        """Every chunk written, in the index's order."""
+        if self._walk_index():
+            infos = list(self._index.values())
+        else:
+            infos = [self._dsid.get_chunk_info(i) for i in range(self._dsid.get_num_chunks())]
+        return [i for i in infos if i.byte_offset is not None]
+
+    def _walk_index(self) -> bool:
+        """Read the whole chunk index in one walk, once (False: this HDF5 cannot walk it)."""
+        walk = getattr(self._dsid, "chunk_iter", None)  # needs HDF5 >= 1.12.3
+        if walk is not None and not self._index_complete:
+            index: dict[tuple[int, ...], StoreInfo] = {}
+            walk(lambda info: index.__setitem__(info.chunk_offset, info))
+            self._index, self._index_complete = index, True
+        return walk is not None
+
+    def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
+        """The index entries (``StoreInfo``) of the chunks at ``coords``, None if absent."""
+        if len(coords) * _WALK_RATIO >= self._nchunks:
+            self._walk_index()
+        index = self._index
+        if self._index_complete:
+            return [index.get(c) for c in coords]
+        for c in coords:
+            if c not in index:
+                index[c] = self._dsid.get_chunk_info_by_coord(c)
+        return [index[c] for c in coords]
+
+
 def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int]]:
     """``(filter code, shuffle element size)`` per filter, in the order applied on write."""
-    pipeline = []
+    filters = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, values, name = dcpl.get_filter(i)
         if code not in SUPPORTED_FILTERS:
             label = name.decode(errors="replace")
             raise DirectReadUnsupported(f"filter {label!r} ({code}) is not supported ({where})")
-        pipeline.append((code, int(values[0]) if code == SHUFFLE else 0))
-    return pipeline
+        filters.append((code, tuple(values)))
+    return pipeline_of(filters)
 
 
 # -- selections -------------------------------------------------------------
@@ -466,17 +491,6 @@ def _batches(items: list[_ChunkRead]) -> list[list[_ChunkRead]]:
 
 # -- bytes ------------------------------------------------------------------
 
-
-def _pread(fd: int, offset: int, length: int, path: str) -> np.ndarray:
-    buf = np.empty(length, np.uint8)  # unlike bytearray, not zeroed first
-    view = memoryview(buf)
-    done = 0
-    while done < length:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise OSError(f"{path!r} ends before byte {offset + length} (truncated file?)")
-        done += got
-    return buf
 
 
 def _check_length(buf: Buffer, expected: int, where: str) -> None:

@@ -8,6 +8,7 @@ a stream that inflates to more is refused, never a memory bomb.
 from __future__ import annotations
 
 import zlib
+from typing import Sequence
 
 import h5py
 import numpy as np
@@ -24,7 +25,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fall
     _decompressobj = zlib.decompressobj
     INFLATE_ERRORS = (zlib.error,)
 
-__all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "INFLATE_ERRORS", "inflate_head", "unfilter"]
+__all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "INFLATE_ERRORS", "inflate_head", "pipeline_of", "unfilter"]
 
 DEFLATE = h5py.h5z.FILTER_DEFLATE
 SHUFFLE = h5py.h5z.FILTER_SHUFFLE
@@ -37,6 +38,12 @@ SUPPORTED_FILTERS = frozenset({DEFLATE, SHUFFLE, FLETCHER32, *DECODERS})
 def inflate_head(raw: Buffer, nbytes: int) -> bytes:
     """The first ``nbytes`` of a zlib stream, inflating no further."""
     return _decompressobj().decompress(raw, nbytes)
+
+
+def pipeline_of(filters: Sequence[tuple[int, Sequence[int]]]) -> list[tuple[int, int]]:
+    """What :func:`unfilter` undoes, from HDF5's ``(filter code, parameters)`` in the order
+    applied on write: ``(filter code, shuffle element size)``."""
+    return [(int(code), int(values[0]) if code == SHUFFLE else 0) for code, values in filters]
 
 
 def unfilter(raw: Buffer, pipeline: list[tuple[int, int]], filter_mask: int, nbytes: int,

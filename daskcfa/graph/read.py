@@ -79,6 +79,7 @@ class AggregatedArray:
             missing=access.missing,
             masked_as=self.encoding if (decode and mask) or chars_encoding else None,
             text_encoding=chars_encoding,
+            chunk_index=None if access.chunk_index is None else access.chunk_index.variable(variable.name),
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
         self._ahead_uris: dict[tuple[int, ...], str | None] = {}
@@ -97,7 +98,8 @@ class AggregatedArray:
         # would not be used.)
         return dask.base.tokenize(
             type(self).__name__, self.variable.source, storage.version(self.variable.source, self.target.profile),
-            self.variable.name, self.mask, self.decode, self.text, self.target.policy, self.target.missing)
+            self.variable.name, self.mask, self.decode, self.text, self.target.policy, self.target.missing,
+            self.target.chunk_index)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         grid = self.variable.fragments.grid
@@ -224,8 +226,11 @@ class AggregatedArray:
         if not ref.is_missing and ref.uris:
             uri = storage.resolve(ref.uris[0], self.target.source)
             nbytes = int(np.prod(ref.shape, dtype=np.int64)) * self.target.dtype.itemsize
-            if storage.is_local(uri) or storage.is_opendap(uri) or nbytes > small_object_size():
-                uri = None  # (larger objects are fetched in concurrent parts by their own task)
+            indexed = self.target.chunk_index is not None and self.target.chunk_index.entry(
+                uri, ref.variable_names(self.target.default_identifier)) is not None
+            if storage.is_local(uri) or storage.is_opendap(uri) or nbytes > small_object_size() or indexed:
+                uri = None  # (larger objects are fetched in concurrent parts by their own task; indexed
+                # ones by byte range: fetching them whole would only add GETs)
             elif self.target.policy is not None and not self.target.policy.allows(uri):
                 uri = ""
         if len(self._ahead_uris) >= _AHEAD_REMEMBERED:  # (a walk needs those near it only)

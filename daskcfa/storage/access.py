@@ -27,6 +27,9 @@ class Access:
     profile: ProfileRef
     policy: LocationPolicy
     missing: str = "raise"
+    #: the chunk index read beside the aggregation file (a
+    #: :class:`daskcfa.fragments.chunk_index.ChunkIndex`), or None: fragments read the usual way
+    chunk_index: Any = None
 
     def __post_init__(self) -> None:
         _check_missing(self.missing)

@@ -55,7 +55,7 @@ from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
 from .objects import delete, delete_all, exists, filesystem, read_bytes
-from .retry import translated, with_retries
+from .retry import precondition_failed, translated, with_retries
 from .uri import is_local
 from .profiles import ProfileRef
 
@@ -356,17 +356,6 @@ def _remove(uri: str, tag: Any, profile: ProfileRef) -> None:
             os.unlink(f"{path}.lock")  # (still held: a waiter sees the name gone and locks anew)
 
 
-def _precondition_failed(exc: BaseException) -> bool:
-    seen, current = 0, exc
-    while current is not None and seen < 8:
-        response = getattr(current, "response", None)
-        if isinstance(response, dict) and (response.get("Error", {}).get("Code") == "PreconditionFailed" or
-                                           response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412):
-            return True
-        current = current.__cause__ or current.__context__
-        seen += 1
-    return False
-
 
 def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: str) -> bool:
     fs, path = filesystem(uri, profile)
@@ -377,7 +366,7 @@ def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: st
             fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
             return True
         except Exception as exc:
-            if _precondition_failed(exc):
+            if precondition_failed(exc):
                 return False
             raise
 

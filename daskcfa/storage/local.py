@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import io
 import os
+
+import numpy as np
 from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISREG, S_ISSOCK
 
 from ..errors import NotFoundError, StorageError
 from .retry import translated
 from .uri import is_local, to_local_path
 
-__all__ = ["local_path", "irregular", "local_stat", "open_local", "free_space"]
+__all__ = ["local_path", "irregular", "local_stat", "open_local", "pread", "free_space"]
 
 
 def local_path(uri: str) -> str:
@@ -75,6 +77,20 @@ def open_local(uri: str) -> io.BufferedReader:
     except BaseException:
         os.close(fd)
         raise
+
+
+def pread(fd: int, offset: int, length: int, label: str) -> np.ndarray:
+    """``length`` bytes at ``offset`` of an open file (a short file raises :class:`OSError`
+    naming ``label``), in a fresh array: unlike a bytearray, not zeroed first."""
+    buf = np.empty(length, np.uint8)
+    view = memoryview(buf)
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise OSError(f"{label!r} ends before byte {offset + length} (truncated file?)")
+        done += got
+    return buf
 
 
 def free_space(uri: str) -> int | None:

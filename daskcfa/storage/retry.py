@@ -19,7 +19,7 @@ import dask.config
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..logs import logger
 
-__all__ = ["Refused", "translated", "refusals", "http_status", "with_retries"]
+__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries"]
 
 _TRANSIENT = (ConnectionError, TimeoutError)
 log = logger(__name__)
@@ -131,6 +131,17 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS:
         return True
     return http_status(exc) in (500, 502, 503, 504)  # a server restarting, overloaded or behind a failing proxy
+
+
+def precondition_failed(exc: BaseException) -> bool:
+    """Whether an S3 request was refused because its condition (``If-Match``,
+    ``If-None-Match``) did not hold: an answer, not a fault to retry."""
+    for current in _chain(exc):
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and (response.get("Error", {}).get("Code") == "PreconditionFailed" or
+                                           response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412):
+            return True
+    return False
 
 
 def with_retries(uri: str, operation: Any, *args: Any, **kwargs: Any) -> Any:

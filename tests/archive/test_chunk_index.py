@@ -1,0 +1,320 @@
+"""The chunk index (``daskcfa.index``, ``daskcfa index``; read by ``from_cfa``/``open_cfa`` through
+``daskcfa.fragments.chunk_index``): reads equal numpy ground truth with and without it, locally and
+on the S3 test server, with no HDF5 metadata read; one GET per fragment for a point series on S3
+(the server's own request counters); fragments rewritten after indexing detected and read correctly;
+hostile index files refused or left out with a warning, never a wrong value."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+import warnings
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+
+import daskcfa
+from builders import Frag, assert_matches, build, make_truth
+from daskcfa.errors import CFAFormatError, CFAWarning, NotFoundError
+from daskcfa.fragments import canonical
+
+pytestmark = pytest.mark.usefixtures("other_cwd")
+
+DIMS = ("time", "lat", "lon")
+SHAPE = (6, 4, 10)
+SIZES = ((2, 2, 2), (4,), (5, 5))
+N_FRAGMENTS = 6
+#: fragments stored each their own way: an index, unlike a reference set, is per fragment
+STORAGE = {
+    (0, 0, 0): None,  # contiguous
+    (0, 0, 1): {"zlib": True, "shuffle": True, "complevel": 4, "chunksizes": (1, 2, 5)},
+    (1, 0, 0): {"zlib": True, "fletcher32": True, "chunksizes": (2, 4, 5)},
+    (1, 0, 1): {"compression": "zstd", "chunksizes": (1, 4, 5)},
+    (2, 0, 0): {"compression": "bzip2", "shuffle": True, "chunksizes": (2, 2, 5)},
+    (2, 0, 1): {"zlib": True, "chunksizes": (1, 3, 3)},  # edge chunks
+}
+
+
+def mixed(index):
+    """Different storage, packing and missing-value conventions per fragment."""
+    extra = {(1, 0, 0): {"scale_factor": 0.01, "add_offset": 250.0, "dtype": "i2"},
+             (2, 0, 1): {"missing": "missing_value"}}.get(index, {})
+    return Frag(storage=STORAGE[index], **extra)
+
+
+@pytest.fixture
+def built(tmp_path):
+    return build("CF-1.13", tmp_path / "ds", make_truth(SHAPE, "f4", seed=3, masked=0.15), DIMS, SIZES, frags=mixed)
+
+
+@pytest.fixture
+def opens(monkeypatch):
+    """Counts the fragment files opened the usual way (HDF5 metadata read)."""
+    calls = []
+    original = canonical.open_fragment
+    monkeypatch.setattr(canonical, "open_fragment", lambda uri, *a, **k: calls.append(uri) or original(uri, *a, **k))
+    return calls
+
+
+def check_reads(url, expected, storage_options=None, **kw):
+    x = daskcfa.from_cfa(url, "tas", storage_options=storage_options, **kw)
+    assert_matches(x.compute(), expected, rtol=1e-5)
+    assert_matches(x[:, 2, 7].compute(), expected[:, 2, 7], rtol=1e-5)
+    assert_matches(x[1:5, 1:3, 3:8].compute(), expected[1:5, 1:3, 3:8], rtol=1e-5)
+    assert_matches(x[::-2, 0, ::3].compute(), expected[::-2, 0, ::3], rtol=1e-5)
+    assert_matches(x[[0, 5, 3], 1, 2:10].compute(), expected[[0, 5, 3], 1, 2:10], rtol=1e-5)
+
+
+def index_file(built) -> Path:
+    return built.path.parent / f".{built.path.name}.chunks.json"
+
+
+# ---------------------------------------------------------------------------
+# Reads with and without the index
+# ---------------------------------------------------------------------------
+def test_reads_equal_with_and_without_the_index_and_open_no_fragment_file(built, opens):
+    report = daskcfa.index(str(built.path))
+    assert report.fragments == N_FRAGMENTS and not report.left_out
+    assert Path(report.uri) == index_file(built)
+    check_reads(str(built.path), built.expected, chunk_index=False)
+    assert len(opens) >= N_FRAGMENTS
+    opens.clear()
+    check_reads(str(built.path), built.expected)
+    assert opens == [], "no fragment opened as HDF5 through the index"
+    with daskcfa.open_cfa(str(built.path), chunk_index=True) as ds:
+        assert_matches(ds["tas"][...], built.expected, rtol=1e-5)
+    assert opens == []
+
+
+def test_unmasked_and_stored_values(built):
+    daskcfa.index(str(built.path))
+    for kw in ({"mask": False}, {}):
+        got = daskcfa.from_cfa(str(built.path), "tas", **kw).compute()
+        want = daskcfa.from_cfa(str(built.path), "tas", chunk_index=False, **kw).compute()
+        np.testing.assert_array_equal(np.ma.getdata(got), np.ma.getdata(want))
+        np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(want))
+
+
+def test_netcdf3_fragments_and_integers(tmp_path, opens):
+    truth = make_truth(SHAPE, "i4", seed=5, masked=0.1, lo=-1000, hi=1000)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, SIZES,
+                  frags=lambda i: Frag(format="NETCDF3_64BIT_OFFSET" if i[2] else "NETCDF4",
+                                       storage=None if i[2] else {"zlib": True, "chunksizes": (1, 4, 5)}))
+    assert daskcfa.index(str(built.path)).fragments == N_FRAGMENTS
+    check_reads(str(built.path), built.expected)
+    assert opens == []
+
+
+def test_fragments_the_index_cannot_locate_are_left_out(tmp_path, opens):
+    """A missing fragment and one in a Zarr-free but unusual way (strings) are read the usual way."""
+    built = build("CF-1.13", tmp_path / "ds", make_truth(SHAPE, "f4", seed=2), DIMS, SIZES)
+    built.fragment_files[(1, 0, 1)].unlink()
+    with pytest.warns(CFAWarning, match=r"1 fragment\(s\) left out.*fragment \(1, 0, 1\): fragment file not found"):
+        report = daskcfa.index(str(built.path))
+    assert report.fragments == N_FRAGMENTS - 1
+    x = daskcfa.from_cfa(str(built.path), "tas", missing="fill")
+    with pytest.warns(CFAWarning, match="as missing data"):
+        got = x.compute()
+    assert_matches(got[:2], built.expected[:2])
+
+
+def test_index_of_chosen_variables_and_errors(built):
+    assert daskcfa.index(str(built.path), "tas").fragments == N_FRAGMENTS
+    with pytest.raises(daskcfa.VariableNotFoundError):
+        daskcfa.index(str(built.path), "nope")
+    with pytest.raises(NotFoundError, match="no chunk index"):
+        daskcfa.from_cfa(str(built.path.parent / "missing.nc"), "tas", chunk_index=True)
+    with pytest.raises(daskcfa.ArgumentError, match="chunk_index must be True, False or 'auto'"):
+        daskcfa.from_cfa(str(built.path), "tas", chunk_index="yes")
+
+
+def test_no_index_with_chunk_index_true_is_an_error(built):
+    with pytest.raises(NotFoundError, match="no chunk index"):
+        daskcfa.from_cfa(str(built.path), "tas", chunk_index=True)
+    with dask.config.set({"daskcfa.io.chunk-index": False}):
+        daskcfa.index(str(built.path))
+        assert daskcfa.from_cfa(str(built.path), "tas").compute().shape == SHAPE
+
+
+# ---------------------------------------------------------------------------
+# Changed fragments
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["contiguous", "chunked"])
+def test_a_fragment_rewritten_after_indexing_is_read_without_the_index(tmp_path, layout):
+    storage = None if layout == "contiguous" else {"zlib": True, "chunksizes": (1, 4, 5)}
+    truth = make_truth(SHAPE, "f4", seed=7)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, SIZES, frags=lambda i: Frag(storage=storage))
+    daskcfa.index(str(built.path))
+    expected = truth.copy()
+    expected[2:4, :, 5:10] *= 2
+    again = build("CF-1.13", tmp_path / "again", expected, DIMS, SIZES, frags=lambda i: Frag(storage=storage))
+    os.replace(again.fragment_files[(1, 0, 1)], built.fragment_files[(1, 0, 1)])  # as a re-run writer would
+    with pytest.warns(CFAWarning, match=r"changed since the chunk index was written.*fragment \(1, 0, 1\)"):
+        got = daskcfa.from_cfa(str(built.path), "tas")[:, 1, 6].compute()
+    assert_matches(got, expected[:, 1, 6])
+
+
+# ---------------------------------------------------------------------------
+# Hostile index files
+# ---------------------------------------------------------------------------
+def entry_edits():
+    def first(doc):
+        return doc["variables"]["/tas"][1]  # the zlib+shuffle fragment
+
+    def past_end(doc):
+        first(doc)["offsets"][0] = first(doc)["size"] - 2
+
+    def absurd_size(doc):
+        first(doc)["sizes"][0] = 1 << 40
+
+    def negative(doc):
+        first(doc)["offsets"][0] = -5
+
+    def off_grid(doc):
+        first(doc)["starts"][0] = [1, 0, 0]
+
+    def swapped_uri(doc):  # entries for fragments the aggregation does not name: never used
+        for entry in doc["variables"]["/tas"]:
+            entry["uri"] = "elsewhere/" + entry["uri"]
+
+    def outside_policy(doc):
+        first(doc)["uri"] = "file:///etc/passwd"
+
+    def unknown_filter(doc):
+        first(doc)["filters"] = [[9999, []]]
+
+    def string_type(doc):
+        first(doc)["dtype"] = "|S1"
+
+    def wrong_token(doc):  # the object is not the one indexed: never read through the index
+        first(doc)["token"] = "0"
+
+    def bad_attribute(doc):
+        first(doc)["attrs"]["_FillValue"] = {"dtype": "O", "data": [[1, 2]]}
+
+    return {f.__name__: f for f in (past_end, absurd_size, negative, off_grid, swapped_uri, outside_policy,
+                                    unknown_filter, string_type, wrong_token, bad_attribute)}
+
+
+@pytest.mark.parametrize("edit", list(entry_edits()))
+def test_hostile_entries_are_left_out(built, edit):
+    daskcfa.index(str(built.path))
+    path = index_file(built)
+    doc = json.loads(path.read_text())
+    entry_edits()[edit](doc)
+    path.write_text(json.dumps(doc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = daskcfa.from_cfa(str(built.path), "tas")
+        got, point = x.compute(), x[:, 1, 6].compute()
+    assert_matches(got, built.expected, rtol=1e-5)
+    assert_matches(point, built.expected[:, 1, 6], rtol=1e-5)
+    messages = " ".join(str(w.message) for w in caught if issubclass(w.category, CFAWarning))
+    if edit == "wrong_token":
+        assert "changed since the chunk index was written" in messages
+    elif edit not in ("swapped_uri", "outside_policy"):  # (never looked up: no fragment has that URI)
+        assert "entries left out" in messages
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage {", b"[1, 2]", b'{"format": "other"}',
+                                     b'{"format": "daskcfa-chunk-index", "version": 99, "variables": {}}',
+                                     b'{"format": "daskcfa-chunk-index", "version": 1, "variables": []}',
+                                     b'{"format": "daskcfa-chunk-index", "version": 1, "variables": {"/tas": 3}}',
+                                     b"[" * 100000])
+def test_hostile_index_files(built, content):
+    index_file(built).write_bytes(content)
+    with pytest.warns(CFAWarning, match="the chunk index is not used"):
+        x = daskcfa.from_cfa(str(built.path), "tas")
+    assert_matches(x.compute(), built.expected, rtol=1e-5)
+    with pytest.raises(CFAFormatError):
+        daskcfa.from_cfa(str(built.path), "tas", chunk_index=True)
+
+
+def test_an_index_too_large_is_not_read(built):
+    daskcfa.index(str(built.path))
+    with dask.config.set({"daskcfa.limits.max-memory": 16384}):
+        with pytest.warns(CFAWarning, match="more than 1,024 "):
+            x = daskcfa.from_cfa(str(built.path), "tas")
+    assert_matches(x.compute(), built.expected, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# S3
+# ---------------------------------------------------------------------------
+def test_reads_on_s3_with_and_without_the_index(built, placed, opens):
+    url, options = placed(built.path)
+    daskcfa.index(url, storage_options=options)
+    opens.clear()
+    check_reads(url, built.expected, options)
+    assert opens == []
+    check_reads(url, built.expected, options, chunk_index=False)
+
+
+@pytest.fixture(scope="module")
+def counted_s3():
+    """An S3 server of this module's own, with its Prometheus request counters on."""
+    from daskcfa_testing.servers import S3Server, free_ports
+
+    port, = free_ports(1)
+    with S3Server(extra_args=(f"-metricsPort={port}", "-metricsIp=127.0.0.1")) as server:
+        yield server, f"http://127.0.0.1:{port}/metrics"
+
+
+def requests_by_type(metrics_url, bucket):
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("SeaweedFS_s3_request_total{") and f'bucket="{bucket}"' in line:
+            kind = line.split('type="', 1)[1].split('"', 1)[0]
+            counts[kind] = counts.get(kind, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3):
+    server, metrics = counted_s3
+    n = 12
+    truth = make_truth((n, 30, 40), "f4", seed=9)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, ((1,) * n, (30,), (40,)),
+                  frags=lambda i: Frag(storage={"zlib": True, "shuffle": True, "chunksizes": (1, 10, 10)}))
+    bucket = server.new_bucket()
+    server.filesystem().put(str(built.path.parent) + "/", f"{bucket}/ds/", recursive=True)
+    url = f"s3://{bucket}/ds/{built.path.name}"
+    daskcfa.index(url, storage_options=server.storage_options)
+    x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)  # (the aggregation and index read)
+    before = requests_by_type(metrics, bucket)
+    got = x[:, 17, 23].compute()
+    after = requests_by_type(metrics, bucket)
+    assert_matches(got, truth[:, 17, 23])
+    spent = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    assert spent == {"GET": n} or spent == {"GetObject": n}, spent
+
+    # a fragment replaced on S3 after indexing: If-Match refuses it, and it is read the usual way
+    fs = server.filesystem()
+    changed = truth.copy()
+    changed[4] += 1
+    build_one = build("CF-1.13", tmp_path / "again", changed, DIMS, ((1,) * n, (30,), (40,)),
+                      frags=lambda i: Frag(storage={"zlib": True, "shuffle": True, "chunksizes": (1, 10, 10)}))
+    relative = built.fragment_files[(4, 0, 0)].relative_to(built.path.parent)
+    fs.put_file(str(build_one.fragment_files[(4, 0, 0)]), f"{bucket}/ds/{relative}")
+    with pytest.warns(CFAWarning, match=r"changed since the chunk index.*fragment \(4, 0, 0\)"):
+        got = x[:, 17, 23].compute()
+    assert_matches(got, changed[:, 17, 23])
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+def test_cli_index(built):
+    here = {"PYTHONPATH": str(Path(daskcfa.__file__).parents[1])}  # (this checkout's daskcfa)
+    done = subprocess.run([sys.executable, "-m", "daskcfa", "index", str(built.path)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **here})
+    assert done.returncode == 0, done.stderr
+    assert f".{built.path.name}.chunks.json: 6 fragment(s)" in done.stdout
+    assert index_file(built).exists()
+    check_reads(str(built.path), built.expected, chunk_index=True)
