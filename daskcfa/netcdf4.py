@@ -578,7 +578,8 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
         value_shape = np.shape(values) if not isinstance(values, da.Array) else values.shape
         selection, grown, drop = _selection(key, self.shape, unlimited, value_shape)
         target = tuple(len(s) for i, s in enumerate(selection) if i not in drop)
-        values = _conform(values, target, tuple(len(s) for s in selection), self.path)
+        values = _conform(_storable(values, self.value_dtype, self.path), target, tuple(len(s) for s in selection),
+                          self.path)
         for dim, size in zip(self._dimensions, grown):
             if size > dim.size:
                 dim.size = size
@@ -633,6 +634,30 @@ def _take(values: Any, positions: tuple[np.ndarray, ...]) -> Any:
         where = _run(at)
         if not (isinstance(where, slice) and where == slice(0, values.shape[d])):
             values = values[(slice(None),) * d + (where,)]
+    return values
+
+
+def _storable(values: Any, dtype: np.dtype, path: str) -> Any:
+    """Values for an (unpacked) integer variable: NaN is missing, and what ``dtype`` cannot hold is refused
+    (numpy's cast would wrap it, as netCDF4-python lets it: 300 into int8 is 44). Dask values are checked
+    as they are computed, one fragment at a time."""
+    if dtype.kind not in "iu" or isinstance(values, da.Array):
+        return values
+    values = np.ma.asarray(values) if np.ma.isMaskedArray(values) else np.asarray(values)
+    if values.size == 0 or values.dtype.kind not in "iuf" or np.can_cast(values.dtype, dtype):
+        return values
+    data, mask = np.ma.getdata(values), np.ma.getmaskarray(values)
+    if data.dtype.kind == "f":
+        nan = np.isnan(data)
+        if nan.any():
+            mask, data = mask | nan, np.where(nan, 0, data)
+            values = np.ma.MaskedArray(data, mask=mask)
+        data = np.trunc(data)  # (netCDF4-python's cast truncates: 2.7 is 2)
+    held = data[~mask]
+    info = np.iinfo(dtype)
+    if held.size and (held.min() < info.min or held.max() > info.max):
+        raise ArgumentError(f"values from {held.min()} to {held.max()} are outside the range of {dtype}, which "
+                            "would wrap them (mask them, or choose a wider type)", variable=path)
     return values
 
 
@@ -887,6 +912,8 @@ class AggregationWriter(_Definitions, Dataset):
             local = tuple(p[1] for p in parts)
             source = tuple(p[2] for p in parts)
             piece = _as_numpy(_take(values, source))
+            if isinstance(values, da.Array):
+                piece = _storable(piece, var.value_dtype, var.path)
             buffer = self._buffer(var, index)
             buffer.put(_orthogonal(local), piece)
             if buffer.complete():
@@ -959,7 +986,8 @@ class AggregationWriter(_Definitions, Dataset):
                                     token=uuid.uuid4().hex)
             return write_fragment(spec, target, encode_values(values, var.attrs, var.dtype), sliced, lease=self._lease)
         except BaseException as exc:
-            self.__dict__["_failed"] = exc if isinstance(exc, CFAError) else FragmentError(
+            self.__dict__["_failed"] = exc.located(variable=var.path, fragment=index) if isinstance(exc, CFAError) \
+                else FragmentError(
                 f"cannot write fragment ({type(exc).__name__}: {exc})", file=self.url, variable=var.path,
                 fragment=index)
             raise self._failed from exc

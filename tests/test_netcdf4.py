@@ -561,3 +561,55 @@ def test_strings_and_characters_in_the_aggregation_file(tmp_path):
         ds.createVariable("v", "f4", ("t", "station"))[:] = np.ones((4, 3))
     got = Dataset(url)["name"][:]
     assert list(got) == ["Reading", "", "Chilbolton"]
+
+
+# --------------------------------------------------------------------------
+# Found by trying to break it: values the stored type cannot hold, hostile attribute names,
+# netCDF4-python's orthogonal reads, packing changed after values were assigned
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,values", [("i1", 300), ("i1", [300, 5]), ("i1", np.array([300, 5])),
+                                          ("i1", np.array([1e10, 5.0])), ("u1", np.array([-1, 5])),
+                                          ("i4", np.array([np.inf, 5.0]))])
+def test_values_the_stored_type_cannot_hold_are_refused(tmp_path, dtype, values):
+    """netCDF4-python raises for Python integers (numpy's OverflowError) and wraps numpy arrays into
+    garbage (300 -> 44): daskcfa refuses both, before anything is buffered or a dimension grows."""
+    url = str(tmp_path / "r.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 2)
+        v = ds.createVariable("v", dtype, ("t", "x"))
+        with pytest.raises(daskcfa.ArgumentError, match=f"outside the range of {np.dtype(dtype)}.*'/v'"):
+            v[0] = values
+        assert v.shape == (0, 2)
+        v[0] = [1, 2]
+    same(Dataset(url)["v"][:], np.array([[1, 2]], dtype))
+
+
+def test_packed_values_the_stored_type_cannot_hold_are_refused(tmp_path):
+    url = str(tmp_path / "p.nc")
+    with pytest.raises(daskcfa.CFAError, match="outside the range of int8"):
+        with Dataset(url, "w") as ds:
+            ds.createDimension("x", 2)
+            v = ds.createVariable("v", "i1", ("x",))
+            v.scale_factor = 0.01
+            v[:] = [1.0, 5.0]  # 500 packed: netCDF4-python stores -12
+            ds.close()
+    assert not os.path.exists(url)
+
+
+def test_nan_into_an_integer_variable_is_missing(tmp_path):
+    """NaN cannot be an integer: missing (daskcfa's writing rule), never INT_MIN as netCDF4-python
+    stores it, nor a cast of NaN."""
+    url = str(tmp_path / "n.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("x", 3)
+        ds.createDimension("t", 2)
+        ds.createVariable("x", "i4", ("x",))[:] = np.array([1.0, np.nan, 3.0])
+        v = ds.createVariable("v", "i2", ("t", "x"), fill_value=-9)
+        v[0] = np.array([np.nan, 2.0, 3.0])
+        v[1, 0] = np.nan
+    ds = Dataset(url)
+    same(ds["x"][:], np.ma.MaskedArray([1, 0, 3], mask=[0, 1, 0]))
+    same(ds["v"][:], np.ma.MaskedArray([[0, 2, 3], [0, 0, 0]], mask=[[1, 0, 0], [1, 1, 1]]))
