@@ -186,10 +186,7 @@ class _PlainGroup:
         return getattr(self.__dict__["_nc"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._nc, name, value)
+        setattr(self._nc, name, value)  # (netCDF4-python's rules; this object's own fields are set in __dict__)
 
     def __getitem__(self, path: str) -> Any:
         return self._nc[path]
@@ -215,31 +212,31 @@ class PlainWriter(_PlainGroup):
 
     def __init__(self, url: str, mode: str, clobber: bool, format: str,
                  storage_options: Mapping[str, Any] | None, **options: Any) -> None:
-        self._url = storage.normalise(url)
-        self._profile = storage.register(storage_options, protocol=storage.scheme_of(self._url))
-        exists = storage.exists(self._url, self._profile)
+        url = storage.normalise(url)
+        profile = storage.register(storage_options, protocol=storage.scheme_of(url))
+        exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
-            raise FileExistsError(f"{self._url} exists (clobber=False)")
+            raise FileExistsError(f"{url} exists (clobber=False)")
         if mode in ("a", "r+") and not exists:
-            raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=self._url)
-        local = storage.is_local(self._url)
+            raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=url)
+        local = storage.is_local(url)
         if local:
-            final = storage.local_path(self._url)
+            final = storage.local_path(url)
             os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
-            self._scratch = storage.temporary_name(final)
+            scratch = storage.temporary_name(final)
         else:
-            handle, self._scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-dataset-")
+            handle, scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-dataset-")
             os.close(handle)
         if mode in ("a", "r+"):
             if local:
-                shutil.copyfile(storage.local_path(self._url), self._scratch)
+                shutil.copyfile(storage.local_path(url), scratch)
             else:
-                with open(self._scratch, "wb") as f:
-                    f.write(storage.read_bytes(self._url, self._profile))
+                with open(scratch, "wb") as f:
+                    f.write(storage.read_bytes(url, profile))
         with HDF5_LOCK:
-            nc = netCDF4.Dataset(self._scratch, "a" if mode in ("a", "r+") else "w", format=format, **options)
+            nc = netCDF4.Dataset(scratch, "a" if mode in ("a", "r+") else "w", format=format, **options)
         super().__init__(nc)
-        self._closed = False
+        self.__dict__.update(_url=url, _profile=profile, _scratch=scratch, _closed=False)
 
     def close(self) -> None:
         """Close the file and put it in place (upload it, for remote targets)."""
@@ -248,7 +245,7 @@ class PlainWriter(_PlainGroup):
     def _end(self, *, commit: bool) -> None:
         if self._closed:
             return
-        self._closed = True
+        self.__dict__["_closed"] = True
         try:
             with HDF5_LOCK:
                 self._nc.close()
@@ -303,12 +300,8 @@ class GrowingDimension:
         return f"<daskcfa.netcdf4.Dimension {self.name!r} ({kind}size {self.size})>"
 
 
-def _private(name: str) -> bool:
-    """An attribute of the Python object (``_writer``), not a netCDF attribute (``_FillValue``, ``_Unsigned``)."""
-    return name.startswith("_") and not name[1:2].isupper()
-
-
-_OWN_NAMES = frozenset({"name", "path", "attrs", "dimensions", "variables", "groups", "parent", "url"})
+#: names netCDF4-python reserves (setting one raises AttributeError); every other name is a netCDF attribute
+_RESERVED = frozenset({"name", "path", "dimensions", "variables", "groups", "parent", "dtype", "ndim"})
 
 
 class _NetCDFAttributes:
@@ -316,12 +309,14 @@ class _NetCDFAttributes:
 
     attrs: dict[str, Any]
     _writer: "AggregationWriter"
-    _own: frozenset[str] = _OWN_NAMES  #: names of the Python object's own attributes
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name) or name in self._own or "attrs" not in self.__dict__:
+        if "_writer" not in self.__dict__:  # (being built: the object's own fields)
             object.__setattr__(self, name, value)
-        else:
+        elif name in _RESERVED:
+            raise AttributeError(f"{name!r} cannot be set (netCDF4-python reserves it); setncattr({name!r}, ...) "
+                                 "sets a netCDF attribute of that name")
+        else:  # (url, _writer, ...: as netCDF4-python, a netCDF attribute; never this object's own fields)
             self.setncattr(name, value)
 
     def __delattr__(self, name: str) -> None:
@@ -541,8 +536,6 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
     @property
     def fragments(self) -> None:  # type: ignore[override]
         return None
-
-    _own = frozenset({"name", "path", "dims", "dtype", "attrs", "aggregation"})
 
     def _attribute(self, name: str, value: Any) -> Any:
         if name == "_FillValue":

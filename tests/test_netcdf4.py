@@ -613,3 +613,28 @@ def test_nan_into_an_integer_variable_is_missing(tmp_path):
     ds = Dataset(url)
     same(ds["x"][:], np.ma.MaskedArray([1, 0, 3], mask=[0, 1, 0]))
     same(ds["v"][:], np.ma.MaskedArray([[0, 2, 3], [0, 0, 0]], mask=[[1, 0, 0], [1, 1, 1]]))
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "NETCDF4"])
+def test_attribute_names_of_the_python_object(tmp_path, fmt):
+    """netCDF4-python makes every name it does not reserve a netCDF attribute (``url``, ``_writer``...):
+    they were daskcfa's own fields, and ``ds.url = ...`` redirected the write."""
+    url = str(tmp_path / "h.nc")
+    elsewhere = str(tmp_path / "elsewhere.nc")
+    names = ["url", "_writer", "_url", "_scratch", "_nc", "_closed", "attrs", "dims", "_x"]
+    with Dataset(url, "w", format=fmt) as ds:
+        ds.createDimension("x", 2)
+        v = ds.createVariable("v", "f4", ("x",))
+        for name in names:
+            setattr(ds, name, elsewhere)
+            setattr(v, name, elsewhere)
+        for name in ("name", "path", "dimensions", "variables", "groups", "parent"):
+            with pytest.raises(AttributeError):
+                setattr(ds, name, "x")
+        with pytest.raises(AttributeError):
+            v.name = "w"
+        v[:] = [1.0, 2.0]
+    assert not os.path.exists(elsewhere)
+    with netCDF4.Dataset(url) as nc:
+        assert all(nc.getncattr(n) == elsewhere and nc["v"].getncattr(n) == elsewhere for n in names)
+    same(Dataset(url)["v"][:], np.array([1.0, 2.0]))
