@@ -178,6 +178,10 @@ class Variable(_AttributeAccessors):
     def __getitem__(self, key: Any) -> np.ndarray:
         return plain_masked(_result(orthogonal(self.data, key)))
 
+    def getValue(self) -> Any:
+        """netCDF4-python's way to read a scalar variable."""
+        return self[...]
+
     def __setitem__(self, key: Any, values: Any) -> None:
         raise ArgumentError(f"{self.path} was opened for reading: open the dataset with mode 'a' or 'r+' "
                             "(daskcfa.Dataset(url, 'a')) to write to it", file=self._url or None)
@@ -212,7 +216,7 @@ def orthogonal(x: da.Array, key: Any) -> da.Array:
     for i, k in enumerate(key):
         if k is Ellipsis:
             axis += x.ndim - consumed
-        elif not _is_integer(k):
+        elif not integer_index(k):
             axes[i] = axis
             axis += 1
     for i in sequences:
@@ -221,10 +225,11 @@ def orthogonal(x: da.Array, key: Any) -> da.Array:
 
 
 def _basic(k: Any) -> bool:
-    return k is None or k is Ellipsis or isinstance(k, slice) or _is_integer(k)
+    return k is None or k is Ellipsis or isinstance(k, slice) or integer_index(k)
 
 
-def _is_integer(k: Any) -> bool:
+def integer_index(k: Any) -> bool:
+    """Whether ``k`` indexes by an integer (dropping its dimension); ``True`` and ``False`` do not."""
     return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
 
 

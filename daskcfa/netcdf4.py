@@ -585,6 +585,13 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
             return
         writer.assign(self, selection, values)
 
+    def assignValue(self, value: Any) -> None:
+        """netCDF4-python's way to set a scalar variable."""
+        self[...] = value
+
+    def getValue(self) -> Any:
+        return self[...]
+
     @property
     def value_dtype(self) -> np.dtype:
         """The dtype of the values assigned (unpacked: netCDF4-python's rule)."""
@@ -689,6 +696,8 @@ def _selection(key: Any, shape: tuple[int, ...], unlimited: Sequence[bool], valu
     """netCDF4-python's index rules: the positions selected along each dimension, each dimension's
     size after the assignment (unlimited ones grow), and the dimensions indexed by an integer."""
     key = key if isinstance(key, tuple) else (key,)
+    if not shape and len(key) == 1:
+        key = ()  # (a scalar variable takes any one index, as in netCDF4-python: v[:] = 5)
     if sum(k is Ellipsis for k in key) > 1:
         raise ArgumentError("an index can only have a single ellipsis ('...')")
     if Ellipsis in [k for k in key if not isinstance(k, np.ndarray)]:
@@ -699,9 +708,9 @@ def _selection(key: Any, shape: tuple[int, ...], unlimited: Sequence[bool], valu
     key = key + (slice(None),) * (len(shape) - len(key))
     selection, grown, drop = [], [], set()
     vdims = list(value_shape) if value_shape is not None else []
-    kept = [i for i, k in enumerate(key) if not _is_integer(k)]
+    kept = [i for i, k in enumerate(key) if not dataset.integer_index(k)]
     for d, (k, n, grows) in enumerate(zip(key, shape, unlimited)):
-        if _is_integer(k):
+        if dataset.integer_index(k):
             i = int(k)
             if i < 0:
                 i += n
@@ -732,10 +741,6 @@ def _selection(key: Any, shape: tuple[int, ...], unlimited: Sequence[bool], valu
         selection.append(positions)
         grown.append(max(n, int(positions.max()) + 1) if len(positions) else n)
     return selection, grown, drop
-
-
-def _is_integer(k: Any) -> bool:
-    return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
 
 
 class _FragmentLayout:

@@ -638,3 +638,17 @@ def test_attribute_names_of_the_python_object(tmp_path, fmt):
     with netCDF4.Dataset(url) as nc:
         assert all(nc.getncattr(n) == elsewhere and nc["v"].getncattr(n) == elsewhere for n in names)
     same(Dataset(url)["v"][:], np.array([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "NETCDF4"])
+def test_scalar_variables_take_any_one_index(tmp_path, fmt):
+    """netCDF4-python's scalars: v[:] = x, v[0] = x, v.assignValue(x), v.getValue()."""
+    url = str(tmp_path / "s.nc")
+    with Dataset(url, "w", format=fmt) as ds:
+        for i, key in enumerate([slice(None), 0, Ellipsis, ()]):
+            ds.createVariable(f"s{i}", "f8")[key] = 5.0 + i
+        ds.createVariable("a", "i4").assignValue(9)
+        assert ds["a"].getValue() == 9
+    with Dataset(url) as ds:
+        assert [float(ds[f"s{i}"][:]) for i in range(4)] == [5.0, 6.0, 7.0, 8.0]
+        assert ds["a"].getValue() == 9 and ds["a"][0] == 9
