@@ -498,6 +498,10 @@ class _Buffer:
                                  mask=np.where(assigned, masked, np.ma.getmaskarray(under)))
 
 
+#: attributes that say how assigned values are stored
+_PACKING = ("scale_factor", "add_offset", "_Unsigned")
+
+
 class WritableVariable(_NetCDFAttributes, dataset.Variable):
     """A variable of a dataset being written: ``var[index] = values``, netCDF4-python's rules.
 
@@ -543,6 +547,10 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
                 raise ArgumentError(f"{self.path}: _FillValue cannot change once values are assigned (give it to "
                                     "createVariable(fill_value=...), as netCDF4-python asks)")
             value = np.array(value, dtype=self.dtype)[()] if self.dtype.kind in "iuf" else value
+        elif name in _PACKING and self._assigned_any():
+            raise ArgumentError(f"{self.path}: {name} cannot change once values are assigned (netCDF4-python would "
+                                "read the values stored so far with it, daskcfa would pack them with it: set it "
+                                "before assigning)")
         return value
 
     def _assigned_any(self) -> bool:

@@ -652,3 +652,21 @@ def test_scalar_variables_take_any_one_index(tmp_path, fmt):
     with Dataset(url) as ds:
         assert [float(ds[f"s{i}"][:]) for i in range(4)] == [5.0, 6.0, 7.0, 8.0]
         assert ds["a"].getValue() == 9 and ds["a"][0] == 9
+
+
+def test_packing_cannot_change_once_values_are_assigned(tmp_path):
+    """netCDF4-python reads the values stored so far with the new scale_factor (1, 5, 7 read 0.5, 2.5,
+    3.5); daskcfa packed them with it at close (1, 5, 7 read 1, 5, 7, or 0, 4, 8 when it changed
+    between assignments): both silently differ from what was meant, so it is refused."""
+    url = str(tmp_path / "k.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("x", 6)
+        for aggregate in (True, False):
+            v = ds.createVariable(f"v{aggregate}", "i2", ("x",), aggregate=aggregate)
+            v.scale_factor = 0.5
+            v[0:3] = [1.0, 5.0, 7.0]
+            for name in ("scale_factor", "add_offset", "_Unsigned"):
+                with pytest.raises(daskcfa.ArgumentError, match=f"{name} cannot change once values are assigned"):
+                    v.setncattr(name, 2.0)
+    for aggregate in (True, False):
+        same(Dataset(url)[f"v{aggregate}"][:3], np.array([1.0, 5.0, 7.0]))
