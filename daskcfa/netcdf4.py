@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 import uuid
@@ -300,6 +301,7 @@ class GrowingDimension:
         return f"<daskcfa.netcdf4.Dimension {self.name!r} ({kind}size {self.size})>"
 
 
+_NETCDF_NAME = re.compile(r"[\w\x80-\U0010ffff][^/\x00-\x1f\x7f]*(?<!\s)")
 #: names netCDF4-python reserves (setting one raises AttributeError); every other name is a netCDF attribute
 _RESERVED = frozenset({"name", "path", "dimensions", "variables", "groups", "parent", "dtype", "ndim"})
 
@@ -427,8 +429,10 @@ class _Definitions(_NetCDFAttributes):
 
 
 def _check_name(name: str, taken: Mapping[str, Any], what: str, group: str) -> None:
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ArgumentError(f"{what} name {name!r} is not a netCDF name")
+    """netCDF's name rules (netCDF-C refuses the others only when the file is written, at close())."""
+    if not isinstance(name, str) or not _NETCDF_NAME.fullmatch(name):
+        raise ArgumentError(f"{what} name {name!r} is not a netCDF name (a letter, digit, '_' or non-ASCII "
+                            "character first; no '/' nor control characters; no trailing space)")
     if name in taken:
         raise ArgumentError(f"{what} {name!r} already exists in group {group!r}")
 

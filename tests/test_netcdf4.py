@@ -670,3 +670,27 @@ def test_packing_cannot_change_once_values_are_assigned(tmp_path):
                     v.setncattr(name, 2.0)
     for aggregate in (True, False):
         same(Dataset(url)[f"v{aggregate}"][:3], np.array([1.0, 5.0, 7.0]))
+
+
+def test_names_netcdf_refuses_are_refused_when_defined(tmp_path):
+    """A group '..' was taken, its fragments written, and close() failed with netCDF-C's RuntimeError."""
+    with Dataset(str(tmp_path / "n.nc"), "w") as ds:
+        ds.createDimension("x", 2)
+        for bad in ("..", ".", "-a", "a ", "x\x01"):
+            with pytest.raises(daskcfa.ArgumentError, match="is not a netCDF name"):
+                ds.createGroup(bad)
+            with pytest.raises(daskcfa.ArgumentError, match="is not a netCDF name"):
+                ds.createVariable(bad, "f4", ("x",))
+        ds.createGroup("a b").createVariable("é", "f4", ("x",))[:] = [1.0, 2.0]
+    same(Dataset(str(tmp_path / "n.nc"))["a b/é"][:], np.array([1.0, 2.0]))
+
+
+def test_targets_that_cannot_be_written(monkeypatch):
+    """HTTP has no atomic write: refused clearly (it was an AttributeError of fsspec's), the
+    credentials of the URL nowhere in the message."""
+    for url in ("https://user:hunter2@example.org/x.nc", "http://example.org/x.nc"):
+        with pytest.raises(daskcfa.ArgumentError, match="local disk and S3") as raised:
+            Dataset(url, "w")
+        assert "hunter2" not in str(raised.value) and "hunter2" not in repr(raised.value)
+        with pytest.raises(daskcfa.ArgumentError, match="local disk and S3"):
+            daskcfa.to_cfa(np.zeros(3), url, variable="v", dims=("x",))
