@@ -176,7 +176,11 @@ class Variable(_AttributeAccessors):
         raise AttributeError(name)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return plain_masked(_result(self.data[key]))
+        return plain_masked(_result(orthogonal(self.data, key)))
+
+    def getValue(self) -> Any:
+        """netCDF4-python's way to read a scalar variable."""
+        return self[...]
 
     def __setitem__(self, key: Any, values: Any) -> None:
         raise ArgumentError(f"{self.path} was opened for reading: open the dataset with mode 'a' or 'r+' "
@@ -191,6 +195,42 @@ class Variable(_AttributeAccessors):
         kind = f"aggregated, {len(self.fragments)} fragments in a {self.fragments.shape} grid" if self.fragments else "ordinary"
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
         return f"<daskcfa.Variable {self.path} ({dims}) {self.dtype} [{kind}]>"
+
+
+def orthogonal(x: da.Array, key: Any) -> da.Array:
+    """``x[key]`` by netCDF4-python's index rules: integer and boolean sequences select along their own
+    dimension each (orthogonally: numpy's rule pairs them, and dask refuses two), a 0-d integer array is
+    an integer, and a scalar takes any one index."""
+    key = key if isinstance(key, tuple) else (key,)
+    if x.ndim == 0:
+        if len(key) > 1:
+            raise ArgumentError(f"too many indices ({len(key)}) for a scalar variable")
+        return x
+    key = tuple(int(k) if isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype.kind in "iu" else k for k in key)
+    sequences = [i for i, k in enumerate(key) if not _basic(k)]
+    if len(sequences) <= 1:
+        return x[key]
+    out = x[tuple(slice(None) if i in sequences else k for i, k in enumerate(key))]
+    consumed = sum(k is not None and k is not Ellipsis for k in key)
+    axis, axes = 0, {}
+    for i, k in enumerate(key):
+        if k is Ellipsis:
+            axis += x.ndim - consumed
+        elif not integer_index(k):
+            axes[i] = axis
+            axis += 1
+    for i in sequences:
+        out = out[(slice(None),) * axes[i] + (np.asarray(key[i]),)]
+    return out
+
+
+def _basic(k: Any) -> bool:
+    return k is None or k is Ellipsis or isinstance(k, slice) or integer_index(k)
+
+
+def integer_index(k: Any) -> bool:
+    """Whether ``k`` indexes by an integer (dropping its dimension); ``True`` and ``False`` do not."""
+    return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
 
 
 def _result(x: da.Array) -> np.ndarray:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 import uuid
@@ -186,10 +187,7 @@ class _PlainGroup:
         return getattr(self.__dict__["_nc"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._nc, name, value)
+        setattr(self._nc, name, value)  # (netCDF4-python's rules; this object's own fields are set in __dict__)
 
     def __getitem__(self, path: str) -> Any:
         return self._nc[path]
@@ -215,31 +213,31 @@ class PlainWriter(_PlainGroup):
 
     def __init__(self, url: str, mode: str, clobber: bool, format: str,
                  storage_options: Mapping[str, Any] | None, **options: Any) -> None:
-        self._url = storage.normalise(url)
-        self._profile = storage.register(storage_options, protocol=storage.scheme_of(self._url))
-        exists = storage.exists(self._url, self._profile)
+        url = storage.normalise(url)
+        profile = storage.register(storage_options, protocol=storage.scheme_of(url))
+        exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
-            raise FileExistsError(f"{self._url} exists (clobber=False)")
+            raise FileExistsError(f"{url} exists (clobber=False)")
         if mode in ("a", "r+") and not exists:
-            raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=self._url)
-        local = storage.is_local(self._url)
+            raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=url)
+        local = storage.is_local(url)
         if local:
-            final = storage.local_path(self._url)
+            final = storage.local_path(url)
             os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
-            self._scratch = storage.temporary_name(final)
+            scratch = storage.temporary_name(final)
         else:
-            handle, self._scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-dataset-")
+            handle, scratch = tempfile.mkstemp(suffix=".nc", prefix="daskcfa-dataset-")
             os.close(handle)
         if mode in ("a", "r+"):
             if local:
-                shutil.copyfile(storage.local_path(self._url), self._scratch)
+                shutil.copyfile(storage.local_path(url), scratch)
             else:
-                with open(self._scratch, "wb") as f:
-                    f.write(storage.read_bytes(self._url, self._profile))
+                with open(scratch, "wb") as f:
+                    f.write(storage.read_bytes(url, profile))
         with HDF5_LOCK:
-            nc = netCDF4.Dataset(self._scratch, "a" if mode in ("a", "r+") else "w", format=format, **options)
+            nc = netCDF4.Dataset(scratch, "a" if mode in ("a", "r+") else "w", format=format, **options)
         super().__init__(nc)
-        self._closed = False
+        self.__dict__.update(_url=url, _profile=profile, _scratch=scratch, _closed=False)
 
     def close(self) -> None:
         """Close the file and put it in place (upload it, for remote targets)."""
@@ -248,7 +246,7 @@ class PlainWriter(_PlainGroup):
     def _end(self, *, commit: bool) -> None:
         if self._closed:
             return
-        self._closed = True
+        self.__dict__["_closed"] = True
         try:
             with HDF5_LOCK:
                 self._nc.close()
@@ -303,12 +301,9 @@ class GrowingDimension:
         return f"<daskcfa.netcdf4.Dimension {self.name!r} ({kind}size {self.size})>"
 
 
-def _private(name: str) -> bool:
-    """An attribute of the Python object (``_writer``), not a netCDF attribute (``_FillValue``, ``_Unsigned``)."""
-    return name.startswith("_") and not name[1:2].isupper()
-
-
-_OWN_NAMES = frozenset({"name", "path", "attrs", "dimensions", "variables", "groups", "parent", "url"})
+_NETCDF_NAME = re.compile(r"[\w\x80-\U0010ffff][^/\x00-\x1f\x7f]*(?<!\s)")
+#: names netCDF4-python reserves (setting one raises AttributeError); every other name is a netCDF attribute
+_RESERVED = frozenset({"name", "path", "dimensions", "variables", "groups", "parent", "dtype", "ndim"})
 
 
 class _NetCDFAttributes:
@@ -316,12 +311,14 @@ class _NetCDFAttributes:
 
     attrs: dict[str, Any]
     _writer: "AggregationWriter"
-    _own: frozenset[str] = _OWN_NAMES  #: names of the Python object's own attributes
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if _private(name) or name in self._own or "attrs" not in self.__dict__:
+        if "_writer" not in self.__dict__:  # (being built: the object's own fields)
             object.__setattr__(self, name, value)
-        else:
+        elif name in _RESERVED:
+            raise AttributeError(f"{name!r} cannot be set (netCDF4-python reserves it); setncattr({name!r}, ...) "
+                                 "sets a netCDF attribute of that name")
+        else:  # (url, _writer, ...: as netCDF4-python, a netCDF attribute; never this object's own fields)
             self.setncattr(name, value)
 
     def __delattr__(self, name: str) -> None:
@@ -432,8 +429,10 @@ class _Definitions(_NetCDFAttributes):
 
 
 def _check_name(name: str, taken: Mapping[str, Any], what: str, group: str) -> None:
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ArgumentError(f"{what} name {name!r} is not a netCDF name")
+    """netCDF's name rules (netCDF-C refuses the others only when the file is written, at close())."""
+    if not isinstance(name, str) or not _NETCDF_NAME.fullmatch(name):
+        raise ArgumentError(f"{what} name {name!r} is not a netCDF name (a letter, digit, '_' or non-ASCII "
+                            "character first; no '/' nor control characters; no trailing space)")
     if name in taken:
         raise ArgumentError(f"{what} {name!r} already exists in group {group!r}")
 
@@ -503,6 +502,10 @@ class _Buffer:
                                  mask=np.where(assigned, masked, np.ma.getmaskarray(under)))
 
 
+#: attributes that say how assigned values are stored
+_PACKING = ("scale_factor", "add_offset", "_Unsigned")
+
+
 class WritableVariable(_NetCDFAttributes, dataset.Variable):
     """A variable of a dataset being written: ``var[index] = values``, netCDF4-python's rules.
 
@@ -542,14 +545,16 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
     def fragments(self) -> None:  # type: ignore[override]
         return None
 
-    _own = frozenset({"name", "path", "dims", "dtype", "attrs", "aggregation"})
-
     def _attribute(self, name: str, value: Any) -> Any:
         if name == "_FillValue":
             if self._assigned_any():
                 raise ArgumentError(f"{self.path}: _FillValue cannot change once values are assigned (give it to "
                                     "createVariable(fill_value=...), as netCDF4-python asks)")
             value = np.array(value, dtype=self.dtype)[()] if self.dtype.kind in "iuf" else value
+        elif name in _PACKING and self._assigned_any():
+            raise ArgumentError(f"{self.path}: {name} cannot change once values are assigned (netCDF4-python would "
+                                "read the values stored so far with it, daskcfa would pack them with it: set it "
+                                "before assigning)")
         return value
 
     def _assigned_any(self) -> bool:
@@ -578,7 +583,8 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
         value_shape = np.shape(values) if not isinstance(values, da.Array) else values.shape
         selection, grown, drop = _selection(key, self.shape, unlimited, value_shape)
         target = tuple(len(s) for i, s in enumerate(selection) if i not in drop)
-        values = _conform(values, target, tuple(len(s) for s in selection), self.path)
+        values = _conform(_storable(values, self.value_dtype, self.path), target, tuple(len(s) for s in selection),
+                          self.path)
         for dim, size in zip(self._dimensions, grown):
             if size > dim.size:
                 dim.size = size
@@ -590,6 +596,13 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
                 self._plain.put((), _as_numpy(values))
             return
         writer.assign(self, selection, values)
+
+    def assignValue(self, value: Any) -> None:
+        """netCDF4-python's way to set a scalar variable."""
+        self[...] = value
+
+    def getValue(self) -> Any:
+        return self[...]
 
     @property
     def value_dtype(self) -> np.dtype:
@@ -636,6 +649,30 @@ def _take(values: Any, positions: tuple[np.ndarray, ...]) -> Any:
     return values
 
 
+def _storable(values: Any, dtype: np.dtype, path: str) -> Any:
+    """Values for an (unpacked) integer variable: NaN is missing, and what ``dtype`` cannot hold is refused
+    (numpy's cast would wrap it, as netCDF4-python lets it: 300 into int8 is 44). Dask values are checked
+    as they are computed, one fragment at a time."""
+    if dtype.kind not in "iu" or isinstance(values, da.Array):
+        return values
+    values = np.ma.asarray(values) if np.ma.isMaskedArray(values) else np.asarray(values)
+    if values.size == 0 or values.dtype.kind not in "iuf" or np.can_cast(values.dtype, dtype):
+        return values
+    data, mask = np.ma.getdata(values), np.ma.getmaskarray(values)
+    if data.dtype.kind == "f":
+        nan = np.isnan(data)
+        if nan.any():
+            mask, data = mask | nan, np.where(nan, 0, data)
+            values = np.ma.MaskedArray(data, mask=mask)
+        data = np.trunc(data)  # (netCDF4-python's cast truncates: 2.7 is 2)
+    held = data[~mask]
+    info = np.iinfo(dtype)
+    if held.size and (held.min() < info.min or held.max() > info.max):
+        raise ArgumentError(f"values from {held.min()} to {held.max()} are outside the range of {dtype}, which "
+                            "would wrap them (mask them, or choose a wider type)", variable=path)
+    return values
+
+
 def _as_numpy(values: Any) -> np.ndarray:
     if isinstance(values, da.Array):
         values = values.compute()
@@ -671,6 +708,8 @@ def _selection(key: Any, shape: tuple[int, ...], unlimited: Sequence[bool], valu
     """netCDF4-python's index rules: the positions selected along each dimension, each dimension's
     size after the assignment (unlimited ones grow), and the dimensions indexed by an integer."""
     key = key if isinstance(key, tuple) else (key,)
+    if not shape and len(key) == 1:
+        key = ()  # (a scalar variable takes any one index, as in netCDF4-python: v[:] = 5)
     if sum(k is Ellipsis for k in key) > 1:
         raise ArgumentError("an index can only have a single ellipsis ('...')")
     if Ellipsis in [k for k in key if not isinstance(k, np.ndarray)]:
@@ -681,9 +720,9 @@ def _selection(key: Any, shape: tuple[int, ...], unlimited: Sequence[bool], valu
     key = key + (slice(None),) * (len(shape) - len(key))
     selection, grown, drop = [], [], set()
     vdims = list(value_shape) if value_shape is not None else []
-    kept = [i for i, k in enumerate(key) if not _is_integer(k)]
+    kept = [i for i, k in enumerate(key) if not dataset.integer_index(k)]
     for d, (k, n, grows) in enumerate(zip(key, shape, unlimited)):
-        if _is_integer(k):
+        if dataset.integer_index(k):
             i = int(k)
             if i < 0:
                 i += n
@@ -714,10 +753,6 @@ def _selection(key: Any, shape: tuple[int, ...], unlimited: Sequence[bool], valu
         selection.append(positions)
         grown.append(max(n, int(positions.max()) + 1) if len(positions) else n)
     return selection, grown, drop
-
-
-def _is_integer(k: Any) -> bool:
-    return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
 
 
 class _FragmentLayout:
@@ -887,6 +922,8 @@ class AggregationWriter(_Definitions, Dataset):
             local = tuple(p[1] for p in parts)
             source = tuple(p[2] for p in parts)
             piece = _as_numpy(_take(values, source))
+            if isinstance(values, da.Array):
+                piece = _storable(piece, var.value_dtype, var.path)
             buffer = self._buffer(var, index)
             buffer.put(_orthogonal(local), piece)
             if buffer.complete():
@@ -959,7 +996,8 @@ class AggregationWriter(_Definitions, Dataset):
                                     token=uuid.uuid4().hex)
             return write_fragment(spec, target, encode_values(values, var.attrs, var.dtype), sliced, lease=self._lease)
         except BaseException as exc:
-            self.__dict__["_failed"] = exc if isinstance(exc, CFAError) else FragmentError(
+            self.__dict__["_failed"] = exc.located(variable=var.path, fragment=index) if isinstance(exc, CFAError) \
+                else FragmentError(
                 f"cannot write fragment ({type(exc).__name__}: {exc})", file=self.url, variable=var.path,
                 fragment=index)
             raise self._failed from exc

@@ -561,3 +561,136 @@ def test_strings_and_characters_in_the_aggregation_file(tmp_path):
         ds.createVariable("v", "f4", ("t", "station"))[:] = np.ones((4, 3))
     got = Dataset(url)["name"][:]
     assert list(got) == ["Reading", "", "Chilbolton"]
+
+
+# --------------------------------------------------------------------------
+# Found by trying to break it: values the stored type cannot hold, hostile attribute names,
+# netCDF4-python's orthogonal reads, packing changed after values were assigned
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,values", [("i1", 300), ("i1", [300, 5]), ("i1", np.array([300, 5])),
+                                          ("i1", np.array([1e10, 5.0])), ("u1", np.array([-1, 5])),
+                                          ("i4", np.array([np.inf, 5.0]))])
+def test_values_the_stored_type_cannot_hold_are_refused(tmp_path, dtype, values):
+    """netCDF4-python raises for Python integers (numpy's OverflowError) and wraps numpy arrays into
+    garbage (300 -> 44): daskcfa refuses both, before anything is buffered or a dimension grows."""
+    url = str(tmp_path / "r.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 2)
+        v = ds.createVariable("v", dtype, ("t", "x"))
+        with pytest.raises(daskcfa.ArgumentError, match=f"outside the range of {np.dtype(dtype)}.*'/v'"):
+            v[0] = values
+        assert v.shape == (0, 2)
+        v[0] = [1, 2]
+    same(Dataset(url)["v"][:], np.array([[1, 2]], dtype))
+
+
+def test_packed_values_the_stored_type_cannot_hold_are_refused(tmp_path):
+    url = str(tmp_path / "p.nc")
+    with pytest.raises(daskcfa.CFAError, match="outside the range of int8"):
+        with Dataset(url, "w") as ds:
+            ds.createDimension("x", 2)
+            v = ds.createVariable("v", "i1", ("x",))
+            v.scale_factor = 0.01
+            v[:] = [1.0, 5.0]  # 500 packed: netCDF4-python stores -12
+            ds.close()
+    assert not os.path.exists(url)
+
+
+def test_nan_into_an_integer_variable_is_missing(tmp_path):
+    """NaN cannot be an integer: missing (daskcfa's writing rule), never INT_MIN as netCDF4-python
+    stores it, nor a cast of NaN."""
+    url = str(tmp_path / "n.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("x", 3)
+        ds.createDimension("t", 2)
+        ds.createVariable("x", "i4", ("x",))[:] = np.array([1.0, np.nan, 3.0])
+        v = ds.createVariable("v", "i2", ("t", "x"), fill_value=-9)
+        v[0] = np.array([np.nan, 2.0, 3.0])
+        v[1, 0] = np.nan
+    ds = Dataset(url)
+    same(ds["x"][:], np.ma.MaskedArray([1, 0, 3], mask=[0, 1, 0]))
+    same(ds["v"][:], np.ma.MaskedArray([[0, 2, 3], [0, 0, 0]], mask=[[1, 0, 0], [1, 1, 1]]))
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "NETCDF4"])
+def test_attribute_names_of_the_python_object(tmp_path, fmt):
+    """netCDF4-python makes every name it does not reserve a netCDF attribute (``url``, ``_writer``...):
+    they were daskcfa's own fields, and ``ds.url = ...`` redirected the write."""
+    url = str(tmp_path / "h.nc")
+    elsewhere = str(tmp_path / "elsewhere.nc")
+    names = ["url", "_writer", "_url", "_scratch", "_nc", "_closed", "attrs", "dims", "_x"]
+    with Dataset(url, "w", format=fmt) as ds:
+        ds.createDimension("x", 2)
+        v = ds.createVariable("v", "f4", ("x",))
+        for name in names:
+            setattr(ds, name, elsewhere)
+            setattr(v, name, elsewhere)
+        for name in ("name", "path", "dimensions", "variables", "groups", "parent"):
+            with pytest.raises(AttributeError):
+                setattr(ds, name, "x")
+        with pytest.raises(AttributeError):
+            v.name = "w"
+        v[:] = [1.0, 2.0]
+    assert not os.path.exists(elsewhere)
+    with netCDF4.Dataset(url) as nc:
+        assert all(nc.getncattr(n) == elsewhere and nc["v"].getncattr(n) == elsewhere for n in names)
+    same(Dataset(url)["v"][:], np.array([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("fmt", ["CF-1.13", "NETCDF4"])
+def test_scalar_variables_take_any_one_index(tmp_path, fmt):
+    """netCDF4-python's scalars: v[:] = x, v[0] = x, v.assignValue(x), v.getValue()."""
+    url = str(tmp_path / "s.nc")
+    with Dataset(url, "w", format=fmt) as ds:
+        for i, key in enumerate([slice(None), 0, Ellipsis, ()]):
+            ds.createVariable(f"s{i}", "f8")[key] = 5.0 + i
+        ds.createVariable("a", "i4").assignValue(9)
+        assert ds["a"].getValue() == 9
+    with Dataset(url) as ds:
+        assert [float(ds[f"s{i}"][:]) for i in range(4)] == [5.0, 6.0, 7.0, 8.0]
+        assert ds["a"].getValue() == 9 and ds["a"][0] == 9
+
+
+def test_packing_cannot_change_once_values_are_assigned(tmp_path):
+    """netCDF4-python reads the values stored so far with the new scale_factor (1, 5, 7 read 0.5, 2.5,
+    3.5); daskcfa packed them with it at close (1, 5, 7 read 1, 5, 7, or 0, 4, 8 when it changed
+    between assignments): both silently differ from what was meant, so it is refused."""
+    url = str(tmp_path / "k.nc")
+    with Dataset(url, "w") as ds:
+        ds.createDimension("x", 6)
+        for aggregate in (True, False):
+            v = ds.createVariable(f"v{aggregate}", "i2", ("x",), aggregate=aggregate)
+            v.scale_factor = 0.5
+            v[0:3] = [1.0, 5.0, 7.0]
+            for name in ("scale_factor", "add_offset", "_Unsigned"):
+                with pytest.raises(daskcfa.ArgumentError, match=f"{name} cannot change once values are assigned"):
+                    v.setncattr(name, 2.0)
+    for aggregate in (True, False):
+        same(Dataset(url)[f"v{aggregate}"][:3], np.array([1.0, 5.0, 7.0]))
+
+
+def test_names_netcdf_refuses_are_refused_when_defined(tmp_path):
+    """A group '..' was taken, its fragments written, and close() failed with netCDF-C's RuntimeError."""
+    with Dataset(str(tmp_path / "n.nc"), "w") as ds:
+        ds.createDimension("x", 2)
+        for bad in ("..", ".", "-a", "a ", "x\x01"):
+            with pytest.raises(daskcfa.ArgumentError, match="is not a netCDF name"):
+                ds.createGroup(bad)
+            with pytest.raises(daskcfa.ArgumentError, match="is not a netCDF name"):
+                ds.createVariable(bad, "f4", ("x",))
+        ds.createGroup("a b").createVariable("é", "f4", ("x",))[:] = [1.0, 2.0]
+    same(Dataset(str(tmp_path / "n.nc"))["a b/é"][:], np.array([1.0, 2.0]))
+
+
+def test_targets_that_cannot_be_written(monkeypatch):
+    """HTTP has no atomic write: refused clearly (it was an AttributeError of fsspec's), the
+    credentials of the URL nowhere in the message."""
+    for url in ("https://user:hunter2@example.org/x.nc", "http://example.org/x.nc"):
+        with pytest.raises(daskcfa.ArgumentError, match="local disk and S3") as raised:
+            Dataset(url, "w")
+        assert "hunter2" not in str(raised.value) and "hunter2" not in repr(raised.value)
+        with pytest.raises(daskcfa.ArgumentError, match="local disk and S3"):
+            daskcfa.to_cfa(np.zeros(3), url, variable="v", dims=("x",))

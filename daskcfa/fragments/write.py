@@ -45,7 +45,7 @@ from dask.array.core import concatenate3
 from .. import storage
 from ..choices import FRAGMENT_FORMATS, ZARR_FRAGMENTS
 from ..decode import Encoding
-from ..errors import CFAError, FragmentError, NotFoundError
+from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
 from ..locks import HDF5_LOCK
 from ..storage.lease import Lease
 from .zarr import CONSOLIDATED, StoreWriter, store_state
@@ -185,6 +185,8 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
         nan = np.isnan(data)
         if nan.any():
             mask = nan if mask is np.ma.nomask else (mask | nan)
+    if encoding.is_packed and encoding.stored_dtype.kind in "iu":
+        _check_range(data, mask, encoding.stored_dtype)
     if mask is not np.ma.nomask and mask.any():
         if encoding.unsigned and not encoding.explicit_fill:
             raise FragmentError("masked values of an _Unsigned variable without _FillValue cannot be stored: "
@@ -193,6 +195,15 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
     with np.errstate(invalid="ignore"):
         out = np.asarray(data).astype(encoding.stored_dtype, copy=False)
     return out.view(dtype) if encoding.unsigned else out
+
+
+def _check_range(packed: np.ndarray, mask: Any, dtype: np.dtype) -> None:
+    """Refuse packed values ``dtype`` cannot hold (the cast would wrap them into garbage)."""
+    held = np.asarray(packed)[~np.ma.getmaskarray(np.ma.MaskedArray(packed, mask=mask))]
+    info = np.iinfo(dtype)
+    if held.size and (held.min() < info.min or held.max() > info.max):
+        raise ArgumentError(f"packed values from {held.min()} to {held.max()} are outside the range of {dtype} "
+                            "(scale_factor and add_offset cannot bring them into it)")
 
 
 def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, sliced: Sequence[np.ndarray],

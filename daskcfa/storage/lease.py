@@ -50,13 +50,13 @@ from typing import Any, Iterable, Iterator
 import dask.config
 import fsspec.asyn
 
-from ..errors import CFAError, NotFoundError, StorageError, WriteConflictError, redact
+from ..errors import ArgumentError, CFAError, NotFoundError, StorageError, WriteConflictError, redact
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
 from .objects import delete, delete_all, exists, filesystem, read_bytes
 from .retry import precondition_failed, translated, with_retries
-from .uri import is_local
+from .uri import is_local, scheme_of
 from .profiles import ProfileRef
 
 log = logger(__name__)
@@ -139,7 +139,11 @@ class Lease:
 
     @classmethod
     def new(cls, target: str, profile: ProfileRef, generation: str = "") -> "Lease":
-        """A lease for a write this process starts (not yet acquired)."""
+        """A lease for a write this process starts (not yet acquired): on local disk or S3, where a
+        lease can be taken atomically (``flock``, conditional writes)."""
+        if not is_local(target) and scheme_of(target) != "s3":
+            raise ArgumentError(f"daskcfa writes to local disk and S3, not to {scheme_of(target)}:// targets",
+                                file=target)
         return cls(lease_uri(target), target, uuid.uuid4().hex, socket.gethostname(), os.getpid(), generation,
                    profile)
 
