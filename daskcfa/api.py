@@ -17,6 +17,7 @@ from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
 from . import append, inputs
 from .formats.encode import common_format
+from .archive.chunk_index import index
 from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
 from .graph.plan import plan_fragments
 from .fragments.chunk_index import load_index
@@ -149,6 +150,7 @@ def to_cfa(
     max_concurrent_uploads: int | None = None,
     keep_previous: float = 0.0,
     uris: str = "relative",
+    chunk_index: bool = False,
 ) -> str | Delayed:
     """Write an array or a dataset as a CFA-netCDF aggregation (fragment files plus an aggregation file),
     or grow or update one.
@@ -283,6 +285,12 @@ def to_cfa(
         directory, so they read relative ones only from the archive's
         directory.
 
+    chunk_index
+        ``True``: once the aggregation is committed, write its chunk index
+        beside it (:func:`daskcfa.index`), so that reads need no HDF5
+        metadata (a point series is one ranged read per fragment). Needs
+        ``compute=True``.
+
     Returns
     -------
     str or Delayed
@@ -304,6 +312,9 @@ def to_cfa(
     """
     config.check()
     check_mode(mode)
+    if chunk_index and not compute:
+        raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True "
+                            "(or run daskcfa.index(url) after computing the write)")
     url = storage.normalise(url)
     profile = storage.register(storage_options, protocol=storage.scheme_of(url))
     exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it, mode='r+' to update it or mode='a' "
@@ -346,10 +357,15 @@ def to_cfa(
             semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
         )
-        return delayed.compute() if compute else delayed
+        if not compute:
+            return delayed
+        written = delayed.compute()
     finally:
         if compute:
             lease.release()  # a no-op after the commit released it, or when another writer holds it
+    if chunk_index:
+        index(written, storage_options=storage_options)
+    return written
 
 
 def _request(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,

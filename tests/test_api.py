@@ -35,3 +35,20 @@ def test_argument_errors_are_still_what_they_were():
         raise daskcfa.ArgumentError("x")
     with pytest.raises(TypeError):
         raise daskcfa.ArgumentError("x")
+
+
+def test_to_cfa_writes_the_chunk_index(tmp_path):
+    """chunk_index=True: the committed aggregation's chunk index is beside it, and reads through it equal."""
+    import os
+
+    from daskcfa.fragments.chunk_index import index_uri
+
+    x = np.ma.masked_greater(np.arange(240.0).reshape(6, 40), 200)
+    url = daskcfa.to_cfa(x, str(tmp_path / "i.nc"), variable="v", dims=("t", "x"), fragment_shape=(2, 40),
+                         compression="zlib", chunk_index=True)
+    assert os.path.exists(index_uri(url).removeprefix("file://"))
+    got = daskcfa.from_cfa(url, chunk_index=True)
+    np.testing.assert_array_equal(np.ma.getmaskarray(got.compute()), np.ma.getmaskarray(x))
+    np.testing.assert_array_equal(got[:, 3].compute(), x[:, 3])
+    with pytest.raises(daskcfa.ArgumentError, match="needs compute=True"):
+        daskcfa.to_cfa(x, str(tmp_path / "j.nc"), variable="v", dims=("t", "x"), chunk_index=True, compute=False)
