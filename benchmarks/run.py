@@ -430,7 +430,7 @@ def main(argv=None) -> int:
                    "(default 3; 1 with --quick)")
     p.add_argument("--tools", help=f"comma-separated subset of: {', '.join(DEFAULT_TOOLS)} "
                    f"(default all that apply; on S3 without {', '.join(sorted(S3_OPT_IN))}); "
-                   f"write scenarios: {', '.join(wmod.TOOLS)}")
+                   f"write scenarios: {', '.join(wmod.TOOL_NAMES)}")
     p.add_argument("--datadir", default=generate.DEFAULT_DATADIR)
     p.add_argument("--budget", type=float, default=40.0,
                    help="max seconds of measured runs per tool (fewer repeats for slow "
@@ -452,8 +452,8 @@ def main(argv=None) -> int:
     a.tools_given = bool(a.tools)
     a.tools = DEFAULT_TOOLS if not a.tools else [t.strip() for t in a.tools.split(",")]
     for t in a.tools:
-        if t not in TOOLS and t not in wmod.TOOLS:
-            p.error(f"unknown tool {t!r}; choose from {', '.join(dict.fromkeys([*TOOLS, *wmod.TOOLS]))}")
+        if t not in TOOLS and t not in wmod.TOOL_NAMES:
+            p.error(f"unknown tool {t!r}; choose from {', '.join(dict.fromkeys([*TOOLS, *wmod.TOOL_NAMES]))}")
     a.count_tools = [t.strip() for t in a.count_tools.split(",") if t.strip()]
     if a.repeats is None:
         a.repeats = 1 if a.quick else 3
@@ -474,7 +474,7 @@ def main(argv=None) -> int:
     stage = None
     try:
         for s in scenarios:
-            if (s in S3_SCENARIOS or s == "write-s3") and stage is None:
+            if (s in S3_SCENARIOS or s in wmod.S3_SCENARIOS) and stage is None:
                 stage = s3mod.Stage().__enter__()
                 _REDACT.extend(stage.secrets)
             if s in wmod.SCENARIOS:

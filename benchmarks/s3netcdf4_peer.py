@@ -13,6 +13,7 @@ S3netCDF4 only (no daskcfa in that venv).
 
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -32,7 +33,8 @@ def serve() -> None:
             write_dataset(s3Dataset, request["url"], tuple(request["shape"]), tuple(request["frag_shape"]),
                           request["assignment"], request["format"], request.get("cfa_version"),
                           unlimited=request.get("unlimited", True))
-            answer = {"ok": True, "seconds": time.perf_counter() - t0}
+            answer = {"ok": True, "seconds": time.perf_counter() - t0,
+                      "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         except Exception as e:  # noqa: BLE001
             first = (str(e).strip().splitlines() or [""])[0]
             answer = {"ok": False, "error": f"{type(e).__name__}: {first}"[:300],

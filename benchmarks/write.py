@@ -54,6 +54,8 @@ import numpy as np
 from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_note
 
 from benchmarks import s3 as s3mod
+from benchmarks.netcdf4_script import (COORD_ATTRS, DIMS, VAR_ATTRS, VARNAME, coordinate_values, values,
+                                       write_dataset)
 from benchmarks.generate import TimeTiles
 from daskcfa_testing.memory import peak_rss
 
@@ -64,16 +66,6 @@ RESULTS = os.path.join(HERE, "results")
 DEFAULT_WORKDIR = os.path.join(HERE, "data", "write-out")
 NEUTRAL_CWD = "/"
 
-VARNAME = "tas"
-DIMS = ("time", "lat", "lon")
-VAR_ATTRS = {"standard_name": "air_temperature", "long_name": "Near-surface air temperature",
-             "units": "K"}
-COORD_ATTRS = {
-    "time": {"standard_name": "time", "units": "days since 2000-01-01", "calendar": "standard",
-             "axis": "T"},
-    "lat": {"standard_name": "latitude", "units": "degrees_north", "axis": "Y"},
-    "lon": {"standard_name": "longitude", "units": "degrees_east", "axis": "X"},
-}
 
 
 @dataclass(frozen=True)
@@ -93,12 +85,21 @@ class WriteSpec(TimeTiles):
 SPECS = {False: WriteSpec(100, (10, 512, 512)), True: WriteSpec(10, (4, 64, 64))}
 WARM_SPEC = WriteSpec(2, (2, 6, 8))
 
-SCENARIOS = ("write-local", "write-s3")
+#: The netCDF4-python-style scenarios: the same data written through a ``Dataset`` by
+#: :func:`benchmarks.netcdf4_script.write_dataset`, one time step or one sub-array per assignment
+DATASET_ASSIGNMENT = {"dataset-steps-s3": "steps", "dataset-subarrays-s3": "subarrays",
+                      "dataset-steps-local": "steps"}
+SCENARIOS = ("write-local", "write-s3", *DATASET_ASSIGNMENT)
+S3_SCENARIOS = ("write-s3", "dataset-steps-s3", "dataset-subarrays-s3")
+_DATASET_S3_TOOLS = ["raw-s3-pipe", "daskcfa", "daskcfa-cf113", "s3netcdf4"]
 TOOL_ORDER = {
     "write-local": ["raw-write-loop", "daskcfa", "daskcfa-distributed", "xarray-save-mfdataset"],
     "write-s3": ["raw-s3-pipe", "daskcfa", "daskcfa-distributed", "s3netcdf4"],
+    "dataset-steps-s3": _DATASET_S3_TOOLS,
+    "dataset-subarrays-s3": _DATASET_S3_TOOLS,
+    "dataset-steps-local": ["raw-write-loop", "daskcfa", "daskcfa-cf113", "s3netcdf4"],
 }
-RAW_LIMIT = {"write-local": "raw-write-loop", "write-s3": "raw-s3-pipe"}
+RAW_LIMIT = {s: "raw-s3-pipe" if s in S3_SCENARIOS else "raw-write-loop" for s in SCENARIOS}
 TOOL_LABEL = {
     "raw-write-loop": "raw: serial netCDF4 loop writing the fragment files",
     "raw-s3-pipe": "raw: parallel s3fs pipe of the prebuilt fragment bytes",
@@ -107,24 +108,17 @@ TOOL_LABEL = {
     "xarray-save-mfdataset": "xarray.save_mfdataset (one Dataset per fragment)",
     "s3netcdf4": "S3netCDF4",
 }
-WRITE_TOOLS = tuple(TOOL_LABEL)
+#: labels in the ``dataset-*`` scenarios
+DATASET_LABEL = {
+    "daskcfa": "daskcfa.netcdf4.Dataset, format CFA4 (CFA-0.5)",
+    "daskcfa-cf113": "daskcfa.netcdf4.Dataset, format CF-1.13",
+    "s3netcdf4": "S3netCDF4 2.1rc1 s3Dataset, format CFA4 (CFA-0.5), fixed-size time",
+}
 
 
 # ----------------------------------------------------------------------------
 # The data
 # ----------------------------------------------------------------------------
-def values(t0: int, t1: int, ny: int, nx: int) -> np.ndarray:
-    """float32 values of time steps ``t0 <= t < t1``: 250 K + 0.01 K per time
-    step plus a fixed spatial pattern of 0..2 K (different in every row and
-    column, so a misplaced or transposed fragment shows). Cheap: a few ms per
-    10 MB fragment, bit-for-bit reproducible."""
-    y = np.arange(ny, dtype=np.int64)[:, None]
-    x = np.arange(nx, dtype=np.int64)[None, :]
-    spatial = (((y * 37 + x * 11) % 1000) * 0.002).astype(np.float32)
-    base = (250.0 + 0.01 * np.arange(t0, t1, dtype=np.float64)).astype(np.float32)
-    return base[:, None, None] + spatial[None, :, :]
-
-
 def _block(ny, nx, block_info=None):
     (t0, t1), _, _ = block_info[None]["array-location"]
     return values(t0, t1, ny, nx)
@@ -143,12 +137,7 @@ def dask_values(spec: WriteSpec):
 
 def coords(spec: WriteSpec) -> dict:
     """name -> (values, attrs) of the three coordinate variables (float64)."""
-    nt, ny, nx = spec.shape
-    return {
-        "time": (np.arange(nt, dtype=np.float64), COORD_ATTRS["time"]),
-        "lat": (-90.0 + (np.arange(ny) + 0.5) * (180.0 / ny), COORD_ATTRS["lat"]),
-        "lon": ((np.arange(nx) + 0.5) * (360.0 / nx), COORD_ATTRS["lon"]),
-    }
+    return {k: (v, COORD_ATTRS[k]) for k, v in coordinate_values(spec.shape).items()}
 
 
 def fill_value():
@@ -288,8 +277,9 @@ def check_files(spec: WriteSpec, loc: Location, expect_sizes: dict | None = None
             "fragment_bytes": sum(frags.values())}
 
 
-def check_daskcfa(spec: WriteSpec, loc: Location, url: str) -> dict:
-    """Read back with daskcfa.from_cfa: shape, chunks, fragment count, values, means."""
+def check_daskcfa(spec: WriteSpec, loc: Location, url: str, storage_options: bool = True) -> dict:
+    """Read back with daskcfa.from_cfa: shape, chunks, fragment count, values, means
+    (``storage_options=False``: an S3netCDF4 alias URL, read through ``$S3_NC_CONFIG``)."""
     import daskcfa
 
     listing = loc.listing()
@@ -304,7 +294,7 @@ def check_daskcfa(spec: WriteSpec, loc: Location, url: str) -> dict:
     if not ok:
         out["detail"] = detail
         return out
-    kw = {"storage_options": loc.storage_options} if loc.target else {}
+    kw = {"storage_options": loc.storage_options} if loc.target and storage_options else {}
     x = daskcfa.from_cfa(url, VARNAME, **kw)
     if tuple(x.shape) != spec.shape or x.dtype != np.float32:
         out["detail"] = f"read back {x.shape} {x.dtype}, want {spec.shape} float32"
@@ -341,7 +331,7 @@ class RawWriteLoop:
     """Serial netCDF4-python loop: generate a fragment's values, write its file."""
 
     def __init__(self, scenario, target):
-        if scenario != "write-local":
+        if scenario in S3_SCENARIOS:
             raise CannotDo("not applicable (local disk only)")
         import netCDF4  # noqa: F401
 
@@ -366,7 +356,7 @@ class RawS3Pipe:
     the raw loop's writer (to a temporary directory, then read into memory)."""
 
     def __init__(self, scenario, target):
-        if scenario != "write-s3":
+        if scenario not in S3_SCENARIOS:
             raise CannotDo("not applicable (S3 only)")
         import s3fs  # noqa: F401
 
@@ -510,6 +500,128 @@ class S3netCDF4Tool:
         raise CannotDo("S3netCDF4 is installed but no tool is written for it")
 
 
+class DatasetScript:
+    """:func:`benchmarks.netcdf4_script.write_dataset` with ``daskcfa.netcdf4.Dataset`` (format CFA4,
+    CFA-0.5: S3netCDF4's), default options (``buffer_size`` 512 MiB, 4 concurrent uploads on S3)."""
+
+    format, cfa_version = "CFA4", "0.5"
+
+    def __init__(self, scenario, target):
+        try:
+            from daskcfa.netcdf4 import Dataset
+        except Exception as e:  # noqa: BLE001
+            raise CannotDo(f"ImportError: {e}") from None
+        self.Dataset = Dataset
+        self.assignment = DATASET_ASSIGNMENT[scenario]
+        os.chdir(NEUTRAL_CWD)
+
+    def prepare(self, spec, loc):
+        pass
+
+    def _url(self, loc):
+        return loc.url("tas.nca")
+
+    def run(self, spec, loc):
+        kw = {"storage_options": loc.storage_options} if loc.target else {}
+        write_dataset(self.Dataset, self._url(loc), spec.shape, spec.frag_shape, self.assignment, self.format,
+                      self.cfa_version, **kw)
+
+    def check(self, spec, loc):
+        return check_daskcfa(spec, loc, self._url(loc))
+
+    def close(self):
+        pass
+
+
+class DatasetScriptCF113(DatasetScript):
+    """The same with ``format="CF-1.13"`` (daskcfa's default for new aggregations)."""
+
+    format, cfa_version = "CF-1.13", None
+
+
+#: S3netCDF4's venv (``ci/s3nc-venv`` makes it) and the driver it runs
+S3NC_PYTHON = os.path.join(REPO, ".venv-s3nc", "bin", "python")
+S3NC_PEER = os.path.join(HERE, "s3netcdf4_peer.py")
+S3NC_ALIAS = "bench"
+
+
+class S3netCDF4Dataset:
+    """The same script with S3netCDF4's ``s3Dataset`` (format CFA4, CFA-0.5), in its own venv: one
+    :mod:`benchmarks.s3netcdf4_peer` process per measured process, started before the clock, does the
+    warm-up and the timed write (the clock covers one request line there and its answer back).
+
+    Its configuration (a private temporary file, ``$S3_NC_CONFIG``): the host alias ``s3://bench``
+    for the run's server with the serial ``s3FileObject`` backend (its default asynchronous backend
+    silently uploads nothing here), ``resource_allocation.memory`` 512 MB (daskcfa's default buffer
+    budget). ``time`` has its final size from the start: S3netCDF4 cannot create an unlimited
+    dimension in a CFA file (``createDimension("time", None)``: TypeError). Its output is read back
+    by daskcfa through the same alias."""
+
+    def __init__(self, scenario, target):
+        if not os.path.exists(S3NC_PYTHON):
+            raise CannotDo("S3netCDF4 is broken on PyPI (its 2.1rc1 sdist lacks its .pyx files) and its venv "
+                           "is absent: make it with ci/s3nc-venv (needs ../shared/peers/S3netCDF4-*.whl)")
+        self.assignment = DATASET_ASSIGNMENT[scenario]
+        self.peer_maxrss_mb = None
+        self.tmp = tempfile.mkdtemp(prefix="daskcfa-bench-s3nc-")
+        config = os.path.join(self.tmp, "s3nc.json")
+        hosts = {}
+        if target is not None:
+            hosts[f"s3://{S3NC_ALIAS}"] = {
+                "alias": S3NC_ALIAS, "url": target.endpoint_url, "api": "S3v4", "backend": "s3FileObject",
+                "credentials": {"accessKey": target.key, "secretKey": target.secret}}
+        backend = {"maximum_part_size": "50MB", "maximum_parts": 8, "enable_multipart_download": False,
+                   "enable_multipart_upload": False, "connect_timeout": 30.0, "read_timeout": 60.0}
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": "9", "hosts": hosts, "backends": {"s3FileObject": backend},
+                       "cache_location": self.tmp,
+                       "resource_allocation": {"memory": "512MB", "filehandles": 20}}, f)
+        os.environ["S3_NC_CONFIG"] = config  # (daskcfa reads S3netCDF4's aliases from it: the check)
+        self.stderr = open(os.path.join(self.tmp, "stderr"), "w+")
+        self.proc = subprocess.Popen([S3NC_PYTHON, S3NC_PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True, cwd=self.tmp)
+        ready = self.proc.stdout.readline()
+        if not ready.startswith("{"):
+            raise CannotDo(f"S3netCDF4 did not start: {self._stderr_tail()}")
+        os.chdir(NEUTRAL_CWD)
+
+    def _stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        lines = [x for x in self.stderr.read().strip().splitlines() if x.strip()]
+        return lines[-1][:300] if lines else "(no message)"
+
+    def prepare(self, spec, loc):
+        pass
+
+    def _url(self, loc):
+        return f"s3://{S3NC_ALIAS}/{loc.root}/tas.nca" if loc.target else loc.url("tas.nca")
+
+    def run(self, spec, loc):
+        request = {"url": self._url(loc), "shape": list(spec.shape), "frag_shape": list(spec.frag_shape),
+                   "assignment": self.assignment, "format": "CFA4", "cfa_version": "0.5", "unlimited": False}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise CannotDo(f"S3netCDF4 crashed (exit code {self.proc.wait()}): {self._stderr_tail()}")
+        answer = json.loads(line)
+        if not answer["ok"]:
+            raise CannotDo(f"S3netCDF4: {answer['error']}")
+        self.peer_maxrss_mb = answer["maxrss_mb"]
+
+    def check(self, spec, loc):
+        return check_daskcfa(spec, loc, self._url(loc), storage_options=False)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        finally:
+            self.stderr.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 TOOLS = {
     "raw-write-loop": RawWriteLoop,
     "raw-s3-pipe": RawS3Pipe,
@@ -518,6 +630,29 @@ TOOLS = {
     "xarray-save-mfdataset": XarraySaveMfdataset,
     "s3netcdf4": S3netCDF4Tool,
 }
+#: the tools of the ``dataset-*`` scenarios that differ from those of ``write-*``
+DATASET_TOOLS = {"daskcfa": DatasetScript, "daskcfa-cf113": DatasetScriptCF113, "s3netcdf4": S3netCDF4Dataset}
+TOOL_NAMES = tuple(dict.fromkeys([*TOOLS, *DATASET_TOOLS]))
+
+
+def tool_class(tool: str, scenario: str):
+    if scenario in DATASET_ASSIGNMENT and tool in DATASET_TOOLS:
+        return DATASET_TOOLS[tool]
+    if tool not in TOOLS:
+        return _not_here(tool, scenario)
+    return TOOLS[tool]
+
+
+def _not_here(tool: str, scenario: str):
+    def refuse(*_):
+        raise CannotDo(f"{tool} runs in the dataset-* scenarios only, not {scenario}")
+    return refuse
+
+
+def tool_label(tool: str, scenario: str) -> str:
+    if scenario in DATASET_ASSIGNMENT and tool in DATASET_LABEL:
+        return DATASET_LABEL[tool]
+    return TOOL_LABEL.get(tool, tool)
 
 _WORKDIR = [DEFAULT_WORKDIR]
 
@@ -608,14 +743,14 @@ def measure(tool: str, scenario: str, quick: bool, workdir: str) -> dict:
     spec = SPECS[quick]
     out = {"tool": tool, "scenario": scenario, "quick": quick}
     target = None
-    if scenario == "write-s3":
+    if scenario in S3_SCENARIOS:
         target = s3mod.Target.from_env()
         if target is None:
             return out | {"status": "cannot", "reason": f"no S3 server given (${s3mod.ENV}; "
-                          "run write-s3 through benchmarks.run)"}
+                          f"run {scenario} through benchmarks.run)"}
     t0 = time.perf_counter()
     try:
-        impl = TOOLS[tool](scenario, target)
+        impl = tool_class(tool, scenario)(scenario, target)
     except CannotDo as e:
         return out | {"status": "cannot", "reason": str(e)}
     except Exception as e:  # noqa: BLE001
@@ -655,6 +790,8 @@ def measure(tool: str, scenario: str, quick: bool, workdir: str) -> dict:
             out["s3_traffic"] = _traffic_delta(before, _traffic(target))
         if mem:
             out["worker_memory"] = mem.summary()
+        if getattr(impl, "peer_maxrss_mb", None) is not None:
+            out["peer_maxrss_mb"] = impl.peer_maxrss_mb
         out["result"] = impl.check(spec, loc)
         out["status"] = "ok"
     except CannotDo as e:
@@ -680,7 +817,7 @@ def main(argv=None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description="One measured write run (see benchmarks.write).")
-    p.add_argument("tool", choices=list(TOOLS))
+    p.add_argument("tool", choices=list(TOOL_NAMES))
     p.add_argument("scenario", choices=list(SCENARIOS))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--workdir", default=DEFAULT_WORKDIR)
@@ -696,7 +833,15 @@ def main(argv=None) -> int:
 # ----------------------------------------------------------------------------
 def describe(scenario: str, spec: WriteSpec) -> str:
     where = ("to the local S3 server (SeaweedFS, loopback), a fresh prefix per run"
-             if scenario == "write-s3" else "to local disk (page cache; no tool calls fsync)")
+             if scenario in S3_SCENARIOS else "to local disk (page cache; no tool calls fsync)")
+    how = DATASET_ASSIGNMENT.get(scenario)
+    if how is not None:
+        per = (f"one time step ({spec.shape[1]}, {spec.shape[2]}) per assignment, {spec.shape[0]} assignments, "
+               "along an unlimited time dimension" if how == "steps" else
+               f"one sub-array {spec.frag_shape} per assignment, {spec.nfrag} assignments")
+        return (f"write {spec.shape} float32 = {spec.nbytes / 1e9:.3f} GB through a netCDF4-python-style "
+                f"Dataset (benchmarks/netcdf4_script.py), {per}, sub-arrays {spec.frag_shape}, "
+                f"uncompressed, with coordinate variables, {where}; values generated on the fly inside the clock")
     return (f"write {spec.shape} float32 = {spec.nbytes / 1e9:.3f} GB as {spec.nfrag} fragments "
             f"{spec.frag_shape}, uncompressed netCDF-4 (contiguous) with coordinate variables, "
             f"{where}; values generated on the fly inside the clock")
@@ -781,6 +926,8 @@ def render_table(scenario, spec, out) -> str:
         rss = f"RSS {rec['maxrss_mb']:.0f} MB"
         if tool == "raw-s3-pipe":
             rss += " (holds the prebuilt bytes)"
+        elif rec.get("peer_maxrss_mb"):
+            rss = f"RSS {rec['peer_maxrss_mb']:.0f} MB (the S3netCDF4 process)"
         elif tool == "daskcfa-distributed":
             rss += " (client process)"
         notes.append(rss)
@@ -810,7 +957,7 @@ def run_scenario(scenario: str, args, stage=None, machine: dict | None = None) -
     tools = [t for t in TOOL_ORDER[scenario] if not args.tools_given or t in args.tools]
     budget = args.budget
     secrets = stage.secrets if stage is not None else []
-    extra_env = stage.env() if (scenario == "write-s3" and stage is not None) else None
+    extra_env = stage.env() if (scenario in S3_SCENARIOS and stage is not None) else None
     print(f"\n### {scenario}\n\n{describe(scenario, spec)}\n", flush=True)
     t_scen = time.perf_counter()
 
@@ -821,7 +968,7 @@ def run_scenario(scenario: str, args, stage=None, machine: dict | None = None) -
     out = {}
     for tool in tools:
         t_tool = time.perf_counter()
-        rec = {"label": TOOL_LABEL.get(tool, tool)}
+        rec = {"label": tool_label(tool, scenario)}
         warm, runs, reason = repeated_runs(lambda: once(tool), args.repeats, budget)
         if reason is not None:
             rec.update(status="cannot", reason=reason)
@@ -837,6 +984,8 @@ def run_scenario(scenario: str, args, stage=None, machine: dict | None = None) -
                 maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
                 fragment_bytes=runs[-1]["result"].get("fragment_bytes"),
             )
+            if all(r.get("peer_maxrss_mb") for r in runs):
+                rec["peer_maxrss_mb"] = max(r["peer_maxrss_mb"] for r in runs)
             for r in runs:
                 if r.get("warmup_error"):
                     rec["notes"].append("warm-up write failed: " + r["warmup_error"])
