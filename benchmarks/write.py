@@ -412,11 +412,14 @@ class DaskCFA:
     def _url(self, loc):
         return loc.url("tas.nca")
 
+    @staticmethod
+    def _options(loc):
+        return {"storage_options": loc.storage_options} if loc.target else {}
+
     def run(self, spec, loc):
-        kw = {"storage_options": loc.storage_options} if loc.target else {}
         return self.daskcfa.to_cfa(
             dask_values(spec), self._url(loc), variable=VARNAME, dims=DIMS, attrs=VAR_ATTRS,
-            coords=coords(spec), fragment_shape=spec.frag_shape, **kw)
+            coords=coords(spec), fragment_shape=spec.frag_shape, **self._options(loc))
 
     def check(self, spec, loc):
         return check_daskcfa(spec, loc, self._url(loc))
@@ -500,37 +503,22 @@ class S3netCDF4Tool:
         raise CannotDo("S3netCDF4 is installed but no tool is written for it")
 
 
-class DatasetScript:
+class DatasetScript(DaskCFA):
     """:func:`benchmarks.netcdf4_script.write_dataset` with ``daskcfa.netcdf4.Dataset`` (format CFA4,
     CFA-0.5: S3netCDF4's), default options (``buffer_size`` 512 MiB, 4 concurrent uploads on S3)."""
 
     format, cfa_version = "CFA4", "0.5"
 
     def __init__(self, scenario, target):
-        try:
-            from daskcfa.netcdf4 import Dataset
-        except Exception as e:  # noqa: BLE001
-            raise CannotDo(f"ImportError: {e}") from None
+        super().__init__(scenario, target)
+        from daskcfa.netcdf4 import Dataset
+
         self.Dataset = Dataset
         self.assignment = DATASET_ASSIGNMENT[scenario]
-        os.chdir(NEUTRAL_CWD)
-
-    def prepare(self, spec, loc):
-        pass
-
-    def _url(self, loc):
-        return loc.url("tas.nca")
 
     def run(self, spec, loc):
-        kw = {"storage_options": loc.storage_options} if loc.target else {}
         write_dataset(self.Dataset, self._url(loc), spec.shape, spec.frag_shape, self.assignment, self.format,
-                      self.cfa_version, **kw)
-
-    def check(self, spec, loc):
-        return check_daskcfa(spec, loc, self._url(loc))
-
-    def close(self):
-        pass
+                      self.cfa_version, **self._options(loc))
 
 
 class DatasetScriptCF113(DatasetScript):
