@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
@@ -20,7 +19,7 @@ from .formats.encode import common_format
 from .archive.chunk_index import index
 from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
 from .graph.plan import plan_fragments
-from .fragments.chunk_index import load_index
+from .fragments.chunk_index import indexed
 from .graph.read import to_dask
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
@@ -103,15 +102,10 @@ def from_cfa(
     with a warning), True requires it, False ignores it; None takes dask config
     ``daskcfa.io.chunk-index`` (default ``"auto"``).
     """
-    url, access = _opened(url, storage_options, allowed_locations, missing, chunk_index)
-    return to_dask(read_aggregation(url, variable, access=access), chunks=chunks, mask=mask, access=access)
-
-
-def _opened(url: str, storage_options: Mapping[str, Any] | None, allowed_locations: Iterable[str] | None,
-            missing: str, chunk_index: bool | str | None) -> tuple[str, Access]:
-    """The aggregation's URL and the access to read it with, its chunk index loaded as asked."""
     url, access = open_aggregation(url, storage_options, allowed_locations, missing)
-    return url, replace(access, chunk_index=load_index(url, access.profile, access.policy, chunk_index))
+    aggregation = read_aggregation(url, variable, access=access)
+    access = indexed(url, access, chunk_index)
+    return to_dask(aggregation, chunks=chunks, mask=mask, access=access)
 
 
 def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -124,8 +118,8 @@ def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
     :class:`~daskcfa.CFAWarning`) and ``chunk_index`` apply to every aggregated
     variable, as in :func:`from_cfa`.
     """
-    url, access = _opened(url, storage_options, allowed_locations, missing, chunk_index)
-    return Dataset.open(url, access=access)
+    url, access = open_aggregation(url, storage_options, allowed_locations, missing)
+    return Dataset.open(url, access=access, chunk_index=chunk_index)
 
 
 def to_cfa(

@@ -24,6 +24,7 @@ from .arguments import nearest
 from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
+from .fragments.chunk_index import indexed
 from .fragments.manager import Budget
 from .graph.masked import plain_masked
 from .graph.read import to_dask
@@ -338,14 +339,22 @@ class Dataset(Group):
     url: str = ""
 
     @classmethod
-    def open(cls, url: str, *, access: Access) -> "Dataset":
+    def open(cls, url: str, *, access: Access, chunk_index: bool | str | None = False) -> "Dataset":
+        """The dataset of the aggregation file at ``url``; its variables read with ``access`` and,
+        as ``chunk_index`` asks (see :func:`daskcfa.from_cfa`), the chunk index beside the file."""
         with storage.netcdf_file(url, profile=access.profile) as ds:
             try:
-                return _build(cls, ds, url, access)
+                root = _build(cls, ds, url, access)
             except CFAError:
                 raise
             except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
                 raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
+        if chunk_index is not False and root.aggregated_variables:  # (once the file is read, outside the lock)
+            access = indexed(url, access, chunk_index)
+            for group in root.walk():
+                for var in group.variables.values():
+                    var._access = access
+        return root
 
     def close(self) -> None:
         """Nothing stays open between reads; kept for netCDF4-python familiarity."""

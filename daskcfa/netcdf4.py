@@ -62,7 +62,7 @@ from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .locks import HDF5_LOCK
 from .storage.access import open_aggregation
-from .storage.lease import Lease, generation_name, in_generation, marker_of
+from .storage.lease import Lease, generation_name, in_generation
 
 __all__ = ["Dataset", "AggregationWriter", "PlainWriter", "Dimension", "AGGREGATION_FORMATS", "PLAIN_FORMATS"]
 
@@ -157,7 +157,7 @@ class Dataset(dataset.Dataset):
             if options:
                 raise ArgumentError(f"unknown options for reading: {', '.join(sorted(options))}")
             url, access = open_aggregation(url, storage_options, allowed_locations, missing)
-            return cls.open(url, access=access)
+            return cls.open(url, access=access, chunk_index=None)  # (as open_cfa: the index when there is one)
         if mode == "x":
             mode, clobber = "w", False
         if kinds is None:
@@ -968,11 +968,12 @@ class AggregationWriter(_Definitions, Dataset):
         earlier = self._inflight.pop((var.path, index), None)
         if earlier is not None:
             self._collect((var.path, index), earlier)
-        self._bound_inflight(values.nbytes)
+        nbytes = values.nbytes + values.size  # (and its mask)
+        self._bound_inflight(nbytes)
         spec, sliced = self._spec(var, index, values.shape)  # (here: the ordinary variables change in this thread)
         future = self._pool.submit(self._write_now, var, index, values, spec, sliced)
         self._inflight[(var.path, index)] = future
-        self._sizes[(var.path, index)] = values.nbytes
+        self._sizes[(var.path, index)] = nbytes
 
     def _bound_inflight(self, nbytes: int) -> None:
         """Values handed to the writing threads count against a budget of their own (as large as the
@@ -992,7 +993,9 @@ class AggregationWriter(_Definitions, Dataset):
                                       self._lease.generation)
             uri = storage.resolve(reference, self.url)
             stored = reference if self._uris == "relative" else uri
-            target = FragmentTarget(index=index, shape=values.shape, uri=uri, reference=stored, marker=marker_of(uri),
+            # no marker: a Dataset write never resumes (a killed one is abandoned), and the marker would cost
+            # a GET and a PUT per fragment
+            target = FragmentTarget(index=index, shape=values.shape, uri=uri, reference=stored, marker="",
                                     token=uuid.uuid4().hex)
             return write_fragment(spec, target, encode_values(values, var.attrs, var.dtype), sliced, lease=self._lease)
         except BaseException as exc:

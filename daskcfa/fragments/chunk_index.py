@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import dask.config
@@ -48,6 +48,7 @@ from ..decode import STORAGE_ATTRS
 from ..errors import ArgumentError, CFAError, CFAFormatError, CFAWarning, NotFoundError, redact
 from ..formats.limits import max_memory
 from ..logs import logger
+from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import StoreInfo, StoredVariable
@@ -55,7 +56,7 @@ from .hdf5_filters import SHUFFLE, SUPPORTED_FILTERS, pipeline_of
 from .layout import StoredLayout
 
 __all__ = ["FORMAT", "ChunkIndex", "VariableIndex", "IndexEntry", "IndexedVariable", "IndexedFragmentChanged",
-           "INDEXED_ATTRS", "index_uri", "entry_json", "index_json", "load_index"]
+           "INDEXED_ATTRS", "index_uri", "entry_json", "index_json", "load_index", "indexed"]
 
 FORMAT = "daskcfa-chunk-index"
 _VERSION = 1
@@ -167,6 +168,13 @@ class ChunkIndex:
     def variable(self, name: str) -> VariableIndex | None:
         """The entries of the aggregated variable ``name`` (None: none indexed)."""
         return self._variables.get(name)
+
+
+def indexed(aggregation: str, access: Access, use: bool | str | None) -> Access:
+    """``access`` with the chunk index of the aggregation at ``aggregation`` loaded as ``use`` asks
+    (:func:`load_index`). Called once the aggregation file has been read: an unreachable store then
+    fails once, on the aggregation file, not first on the index beside it."""
+    return replace(access, chunk_index=load_index(aggregation, access.profile, access.policy, use))
 
 
 def load_index(aggregation: str, profile: ProfileRef, policy: LocationPolicy,

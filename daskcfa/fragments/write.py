@@ -123,7 +123,7 @@ class FragmentTarget:
     shape: tuple[int, ...]
     uri: str  #: absolute URI the fragment is written to
     reference: str  #: the URI as the aggregation file stores it
-    marker: str  #: absolute URI of the fragment's marker
+    marker: str  #: absolute URI of the fragment's marker ("": none, for writes that never resume)
     token: str  #: identifies the fragment's content (the same call gives the same token)
 
 
@@ -220,7 +220,7 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, slic
     """
     where = {"file": target.uri, "variable": spec.variable, "fragment": target.index}
     try:
-        done = _verified(spec, target)
+        done = _verified(spec, target) if target.marker else None
         if done is not None:
             return done
         if lease is not None:
@@ -234,10 +234,11 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, slic
         else:
             nbytes, checksum = _write_remote(spec, target, data, sliced, semaphore)
         record = FragmentRecord(target.index, target.reference, nbytes, checksum)
-        _, version = _stored(spec, target.uri)
-        marker = {"token": target.token, "uri": target.reference, "nbytes": nbytes, "md5": checksum,
-                  "version": version}
-        storage.put_bytes(target.marker, json.dumps(marker).encode(), spec.profile)
+        if target.marker:
+            _, version = _stored(spec, target.uri)
+            marker = {"token": target.token, "uri": target.reference, "nbytes": nbytes, "md5": checksum,
+                      "version": version}
+            storage.put_bytes(target.marker, json.dumps(marker).encode(), spec.profile)
         if isinstance(data, Slabs):
             data.recorded()
         return record
