@@ -16,6 +16,8 @@ S3netCDF4's ``resource_allocation`` when its config file exists, or from the
 
 from __future__ import annotations
 
+import atexit
+
 import threading
 import time
 from collections import OrderedDict
@@ -341,6 +343,10 @@ def _default_close(resource: Any) -> None:
 
 
 _MANAGER = FileManager()
+# Open fragments are closed before the interpreter finalises: an HDF5 file h5py reads through a Python
+# file object (a remote fragment's ranged reads, on fsspec's event loop) calls back into Python as it
+# closes, which crashed the process at exit (SIGSEGV) once the interpreter was tearing itself down.
+atexit.register(_MANAGER.close_all)
 
 
 def manager() -> FileManager:

@@ -1,9 +1,11 @@
 """The fragment file manager: LRU eviction, reference counts, budgets, back-pressure."""
 
+import os
 import threading
 import time
 
 import dask
+import numpy as np
 import pytest
 
 import daskcfa
@@ -142,3 +144,25 @@ def test_wait_timeout_raises_budget_error():
         with m.open("a", lambda: Resource("a")):
             with pytest.raises(daskcfa.BudgetError, match="every handle is in use"):
                 use(m, "b")
+
+
+def test_process_reading_remote_fragments_exits_cleanly(s3_server, s3_bucket):
+    """Remote fragments h5py reads through Python file objects are closed before the interpreter
+    finalises: before, such a process crashed at exit (SIGSEGV) after its results were printed."""
+    import json
+    import subprocess
+    import sys
+
+    x = np.random.default_rng(0).normal(size=(20, 100, 100)).astype("f4")
+    url = f"s3://{s3_bucket}/exit/tas.nc"
+    daskcfa.to_cfa(x, url, variable="tas", dims=("t", "y", "x"), fragment_shape=(10, 100, 100),
+                   compression={"zlib": True, "complevel": 1, "chunksizes": (10, 10, 10)},
+                   storage_options=s3_server.storage_options)
+    code = (f"import daskcfa, json, sys\n"
+            f"x = daskcfa.from_cfa({url!r}, storage_options=json.loads(sys.argv[1]), chunk_index=False)\n"
+            f"print(x[:, 12, 34].compute().tolist())\n")
+    env = {**os.environ, "DASK_DASKCFA__IO__SMALL_OBJECT": "0", "DASK_DASKCFA__IO__ENGINE": "direct"}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(s3_server.storage_options)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    np.testing.assert_array_equal(json.loads(done.stdout), x[:, 12, 34])
