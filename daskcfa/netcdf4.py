@@ -54,6 +54,7 @@ from . import dataset, storage
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
+from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
 from .graph.plan import plan_fragments
@@ -839,14 +840,17 @@ class AggregationWriter(_Definitions, Dataset):
     ``daskcfa.write.buffer-memory``), ``fragment_name`` and ``uris`` (as in
     :func:`daskcfa.to_cfa`), ``max_concurrent_uploads`` (fragment writes in
     flight, default 4 remote, 2 local), ``keep_previous`` (seconds the
-    replaced fragments of an update are kept).
+    replaced fragments of an update are kept), ``chunk_index`` (``True``: the
+    chunk index written beside the aggregation after the commit, as
+    :func:`daskcfa.index` writes it).
     """
 
     @classmethod
     def create(cls, url: str, mode: str, clobber: bool, kinds: tuple[str, str, str],
                storage_options: Mapping[str, Any] | None, *, buffer_size: int | str | None = None,
                fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
-               max_concurrent_uploads: int | None = None, keep_previous: float = 0.0) -> "AggregationWriter":
+               max_concurrent_uploads: int | None = None, keep_previous: float = 0.0,
+               chunk_index: bool = False) -> "AggregationWriter":
         self = object.__new__(cls)
         d = self.__dict__
         url = storage.normalise(url)
@@ -858,6 +862,7 @@ class AggregationWriter(_Definitions, Dataset):
         budget = buffer_size if buffer_size is not None else dask.config.get("daskcfa.write.buffer-memory")
         d["_budget"] = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
+        d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
         exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
             raise FileExistsError(f"{url} exists (clobber=False, or mode 'x')")
@@ -1189,6 +1194,8 @@ class AggregationWriter(_Definitions, Dataset):
                              mode=mode, profile=self._profile, keep_previous=self._keep_previous,
                              expected=self._expected)
         commit_aggregation(commit, records, self._lease)
+        if self._index_options is not None:
+            write_chunk_index(self.url, storage_options=self._index_options)
 
     def _fragments(self, var: WritableVariable, written: dict[tuple[int, ...], str]) -> Fragments:
         """The fragment columns: those written now, those of the previous aggregation kept, the rest missing."""

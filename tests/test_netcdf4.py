@@ -694,3 +694,17 @@ def test_targets_that_cannot_be_written(monkeypatch):
         assert "hunter2" not in str(raised.value) and "hunter2" not in repr(raised.value)
         with pytest.raises(daskcfa.ArgumentError, match="local disk and S3"):
             daskcfa.to_cfa(np.zeros(3), url, variable="v", dims=("x",))
+
+
+def test_chunk_index_written_at_close(tmp_path):
+    from daskcfa.fragments.chunk_index import index_uri
+
+    url = str(tmp_path / "ix.nc")
+    with Dataset(url, "w", format="CFA4", chunk_index=True) as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 6)
+        ds.createVariable("t", "f8", ("t",))[:] = np.arange(8.0)
+        v = ds.createVariable("v", "f4", ("t", "x"), subarray_shape=[4, 6], zlib=True)
+        v[:] = np.arange(48.0).reshape(8, 6)
+    assert os.path.exists(index_uri(url).removeprefix("file://"))
+    same(daskcfa.from_cfa(url, "v", chunk_index=True)[:, 2].compute(), np.arange(48.0).reshape(8, 6)[:, 2])

@@ -45,6 +45,7 @@ from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentG
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from .aggregate import prepare_target
+from .chunk_index import index
 
 __all__ = ["refragment", "split", "plan_refragment", "RefragmentPlan", "OutputEstimate"]
 
@@ -161,7 +162,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
                max_fragment_size: int | str = "50MB", max_mem: int | str = "1GiB", format: str = "CF-1.13",
                fragment_format: str = "NETCDF4", compression: str | Mapping[str, Any] | None = None,
                storage_options: Mapping[str, Any] | None = None, mode: str = "w-",
-               compute: bool = True, uris: str = "relative") -> str | Delayed:
+               compute: bool = True, uris: str = "relative", chunk_index: bool = False) -> str | Delayed:
     """Copy ``source`` into a new CFA dataset at ``target`` with a new fragment layout.
 
     Parameters
@@ -208,6 +209,9 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
         staged blocks) are not written again.
     compute
         ``False`` returns a :class:`dask.delayed.Delayed` doing the work.
+    chunk_index
+        ``True``: write the new aggregation's chunk index beside it once it is
+        committed (:func:`daskcfa.index`). Needs ``compute=True``.
 
     Returns the target aggregation file's URL (or the delayed). The
     aggregation file is written last, atomically, once every fragment is
@@ -218,6 +222,8 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     ``daskcfa.refragment.strategy`` (``auto``, ``direct``, ``staged``)
     overrides the planner's choice.
     """
+    if chunk_index and not compute:
+        raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True")
     url, profile = prepare_target(target, storage_options, mode)
     plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options,
                                    compression, fragment_format)
@@ -237,10 +243,15 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
                              profile=profile, lease=lease, hold=compute, uris=uris)
         if staged:
             result = delayed(remove_staging, pure=True)(result, staged, profile)
-        return result.compute() if compute else result
+        if not compute:
+            return result
+        written = result.compute()
     finally:
         if compute:
             lease.release()  # (a no-op after the commit released it)
+    if chunk_index:
+        index(written, storage_options=storage_options)
+    return written
 
 
 #: The command line's name for :func:`refragment` (``daskcfa split``), as an alias.

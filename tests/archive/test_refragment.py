@@ -276,3 +276,15 @@ def test_refragment_with_absolute_uris(tmp_path):
     uris = sorted(daskcfa.read_aggregation(out).fragments.locations())
     assert uris == [f"file://{generation_dir(tmp_path / 'out')}/out.tas.0.{j}.0.nc" for j in range(2)]
     np.testing.assert_array_equal(read_back(out), truth)
+
+
+def test_refragment_writes_the_chunk_index(tmp_path):
+    from daskcfa.fragments.chunk_index import index_uri
+
+    x = np.arange(600.0).reshape(12, 50)
+    src = daskcfa.to_cfa(x, str(tmp_path / "s.nc"), variable="v", dims=("t", "x"), fragment_shape=(6, 50))
+    out = daskcfa.refragment(src, str(tmp_path / "r.nc"), fragment_shape=(3, 50), chunk_index=True)
+    assert os.path.exists(index_uri(out).removeprefix("file://"))
+    np.testing.assert_array_equal(daskcfa.from_cfa(out, chunk_index=True).compute(), x)
+    with pytest.raises(daskcfa.ArgumentError, match="needs compute=True"):
+        daskcfa.refragment(src, str(tmp_path / "q.nc"), chunk_index=True, compute=False)
