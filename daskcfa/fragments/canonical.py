@@ -11,6 +11,7 @@ masking and packing are applied later, once, by the caller.
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -155,8 +156,8 @@ def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy 
 
 
 def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
-    total = int(np.prod(whole, dtype=np.int64))
-    return 1.0 if total == 0 else int(np.prod(selected, dtype=np.int64)) / total
+    total = math.prod(whole)
+    return 1.0 if total == 0 else math.prod(selected) / total
 
 
 def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedArray:
@@ -173,7 +174,7 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedA
 def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
     names = ref.variable_names(target.default_identifier)
     name = names[-1]
-    expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
+    expected = math.prod(ref.shape) * target.dtype.itemsize
     with open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=fraction,
                        expected_nbytes=expected) as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import threading
 import zlib
 from contextlib import ExitStack, contextmanager
@@ -121,6 +122,8 @@ class _Attributes(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         try:
             return self._direct[name]
+        except KeyError:  # (absent: the common case, as ``get`` asks for every attribute decoding may use)
+            raise
         except Exception as exc:
             if _unsupported(exc):
                 return self._fallback()[name]
@@ -154,7 +157,8 @@ class FragmentFile:
     def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None,
                  second: Callable[[], None] | None = None, how: str = "") -> None:
         self.label = label
-        log.debug("opened fragment %s (%s; engine: %s)", redact(label), how or "as a file", _engine_name(direct))
+        if log.isEnabledFor(logging.DEBUG):  # (redacting costs more than opening a small fragment's variable)
+            log.debug("opened fragment %s (%s; engine: %s)", redact(label), how or "as a file", _engine_name(direct))
         self._stack = ExitStack()
         self._direct = direct  # an HDF5File, or None
         self._netcdf4_opener = netcdf4  # () -> NetCDF4File
