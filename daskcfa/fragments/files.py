@@ -18,6 +18,7 @@ metadata, through a block cache).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import threading
@@ -61,7 +62,10 @@ class _Variable:
         self._label = label
         self._fallback = fallback  # () -> the same file opened with netCDF4
         self.name, self.shape, self.dtype, self.no_fill = var.name, var.shape, var.dtype, var.no_fill
-        self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, self._fallback_attrs)
+        # (no reference back to this object: a cycle would keep every fragment read until the cyclic
+        # collector runs, whose full passes over a large process cost more than the reads)
+        self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, functools.partial(
+            _fallback_attrs, fallback, name))
 
     @property
     def layout(self) -> tuple[tuple[int, ...] | None, bool]:
@@ -73,9 +77,6 @@ class _Variable:
         netCDF4-python and zarr-python cannot)."""
         method = getattr(self._var, "storage_layout", None)
         return None if method is None else method()
-
-    def _fallback_attrs(self) -> Mapping[str, Any]:
-        return self._fallback().variable(self._name).attrs
 
     def _falling_back(self, exc: Exception, what: str) -> Any:
         log.debug("fragment %s, variable %r: the direct reader cannot read its %s (%s); netCDF4 reads it",
@@ -110,6 +111,10 @@ def _budgeted_read(var: Any, name: str, key: tuple) -> Any:
     a chunk of gigabytes of zeros)."""
     with manager().reserve(var.chunk_nbytes, what=f"a chunk of variable {name!r}", wait=False):
         return var.read(key)
+
+
+def _fallback_attrs(fallback: Callable[[], Any], name: str) -> Mapping[str, Any]:
+    return fallback().variable(name).attrs
 
 
 class _Attributes(Mapping[str, Any]):
@@ -220,6 +225,7 @@ class FragmentFile:
             raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
 
     def close(self) -> None:
+        self._variables.clear()  # (each refers back to this file, for its fallback)
         self._stack.close()
 
 

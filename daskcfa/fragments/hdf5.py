@@ -153,8 +153,7 @@ class HDF5File:
         if read_ranges is None:
             # Read data through HDF5's own descriptor: one open file per fragment.
             self._fd = self._fid.get_vfd_handle()
-            read_ranges = self._pread_ranges
-        self._read_ranges = read_ranges
+        self._read_ranges = read_ranges  # (None: pread; not the bound method, a cycle to collect)
 
     def variable(self, name: str) -> HDF5Variable:
         """The netCDF variable ``name`` (``"v"``, ``"grp/v"`` or ``"/grp/v"``); KeyError if absent."""
@@ -168,7 +167,8 @@ class HDF5File:
         if dsid is None:
             raise KeyError(name)
         where = f"variable {group + base!r} of {self.path!r}"
-        return HDF5Variable(dsid, base, self._read_ranges, where)
+        return HDF5Variable(
+            dsid, base, self._pread_ranges if self._read_ranges is None else self._read_ranges, where)
 
     def close(self) -> None:
         # Dropping the one reference to the file's identifier closes the file and (strong close
