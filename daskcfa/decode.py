@@ -11,6 +11,7 @@ netCDF4-python would.
 from __future__ import annotations
 
 import codecs
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -29,7 +30,12 @@ STORAGE_ATTRS = (*PACKING_ATTRS, "_FillValue", "missing_value", "valid_min", "va
 
 def default_fill_value(dtype: np.dtype) -> Any:
     """netCDF's default fill value for a numeric dtype (``None`` for others)."""
-    dtype = np.dtype(dtype)
+    return _default_fill_value(np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _default_fill_value(dtype: np.dtype) -> Any:
+    # (once per dtype: decoding asks for it once per fragment read)
     key = dtype.str[1:]
     if key not in netCDF4.default_fillvals:
         return None
