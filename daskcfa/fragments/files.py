@@ -331,7 +331,8 @@ def small_object_size() -> int:
     return storage.config_bytes("daskcfa.io.small-object", 4 << 20)
 
 
-def _whole_object_wanted(fraction: float, nbytes: int) -> bool:
+def whole_object_wanted(fraction: float, nbytes: int) -> bool:
+    """Whether a remote fragment of ``nbytes``, of which ``fraction`` is wanted, is fetched whole."""
     threshold = float(dask.config.get("daskcfa.io.whole-fragment-fraction", 0.5))
     return fraction >= threshold or nbytes <= small_object_size()
 
@@ -348,14 +349,14 @@ def _remote_handle(uri: str, profile: ProfileRef, policy: LocationPolicy | None,
     # chunks only. A handle opened with some credentials (or policy) serves only them.
     # A netCDF4 handle opened beside the direct one holds its own copy of the object: counted too.
     mgr = manager()
-    whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
+    whole = _engine() == "netcdf4" or whole_object_wanted(fraction, expected_nbytes)
     whole_key = ("remote-whole", uri, profile.name, next(_READS))
     if whole and expected_nbytes <= 2 * storage.part_size():
         return mgr.open(whole_key,
                         lambda: _open_whole(uri, profile, policy, None, expected_nbytes, _grower(whole_key)),
                         nbytes=expected_nbytes, label=uri, keep=False)
     nbytes, version = storage.stat(uri, profile, policy=policy)
-    if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
+    if whole or whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
         return mgr.open(whole_key, lambda: _open_whole(uri, profile, policy, nbytes, nbytes, _grower(whole_key)),
                         nbytes=nbytes, label=uri, keep=False)
     cache = storage.block_size() * storage.BLOCKS_CACHED
