@@ -32,7 +32,7 @@ from ..fragments.files import whole_object_wanted
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
-from .masked import masked_chunk
+from .masked import MaskedChunk, masked_chunk
 from .plan import merged_chunks
 
 __all__ = ["AggregatedArray", "Access", "to_dask"]
@@ -116,9 +116,9 @@ class AggregatedArray:
                 missing, np.asarray(self.encoding.output_fill).astype(raw.dtype), raw)
             result = result.view(self.dtype) if result.dtype != self.dtype else result
         else:
-            result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
-            if self.mask:
-                result = masked_chunk(result)
+            # (a masked chunk made as such, not as a view of another masked array it would keep alive)
+            result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing,
+                                          masked_type=MaskedChunk)
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
         if any(d.reverse for d in dims):
             result = result[flips]
