@@ -11,6 +11,7 @@ netCDF4-python would.
 from __future__ import annotations
 
 import codecs
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -29,7 +30,12 @@ STORAGE_ATTRS = (*PACKING_ATTRS, "_FillValue", "missing_value", "valid_min", "va
 
 def default_fill_value(dtype: np.dtype) -> Any:
     """netCDF's default fill value for a numeric dtype (``None`` for others)."""
-    dtype = np.dtype(dtype)
+    return _default_fill_value(np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _default_fill_value(dtype: np.dtype) -> Any:
+    # (once per dtype: decoding asks for it once per fragment read)
     key = dtype.str[1:]
     if key not in netCDF4.default_fillvals:
         return None
@@ -233,11 +239,13 @@ class Encoding:
             return data + offset
         return data
 
-    def decode(self, raw: np.ndarray, *, mask: bool = True, extra_mask: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, raw: np.ndarray, *, mask: bool = True, extra_mask: np.ndarray | None = None,
+               masked_type: type[np.ma.MaskedArray] = np.ma.MaskedArray) -> np.ndarray:
         """Stored values to data, like netCDF4-python's automatic mask and scale.
 
         ``extra_mask`` marks points already known to be missing (for example a
-        missing fragment); with ``mask=False`` they hold the fill value.
+        missing fragment); with ``mask=False`` they hold the fill value. Masked
+        numbers come as ``masked_type`` (a subclass of numpy's masked array).
         """
         raw = self.as_stored(np.asarray(raw))
         if not mask:
@@ -256,7 +264,7 @@ class Encoding:
             result = np.ma.MaskedArray(out, mask=np.ma.nomask if missing is None else missing, copy=False)
             result.set_fill_value(self.output_fill)
             return result
-        result = np.ma.MaskedArray(out, mask=np.ma.nomask if missing is None else missing, copy=False)
+        result = masked_type(out, mask=np.ma.nomask if missing is None else missing, copy=False)
         if self.fill_value is not None and out.dtype.kind in "biuf":
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")

@@ -11,6 +11,7 @@ masking and packing are applied later, once, by the caller.
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -159,8 +160,8 @@ def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy 
 
 
 def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:
-    total = int(np.prod(whole, dtype=np.int64))
-    return 1.0 if total == 0 else int(np.prod(selected, dtype=np.int64)) / total
+    total = math.prod(whole)
+    return 1.0 if total == 0 else math.prod(selected) / total
 
 
 def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedArray:
@@ -187,7 +188,7 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
                                    variable=target.variable, fragment=ref.index))
             log.warning("%s", message)
             warnings.warn(message, CFAWarning, stacklevel=2)
-    expected = int(np.prod(ref.shape, dtype=np.int64)) * target.dtype.itemsize
+    expected = math.prod(ref.shape) * target.dtype.itemsize
     return _read_variable(open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=fraction,
                                         expected_nbytes=expected), uri, ref, key, target, names[-1])
 

@@ -18,7 +18,9 @@ metadata, through a block cache).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
+import logging
 import threading
 import zlib
 from contextlib import ExitStack, contextmanager
@@ -61,7 +63,10 @@ class _Variable:
         self._label = label
         self._fallback = fallback  # () -> the same file opened with netCDF4
         self.name, self.shape, self.dtype, self.no_fill = var.name, var.shape, var.dtype, var.no_fill
-        self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, self._fallback_attrs)
+        # (no reference back to this object: a cycle would keep every fragment read until the cyclic
+        # collector runs, whose full passes over a large process cost more than the reads)
+        self.attrs = var.attrs if fallback is None else _Attributes(var.attrs, functools.partial(
+            _fallback_attrs, fallback, name))
 
     @property
     def layout(self) -> tuple[tuple[int, ...] | None, bool]:
@@ -73,9 +78,6 @@ class _Variable:
         netCDF4-python and zarr-python cannot)."""
         method = getattr(self._var, "storage_layout", None)
         return None if method is None else method()
-
-    def _fallback_attrs(self) -> Mapping[str, Any]:
-        return self._fallback().variable(self._name).attrs
 
     def _falling_back(self, exc: Exception, what: str) -> Any:
         log.debug("fragment %s, variable %r: the direct reader cannot read its %s (%s); netCDF4 reads it",
@@ -112,6 +114,10 @@ def _budgeted_read(var: Any, name: str, key: tuple) -> Any:
         return var.read(key)
 
 
+def _fallback_attrs(fallback: Callable[[], Any], name: str) -> Mapping[str, Any]:
+    return fallback().variable(name).attrs
+
+
 class _Attributes(Mapping[str, Any]):
     """The direct reader's (lazily read) attributes, falling back to netCDF4 for a value it cannot read."""
 
@@ -122,6 +128,8 @@ class _Attributes(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         try:
             return self._direct[name]
+        except KeyError:  # (absent: the common case, as ``get`` asks for every attribute decoding may use)
+            raise
         except Exception as exc:
             if _unsupported(exc):
                 return self._fallback()[name]
@@ -155,7 +163,8 @@ class FragmentFile:
     def __init__(self, label: str, *, direct: Any = None, netcdf4: Any = None,
                  second: Callable[[], None] | None = None, how: str = "") -> None:
         self.label = label
-        log.debug("opened fragment %s (%s; engine: %s)", redact(label), how or "as a file", _engine_name(direct))
+        if log.isEnabledFor(logging.DEBUG):  # (redacting costs more than opening a small fragment's variable)
+            log.debug("opened fragment %s (%s; engine: %s)", redact(label), how or "as a file", _engine_name(direct))
         self._stack = ExitStack()
         self._direct = direct  # an HDF5File, or None
         self._netcdf4_opener = netcdf4  # () -> NetCDF4File
@@ -217,6 +226,7 @@ class FragmentFile:
             raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
 
     def close(self) -> None:
+        self._variables.clear()  # (each refers back to this file, for its fallback)
         self._stack.close()
 
 
@@ -332,7 +342,8 @@ def small_object_size() -> int:
     return storage.config_bytes("daskcfa.io.small-object", 4 << 20)
 
 
-def _whole_object_wanted(fraction: float, nbytes: int) -> bool:
+def whole_object_wanted(fraction: float, nbytes: int) -> bool:
+    """Whether a remote fragment of ``nbytes``, of which ``fraction`` is wanted, is fetched whole."""
     threshold = float(dask.config.get("daskcfa.io.whole-fragment-fraction", 0.5))
     return fraction >= threshold or nbytes <= small_object_size()
 
@@ -349,14 +360,14 @@ def _remote_handle(uri: str, profile: ProfileRef, policy: LocationPolicy | None,
     # chunks only. A handle opened with some credentials (or policy) serves only them.
     # A netCDF4 handle opened beside the direct one holds its own copy of the object: counted too.
     mgr = manager()
-    whole = _engine() == "netcdf4" or _whole_object_wanted(fraction, expected_nbytes)
+    whole = _engine() == "netcdf4" or whole_object_wanted(fraction, expected_nbytes)
     whole_key = ("remote-whole", uri, profile.name, next(_READS))
     if whole and expected_nbytes <= 2 * storage.part_size():
         return mgr.open(whole_key,
                         lambda: _open_whole(uri, profile, policy, None, expected_nbytes, _grower(whole_key)),
                         nbytes=expected_nbytes, label=uri, keep=False)
     nbytes, version = storage.stat(uri, profile, policy=policy)
-    if whole or _whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
+    if whole or whole_object_wanted(fraction, nbytes):  # (the object may be smaller than its data)
         return mgr.open(whole_key, lambda: _open_whole(uri, profile, policy, nbytes, nbytes, _grower(whole_key)),
                         nbytes=nbytes, label=uri, keep=False)
     cache = storage.block_size() * storage.BLOCKS_CACHED

@@ -6,6 +6,7 @@ numeric types a direct read supports.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Mapping
 
 import h5py
@@ -59,16 +60,23 @@ def is_dimension_only(dsid: h5py.h5d.DatasetID) -> bool:
 
 def check_dtype(dsid: h5py.h5d.DatasetID, where: str) -> np.dtype:
     """The numpy dtype of a plain numeric dataset; anything else is unsupported."""
-    dtype = dsid.dtype
+    stored = dsid.get_type()
+    dtype = stored.dtype
     if dtype.kind in "iuf" and h5py.check_enum_dtype(dtype) is None:
         # the bytes on disk must be exactly this numpy type (no odd precision or
         # padding); the byte order of one-byte types is moot (netCDF-C sets it)
-        stored, expected = dsid.get_type(), h5py.h5t.py_create(dtype).copy()
-        if dtype.itemsize == 1:
-            expected.set_order(stored.get_order())
-        if stored.equal(expected):
+        if stored.equal(_native_type(dtype, stored.get_order() if dtype.itemsize == 1 else None)):
             return dtype
     raise DirectReadUnsupported(f"data type {dtype} is not supported ({where})")
+
+
+@functools.lru_cache(maxsize=64)
+def _native_type(dtype: np.dtype, order: int | None) -> h5py.h5t.TypeID:
+    """HDF5's type for numeric ``dtype`` (in byte ``order`` if given), made once per process."""
+    expected = h5py.h5t.py_create(dtype).copy()
+    if order is not None:
+        expected.set_order(order)
+    return expected
 
 
 def check_dimensions(dsid: h5py.h5d.DatasetID, where: str) -> None:
@@ -116,6 +124,7 @@ class NetCDFAttributes(Mapping[str, Any]):
         self._where = where
         self._values: dict[str, Any] = {}
         self._names: list[str] | None = None
+        self._present: frozenset[str] | None = None
 
     def __getitem__(self, name: str) -> Any:
         try:
@@ -128,10 +137,11 @@ class NetCDFAttributes(Mapping[str, Any]):
         return value
 
     def __contains__(self, name: object) -> bool:
-        if name in self._values:
-            return True
-        return (isinstance(name, str) and name not in _HIDDEN_ATTRS
-                and bool(h5py.h5a.exists(self._dsid, name.encode())))
+        if self._present is None:  # every name in one call: decoding asks for ten, most absent
+            names: set[str] = set()
+            h5py.h5a.iterate(self._dsid, lambda raw: names.add(raw.decode("utf-8", errors="replace")))
+            self._present = frozenset(names - _HIDDEN_ATTRS)
+        return name in self._present
 
     def __iter__(self) -> Iterator[str]:
         if self._names is None:

@@ -32,9 +32,9 @@ from ..errors import BudgetError
 
 __all__ = ["FileManager", "manager", "Budget"]
 
-#: Small: h5py's cost to close a file grows with the number of objects open in
-#: the process (one-point series over 1,000 fragments: 1.08x the raw loop with
-#: 8 cached handles, 1.15-1.2x with 32).
+#: Small (chosen when h5py's cost to close a file grew with the number of objects open in the
+#: process: one-point series over 1,000 fragments 1.08x the raw loop with 8 cached handles,
+#: 1.15-1.2x with 32; the direct HDF5 reader no longer pays that, see ``HDF5File.close``).
 DEFAULT_FILEHANDLES = 8
 DEFAULT_MEMORY = "512MiB"
 

@@ -9,14 +9,16 @@ to the tasks that need them, so that up to ``daskcfa.io.readahead`` requests
 (default 8, none on ``distributed`` workers; 0 turns read-ahead off) are in
 flight per process.
 
-Only objects that would be fetched whole anyway are read ahead (small ones:
-at most ``daskcfa.io.small-object`` bytes), and an object among the last
+Only objects that their own tasks would fetch whole in one GET are read ahead
+(small ones, at most ``daskcfa.io.small-object`` bytes, and larger ones of
+which the walk wants most: a reduction over objects of tens of megabytes then
+downloads the next while the last decodes), and an object among the last
 :data:`_RECENT_READS` read is not fetched again (a thread ahead of the others
 read it), so read-ahead adds no bytes except at the end of a walk. A walk
 done again reads ahead again, unless it is shorter than that window. Fetched
-objects wait for their reader at most :data:`_KEPT_SECONDS`; memory is
-bounded by :data:`_KEPT_PER_REQUEST` times the depth times the small-object
-size. A fetch that fails is forgotten: the task
+objects wait for their reader at most :data:`_KEPT_SECONDS`; at most
+:data:`_AHEAD_BYTES` of them are in flight (at least one), and memory is
+bounded by :data:`_KEPT_PER_REQUEST` times that. A fetch that fails is forgotten: the task
 that needs the object fetches it again, with the usual retries and errors.
 """
 
@@ -43,6 +45,9 @@ _WAIT_SECONDS = 30.0
 _KEPT_SECONDS = 30.0
 #: Fetched objects kept waiting for their readers, per request allowed in flight.
 _KEPT_PER_REQUEST = 4
+#: Bytes of larger objects fetched ahead at a time: one or two objects of tens of megabytes
+#: (fetched while the previous ones decode), as many as the depth of small ones.
+_AHEAD_BYTES = 32 << 20
 #: An object among this many read last is not read ahead again: a thread ahead
 #: of the others has read it (threads overtake each other by about their number).
 _RECENT_READS = 256
@@ -89,7 +94,8 @@ class _ReadAhead:
         self.started = 0  # fetches started ahead
         self.used = 0  # of which handed to the read that needed them
 
-    def start(self, uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None, limit: int) -> None:
+    def start(self, uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None, limit: int,
+              size_hint: int) -> None:
         with self._lock:  # held while starting: a read must not begin between check and start
             self._expire(time.monotonic(), limit)
             in_flight = sum(not f.done() for f, _ in self._fetches.values())
@@ -100,7 +106,7 @@ class _ReadAhead:
                 if in_flight >= limit:
                     return
                 try:
-                    future = storage.fetch_soon(uri, profile, policy=policy)  # schedules; does not wait
+                    future = storage.fetch_soon(uri, profile, policy=policy, size_hint=size_hint)  # (no wait)
                 except Exception:  # best effort: the read itself reports any error
                     return
                 if future is None:
@@ -141,14 +147,16 @@ class _ReadAhead:
 _READ_AHEAD = _ReadAhead()
 
 
-def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None = None) -> None:
-    """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight).
+def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None = None, *,
+               nbytes: int = 0) -> None:
+    """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight,
+    and for objects of up to ``nbytes`` each, no more than :data:`_AHEAD_BYTES` of them).
 
     The URIs must be allowed by ``policy``, which also decides where HTTP redirects may lead.
     """
-    limit = depth()
+    limit = min(depth(), max(1, _AHEAD_BYTES // max(1, nbytes)))
     if limit:
-        _READ_AHEAD.start(uris, profile, policy, limit)
+        _READ_AHEAD.start(uris, profile, policy, limit, nbytes)
 
 
 def take(uri: str, profile: ProfileRef, policy: LocationPolicy | None = None) -> storage.Blocks | None:

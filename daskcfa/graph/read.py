@@ -15,6 +15,7 @@ objects ahead, as a walk across chunks does.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import dask
@@ -27,11 +28,11 @@ from ..errors import CFAFormatError, FragmentReadError
 from .. import storage
 from ..fragments import readahead
 from ..fragments.canonical import Target, read_fragment
-from ..fragments.files import small_object_size
+from ..fragments.files import whole_object_wanted
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
-from .masked import masked_chunk
+from .masked import MaskedChunk, masked_chunk
 from .plan import merged_chunks
 
 __all__ = ["AggregatedArray", "Access", "to_dask"]
@@ -82,7 +83,7 @@ class AggregatedArray:
             chunk_index=None if access.chunk_index is None else access.chunk_index.variable(variable.name),
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
-        self._ahead_uris: dict[tuple[int, ...], str | None] = {}
+        self._ahead_uris: dict[tuple[int, ...], tuple[str | None, int]] = {}
 
     def __repr__(self) -> str:
         return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
@@ -117,9 +118,9 @@ class AggregatedArray:
                 missing, np.asarray(self.encoding.output_fill).astype(raw.dtype), raw)
             result = result.view(self.dtype) if result.dtype != self.dtype else result
         else:
-            result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing)
-            if self.mask:
-                result = masked_chunk(result)
+            # (a masked chunk made as such, not as a view of another masked array it would keep alive)
+            result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing,
+                                          masked_type=MaskedChunk)
         flips = tuple(slice(None, None, -1) if d.reverse else slice(None) for d in dims if d.length is not None)
         if any(d.reverse for d in dims):
             result = result[flips]
@@ -185,17 +186,23 @@ class AggregatedArray:
             return
         axis = moved[0]
         step = 1 if index[axis] > last[axis] else -1
-        uris = []
+        grid = self.variable.fragments.grid
+        # (the fragments ahead are read as this one is: fetched whole too when most of each is wanted)
+        selected = math.prod(1 if isinstance(p.local, int) else len(range(p.local.start, p.local.stop, p.local.step))
+                             for p in pieces)
+        fraction = selected / max(1, math.prod(grid.fragment_shape(index)))
+        uris, largest = [], 0
         for k in range(1, depth + 1):
             position = index[axis] + k * step
-            if not 0 <= position < self.variable.fragments.grid.grid_shape[axis]:
+            if not 0 <= position < grid.grid_shape[axis]:
                 break
-            uri = self._ahead_uri(index[:axis] + (position,) + index[axis + 1:])
+            uri, nbytes = self._ahead_uri(index[:axis] + (position,) + index[axis + 1:], fraction)
             if uri is None:
                 break
             if uri:
                 uris.append(uri)
-        readahead.read_ahead(uris, self.target.profile, self.target.policy)
+                largest = max(largest, nbytes)
+        readahead.read_ahead(uris, self.target.profile, self.target.policy, nbytes=largest)
 
     def _read_ahead_within(self, combos: list[tuple], k: int) -> None:
         """In a chunk of several fragments, start fetching its own next small remote objects (never
@@ -204,8 +211,9 @@ class AggregatedArray:
         index = tuple(p.fragment for p in combos[k])
         if not depth or self._is_local(index):
             return
-        ahead = (self._ahead_uri(tuple(p.fragment for p in pieces)) for pieces in combos[k + 1:k + 1 + depth])
-        readahead.read_ahead([uri for uri in ahead if uri], self.target.profile, self.target.policy)
+        ahead = [self._ahead_uri(tuple(p.fragment for p in pieces), 0.0) for pieces in combos[k + 1:k + 1 + depth]]
+        readahead.read_ahead([uri for uri, _ in ahead if uri], self.target.profile, self.target.policy,
+                             nbytes=max((n for uri, n in ahead if uri), default=0))
 
     def _is_local(self, index: tuple[int, ...]) -> bool:
         """Whether the fragment at ``index`` is (first) a local file: a walk from it reads
@@ -214,29 +222,32 @@ class AggregatedArray:
         first = uris[index][0] if uris is not None else None
         return storage.is_local(self.variable.source) and (not first or storage.is_local(str(first)))
 
-    def _ahead_uri(self, index: tuple[int, ...]) -> str | None:
-        """What read-ahead may fetch for the fragment at ``index``: its URI, ""
-        to pass over it (missing, or not allowed), or None to stop there (a
-        local, OPeNDAP or large fragment). Remembered: a walk asks ``depth`` times."""
-        known = self._ahead_uris.get(index, False)
-        if known is not False:
-            return known
-        ref = self.variable.fragments[index]
-        uri: str | None = ""
-        if not ref.is_missing and ref.uris:
-            uri = storage.resolve(ref.uris[0], self.target.source)
-            nbytes = int(np.prod(ref.shape, dtype=np.int64)) * self.target.dtype.itemsize
-            indexed = self.target.chunk_index is not None and self.target.chunk_index.entry(
-                uri, ref.variable_names(self.target.default_identifier)) is not None
-            if storage.is_local(uri) or storage.is_opendap(uri) or nbytes > small_object_size() or indexed:
-                uri = None  # (larger objects are fetched in concurrent parts by their own task; indexed
-                # ones by byte range: fetching them whole would only add GETs)
-            elif self.target.policy is not None and not self.target.policy.allows(uri):
-                uri = ""
-        if len(self._ahead_uris) >= _AHEAD_REMEMBERED:  # (a walk needs those near it only)
-            self._ahead_uris.clear()
-        self._ahead_uris[index] = uri
-        return uri
+    def _ahead_uri(self, index: tuple[int, ...], fraction: float) -> tuple[str | None, int]:
+        """What read-ahead may fetch for the fragment at ``index``, of which ``fraction`` is
+        wanted, and its size: its URI, "" to pass over it (missing, or not allowed), or None to
+        stop there (a local or OPeNDAP fragment, or one its own task would not fetch whole in
+        one GET: a large object of which little is wanted, or one fetched in concurrent parts).
+        Remembered: a walk asks ``depth`` times."""
+        known = self._ahead_uris.get(index)
+        if known is None:
+            ref = self.variable.fragments[index]
+            uri: str | None = ""
+            nbytes = math.prod(ref.shape) * self.target.dtype.itemsize
+            if not ref.is_missing and ref.uris:
+                uri = storage.resolve(ref.uris[0], self.target.source)
+                indexed = self.target.chunk_index is not None and self.target.chunk_index.entry(
+                    uri, ref.variable_names(self.target.default_identifier)) is not None
+                if storage.is_local(uri) or storage.is_opendap(uri) or indexed:
+                    uri = None  # (an indexed fragment is read by byte range: fetching it whole only adds GETs)
+                elif self.target.policy is not None and not self.target.policy.allows(uri):
+                    uri = ""
+            if len(self._ahead_uris) >= _AHEAD_REMEMBERED:  # (a walk needs those near it only)
+                self._ahead_uris.clear()
+            known = self._ahead_uris[index] = (uri, nbytes)
+        uri, nbytes = known
+        if uri and not (whole_object_wanted(fraction, nbytes) and nbytes <= 2 * storage.part_size()):
+            return None, nbytes
+        return known
 
 
 def _take(block: np.ma.MaskedArray, pieces: tuple) -> np.ma.MaskedArray:

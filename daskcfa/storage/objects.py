@@ -260,17 +260,20 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
 
 
-def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *,
-               policy: LocationPolicy | None = None) -> concurrent.futures.Future | None:
-    """Start fetching a whole (small) remote object in the background (on
-    fsspec's event loop), without waiting: the future's result is its bytes,
-    as :class:`Blocks`. None when the object's filesystem has no event loop to
-    run it on (local files)."""
+def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
+               size_hint: int = 0) -> concurrent.futures.Future | None:
+    """Start fetching a whole remote object in the background (on fsspec's event
+    loop), without waiting: the future's result is its bytes, as :class:`Blocks`
+    (received as they arrived when ``size_hint`` says the object is large, as
+    :func:`read_whole` does). None when the object's filesystem has no event
+    loop to run it on (local files)."""
     if is_local(uri) or is_opendap(uri):
         return None
     fs, path = filesystem(uri, profile, policy=policy)
     if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
         return None
+    if _streams(fs) and size_hint >= _STREAM_FROM:
+        return asyncio.run_coroutine_threadsafe(_get_streamed(fs, path), fs.loop)
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path), fs.loop)
 
 
@@ -291,6 +294,10 @@ def _streams(fs: Any) -> bool:
 async def _get_whole(fs: Any, path: str) -> Blocks:
     """One GET of a whole (small) object."""
     return Blocks([await fs._cat_file(path, **_one_get(fs))])
+
+
+async def _get_streamed(fs: Any, path: str) -> Blocks:
+    return Blocks(await _get_blocks(fs, path))
 
 
 async def _get_blocks(fs: Any, path: str) -> list[bytes]:

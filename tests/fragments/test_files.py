@@ -57,3 +57,31 @@ def test_a_fallback_to_netcdf4_is_logged(tmp_path, caplog):
         assert any(m.startswith(f"fragment {path}, variable 'name': the direct reader cannot open it")
                    for m in messages), messages
         assert f"opening fragment {path} with netCDF4-python" in messages
+
+
+@pytest.mark.parametrize("fragment_format", ["NETCDF4", "NETCDF3_CLASSIC"])
+def test_fragments_read_leave_nothing_to_the_cyclic_collector(tmp_path, fragment_format):
+    """Every handle is freed by reference counting once closed: garbage in cycles (37 objects a
+    fragment, once) made the collector's full passes over a large process cost more than the reads."""
+    import gc
+
+    from daskcfa.fragments.manager import manager
+
+    data = np.arange(48, dtype="f4").reshape(8, 6)
+    url = daskcfa.to_cfa(data, str(tmp_path / "t.nca"), variable="v", dims=("time", "x"), fragment_shape=(1, 6),
+                         fragment_format=fragment_format)
+    x = daskcfa.from_cfa(url, "v")
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        with dask.config.set(scheduler="synchronous"):
+            np.testing.assert_array_equal(x[:, 3].compute(), data[:, 3])
+        manager().close_all()
+        gc.collect()
+        ours = [o for o in gc.garbage if type(o).__module__.startswith("daskcfa")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not ours, ours[:5]

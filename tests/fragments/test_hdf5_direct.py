@@ -484,6 +484,30 @@ def test_missing_files_raise_file_not_found(tmp_path):
         HDF5File(tmp_path / "absent.nc")
 
 
+def test_close_releases_the_file_while_its_variables_live_on(tmp_path):
+    """Closing drops the file's identifier (not FileID.close): the descriptor is released and
+    a variable still referenced fails cleanly rather than reading another file's objects."""
+    import os
+
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("x", 3)
+        create(nc, "v", "i4", ("x",), zlib=True)[:] = [1, 2, 3]
+    before = len(os.listdir("/proc/self/fd"))
+    f = HDF5File(path)
+    var = f.variable("v")
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    f.close()
+    f.close()  # twice is harmless
+    assert len(os.listdir("/proc/self/fd")) == before
+    with pytest.raises((ValueError, RuntimeError)):  # (the file reader names the fragment)
+        var.read((slice(0, 3, 1),))
+    with pytest.raises(ValueError, match="closed"):
+        f.variable("v")
+    with HDF5File(path) as again:  # the same file opens afresh
+        np.testing.assert_array_equal(again.variable("v").read((slice(0, 3, 1),)), [1, 2, 3])
+
+
 def test_unsupported_types_and_dimensions(tmp_path):
     path = tmp_path / "f.nc"
     with netCDF4.Dataset(path, "w") as nc:

@@ -548,6 +548,27 @@ def test_read_ahead_off_or_objects_too_large(walk_dataset, settings):
     assert _used(before)["started"] == 0
 
 
+@pytest.mark.parametrize("ahead_bytes", [32 << 20, 1])
+def test_read_ahead_of_larger_objects_a_walk_reads_whole(walk_dataset, monkeypatch, ahead_bytes):
+    """Objects over the small-object size are read ahead too when the walk wants each whole (a
+    reduction): their tasks would fetch them whole anyway; at most ``_AHEAD_BYTES`` of them at a time
+    (at least one), each object still fetched exactly once."""
+    from daskcfa.fragments import readahead
+
+    monkeypatch.setattr(readahead, "_AHEAD_BYTES", ahead_bytes)
+    built, http, x = walk_dataset
+    http.reset()
+    before = readahead.stats()
+    with dask.config.set({"daskcfa.io.readahead": 4, "daskcfa.io.small-object": 16, "scheduler": "synchronous"}):
+        got = x[:, 1:, :].compute()
+    assert_matches(got, built.expected[:, 1:, :])
+    gets = {p: n for p, n in _fragment_gets(http).items() if not p.endswith(built.path.name)}
+    assert len(gets) == WALK and set(gets.values()) == {1}, "every object fetched exactly once"
+    used = _used(before)
+    # (one object at a time: the start of each of dask's runs through the walk is fetched by its task)
+    assert used["used"] >= (3 * WALK // 4 if ahead_bytes > 1 else WALK // 4) and used["started"] <= WALK
+
+
 def test_read_ahead_again_when_a_walk_is_done_again(walk_dataset, monkeypatch):
     """Objects read a whole walk ago are read ahead again (only the last few reads are 'recent')."""
     from daskcfa.fragments import readahead
