@@ -519,12 +519,16 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
 
     def __init__(self, name: str, path: str, dims: tuple[str, ...], dimensions: list[GrowingDimension],
                  dtype: np.dtype, attrs: dict[str, Any], writer: "AggregationWriter", *, aggregated: bool,
-                 compression: dict[str, Any], fragment_shape: Any, max_fragment_size: int | str | None) -> None:
+                 compression: dict[str, Any], fragment_shape: Any, max_fragment_size: int | str | None,
+                 layout: "_FragmentLayout | None" = None) -> None:
+        """``layout``: the fragments' layout when it is given (an aggregation updated), else planned."""
         d = self.__dict__
         d.update(name=name, path=path, dims=dims, dtype=dtype, attrs=attrs, aggregation=None, _writer=writer,
                  _dimensions=dimensions, _aggregated=aggregated, _compression=compression, _data=None,
                  _url=writer.url, _access=None)
-        d["_layout"] = _FragmentLayout.plan(self, fragment_shape, max_fragment_size) if aggregated else None
+        if aggregated and layout is None:
+            layout = _FragmentLayout.plan(self, fragment_shape, max_fragment_size)
+        d["_layout"] = layout if aggregated else None
         d["_plain"] = None if aggregated else _Buffer((0,) * len(dims), dtype)
         d["_buffers"] = {}  # fragment index -> _Buffer
         #: fragments written (read back when assigned again): index -> packed bits of the elements assigned
@@ -1254,11 +1258,6 @@ class AggregationWriter(_Definitions, Dataset):
                 raise ArgumentError(f"{old.path}: mode='a' does not update aggregations whose fragments have "
                                     f"{unsupported.replace('_', ' ')} (use daskcfa.to_cfa or refragment first)",
                                     file=self.url)
-        var = WritableVariable.__new__(WritableVariable)
-        d = var.__dict__
-        d.update(name=old.name, path=old.path, dims=dims, dtype=np.dtype(old.dtype), attrs=attrs, aggregation=None,
-                 _writer=self, _dimensions=found, _aggregated=True, _compression={}, _data=None, _url=self.url,
-                 _access=None, _plain=None, _buffers={}, _stored={})
         grid = frags.grid
         offsets, steps = [list(o) for o in grid.offsets], []
         for i, row in enumerate(grid.sizes):
@@ -1266,8 +1265,10 @@ class AggregationWriter(_Definitions, Dataset):
             if step is not None and len(row) and row[-1] < step:
                 offsets[i].pop()  # the last fragment along an unlimited dimension grows to the others' length
             steps.append(step)
-        d["_layout"] = _FragmentLayout(offsets, steps)
-        d["_previous"] = {"variable": old, "kept": set(grid.indices())}
+        var = WritableVariable(old.name, old.path, dims, found, np.dtype(old.dtype), attrs, self, aggregated=True,
+                               compression={}, fragment_shape=None, max_fragment_size=None,
+                               layout=_FragmentLayout(offsets, steps))
+        var.__dict__["_previous"] = {"variable": old, "kept": set(grid.indices())}
         node.variables[old.name] = var
 
 
