@@ -40,7 +40,7 @@ from builders import build
 
 from .conftest import DIMS, SIZES, forget_open_files, replace_file, truth
 
-settings.register_profile("ci", max_examples=300, deadline=timedelta(seconds=20), derandomize=True, database=None,
+settings.register_profile("ci", max_examples=150, deadline=timedelta(seconds=20), derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                                  HealthCheck.data_too_large])
 settings.register_profile("thorough", parent=settings.get_profile("ci"), max_examples=3000, derandomize=False)

@@ -363,11 +363,12 @@ def test_writer_killed_at_random_moments(trials, mode, count):
     assert sum(outcomes.values()) == count
 
 
-def test_two_creators_race(trials):
-    """Two ``w-`` writers of different data started together, 10 times: one wins, the dataset
-    holds exactly its data, the other gets a clear error."""
+@pytest.mark.parametrize("races", [pytest.param(4, id="ci"), pytest.param(10, id="long", marks=pytest.mark.slow)])
+def test_two_creators_race(trials, races):
+    """Two ``w-`` writers of different data started together, ``races`` times: one wins, the
+    dataset holds exactly its data, the other gets a clear error."""
     errors: Counter = Counter()
-    for race in range(10):
+    for race in range(races):
         url = trials.url(f"race-{race}")
         procs = {seed: trials.spawn(url, "w-", seed) for seed in (3, 4)}
         results = {seed: _finish(proc) for seed, proc in procs.items()}
@@ -382,15 +383,16 @@ def test_two_creators_race(trials):
     print(f"\nraces ({trials.name}): loser's error {dict(errors)}")
 
 
-def test_reader_during_overwrites(trials):
-    """A reader looping while another process overwrites the dataset 3 times sees old or new data
-    (or, when a generation it opened is retired mid-read, a MissingFragmentError saying so)."""
+@pytest.mark.parametrize("seeds", [pytest.param((6, 5), id="ci"), pytest.param((6, 5) * 3, id="long", marks=pytest.mark.slow)])
+def test_reader_during_overwrites(trials, seeds):
+    """A reader looping while another process overwrites the dataset (once per seed) sees old or
+    new data (or, when a generation it opened is retired mid-read, a MissingFragmentError saying so)."""
     url = trials.url("busy")
     write_trial(url, 5, "w-", trials.options)
     script = trials.script.with_name("overwriter.py")
     script.write_text(textwrap.dedent(f"""
         import subprocess, sys
-        for seed in (6, 5, 6):
+        for seed in {seeds!r}:
             subprocess.run([sys.executable, {str(trials.script)!r}, {url!r}, "w", str(seed)], check=True)
     """))
     proc = subprocess.Popen([sys.executable, str(script)], env=trials.env)
@@ -413,11 +415,12 @@ def test_reader_during_overwrites(trials):
     trials.assert_tidy(url)
 
 
+@pytest.mark.parametrize("attempts", [pytest.param(1, id="ci"), pytest.param(4, id="long", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("regions", [((0, 6), (6, 12)), ((2, 5), (2, 5))], ids=["different", "same"])
-def test_two_region_writers(trials, regions):
-    """Two ``r+`` writers at once, twice: on different regions both land; on the same region
-    one wins cleanly (exactly its values there); everything else keeps the values it had."""
-    for attempt in range(2):
+def test_two_region_writers(trials, regions, attempts):
+    """Two ``r+`` writers at once, ``attempts`` times: on different regions both land; on the same
+    region one wins cleanly (exactly its values there); everything else keeps the values it had."""
+    for attempt in range(attempts):
         url = trials.url(f"regions-{attempt}")
         write_trial(url, 7, "w-", trials.options)
         procs = {seed: trials.spawn(url, "r+", seed, time_region=list(region))
