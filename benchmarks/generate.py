@@ -353,7 +353,8 @@ def _write_aggregation(path: str, spec: DatasetSpec, coords) -> None:
         nc.createDimension("i", 3)
         nc.createDimension("j", nf)
         _write_coords(nc, time_, lat, lon)
-        v = nc.createVariable(VARNAME, "f4", ())
+        # (the aggregation variable's _FillValue describes the aggregated data, as cfdm writes it)
+        v = nc.createVariable(VARNAME, "f4", (), fill_value=FILL_VALUE if spec.missing else None)
         _tas_attrs(v)
         v.aggregated_dimensions = "time lat lon"
         # Single blanks: cfapyx splits on " " only.
