@@ -473,6 +473,18 @@ def machine_info():
             "platform": platform.platform(), "versions": versions}
 
 
+def select_scenarios(patterns: list[str], known: list[str]) -> list[str]:
+    """The scenarios of ``known`` that ``patterns`` name (shell-style, e.g. ``'std-*'``; ``all``:
+    every one), in the patterns' order, each once."""
+    chosen: list[str] = []
+    for pattern in (["*"] if "all" in patterns else patterns):
+        match = [s for s in known if fnmatch.fnmatchcase(s, pattern)]
+        if not match:
+            raise ValueError(f"unknown scenario {pattern!r}; choose from {', '.join(known)}")
+        chosen += [s for s in match if s not in chosen]
+    return chosen
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", action="append",
@@ -498,12 +510,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if not a.scenario:
         p.error("give --scenario NAME (repeatable) or --scenario all")
-    scenarios = []
-    for pattern in (["*"] if "all" in a.scenario else a.scenario):
-        match = [s for s in SCENARIOS if fnmatch.fnmatchcase(s, pattern)]
-        if not match:
-            p.error(f"unknown scenario {pattern!r}; choose from {', '.join(SCENARIOS)}")
-        scenarios += [s for s in match if s not in scenarios]
+    try:
+        scenarios = select_scenarios(a.scenario, SCENARIOS)
+    except ValueError as e:
+        p.error(str(e))
     a.tools_given = bool(a.tools)
     a.tools = DEFAULT_TOOLS if not a.tools else [t.strip() for t in a.tools.split(",")]
     for t in a.tools:
