@@ -421,7 +421,6 @@ def _raw_part(kind, nc, v):
     a = v[...]
     fill = v.getncattr("_FillValue") if "_FillValue" in v.ncattrs() else None
     valid = None if fill is None else a != fill
-    n = a.size if valid is None else int(np.count_nonzero(valid))
     if kind == "max":
         return a.max() if valid is None else a.max(where=valid, initial=-np.inf)
     zeroed = a if valid is None else np.where(valid, a, a.dtype.type(0))
@@ -437,6 +436,7 @@ def _raw_part(kind, nc, v):
             out[int(m)] = (zeroed[sel].sum(axis=0, dtype="f8"),
                            sel.sum() if valid is None else valid[sel].sum(axis=0))
         return out
+    n = a.size if valid is None else int(np.count_nonzero(valid))
     if kind == "std":  # (Chan et al.'s parts: a sum of squares of the values would lose digits)
         mu = zeroed.sum(dtype="f8") / n
         dev = np.square(zeroed - np.float32(mu))
