@@ -151,23 +151,24 @@ REDUCTIONS = ("mean", "mean32", "sum", "std", "max", "climatology")
 MISSING_FRACTION = 0.05  #: of the "-missing" datasets
 
 
-def _reduction_scenarios() -> dict[str, str]:
-    """``"<op>-<compression>[-missing]"`` -> op; their data are the read scenarios' (with
+def _reduction_data() -> dict[str, tuple[str, tuple[DatasetSpec, DatasetSpec]]]:
+    """``"<op>-<compression>[-missing]"`` -> (op, its data): the read scenarios' datasets (with
     missing values: the same, 5% of the elements written as ``_FillValue``)."""
-    ops = {}
+    out = {}
     for op in REDUCTIONS:
         for comp in ("uncompressed", "zlib"):
             full, small = SCENARIO_DATA[f"read-{comp}"]
-            ops[f"{op}-{comp}"] = ops[f"{op}-{comp}-missing"] = op
-            SCENARIO_DATA.setdefault(f"{op}-{comp}", (full, small))
-            SCENARIO_DATA.setdefault(f"{op}-{comp}-missing", (
-                replace(full, missing=MISSING_FRACTION), replace(small, missing=MISSING_FRACTION)))
-    return ops
+            out[f"{op}-{comp}"] = (op, (full, small))
+            out[f"{op}-{comp}-missing"] = (op, (replace(full, missing=MISSING_FRACTION),
+                                                replace(small, missing=MISSING_FRACTION)))
+    return out
 
 
+_REDUCTION_DATA = _reduction_data()
+SCENARIO_DATA.update({name: specs for name, (_, specs) in _REDUCTION_DATA.items()})
 #: scenario -> its reduction, local and (``s3-`` + the name) on S3
-REDUCTION_SCENARIOS = _reduction_scenarios()
-REDUCTION_SCENARIOS.update({f"s3-{s}": op for s, op in list(REDUCTION_SCENARIOS.items())})
+REDUCTION_SCENARIOS = {name: op for name, (op, _) in _REDUCTION_DATA.items()}
+REDUCTION_SCENARIOS.update({f"s3-{name}": op for name, (op, _) in _REDUCTION_DATA.items()})
 
 
 # A tiny dataset each tool reads once, in the measured process but before the
