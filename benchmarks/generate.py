@@ -13,7 +13,16 @@ A dataset is one directory holding
 * ``params.json``: the parameters (regeneration is skipped when they match)
   plus the fragment list;
 * ``truth.npz``: the ground truth: the float64 mean over (lat, lon) of every
-  time step, accumulated while writing.
+  time step, accumulated while writing;
+* ``reductions.npz``: the ground truth of the whole-array reductions and the
+  monthly climatology (:func:`reduction_truth`), computed from :func:`values`
+  on first use.
+
+A dataset "with missing values" (``missing`` > 0) has ``tas:_FillValue =
+1e20`` and that value written at a pseudo-random fraction of the elements
+(:func:`is_missing`, also a pure function of the indices); its truth is
+computed on numpy masked arrays masked as netCDF4-python masks the stored
+values (``== _FillValue``).
 
 Values are ``value(t, y, x)`` (see :func:`values`), a pure function of the
 *global* time index and the grid indices, so any point or time series can be
@@ -35,11 +44,13 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 GENERATOR_VERSION = 1
+FILL_VALUE = np.float32(1e20)  #: ``tas:_FillValue`` of the datasets with missing values
+TIME_UNITS = "days since 2000-01-01"  #: of the ``time`` coordinate, whose values are 0, 1, 2, ...
 DEFAULT_DATADIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 VARNAME = "tas"
 AGG_NAME = "aggregation.nc"
@@ -73,6 +84,7 @@ class DatasetSpec(TimeTiles):
     shuffle: bool = False
     name: str | None = None
     file_format: str = "NETCDF4"  #: of the fragment files (the aggregation file is always netCDF-4)
+    missing: float = 0.0  #: fraction of the elements written as ``_FillValue`` (:func:`is_missing`)
 
     @property
     def dirname(self) -> str:
@@ -84,7 +96,8 @@ class DatasetSpec(TimeTiles):
             comp += "s"
         chunks = "contig" if self.chunks is None else "c" + "x".join(map(str, self.chunks))
         fmt = "" if self.file_format == "NETCDF4" else "_" + self.file_format.lower()
-        return f"n{self.nfrag}_f{shape}_{comp}_{chunks}{fmt}"
+        miss = f"_miss{self.missing * 100:g}" if self.missing else ""
+        return f"n{self.nfrag}_f{shape}_{comp}_{chunks}{fmt}{miss}"
 
     def params(self) -> dict:
         d = asdict(self)
@@ -92,8 +105,13 @@ class DatasetSpec(TimeTiles):
         d["chunks"] = None if self.chunks is None else list(self.chunks)
         d["shape"] = list(self.shape)
         d["generator_version"] = GENERATOR_VERSION
-        if self.file_format == "NETCDF4":  # datasets generated before the field existed stay valid
+        # (datasets generated before these fields existed stay valid)
+        if self.file_format == "NETCDF4":
             del d["file_format"]
+        if self.missing:
+            d["fill_value"] = float(FILL_VALUE)
+        else:
+            del d["missing"]
         return d
 
 
@@ -124,9 +142,33 @@ SCENARIO_DATA: dict[str, tuple[DatasetSpec, DatasetSpec]] = {
         DatasetSpec(200, (1, 18, 36), file_format="NETCDF3_CLASSIC"),
     ),
 }
-# The whole-array mean scenarios read the read scenarios' data.
-SCENARIO_DATA["mean-uncompressed"] = SCENARIO_DATA["read-uncompressed"]
-SCENARIO_DATA["mean-zlib"] = SCENARIO_DATA["read-zlib"]
+
+#: The whole-array reductions (how each tool computes them: ``benchmarks.tools``).
+#: ``mean`` is ``x.mean(dtype="f8")``; ``mean32`` is ``x.mean()``, accumulated in
+#: float32 as numpy does for float32 data; ``climatology`` is xarray's
+#: ``groupby("time.month").mean()``.
+REDUCTIONS = ("mean", "mean32", "sum", "std", "max", "climatology")
+MISSING_FRACTION = 0.05  #: of the "-missing" datasets
+
+
+def _reduction_data() -> dict[str, tuple[str, tuple[DatasetSpec, DatasetSpec]]]:
+    """``"<op>-<compression>[-missing]"`` -> (op, its data): the read scenarios' datasets (with
+    missing values: the same, 5% of the elements written as ``_FillValue``)."""
+    out = {}
+    for op in REDUCTIONS:
+        for comp in ("uncompressed", "zlib"):
+            full, small = SCENARIO_DATA[f"read-{comp}"]
+            out[f"{op}-{comp}"] = (op, (full, small))
+            out[f"{op}-{comp}-missing"] = (op, (replace(full, missing=MISSING_FRACTION),
+                                                replace(small, missing=MISSING_FRACTION)))
+    return out
+
+
+_REDUCTION_DATA = _reduction_data()
+SCENARIO_DATA.update({name: specs for name, (_, specs) in _REDUCTION_DATA.items()})
+#: scenario -> its reduction, local and (``s3-`` + the name) on S3
+REDUCTION_SCENARIOS = {name: op for name, (op, _) in _REDUCTION_DATA.items()}
+REDUCTION_SCENARIOS.update({f"s3-{name}": op for name, (op, _) in _REDUCTION_DATA.items()})
 
 
 # A tiny dataset each tool reads once, in the measured process but before the
@@ -140,9 +182,8 @@ S3_SCENARIOS = {
     "s3-read-uncompressed": "read-uncompressed",
     "s3-read-zlib": "read-zlib",
     "s3-timeseries": "timeseries",
-    "s3-mean-uncompressed": "mean-uncompressed",
-    "s3-mean-zlib": "mean-zlib",
 }
+S3_SCENARIOS.update({s: s[3:] for s in REDUCTION_SCENARIOS if s.startswith("s3-")})
 
 
 def spec_for(scenario: str, quick: bool = False) -> DatasetSpec:
@@ -183,6 +224,39 @@ def values(t, y, x, ny: int, nx: int) -> np.ndarray:
     return (smooth + noise).astype(np.float32)
 
 
+def is_missing(t, y, x, fraction: float) -> np.ndarray:
+    """Whether the element at ``(t, y, x)`` is written as ``_FillValue`` (about ``fraction`` of
+    them, scattered; a hash independent of the noise's). Broadcasts like :func:`values`."""
+    h = _mix(
+        np.asarray(t, dtype=np.int64).astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)
+        + np.asarray(y, dtype=np.int64).astype(np.uint64) * np.uint64(0xA0761D6478BD642F)
+        + np.asarray(x, dtype=np.int64).astype(np.uint64) * np.uint64(0xE7037ED1A0B428DB)
+    )
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53 < fraction
+
+
+def stored(t0: int, t1: int, ny: int, nx: int, missing: float = 0.0) -> np.ndarray:
+    """Time steps ``t0:t1`` as written to the files (missing elements = :data:`FILL_VALUE`)."""
+    idx = np.ix_(np.arange(t0, t1), np.arange(ny), np.arange(nx))
+    data = values(*idx, ny=ny, nx=nx)
+    if missing:
+        data[np.broadcast_to(is_missing(*idx, missing), data.shape)] = FILL_VALUE
+    return data
+
+
+def netcdf4_masked(data: np.ndarray, fill_value: float | None) -> np.ma.MaskedArray:
+    """``data`` masked as netCDF4-python masks stored values: where equal to ``_FillValue``."""
+    if fill_value is None:
+        return np.ma.MaskedArray(data)
+    return np.ma.masked_where(data == np.float32(fill_value), data)
+
+
+def month_of(days) -> np.ndarray:
+    """The calendar month (1-12) of ``days`` since 2000-01-01 (standard calendar)."""
+    d = np.datetime64("2000-01-01", "D") + np.asarray(days).astype("timedelta64[D]")
+    return d.astype("datetime64[M]").astype(np.int64) % 12 + 1
+
+
 def point(spec_or_shape) -> tuple[int, int]:
     """The (y, x) grid point of the time-series scenario: (90, 180) on a
     180 x 360 grid, the grid centre in general."""
@@ -204,7 +278,7 @@ def _coords(spec: DatasetSpec):
 def _write_coords(nc, time_, lat, lon):
     tv = nc.createVariable("time", "f8", ("time",))
     tv.standard_name = "time"
-    tv.units = "days since 2000-01-01"
+    tv.units = TIME_UNITS
     tv.calendar = "standard"
     tv.axis = "T"
     tv[:] = time_
@@ -237,7 +311,7 @@ def _write_fragment(path: str, spec: DatasetSpec, i: int, coords) -> np.ndarray:
     time_, lat, lon = coords
     nt, ny, nx = spec.frag_shape
     t0 = i * nt
-    data = values(*np.ix_(np.arange(t0, t0 + nt), np.arange(ny), np.arange(nx)), ny=ny, nx=nx)
+    data = stored(t0, t0 + nt, ny, nx, spec.missing)
     with netCDF4.Dataset(path, "w", format=spec.file_format) as nc:
         nc.Conventions = "CF-1.13"
         nc.title = f"daskcfa benchmark fragment {i}"
@@ -250,10 +324,13 @@ def _write_fragment(path: str, spec: DatasetSpec, i: int, coords) -> np.ndarray:
             kw.update(zlib=True, complevel=spec.complevel, shuffle=spec.shuffle)
         if spec.chunks is not None:
             kw.update(chunksizes=spec.chunks, contiguous=False)
-        v = nc.createVariable(VARNAME, "f4", ("time", "lat", "lon"), fill_value=False, **kw)
+        fill = FILL_VALUE if spec.missing else False
+        v = nc.createVariable(VARNAME, "f4", ("time", "lat", "lon"), fill_value=fill, **kw)
         _tas_attrs(v)
+        v.set_auto_mask(False)
         v[...] = data
-    return data.astype(np.float64).mean(axis=(1, 2))
+    masked = netcdf4_masked(data, FILL_VALUE if spec.missing else None)
+    return np.ma.filled(masked.astype(np.float64).mean(axis=(1, 2)), np.nan)
 
 
 def _write_aggregation(path: str, spec: DatasetSpec, coords) -> None:
@@ -277,7 +354,8 @@ def _write_aggregation(path: str, spec: DatasetSpec, coords) -> None:
         nc.createDimension("i", 3)
         nc.createDimension("j", nf)
         _write_coords(nc, time_, lat, lon)
-        v = nc.createVariable(VARNAME, "f4", ())
+        # (the aggregation variable's _FillValue describes the aggregated data, as cfdm writes it)
+        v = nc.createVariable(VARNAME, "f4", (), fill_value=FILL_VALUE if spec.missing else None)
         _tas_attrs(v)
         v.aggregated_dimensions = "time lat lon"
         # Single blanks: cfapyx splits on " " only.
@@ -392,6 +470,72 @@ class Dataset:
 
     def value(self, t: int, y: int, x: int) -> float:
         return float(values(t, y, x, ny=self.shape[1], nx=self.shape[2]))
+
+    @property
+    def fill_value(self) -> float | None:
+        """``tas:_FillValue`` (None: the variable has none, and no element is missing)."""
+        return self.params.get("fill_value")
+
+    def reductions(self) -> dict:
+        """The ground truth of the reductions (:func:`reduction_truth`), computed once and kept
+        in ``reductions.npz``."""
+        path = os.path.join(self.dir, "reductions.npz")
+        if not os.path.exists(path):
+            tmp = path + ".tmp.npz"
+            np.savez(tmp, **reduction_truth(self))
+            os.replace(tmp, path)
+        with np.load(path) as f:
+            return {k: f[k] for k in f.files}
+
+
+#: Grid points whose climatology is checked (fractions of the grid), besides each month's mean
+CLIMATOLOGY_PROBES = ((0.5, 0.5), (0.0, 0.0), (0.999, 0.999), (0.3, 0.7))
+
+
+def reduction_truth(ds: Dataset) -> dict:
+    """The whole-array count, sum, mean, std (ddof 0) and max, and the monthly climatology (the
+    mean of each grid point over the time steps of each calendar month; NaN where none is valid),
+    all in float64 from :func:`stored` masked as netCDF4-python masks it. The variance is
+    combined from per-fragment counts, means and squared deviations (Chan et al.), so no sum of
+    squares of the values is ever formed."""
+    nt, ny, nx = ds.shape
+    ft = ds.frag_shape[0]
+    months = month_of(np.arange(nt))
+    csum = np.zeros((12, ny, nx))
+    ccount = np.zeros((12, ny, nx), dtype=np.int64)
+    n, total, mean, m2, vmax = 0, 0.0, 0.0, 0.0, -np.inf
+    for t0 in range(0, nt, ft):
+        a = netcdf4_masked(stored(t0, t0 + ft, ny, nx, ds.params.get("missing", 0.0)),
+                           ds.fill_value).astype(np.float64)
+        nb = int(a.count())
+        sb = float(a.sum())
+        mb = sb / nb
+        m2b = float(((a - mb) ** 2).sum())
+        delta = mb - mean
+        m2 += m2b + delta * delta * n * nb / (n + nb)
+        mean += delta * nb / (n + nb)
+        n, total, vmax = n + nb, total + sb, max(vmax, float(a.max()))
+        for m in np.unique(months[t0:t0 + ft]):
+            sel = a[months[t0:t0 + ft] == m]
+            csum[m - 1] += sel.filled(0.0).sum(axis=0)
+            ccount[m - 1] += sel.count(axis=0)
+    present = np.flatnonzero(ccount.any(axis=(1, 2)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        clim = csum[present] / ccount[present]
+    return {"count": n, "sum": total, "mean": total / n, "std": np.sqrt(m2 / n), "max": vmax,
+            "clim_months": present + 1, "climatology": clim}
+
+
+def climatology_summary(months, clim) -> dict:
+    """What a climatology (months, array (month, lat, lon), NaN or masked where undefined) is
+    checked by: its months, each month's mean over the grid and its values at
+    :data:`CLIMATOLOGY_PROBES` (float64; JSON-sized)."""
+    a = np.ma.filled(np.ma.asarray(clim).astype(np.float64), np.nan)
+    _, ny, nx = a.shape
+    pts = [(int(fy * ny), int(fx * nx)) for fy, fx in CLIMATOLOGY_PROBES]
+    return {"months": [int(m) for m in np.asarray(months).ravel()], "shape": list(a.shape),
+            "month_mean": np.nanmean(a, axis=(1, 2)).tolist(),
+            "points": [a[:, y, x].tolist() for y, x in pts], "undefined": int(np.isnan(a).sum())}
 
 
 def main(argv=None) -> int:

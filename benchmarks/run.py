@@ -23,6 +23,7 @@ environment, and stops it at the end.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import platform
@@ -42,8 +43,8 @@ from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_not
 from benchmarks import generate
 from benchmarks import s3 as s3mod
 from benchmarks import write as wmod
-from benchmarks.generate import S3_SCENARIOS, Dataset
-from benchmarks.tools import SCENARIO_KIND, TOOLS, applicable
+from benchmarks.generate import REDUCTIONS, S3_SCENARIOS, Dataset, climatology_summary
+from benchmarks.tools import CLIMATOLOGY, REDUCE, SCENARIO_KIND, TOOLS, applicable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -55,8 +56,10 @@ SCENARIOS = list(SCENARIO_KIND) + list(wmod.SCENARIOS)  # fixed order; writers l
 DEFAULT_TOOLS = ["raw-bytes", "raw-s3-cat", "raw-agg", "raw-loop", "raw-s3-serial", "daskcfa",
                  "daskcfa-processes", "daskcfa-distributed", "cfdm", "cfapyx",
                  "xarray-mfdataset"]
-RAW_LIMIT = {"open": "raw-agg", "read": "raw-loop", "timeseries": "raw-loop", "mean": "raw-loop"}
-RAW_LIMIT_S3 = {"read": "raw-s3-cat", "timeseries": "raw-s3-serial", "mean": "raw-s3-cat"}
+RAW_LIMIT = {"open": "raw-agg", "read": "raw-loop", "timeseries": "raw-loop",
+             **dict.fromkeys(REDUCTIONS, "raw-loop")}
+RAW_LIMIT_S3 = {"read": "raw-s3-cat", "timeseries": "raw-s3-serial",
+                **dict.fromkeys(REDUCTIONS, "raw-s3-cat")}
 CONTEXT_ONLY = {"raw-bytes", "dask-floor"}
 # Run on S3 only when named in --tools (its cluster start-up, ~4 s per process,
 # would add ~1.5 min to the S3 scenarios).
@@ -66,7 +69,18 @@ WHAT = {
     "read": "full read + mean over (lat, lon) of every time step",
     "timeseries": "one-point time series x[:, {py}, {px}]",
     "mean": "whole-array mean accumulated in float64, default masking",
+    "mean32": "whole-array mean x.mean() (float32 accumulation), default masking",
+    "sum": "whole-array sum x.sum() (float32 accumulation), default masking",
+    "std": "whole-array standard deviation x.std() (float32, ddof 0), default masking",
+    "max": "whole-array maximum x.max(), default masking",
+    "climatology": "xarray monthly climatology groupby('time.month').mean(), default masking",
 }
+# Relative tolerance of a reduction's answer, by the dtype it accumulates in. numpy (and dask
+# per chunk) sums float32 pairwise: worst-case error about (128 + log2 N) * 2**-24 of the sum of
+# the values' magnitudes (here all positive), 9e-6 for N = 2.6e8; in float64 the same bound
+# is 2e-14. A tool that accumulates a float32 operation in float64 passes too.
+RTOL = {"f8": 1e-9, "f4": 1e-5}
+ACCUMULATES = {"mean": "f8", "mean32": "f4", "sum": "f4", "std": "f4", "climatology": "f4"}
 TOOL_LABEL = {
     "raw-agg": "raw: netCDF4 read of the aggregation instructions",
     "raw-loop": "raw: serial netCDF4 loop over the fragments",
@@ -209,12 +223,13 @@ def check(tool, kind, ds: Dataset, res: dict) -> tuple[bool, str, list[str]]:
             if np.float32(r["probe"]) != np.float32(want):
                 return False, f"x[{t},{y},{x}] = {r['probe']} != {want}", notes
         return True, "ok", notes
-    if kind == "mean":
-        got, want = r.get("mean"), float(ds.spatial_mean().mean())
-        err = abs(got - want) / abs(want) if got is not None else float("inf")
-        if not err <= 1e-7:  # (float64 accumulation of float32 values)
-            return False, f"mean {got} != {want:.9f} (relative error {err:.1g})", notes
-        return True, f"ok (mean {got:.6f}, relative err {err:.1g})", notes
+    if kind in REDUCE:
+        truth = ds.reductions()["mean" if kind == "mean32" else kind]
+        return check_reduction(kind, r.get("value"), truth, notes)
+    if kind == CLIMATOLOGY:
+        truth = ds.reductions()
+        return check_climatology(r, climatology_summary(truth["clim_months"],
+                                                        truth["climatology"]), notes)
     if kind == "read":
         got = np.asarray(r.get("spatial_mean", []), dtype=np.float64)
         want = ds.spatial_mean()
@@ -235,6 +250,41 @@ def check(tool, kind, ds: Dataset, res: dict) -> tuple[bool, str, list[str]]:
     return True, "ok (exact)", notes
 
 
+def check_reduction(kind, got, want, notes) -> tuple[bool, str, list[str]]:
+    """A whole-array reduction: the maximum exactly (as float32), the others within
+    :data:`RTOL` of the float64 truth."""
+    want = float(want)
+    if got is None:
+        return False, "no answer", notes
+    if kind == "max":
+        ok = bool(np.float32(got) == np.float32(want))
+        return ok, (f"ok (max {got!r}, exact)" if ok else f"max {got!r} != {want!r}"), notes
+    err = abs(got - want) / abs(want)
+    tol = RTOL[ACCUMULATES[kind]]
+    if not err <= tol:
+        return False, f"{kind} {got!r} != {want:.9g} (relative error {err:.1g} > {tol:g})", notes
+    return True, f"ok ({kind} {got:.9g}, relative err {err:.1g})", notes
+
+
+def check_climatology(r, want, notes) -> tuple[bool, str, list[str]]:
+    """The months, each month's mean over the grid and the probe points' values, within the
+    float32 :data:`RTOL`; undefined (NaN or masked) exactly where the truth is."""
+    if r.get("months") != want["months"]:
+        return False, f"months {r.get('months')} != {want['months']}", notes
+    if r.get("shape") != want["shape"]:
+        return False, f"shape {r.get('shape')} != {want['shape']}", notes
+    if r.get("undefined") != want["undefined"]:
+        return False, f"{r.get('undefined')} undefined values, want {want['undefined']}", notes
+    got = np.array([r["month_mean"]] + r["points"], dtype=np.float64)
+    ref = np.array([want["month_mean"]] + want["points"], dtype=np.float64)
+    if not np.allclose(got, ref, rtol=RTOL["f4"], atol=0, equal_nan=True):
+        err = float(np.nanmax(np.abs(got - ref) / np.abs(ref)))
+        return False, f"climatology wrong (relative error up to {err:.1g})", notes
+    err = float(np.nanmax(np.abs(got - ref) / np.abs(ref)))
+    return True, (f"ok ({len(want['months'])} months, grid mean {np.mean(got[0]):.6f}, "
+                  f"relative err {err:.1g})"), notes
+
+
 # ----------------------------------------------------------------------------
 # One scenario
 # ----------------------------------------------------------------------------
@@ -245,8 +295,10 @@ def describe_dataset(kind, ds: Dataset, scenario: str = "") -> str:
     what = WHAT[kind].format(py=ds.point[0], px=ds.point[1])
     where = ("fragment objects on a local S3 server (SeaweedFS, loopback)"
              if scenario in S3_SCENARIOS else "fragment files")
+    miss = (f", {p['missing']:.0%} of the elements missing (_FillValue {p['fill_value']:g})"
+            if p.get("missing") else "")
     return (f"{what}; {ds.nfrag} fragments {tuple(ds.frag_shape)} -> {tuple(ds.shape)} float32 "
-            f"= {np.prod(ds.shape) * 4 / 1e9:.3f} GB, {comp}, {chunks}; {where} "
+            f"= {np.prod(ds.shape) * 4 / 1e9:.3f} GB{miss}, {comp}, {chunks}; {where} "
             f"{p['fragment_bytes'] / 1e9:.3f} GB")
 
 
@@ -421,10 +473,23 @@ def machine_info():
             "platform": platform.platform(), "versions": versions}
 
 
+def select_scenarios(patterns: list[str], known: list[str]) -> list[str]:
+    """The scenarios of ``known`` that ``patterns`` name (shell-style, e.g. ``'std-*'``; ``all``:
+    every one), in the patterns' order, each once."""
+    chosen: list[str] = []
+    for pattern in (["*"] if "all" in patterns else patterns):
+        match = [s for s in known if fnmatch.fnmatchcase(s, pattern)]
+        if not match:
+            raise ValueError(f"unknown scenario {pattern!r}; choose from {', '.join(known)}")
+        chosen += [s for s in match if s not in chosen]
+    return chosen
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", action="append",
-                   help=f"scenario to run (repeatable): {', '.join(SCENARIOS)}, or all")
+                   help=f"scenario to run (repeatable; shell-style patterns such as 'std-*' "
+                   f"or '*-missing' select several): {', '.join(SCENARIOS)}, or all")
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     p.add_argument("--repeats", type=int, help="measured runs per tool after the warm-up "
                    "(default 3; 1 with --quick)")
@@ -445,10 +510,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if not a.scenario:
         p.error("give --scenario NAME (repeatable) or --scenario all")
-    scenarios = SCENARIOS if "all" in a.scenario else a.scenario
-    for s in scenarios:
-        if s not in SCENARIOS:
-            p.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
+    try:
+        scenarios = select_scenarios(a.scenario, SCENARIOS)
+    except ValueError as e:
+        p.error(str(e))
     a.tools_given = bool(a.tools)
     a.tools = DEFAULT_TOOLS if not a.tools else [t.strip() for t in a.tools.split(",")]
     for t in a.tools:

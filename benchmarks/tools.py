@@ -21,6 +21,13 @@ Scenario kinds:
 * ``timeseries``: ``x[:, py, px]`` with (py, px) the grid centre.
 * ``mean``: the whole-array mean accumulated in float64 (``x.mean(dtype="f8")``),
   with each tool's default masking (the README's example operation).
+* ``mean32``, ``sum``, ``std``, ``max``: ``x.mean()``, ``x.sum()``, ``x.std()``,
+  ``x.max()`` (accumulated in float32, as numpy does for float32 data), with each
+  tool's default masking; the scenario names say the data
+  (``<op>-<uncompressed|zlib>[-missing]``; ``-missing``: 5% of the elements are
+  ``_FillValue``).
+* ``climatology``: xarray's ``groupby("time.month").mean()`` of the variable
+  (tools without xarray cannot do it).
 
 The ``s3-*`` scenarios do the same on the same datasets uploaded to a local
 S3 server; the server (endpoint, credentials, bucket, metrics address) comes
@@ -32,6 +39,7 @@ sent during the timed part are part of the result.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -43,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from benchmarks import s3 as s3mod
-from benchmarks.generate import S3_SCENARIOS, Dataset
+from benchmarks.generate import REDUCTION_SCENARIOS, S3_SCENARIOS, Dataset, climatology_summary
 
 SCENARIO_KIND = {
     "open-1k": "open",
@@ -55,11 +63,19 @@ SCENARIO_KIND = {
     "s3-read-uncompressed": "read",
     "s3-read-zlib": "read",
     "s3-timeseries": "timeseries",
-    "mean-uncompressed": "mean",
-    "mean-zlib": "mean",
-    "s3-mean-uncompressed": "mean",
-    "s3-mean-zlib": "mean",
+    **REDUCTION_SCENARIOS,
 }
+
+#: The whole-array reductions, on a dask array or an xarray DataArray alike (each tool's
+#: default masking; xarray skips NaN)
+REDUCE = {
+    "mean": lambda x: x.mean(dtype="f8"),
+    "mean32": lambda x: x.mean(),
+    "sum": lambda x: x.sum(),
+    "std": lambda x: x.std(),
+    "max": lambda x: x.max(),
+}
+CLIMATOLOGY = "climatology"
 
 NEUTRAL_CWD = "/"  # tools that must not depend on the working directory run here
 
@@ -133,8 +149,10 @@ def _dask_op(kind: str, ds: Dataset, x, **compute_kw):
         return x
     if kind == "read":
         return x.mean(axis=(1, 2)).compute(**compute_kw)
-    if kind == "mean":
-        return x.mean(dtype="f8").compute(**compute_kw)
+    if kind in REDUCE:
+        return REDUCE[kind](x).compute(**compute_kw)
+    if kind == CLIMATOLOGY:
+        raise CannotDo("no grouping by month: a dask array has no time coordinate")
     py, px = ds.point
     return x[:, py, px].compute(**compute_kw)
 
@@ -149,20 +167,26 @@ def _dask_describe(kind, ds, value, probe):
 
 
 def _array_result(kind, value) -> dict:
-    if kind == "mean":
-        return {"mean": float(value), "dtype": str(np.asarray(value).dtype)}
+    if kind in REDUCE:
+        return {"value": float(value), "dtype": str(np.asarray(value).dtype)}
+    if kind == CLIMATOLOGY:
+        months, clim = value
+        return climatology_summary(months, clim) | {"dtype": str(np.asarray(clim).dtype)}
     a = np.asarray(value)
     key = "spatial_mean" if kind == "read" else "series"
     return {key: a.astype(np.float64).ravel().tolist(), "dtype": str(a.dtype)}
 
 
-def _xr_op(kind, ds, da_):
+def _xr_op(kind, ds, da_, **compute_kw):
     if kind == "open":
         return da_
     if kind == "read":
         return da_.mean(dim=("lat", "lon")).values
-    if kind == "mean":
-        return da_.mean(dtype="f8").values
+    if kind in REDUCE:
+        return REDUCE[kind](da_).compute(**compute_kw).values
+    if kind == CLIMATOLOGY:
+        clim = da_.groupby("time.month").mean().compute(**compute_kw)
+        return clim["month"].values, clim.values
     py, px = ds.point
     return da_.isel(lat=py, lon=px).values
 
@@ -197,9 +221,16 @@ def tool_daskcfa(kind, ds, scheduler=None, chunks="fragments"):
     open_kw = {"storage_options": s3.storage_options} if s3 else {}
 
     def run():
+        if kind == CLIMATOLOGY:  # through daskcfa's xarray backend, one dask chunk per fragment
+            xds = xr.open_dataset(url, engine="daskcfa", chunks={}, **open_kw)
+            return _xr_op(kind, ds, xds["tas"], **kw)
         x = from_cfa(url, "tas", chunks=chunks, **open_kw)
         return _dask_op(kind, ds, x, **kw)
 
+    if kind == CLIMATOLOGY:
+        if chunks != "fragments":
+            raise CannotDo("the xarray backend's chunks are the fragments")
+        import xarray as xr
     return run, lambda v, p: _dask_describe(kind, ds, v, p), None
 
 
@@ -234,6 +265,9 @@ _DISTRIBUTED: dict = {}
 
 
 def tool_cfdm(kind, ds):
+    if kind == CLIMATOLOGY:
+        raise CannotDo("no grouped reductions in cfdm (cf-python's Field.collapse(..., "
+                       "group=cf.M()) has them)")
     import cfdm
 
     s3 = _on_s3(ds)
@@ -370,19 +404,77 @@ def tool_raw_agg(kind, ds):
 
 def _raw_values(nc, kind, point):
     """What a raw loop takes from one open fragment: the mean of each time step
-    (read scenarios) or the point (time series), as stored."""
+    (read scenarios), the point (time series), as stored, or a reduction's part."""
     v = nc.variables["tas"]
     v.set_auto_maskandscale(False)
-    if kind == "mean":  # (this fragment's sum and count)
-        return np.array([v[...].sum(dtype="f8"), v.size])
+    if kind in REDUCE or kind == CLIMATOLOGY:
+        return _raw_part(kind, nc, v)
     return v[...].mean(axis=(1, 2)) if kind == "read" else v[:, point[0], point[1]]
 
 
+def _raw_part(kind, nc, v):
+    """One fragment's part of a reduction, from its stored values masked as netCDF4-python
+    masks them (``== _FillValue``; the datasets hold no other special value), with no masked
+    array made: ``(count, sum)`` (summed in float32, as numpy sums float32, for ``mean32`` and
+    ``sum``), ``(count, mean, sum of squared deviations)`` for ``std``, the maximum, or
+    ``{month: (sums, counts)}`` of each grid point."""
+    a = v[...]
+    fill = v.getncattr("_FillValue") if "_FillValue" in v.ncattrs() else None
+    valid = None if fill is None else a != fill
+    if kind == "max":
+        return a.max() if valid is None else a.max(where=valid, initial=-np.inf)
+    zeroed = a if valid is None else np.where(valid, a, a.dtype.type(0))
+    if kind == CLIMATOLOGY:
+        from netCDF4 import num2date
+
+        tv = nc.variables["time"]
+        dates = num2date(tv[:], tv.units, getattr(tv, "calendar", "standard"))
+        months = np.array([d.month for d in dates])
+        out = {}
+        for m in np.unique(months):
+            sel = months == m
+            out[int(m)] = (zeroed[sel].sum(axis=0, dtype="f8"),
+                           sel.sum() if valid is None else valid[sel].sum(axis=0))
+        return out
+    n = a.size if valid is None else int(np.count_nonzero(valid))
+    if kind == "std":  # (Chan et al.'s parts: a sum of squares of the values would lose digits)
+        mu = zeroed.sum(dtype="f8") / n
+        dev = np.square(zeroed - np.float32(mu))
+        if valid is not None:
+            dev[~valid] = 0
+        return (n, mu, float(dev.sum()))
+    return (n, float(zeroed.sum(dtype="f8" if kind == "mean" else None)))
+
+
 def _raw_result(kind, parts):
-    """What a raw loop returns from its fragments' parts."""
-    if kind == "mean":
-        total, count = np.sum(parts, axis=0)
-        return total / count
+    """What a raw loop returns from its fragments' parts (a reduction's parts combined exactly,
+    in float64; the result in float32 where numpy's would be)."""
+    if kind in ("mean", "mean32", "sum"):
+        count = sum(p[0] for p in parts)
+        total = math.fsum(p[1] for p in parts)
+        return total / count if kind == "mean" else np.float32(total / count if kind == "mean32" else total)
+    if kind == "max":
+        return max(parts)
+    if kind == "std":
+        n, mean, m2 = parts[0]
+        for nb, mb, m2b in parts[1:]:
+            delta = mb - mean
+            m2 += m2b + delta * delta * n * nb / (n + nb)
+            mean += delta * nb / (n + nb)
+            n += nb
+        return np.float32(np.sqrt(m2 / n))
+    if kind == CLIMATOLOGY:
+        acc = {}
+        for part in parts:
+            for m, (s, c) in part.items():
+                if m in acc:
+                    acc[m][0][...] += s
+                    acc[m][1] = acc[m][1] + c
+                else:
+                    acc[m] = [s, c]
+        months = sorted(acc)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return months, np.stack([(acc[m][0] / acc[m][1]).astype(np.float32) for m in months])
     return np.concatenate(parts)
 
 
@@ -435,6 +527,8 @@ def tool_dask_floor(kind, ds):
     scheduling one task per fragment, below which no reader of one chunk per fragment can go."""
     if kind == "open":
         raise CannotDo("not applicable")
+    if kind == CLIMATOLOGY:
+        raise CannotDo("not applicable (no time coordinate)")
     import dask.array as da
 
     def run():
