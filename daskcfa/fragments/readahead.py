@@ -1,4 +1,4 @@
-"""Read-ahead of small remote fragments: more requests in flight than threads.
+"""Read-ahead of small remote fragments, and of indexed fragments' chunks: more requests in flight than threads.
 
 A one-point time series through 1,000 small objects is bound by request
 latency: each dask thread waits for one GET at a time, and on a real object
@@ -20,6 +20,15 @@ objects wait for their reader at most :data:`_KEPT_SECONDS`; at most
 :data:`_AHEAD_BYTES` of them are in flight (at least one), and memory is
 bounded by :data:`_KEPT_PER_REQUEST` times that. A fetch that fails is forgotten: the task
 that needs the object fetches it again, with the usual retries and errors.
+
+Fragments read through a chunk index (:mod:`.chunk_index`) are read by byte
+range, never whole: along such a walk the chunks the next fragments' reads
+will fetch are read ahead instead (:func:`read_ahead_ranges`, by
+:func:`.chunk_index.read_ahead`), each range by one GET carrying the same
+``If-Match`` version check as the read's own, so a fragment changed since it
+was indexed is refused ahead too, and then refused again to its own read
+(which falls back to reading it the usual way). Ranges are taken, and
+remembered as read, one by one (:func:`take_range`).
 """
 
 from __future__ import annotations
@@ -89,23 +98,23 @@ def _on_distributed_worker() -> bool:
 
 
 class _ReadAhead:
-    """The objects and byte ranges fetched ahead in this process (oldest first) and the objects read recently."""
+    """The objects and byte ranges fetched ahead in this process (oldest first) and those read recently."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fetches: OrderedDict[_Fetch, tuple[concurrent.futures.Future, float]] = OrderedDict()
-        self._recent: OrderedDict[_Object, None] = OrderedDict()
+        self._recent: OrderedDict[_Fetch, None] = OrderedDict()
         self.started = 0  # fetches started ahead
         self.used = 0  # of which handed to the read that needed them
 
     def start(self, wanted: Iterable[tuple[_Fetch, Callable[[], concurrent.futures.Future | None]]],
               limit: int) -> None:
-        """Start ``wanted`` fetches (each: its key, and what starts it) not under way nor of an object read recently."""
+        """Start the ``wanted`` fetches (each: its key, and what starts it) not under way nor read recently."""
         with self._lock:  # held while starting: a read must not begin between check and start
             self._expire(time.monotonic(), limit)
             in_flight = sum(not f.done() for f, _ in self._fetches.values())
             for key, fetch in wanted:
-                if key in self._fetches or key[0] in self._recent:
+                if key in self._fetches or key in self._recent:
                     continue
                 if in_flight >= limit:
                     return
@@ -122,8 +131,8 @@ class _ReadAhead:
     def take(self, key: _Fetch) -> Any:
         with self._lock:
             entry = self._fetches.pop(key, None)
-            self._recent[key[0]] = None
-            self._recent.move_to_end(key[0])
+            self._recent[key] = None
+            self._recent.move_to_end(key)
             while len(self._recent) > _RECENT_READS:
                 self._recent.popitem(last=False)
         if entry is None:
@@ -178,8 +187,8 @@ def read_ahead_ranges(ranges: Iterable[tuple[str, tuple[int, str], Sequence[tupl
                       policy: LocationPolicy | None = None) -> None:
     """Start fetching byte ranges of remote objects, nearest first: for each object its URI, the
     version ``(size, token)`` it must still be (:func:`daskcfa.storage.fetch_range_soon`: the check
-    rides on each GET) and its ``(offset, length)`` ranges. Ranges of an object read recently are
-    not fetched; at most :func:`depth` ranges are in flight, and no more than
+    rides on each GET) and its ``(offset, length)`` ranges. Ranges read recently are not fetched
+    again; at most :func:`depth` ranges are in flight, and no more than
     :data:`_AHEAD_BYTES` of them. The URIs must be allowed by ``policy``."""
     wanted = [((_object(uri, profile, policy), (int(offset), int(length), expected[1])),
                functools.partial(storage.fetch_range_soon, uri, offset, length, expected, profile, policy=policy))
