@@ -370,6 +370,7 @@ class IndexedVariable(StoredVariable):
         self.attrs = entry.attrs
         self.no_fill = entry.no_fill
         self._uri, self._expected, self._profile, self._policy = uri, (entry.size, entry.token), profile, policy
+        self._local = storage.is_local(uri)  # (never read ahead: pread)
         contiguous = entry.contiguous
         offset = int(layout.byte_offsets[0]) if contiguous and len(layout.byte_offsets) else None
         super().__init__(layout.dtype, layout.shape, None if contiguous else layout.chunks, offset,
@@ -379,8 +380,8 @@ class IndexedVariable(StoredVariable):
 
     def _fetch(self, ranges: list[tuple[int, int]]) -> Sequence[Any]:
         token = self._expected[1]
-        got = [readahead.take_range(self._uri, offset, length, token, self._profile, self._policy)
-               for offset, length in ranges]
+        got = [None] * len(ranges) if self._local else [
+            readahead.take_range(self._uri, offset, length, token, self._profile, self._policy) for offset, length in ranges]
         missing = [k for k, data in enumerate(got) if data is None]
         if missing:
             fetched = storage.read_ranges_unchanged(self._uri, [ranges[k] for k in missing], self._expected,
