@@ -147,8 +147,17 @@ class IndexEntry:
                 for start, mask, offset, size in zip(layout.starts.tolist(), layout.filter_masks.tolist(),
                                                      layout.byte_offsets.tolist(), layout.sizes.tolist())}
 
+    def chunk_ranges(self, key: tuple) -> list[tuple[int, int]]:
+        """The byte ranges of the chunks a read at ``key`` (in the fragment's own dimensions) fetches.
+        The last key's are remembered: a walk plans each fragment ahead of it several times."""
+        planned = self.__dict__.get("_planned")
+        if planned is None or planned[0] != key:
+            planned = (key, IndexedVariable(self.uri, self, storage.NO_PROFILE, None).chunk_ranges(key))
+            object.__setattr__(self, "_planned", planned)  # (a cache, not a field: frozen all the same)
+        return planned[1]
+
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "chunk_infos"}  # (rebuilt where read)
+        return {k: v for k, v in self.__dict__.items() if k not in ("chunk_infos", "_planned")}  # (rebuilt where read)
 
 
 class VariableIndex:
@@ -405,7 +414,7 @@ def read_ahead(fragments: Sequence[tuple[str, IndexEntry, tuple]], profile: Prof
     for uri, entry, key in fragments:
         if entry.contiguous:  # (read by many small sub-ranges: left to its own read)
             continue
-        ranges = IndexedVariable(uri, entry, profile, policy).chunk_ranges(key)
+        ranges = entry.chunk_ranges(key)
         if ranges:
             wanted.append((uri, (entry.size, entry.token), ranges))
     readahead.read_ahead_ranges(wanted, profile, policy)

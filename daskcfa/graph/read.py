@@ -85,7 +85,7 @@ class AggregatedArray:
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
         self._ahead_uris: dict[tuple[int, ...], tuple[str | None, int]] = {}
-        self._entries: dict[tuple[int, ...], tuple[str, IndexEntry] | None] = {}  # (indexed fragments looked up)
+        self._entries: dict[tuple[int, ...], tuple[str, IndexEntry, bool] | None] = {}  # (indexed fragments looked up)
 
     def __repr__(self) -> str:
         return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
@@ -224,23 +224,25 @@ class AggregatedArray:
             if not 0 <= at[axis] < grid.grid_shape[axis]:
                 break
             found = self._indexed(at)
-            ref = self.variable.fragments[at]
-            if found is None or ref.axes is not None or ref.part is not None or any(ref.reversed or ()) \
-                    or found[1].layout.shape != tuple(ref.shape):
+            if found is None or not found[2]:
                 break
-            key = tuple(slice(0, ref.shape[a], 1) if a == axis else p.local for a, p in enumerate(pieces))
-            ahead.append((*found, key))
+            uri, entry, _ = found
+            key = tuple(slice(0, entry.layout.shape[a], 1) if a == axis else p.local for a, p in enumerate(pieces))
+            ahead.append((uri, entry, key))
         chunk_index.read_ahead(ahead, self.target.profile, self.target.policy)
 
-    def _indexed(self, index: tuple[int, ...]) -> tuple[str, IndexEntry] | None:
-        """The URI and chunk index entry of the fragment at ``index`` (None: not read through the index)."""
+    def _indexed(self, index: tuple[int, ...]) -> tuple[str, IndexEntry, bool] | None:
+        """The URI and chunk index entry of the fragment at ``index`` (None: not read through the index),
+        and whether it is stored as the aggregation orders it (a key of the aggregation's is then its own)."""
         if index not in self._entries:
             ref = self.variable.fragments[index]
             found = None
             if not ref.is_missing and ref.uris and self.target.chunk_index is not None:
                 uri = storage.resolve(ref.uris[0], self.target.source)
                 entry = self.target.chunk_index.entry(uri, ref.variable_names(self.target.default_identifier))
-                found = None if entry is None else (uri, entry)
+                plain = entry is not None and ref.axes is None and ref.part is None and not any(ref.reversed or ()) \
+                    and entry.layout.shape == tuple(ref.shape)
+                found = None if entry is None else (uri, entry, plain)
             if len(self._entries) >= _AHEAD_REMEMBERED:
                 self._entries.clear()
             self._entries[index] = found

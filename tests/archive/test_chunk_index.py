@@ -323,6 +323,25 @@ def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3, sche
     assert_matches(got, changed[:, 17, 23])
 
 
+def test_entries_keep_what_reads_learnt_in_their_process(built):
+    """An entry's chunk lookup and last planned read are built where it is read, not pickled
+    with the graph to workers."""
+    import pickle
+
+    from daskcfa.graph.read import AggregatedArray
+
+    daskcfa.index(str(built.path))
+    x = daskcfa.from_cfa(str(built.path), "tas", chunk_index=True)
+    (array,) = [v for v in dict(x.__dask_graph__()).values() if isinstance(v, AggregatedArray)]
+    entry = next(e for e in array.target.chunk_index._entries.values() if not e.contiguous)
+    key = (slice(0, entry.layout.shape[0], 1), 1, 2)
+    assert entry.chunk_ranges(key) and entry.chunk_infos
+    copy = pickle.loads(pickle.dumps(entry))
+    assert "chunk_infos" not in copy.__dict__ and "_planned" not in copy.__dict__
+    assert copy.chunk_ranges(key) == entry.chunk_ranges(key)
+    assert_matches(pickle.loads(pickle.dumps(x))[:, 1, 2].compute(), built.expected[:, 1, 2], rtol=1e-5)
+
+
 def test_chunks_read_ahead_match_uneven_fragments_and_partial_walks(tmp_path, counted_s3):
     """Fragments of different lengths along the walk: each is read ahead at its own length, so a
     whole series is still one GET per fragment; a walk that stops early has fetched at most the
