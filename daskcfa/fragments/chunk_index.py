@@ -390,7 +390,8 @@ class IndexedVariable(StoredVariable):
     def _fetch(self, ranges: list[tuple[int, int]]) -> Sequence[Any]:
         token = self._expected[1]
         got = [None] * len(ranges) if self._local else [
-            readahead.take_range(self._uri, offset, length, token, self._profile, self._policy) for offset, length in ranges]
+            readahead.take_range(self._uri, offset, length, token, self._profile, self._policy)
+            for offset, length in ranges]
         missing = [k for k, data in enumerate(got) if data is None]
         if missing:
             fetched = storage.read_ranges_unchanged(self._uri, [ranges[k] for k in missing], self._expected,

@@ -312,7 +312,8 @@ class StoredVariable:
         if self.chunks is None or 0 in counts:
             return []
         _, infos = self._chunk_pieces(starts, steps, counts)
-        return sorted((info.byte_offset, info.size) for info in infos if info is not None and info.byte_offset is not None)
+        return sorted((info.byte_offset, info.size) for info in infos
+                      if info is not None and info.byte_offset is not None)
 
     def _read_chunked(self, starts: list[int], steps: list[int], counts: list[int]) -> np.ndarray:
         pieces, infos = self._chunk_pieces(starts, steps, counts)

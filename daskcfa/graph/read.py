@@ -216,7 +216,8 @@ class AggregatedArray:
         grid = self.variable.fragments.grid
         index = tuple(p.fragment for p in pieces)
         local = pieces[axis].local
-        if not (isinstance(local, slice) and (local.start, local.stop, local.step) == (0, grid.fragment_shape(index)[axis], 1)):
+        whole = (0, grid.fragment_shape(index)[axis], 1)
+        if not (isinstance(local, slice) and (local.start, local.stop, local.step) == whole):
             return
         ahead = []
         for k in range(1, depth + 1):
