@@ -21,7 +21,10 @@ the direct HDF5 reader decodes them. An entry serves only the object it
 describes: reads go through :func:`daskcfa.storage.read_ranges_unchanged`
 (S3 ``If-Match`` on the GET, ``fstat`` of the open file locally), and a
 fragment that changed raises :class:`IndexedFragmentChanged`, upon which the
-caller reads it the usual way, with a warning.
+caller reads it the usual way, with a warning. Along a walk (a time series),
+the chunks the next fragments' reads will fetch are known before their tasks
+run: :func:`read_ahead` starts fetching them (:mod:`.readahead`, each range one
+GET with the same ``If-Match``), and the reads take them instead of a GET.
 
 The index is trusted as far as the aggregation file is (it lives beside it
 and may only point at the fragments the aggregation names, which pass the
