@@ -418,7 +418,10 @@ def read_ahead(fragments: Sequence[tuple[str, IndexEntry, tuple]], profile: Prof
     for uri, entry, key in fragments:
         if entry.contiguous:  # (read by many small sub-ranges: left to its own read)
             continue
-        ranges = entry.chunk_ranges(key)
+        try:
+            ranges = entry.chunk_ranges(key)
+        except (IndexError, ValueError):  # best effort: the read itself reports any error
+            continue
         if ranges:
             wanted.append((uri, (entry.size, entry.token), ranges))
     readahead.read_ahead_ranges(wanted, profile, policy)

@@ -235,19 +235,21 @@ class AggregatedArray:
     def _indexed(self, index: tuple[int, ...]) -> tuple[str, IndexEntry, bool] | None:
         """The URI and chunk index entry of the fragment at ``index`` (None: not read through the index),
         and whether it is stored as the aggregation orders it (a key of the aggregation's is then its own)."""
-        if index not in self._entries:
-            ref = self.variable.fragments[index]
-            found = None
-            if not ref.is_missing and ref.uris and self.target.chunk_index is not None:
-                uri = storage.resolve(ref.uris[0], self.target.source)
-                entry = self.target.chunk_index.entry(uri, ref.variable_names(self.target.default_identifier))
-                plain = entry is not None and ref.axes is None and ref.part is None and not any(ref.reversed or ()) \
-                    and entry.layout.shape == tuple(ref.shape)
-                found = None if entry is None else (uri, entry, plain)
-            if len(self._entries) >= _AHEAD_REMEMBERED:
-                self._entries.clear()
-            self._entries[index] = found
-        return self._entries[index]
+        known = self._entries.get(index, False)  # (one look: another thread may clear it)
+        if known is not False:
+            return known
+        ref = self.variable.fragments[index]
+        found = None
+        if not ref.is_missing and ref.uris and self.target.chunk_index is not None:
+            uri = storage.resolve(ref.uris[0], self.target.source)
+            entry = self.target.chunk_index.entry(uri, ref.variable_names(self.target.default_identifier))
+            plain = entry is not None and ref.axes is None and ref.part is None and not any(ref.reversed or ()) \
+                and entry.layout.shape == tuple(ref.shape)
+            found = None if entry is None else (uri, entry, plain)
+        if len(self._entries) >= _AHEAD_REMEMBERED:  # (a walk needs those near it only)
+            self._entries.clear()
+        self._entries[index] = found
+        return found
 
     def _read_ahead_within(self, combos: list[tuple], k: int) -> None:
         """In a chunk of several fragments, start fetching its own next small remote objects (never
