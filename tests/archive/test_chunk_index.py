@@ -323,6 +323,36 @@ def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3, sche
     assert_matches(got, changed[:, 17, 23])
 
 
+def test_a_fragment_deleted_after_indexing_is_named_also_when_read_ahead(tmp_path, counted_s3):
+    """The GETs fetched ahead fail (404): the read fetches again itself and fails naming the
+    file, variable and fragment; with missing="fill" it reads as missing data."""
+    server, _ = counted_s3
+    n = 8
+    truth = make_truth((n, 6, 8), "f4", seed=13)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, ((1,) * n, (6,), (8,)),
+                  frags=lambda i: Frag(storage={"zlib": True, "chunksizes": (1, 3, 4)}))
+    bucket = server.new_bucket()
+    fs = server.filesystem()
+    fs.put(str(built.path.parent) + "/", f"{bucket}/ds/", recursive=True)
+    url = f"s3://{bucket}/ds/{built.path.name}"
+    daskcfa.index(url, storage_options=server.storage_options)
+    relative = built.fragment_files[(5, 0, 0)].relative_to(built.path.parent)
+    fs.rm_file(f"{bucket}/ds/{relative}")
+    ahead = readahead.stats()
+    with dask.config.set(scheduler="synchronous"):
+        x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)
+        with pytest.raises(daskcfa.errors.MissingFragmentError) as caught:
+            x[:, 2, 3].compute()
+        assert readahead.stats()["started"] > ahead["started"]
+        assert caught.value.fragment == (5, 0, 0) and caught.value.variable.endswith("tas")
+        assert str(relative.name) in str(caught.value)
+        x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options, missing="fill")
+        with pytest.warns(CFAWarning, match=r"fragment \(5, 0, 0\) as missing data"):
+            got = x[:, 2, 3].compute()
+    expected = np.ma.masked_array(truth[:, 2, 3], mask=np.arange(n) == 5)
+    assert_matches(got, expected)
+
+
 def test_entries_keep_what_reads_learnt_in_their_process(built):
     """An entry's chunk lookup and last planned read are built where it is read, not pickled
     with the graph to workers."""
