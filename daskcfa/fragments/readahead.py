@@ -189,10 +189,11 @@ def read_ahead_ranges(ranges: Iterable[tuple[str, tuple[int, str], Sequence[tupl
     version ``(size, token)`` it must still be (:func:`daskcfa.storage.fetch_range_soon`: the check
     rides on each GET) and its ``(offset, length)`` ranges. Ranges read recently are not fetched
     again; at most :func:`depth` ranges are in flight, and no more than
-    :data:`_AHEAD_BYTES` of them. The URIs must be allowed by ``policy``."""
+    :data:`_AHEAD_BYTES` of them (none larger). The URIs must be allowed by ``policy``."""
     wanted = [((_object(uri, profile, policy), (int(offset), int(length), expected[1])),
                functools.partial(storage.fetch_range_soon, uri, offset, length, expected, profile, policy=policy))
-              for uri, expected, pieces in ranges for offset, length in pieces]
+              for uri, expected, pieces in ranges for offset, length in pieces
+              if length <= _AHEAD_BYTES]  # (a larger chunk is left to its read, within its memory budget)
     limit = _limit(max((key[1][1] for key, _ in wanted), default=0))
     if limit and wanted:
         _READ_AHEAD.start(wanted, limit)

@@ -67,9 +67,10 @@ def test_an_object_changed_since_its_version_is_refused_ahead(placed, s3fs_fs):
     assert storage.read_ranges_unchanged(uri, RANGES, version, profile) is None
 
 
-@pytest.mark.parametrize("depth, ahead_bytes, started", [(2, 32 << 20, 2), (8, 1, 1), (0, 32 << 20, 0)])
+@pytest.mark.parametrize("depth, ahead_bytes, started", [(2, 32 << 20, 2), (8, 2000, 2), (8, 100, 2), (8, 1, 0),
+                                                         (0, 32 << 20, 0)])
 def test_ranges_in_flight_are_bounded(placed, monkeypatch, depth, ahead_bytes, started):
-    """At most the depth of ranges in flight, and no more than ``_AHEAD_BYTES`` of them (at least one)."""
+    """At most the depth of ranges in flight, and no more than ``_AHEAD_BYTES`` of them (none larger)."""
     uri, version, profile = placed
     monkeypatch.setattr(readahead, "_AHEAD_BYTES", ahead_bytes)
     before = readahead.stats()
