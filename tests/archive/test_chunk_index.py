@@ -281,6 +281,10 @@ def spent_since(before, metrics, bucket):
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
+def started_since(before):
+    return {k: v - before[k] for k, v in readahead.stats().items()}
+
+
 def one_get_each(n):
     return ({"GET": n}, {"GetObject": n})
 
@@ -317,9 +321,14 @@ def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3, sche
                           frags=lambda i: Frag(storage={"zlib": True, "shuffle": True, "chunksizes": (1, 10, 10)}))
         relative = built.fragment_files[(4, 0, 0)].relative_to(built.path.parent)
         fs.put_file(str(build_one.fragment_files[(4, 0, 0)]), f"{bucket}/ds/{relative}")
-        x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)  # (a new walk: read ahead again)
+        readahead._READ_AHEAD._recent.clear()  # (the same walk again, as a fresh process does it: read ahead again)
+        ahead = readahead.stats()
         with pytest.warns(CFAWarning, match=r"changed since the chunk index.*fragment \(4, 0, 0\)"):
             got = x[:, 17, 23].compute()
+        spent = started_since(ahead)
+        assert spent["started"] >= n // 2
+        if scheduler == "synchronous":  # (fragment 4 was fetched ahead, and refused: If-Match)
+            assert spent["started"] - spent["used"] == 1
     assert_matches(got, changed[:, 17, 23])
 
 
