@@ -382,8 +382,8 @@ class IndexedVariable(StoredVariable):
         self.attrs = entry.attrs
         self.no_fill = entry.no_fill
         self._uri, self._expected, self._profile, self._policy = uri, (entry.size, entry.token), profile, policy
-        self._local = storage.is_local(uri)  # (never read ahead: pread)
         contiguous = entry.contiguous
+        self._ahead = not (contiguous or storage.is_local(uri))  # (else never read ahead: see read_ahead)
         offset = int(layout.byte_offsets[0]) if contiguous and len(layout.byte_offsets) else None
         super().__init__(layout.dtype, layout.shape, None if contiguous else layout.chunks, offset,
                          pipeline_of(layout.filters), layout.fill_value, self._fetch,
@@ -392,7 +392,7 @@ class IndexedVariable(StoredVariable):
 
     def _fetch(self, ranges: list[tuple[int, int]]) -> Sequence[Any]:
         token = self._expected[1]
-        got = [None] * len(ranges) if self._local else [
+        got = [None] * len(ranges) if not self._ahead else [
             readahead.take_range(self._uri, offset, length, token, self._profile, self._policy)
             for offset, length in ranges]
         missing = [k for k, data in enumerate(got) if data is None]
@@ -416,7 +416,7 @@ def read_ahead(fragments: Sequence[tuple[str, IndexEntry, tuple]], profile: Prof
     dimensions) it will be read at. Each GET carries the version check its own read would."""
     wanted = []
     for uri, entry, key in fragments:
-        if entry.contiguous:  # (read by many small sub-ranges: left to its own read)
+        if entry.contiguous or storage.is_local(uri):  # (many small sub-ranges; pread: left to their reads)
             continue
         try:
             ranges = entry.chunk_ranges(key)

@@ -214,7 +214,7 @@ def take_range(uri: str, offset: int, length: int, token: str, profile: ProfileR
     same credentials and policy; waiting for a fetch under way), else None (also when the object
     had changed: the read finds that out itself).
 
-    Every read by byte range through the chunk index asks, so that its object is not read ahead again.
+    Every read of a chunk through the chunk index asks, so that what was read is not read ahead again.
     """
     return _READ_AHEAD.take((_object(uri, profile, policy), (int(offset), int(length), token)))
 
