@@ -21,7 +21,10 @@ the direct HDF5 reader decodes them. An entry serves only the object it
 describes: reads go through :func:`daskcfa.storage.read_ranges_unchanged`
 (S3 ``If-Match`` on the GET, ``fstat`` of the open file locally), and a
 fragment that changed raises :class:`IndexedFragmentChanged`, upon which the
-caller reads it the usual way, with a warning.
+caller reads it the usual way, with a warning. Along a walk (a time series),
+the chunks the next fragments' reads will fetch are known before their tasks
+run: :func:`read_ahead` starts fetching them (:mod:`.readahead`, each range one
+GET with the same ``If-Match``), and the reads take them instead of a GET.
 
 The index is trusted as far as the aggregation file is (it lives beside it
 and may only point at the fragments the aggregation names, which pass the
@@ -34,6 +37,7 @@ never read into memory beyond ``daskcfa.limits.max-memory``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -51,12 +55,13 @@ from ..logs import logger
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
+from . import readahead
 from .hdf5 import StoreInfo, StoredVariable
 from .hdf5_filters import SHUFFLE, SUPPORTED_FILTERS, pipeline_of
 from .layout import StoredLayout
 
 __all__ = ["FORMAT", "ChunkIndex", "VariableIndex", "IndexEntry", "IndexedVariable", "IndexedFragmentChanged",
-           "INDEXED_ATTRS", "index_uri", "entry_json", "index_json", "load_index", "indexed"]
+           "INDEXED_ATTRS", "index_uri", "entry_json", "index_json", "load_index", "indexed", "read_ahead"]
 
 FORMAT = "daskcfa-chunk-index"
 _VERSION = 1
@@ -135,6 +140,27 @@ class IndexEntry:
         """Stored as one unfiltered block of its whole shape (read by sub-range, as contiguous HDF5 is)."""
         layout = self.layout
         return not layout.filters and layout.chunks == layout.shape and len(layout.sizes) <= 1
+
+    @functools.cached_property
+    def chunk_infos(self) -> dict[tuple[int, ...], StoreInfo]:
+        """Its stored chunks by their first element: built once per process (a read, and a read
+        ahead, of the fragment looks chunks up in it)."""
+        layout = self.layout
+        return {tuple(start): StoreInfo(tuple(start), int(mask), int(offset), int(size))
+                for start, mask, offset, size in zip(layout.starts.tolist(), layout.filter_masks.tolist(),
+                                                     layout.byte_offsets.tolist(), layout.sizes.tolist())}
+
+    def chunk_ranges(self, key: tuple) -> list[tuple[int, int]]:
+        """The byte ranges of the chunks a read at ``key`` (in the fragment's own dimensions) fetches.
+        The last key's are remembered: a walk plans each fragment ahead of it several times."""
+        planned = self.__dict__.get("_planned")
+        if planned is None or planned[0] != key:
+            planned = (key, IndexedVariable(self.uri, self, storage.NO_PROFILE, None).chunk_ranges(key))
+            object.__setattr__(self, "_planned", planned)  # (a cache, not a field: frozen all the same)
+        return planned[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("chunk_infos", "_planned")}  # (rebuilt where read)
 
 
 class VariableIndex:
@@ -357,21 +383,46 @@ class IndexedVariable(StoredVariable):
         self.no_fill = entry.no_fill
         self._uri, self._expected, self._profile, self._policy = uri, (entry.size, entry.token), profile, policy
         contiguous = entry.contiguous
+        self._ahead = not (contiguous or storage.is_local(uri))  # (else never read ahead: see read_ahead)
         offset = int(layout.byte_offsets[0]) if contiguous and len(layout.byte_offsets) else None
         super().__init__(layout.dtype, layout.shape, None if contiguous else layout.chunks, offset,
                          pipeline_of(layout.filters), layout.fill_value, self._fetch,
                          f"variable {self.name!r} of {redact(uri)}, through its chunk index")
-        if not contiguous:
-            self._index = {tuple(start): StoreInfo(tuple(start), int(mask), int(offset), int(size))
-                           for start, mask, offset, size in zip(layout.starts.tolist(), layout.filter_masks,
-                                                                 layout.byte_offsets, layout.sizes)}
+        self._index = {} if contiguous else entry.chunk_infos
 
     def _fetch(self, ranges: list[tuple[int, int]]) -> Sequence[Any]:
-        got = storage.read_ranges_unchanged(self._uri, ranges, self._expected, self._profile, policy=self._policy)
-        if got is None:
-            raise IndexedFragmentChanged(f"fragment {redact(self._uri)} changed since its chunk index was written")
+        token = self._expected[1]
+        got = [None] * len(ranges) if not self._ahead else [
+            readahead.take_range(self._uri, offset, length, token, self._profile, self._policy)
+            for offset, length in ranges]
+        missing = [k for k, data in enumerate(got) if data is None]
+        if missing:
+            fetched = storage.read_ranges_unchanged(self._uri, [ranges[k] for k in missing], self._expected,
+                                                    self._profile, policy=self._policy)
+            if fetched is None:
+                raise IndexedFragmentChanged(f"fragment {redact(self._uri)} changed since its chunk index was written")
+            for k, data in zip(missing, fetched):
+                got[k] = data
         return got
 
     def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
         return [self._index.get(c) for c in coords]
+
+
+def read_ahead(fragments: Sequence[tuple[str, IndexEntry, tuple]], profile: ProfileRef,
+               policy: LocationPolicy | None) -> None:
+    """Start fetching the chunks that reads of these indexed fragments will fetch, nearest first
+    (:func:`.readahead.read_ahead_ranges`): each fragment's URI, entry and the key (in its own
+    dimensions) it will be read at. Each GET carries the version check its own read would."""
+    wanted = []
+    for uri, entry, key in fragments:
+        if entry.contiguous or storage.is_local(uri):  # (many small sub-ranges; pread: left to their reads)
+            continue
+        try:
+            ranges = entry.chunk_ranges(key)
+        except (IndexError, ValueError):  # best effort: the read itself reports any error
+            continue
+        if ranges:
+            wanted.append((uri, (entry.size, entry.token), ranges))
+    readahead.read_ahead_ranges(wanted, profile, policy)
 

@@ -295,13 +295,28 @@ class StoredVariable:
 
     # -- chunked layout -----------------------------------------------------
 
-    def _read_chunked(self, starts: list[int], steps: list[int], counts: list[int]) -> np.ndarray:
+    def _chunk_pieces(self, starts: list[int], steps: list[int], counts: list[int]
+                      ) -> tuple[list[tuple], list[StoreInfo | None]]:
+        """Per chunk holding selected points: its ``(chunk index, slice in it, slice of the result)``
+        along each dimension, and its index entry (None: never written)."""
         assert self.chunks is not None
         spans = [_chunk_spans(*dim) for dim in zip(starts, steps, counts, self.chunks)]
         pieces = list(itertools.product(*spans))
         coords = [tuple(c * size for (c, _, _), size in zip(piece, self.chunks)) for piece in pieces]
-        infos = self._chunk_infos(coords)
+        return pieces, self._chunk_infos(coords)
 
+    def chunk_ranges(self, key: tuple) -> list[tuple[int, int]]:
+        """The ``(offset, length)`` of every stored chunk a :meth:`read` at ``key`` fetches (none
+        for a contiguous variable), in the order fetched: what may be fetched ahead of it."""
+        starts, steps, counts, _ = normalize_key(key, self.shape)
+        if self.chunks is None or 0 in counts:
+            return []
+        _, infos = self._chunk_pieces(starts, steps, counts)
+        return sorted((info.byte_offset, info.size) for info in infos
+                      if info is not None and info.byte_offset is not None)
+
+    def _read_chunked(self, starts: list[int], steps: list[int], counts: list[int]) -> np.ndarray:
+        pieces, infos = self._chunk_pieces(starts, steps, counts)
         out = np.empty(counts, self.dtype)
         stored: list[_ChunkRead] = []
         for piece, info in zip(pieces, infos):

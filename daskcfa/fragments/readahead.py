@@ -1,4 +1,4 @@
-"""Read-ahead of small remote fragments: more requests in flight than threads.
+"""Read-ahead of small remote fragments, and of indexed fragments' chunks: more requests in flight than threads.
 
 A one-point time series through 1,000 small objects is bound by request
 latency: each dask thread waits for one GET at a time, and on a real object
@@ -20,16 +20,26 @@ objects wait for their reader at most :data:`_KEPT_SECONDS`; at most
 :data:`_AHEAD_BYTES` of them are in flight (at least one), and memory is
 bounded by :data:`_KEPT_PER_REQUEST` times that. A fetch that fails is forgotten: the task
 that needs the object fetches it again, with the usual retries and errors.
+
+Fragments read through a chunk index (:mod:`.chunk_index`) are read by byte
+range, never whole: along such a walk the chunks the next fragments' reads
+will fetch are read ahead instead (:func:`read_ahead_ranges`, by
+:func:`.chunk_index.read_ahead`), each range by one GET carrying the same
+``If-Match`` version check as the read's own, so a fragment changed since it
+was indexed is refused ahead too, and then refused again to its own read
+(which falls back to reading it the usual way). Ranges are taken, and
+remembered as read, one by one (:func:`take_range`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import dask.config
 
@@ -37,7 +47,7 @@ from .. import storage
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 
-__all__ = ["depth", "read_ahead", "take", "stats"]
+__all__ = ["depth", "read_ahead", "read_ahead_ranges", "take", "take_range", "stats"]
 
 #: How long a task waits for a fetch already under way before fetching itself.
 _WAIT_SECONDS = 30.0
@@ -52,7 +62,10 @@ _AHEAD_BYTES = 32 << 20
 #: of the others has read it (threads overtake each other by about their number).
 _RECENT_READS = 256
 
-_Key = tuple[str, "str | None", "LocationPolicy | None"]
+#: An object: its URI, the name of the storage profile and the policy it is read with.
+_Object = tuple[str, "str | None", "LocationPolicy | None"]
+#: A fetch: of a whole object (None), or of one ``(offset, length, version token)`` range of it.
+_Fetch = tuple[_Object, "tuple[int, int, str] | None"]
 
 
 #: Read-ahead depth unless configured, in a process that runs a whole walk (local schedulers).
@@ -85,28 +98,28 @@ def _on_distributed_worker() -> bool:
 
 
 class _ReadAhead:
-    """The objects fetched ahead in this process (oldest first) and those read recently."""
+    """The objects and byte ranges fetched ahead in this process (oldest first) and those read recently."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._fetches: OrderedDict[_Key, tuple[concurrent.futures.Future, float]] = OrderedDict()
-        self._recent: OrderedDict[_Key, None] = OrderedDict()
+        self._fetches: OrderedDict[_Fetch, tuple[concurrent.futures.Future, float]] = OrderedDict()
+        self._recent: OrderedDict[_Fetch, None] = OrderedDict()
         self.started = 0  # fetches started ahead
         self.used = 0  # of which handed to the read that needed them
 
-    def start(self, uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None, limit: int,
-              size_hint: int) -> None:
+    def start(self, wanted: Iterable[tuple[_Fetch, Callable[[], concurrent.futures.Future | None]]],
+              limit: int) -> None:
+        """Start the ``wanted`` fetches (each: its key, and what starts it) not under way nor read recently."""
         with self._lock:  # held while starting: a read must not begin between check and start
             self._expire(time.monotonic(), limit)
             in_flight = sum(not f.done() for f, _ in self._fetches.values())
-            for uri in uris:
-                key = (uri, profile.name, policy)
+            for key, fetch in wanted:
                 if key in self._fetches or key in self._recent:
                     continue
                 if in_flight >= limit:
                     return
                 try:
-                    future = storage.fetch_soon(uri, profile, policy=policy, size_hint=size_hint)  # (no wait)
+                    future = fetch()  # (no wait)
                 except Exception:  # best effort: the read itself reports any error
                     return
                 if future is None:
@@ -115,8 +128,7 @@ class _ReadAhead:
                 self.started += 1
                 in_flight += 1
 
-    def take(self, uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> storage.Blocks | None:
-        key = (uri, profile.name, policy)
+    def take(self, key: _Fetch) -> Any:
         with self._lock:
             entry = self._fetches.pop(key, None)
             self._recent[key] = None
@@ -127,7 +139,7 @@ class _ReadAhead:
             return None
         try:
             data = entry[0].result(timeout=_WAIT_SECONDS)
-        except Exception:
+        except Exception:  # (a failed or refused fetch: the read fetches again, with its own checks and errors)
             entry[0].cancel()
             return None
         with self._lock:
@@ -147,6 +159,16 @@ class _ReadAhead:
 _READ_AHEAD = _ReadAhead()
 
 
+def _object(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> _Object:
+    return (uri, profile.name, policy)
+
+
+def _limit(nbytes: int) -> int:
+    """Fetches in flight at a time, each of up to ``nbytes``: at most :func:`depth`, and no more
+    than :data:`_AHEAD_BYTES` of them (at least one)."""
+    return min(depth(), max(1, _AHEAD_BYTES // max(1, nbytes)))
+
+
 def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None = None, *,
                nbytes: int = 0) -> None:
     """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight,
@@ -154,9 +176,27 @@ def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy 
 
     The URIs must be allowed by ``policy``, which also decides where HTTP redirects may lead.
     """
-    limit = min(depth(), max(1, _AHEAD_BYTES // max(1, nbytes)))
+    limit = _limit(nbytes)
     if limit:
-        _READ_AHEAD.start(uris, profile, policy, limit, nbytes)
+        _READ_AHEAD.start((((_object(uri, profile, policy), None),
+                            functools.partial(storage.fetch_soon, uri, profile, policy=policy, size_hint=nbytes))
+                           for uri in uris), limit)
+
+
+def read_ahead_ranges(ranges: Iterable[tuple[str, tuple[int, str], Sequence[tuple[int, int]]]], profile: ProfileRef,
+                      policy: LocationPolicy | None = None) -> None:
+    """Start fetching byte ranges of remote objects, nearest first: for each object its URI, the
+    version ``(size, token)`` it must still be (:func:`daskcfa.storage.fetch_range_soon`: the check
+    rides on each GET) and its ``(offset, length)`` ranges. Ranges read recently are not fetched
+    again; at most :func:`depth` ranges are in flight, and no more than
+    :data:`_AHEAD_BYTES` of them (none larger). The URIs must be allowed by ``policy``."""
+    wanted = [((_object(uri, profile, policy), (int(offset), int(length), expected[1])),
+               functools.partial(storage.fetch_range_soon, uri, offset, length, expected, profile, policy=policy))
+              for uri, expected, pieces in ranges for offset, length in pieces
+              if length <= _AHEAD_BYTES]  # (a larger chunk is left to its read, within its memory budget)
+    limit = _limit(max((key[1][1] for key, _ in wanted), default=0))
+    if limit and wanted:
+        _READ_AHEAD.start(wanted, limit)
 
 
 def take(uri: str, profile: ProfileRef, policy: LocationPolicy | None = None) -> storage.Blocks | None:
@@ -165,7 +205,18 @@ def take(uri: str, profile: ProfileRef, policy: LocationPolicy | None = None) ->
 
     Every whole-object read asks, so that what was read is not read ahead again.
     """
-    return _READ_AHEAD.take(uri, profile, policy)
+    return _READ_AHEAD.take((_object(uri, profile, policy), None))
+
+
+def take_range(uri: str, offset: int, length: int, token: str, profile: ProfileRef,
+               policy: LocationPolicy | None = None) -> bytes | None:
+    """The bytes of one range of ``uri`` if it was read ahead from the version ``token`` (with the
+    same credentials and policy; waiting for a fetch under way), else None (also when the object
+    had changed: the read finds that out itself).
+
+    Every read of a chunk through the chunk index asks, so that what was read is not read ahead again.
+    """
+    return _READ_AHEAD.take((_object(uri, profile, policy), (int(offset), int(length), token)))
 
 
 def stats() -> dict[str, int]:

@@ -26,7 +26,8 @@ from dask.utils import parse_bytes
 from ..decode import Encoding, join_chars, joined_dtype, text_encoding
 from ..errors import CFAFormatError, FragmentReadError
 from .. import storage
-from ..fragments import readahead
+from ..fragments import chunk_index, readahead
+from ..fragments.chunk_index import IndexEntry
 from ..fragments.canonical import Target, read_fragment
 from ..fragments.files import whole_object_wanted
 from ..model import AggregatedVariable
@@ -84,13 +85,14 @@ class AggregatedArray:
         )
         self._last_read: tuple[int, ...] | None = None  # fragment read last (read-ahead's guide)
         self._ahead_uris: dict[tuple[int, ...], tuple[str | None, int]] = {}
+        self._entries: dict[tuple[int, ...], tuple[str, IndexEntry, bool] | None] = {}  # (indexed fragments looked up)
 
     def __repr__(self) -> str:
         return f"AggregatedArray({self.variable.name!r}, shape={self.shape}, dtype={self.dtype})"
 
     def __getstate__(self) -> dict:
         # what read-ahead learnt in this process stays here (a worker starts afresh)
-        return {**self.__dict__, "_last_read": None, "_ahead_uris": {}}
+        return {**self.__dict__, "_last_read": None, "_ahead_uris": {}, "_entries": {}}
 
     def __dask_tokenize__(self) -> str:
         # The aggregation file's version (a rewrite gives new fragment names, so a new version), not
@@ -187,6 +189,9 @@ class AggregatedArray:
         axis = moved[0]
         step = 1 if index[axis] > last[axis] else -1
         grid = self.variable.fragments.grid
+        if self.target.chunk_index is not None and self._indexed(index) is not None:
+            self._read_ahead_indexed(pieces, axis, step, depth)
+            return
         # (the fragments ahead are read as this one is: fetched whole too when most of each is wanted)
         selected = math.prod(1 if isinstance(p.local, int) else len(range(p.local.start, p.local.stop, p.local.step))
                              for p in pieces)
@@ -203,6 +208,48 @@ class AggregatedArray:
                 uris.append(uri)
                 largest = max(largest, nbytes)
         readahead.read_ahead(uris, self.target.profile, self.target.policy, nbytes=largest)
+
+    def _read_ahead_indexed(self, pieces: tuple, axis: int, step: int, depth: int) -> None:
+        """A walk through indexed fragments: start fetching the chunks the next ones on ``axis``
+        will read, when it takes the whole of each along it (its key is then known: the others'
+        are the same) and they are stored in the aggregation's order (their own key is the same)."""
+        grid = self.variable.fragments.grid
+        index = tuple(p.fragment for p in pieces)
+        local = pieces[axis].local
+        whole = (0, grid.fragment_shape(index)[axis], 1)
+        if not (isinstance(local, slice) and (local.start, local.stop, local.step) == whole):
+            return
+        ahead = []
+        for k in range(1, depth + 1):
+            at = index[:axis] + (index[axis] + k * step,) + index[axis + 1:]
+            if not 0 <= at[axis] < grid.grid_shape[axis]:
+                break
+            found = self._indexed(at)
+            if found is None or not found[2]:
+                break
+            uri, entry, _ = found
+            key = tuple(slice(0, entry.layout.shape[a], 1) if a == axis else p.local for a, p in enumerate(pieces))
+            ahead.append((uri, entry, key))
+        chunk_index.read_ahead(ahead, self.target.profile, self.target.policy)
+
+    def _indexed(self, index: tuple[int, ...]) -> tuple[str, IndexEntry, bool] | None:
+        """The URI and chunk index entry of the fragment at ``index`` (None: not read through the index),
+        and whether it is stored as the aggregation orders it (a key of the aggregation's is then its own)."""
+        known = self._entries.get(index, False)  # (one look: another thread may clear it)
+        if known is not False:
+            return known
+        ref = self.variable.fragments[index]
+        found = None
+        if not ref.is_missing and ref.uris and self.target.chunk_index is not None:
+            uri = storage.resolve(ref.uris[0], self.target.source)
+            entry = self.target.chunk_index.entry(uri, ref.variable_names(self.target.default_identifier))
+            plain = entry is not None and ref.axes is None and ref.part is None and not any(ref.reversed or ()) \
+                and entry.layout.shape == tuple(ref.shape)
+            found = None if entry is None else (uri, entry, plain)
+        if len(self._entries) >= _AHEAD_REMEMBERED:  # (a walk needs those near it only)
+            self._entries.clear()
+        self._entries[index] = found
+        return found
 
     def _read_ahead_within(self, combos: list[tuple], k: int) -> None:
         """In a chunk of several fragments, start fetching its own next small remote objects (never
@@ -235,9 +282,7 @@ class AggregatedArray:
             nbytes = math.prod(ref.shape) * self.target.dtype.itemsize
             if not ref.is_missing and ref.uris:
                 uri = storage.resolve(ref.uris[0], self.target.source)
-                indexed = self.target.chunk_index is not None and self.target.chunk_index.entry(
-                    uri, ref.variable_names(self.target.default_identifier)) is not None
-                if storage.is_local(uri) or storage.is_opendap(uri) or indexed:
+                if storage.is_local(uri) or storage.is_opendap(uri) or self._indexed(index) is not None:
                     uri = None  # (an indexed fragment is read by byte range: fetching it whole only adds GETs)
                 elif self.target.policy is not None and not self.target.policy.allows(uri):
                     uri = ""

@@ -38,7 +38,7 @@ from .uri import is_local, normalise, scheme_of
 __all__ = [
     "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size",
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
-    "read_ranges_unchanged",
+    "read_ranges_unchanged", "fetch_range_soon",
     "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
     "GLOB_CHARS", "glob", "is_directory", "remove_tree", "listdir", "delete",
 ]
@@ -378,19 +378,9 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
     if not (_streams(fs) and token.startswith('"')):  # (If-Match needs the ETag)
         return read_ranges(uri, ranges, profile, policy=policy) if stat(uri, profile, policy=policy) == expected \
             else None
-    bucket, key, _ = fs.split_path(path)
-
-    async def get(offset: int, length: int) -> bytes:
-        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=token,
-                                     Range=f"bytes={offset}-{offset + length - 1}")
-        body = response["Body"]
-        try:
-            return await body.read()
-        finally:
-            body.close()
 
     async def every() -> list[bytes]:
-        return list(await asyncio.gather(*(get(int(o), int(n)) for o, n in ranges)))
+        return list(await asyncio.gather(*(_get_range_if_match(fs, path, token, int(o), int(n)) for o, n in ranges)))
 
     def fetch() -> list[bytes] | None:
         try:
@@ -401,6 +391,33 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
             raise
 
     return with_retries(uri, fetch) if ranges else []
+
+
+async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:
+    """One ranged GET of the S3 object version whose ETag is ``token`` (else the server refuses: 412)."""
+    bucket, key, _ = fs.split_path(path)
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=token,
+                                 Range=f"bytes={offset}-{offset + length - 1}")
+    body = response["Body"]
+    try:
+        return await body.read()
+    finally:
+        body.close()
+
+
+def fetch_range_soon(uri: str, offset: int, length: int, expected: tuple[int, str], profile: ProfileRef = NO_PROFILE,
+                     *, policy: LocationPolicy | None = None) -> concurrent.futures.Future | None:
+    """Start fetching one byte range of an object in the background (on fsspec's event loop),
+    as :func:`read_ranges_unchanged` would: one GET with ``If-Match``, so the future fails
+    (a 412 refusal) unless the object is still the version ``expected``. None where that
+    check cannot ride along on the GET (local files, stores without ETags): read it then."""
+    if is_local(uri) or is_opendap(uri) or not expected[1].startswith('"'):
+        return None
+    fs, path = filesystem(uri, profile, policy=policy)
+    if not _streams(fs):
+        return None
+    return asyncio.run_coroutine_threadsafe(_get_range_if_match(fs, path, expected[1], int(offset), int(length)),
+                                            fs.loop)
 
 
 #: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).

@@ -21,7 +21,7 @@ import pytest
 import daskcfa
 from builders import Frag, assert_matches, build, make_truth
 from daskcfa.errors import CFAFormatError, CFAWarning, NotFoundError
-from daskcfa.fragments import canonical
+from daskcfa.fragments import canonical, readahead
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
 
@@ -276,7 +276,23 @@ def requests_by_type(metrics_url, bucket):
     return counts
 
 
-def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3):
+def spent_since(before, metrics, bucket):
+    after = requests_by_type(metrics, bucket)
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def started_since(before):
+    return {k: v - before[k] for k, v in readahead.stats().items()}
+
+
+def one_get_each(n):
+    return ({"GET": n}, {"GetObject": n})
+
+
+@pytest.mark.parametrize("scheduler", ["synchronous", "threads"])
+def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3, scheduler):
+    """One ranged GET per fragment, also while the chunks of the next fragments are fetched
+    ahead (a read ahead that fetched any chunk twice, or one not needed, would add GETs)."""
     server, metrics = counted_s3
     n = 12
     truth = make_truth((n, 30, 40), "f4", seed=9)
@@ -287,24 +303,110 @@ def test_a_point_series_on_s3_is_one_get_per_fragment(tmp_path, counted_s3):
     url = f"s3://{bucket}/ds/{built.path.name}"
     daskcfa.index(url, storage_options=server.storage_options)
     x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)  # (the aggregation and index read)
-    before = requests_by_type(metrics, bucket)
-    got = x[:, 17, 23].compute()
-    after = requests_by_type(metrics, bucket)
-    assert_matches(got, truth[:, 17, 23])
-    spent = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
-    assert spent == {"GET": n} or spent == {"GetObject": n}, spent
+    ahead = readahead.stats()
+    with dask.config.set(scheduler=scheduler, num_workers=2):
+        for _ in range(2):  # (done again: what was read is not read ahead again)
+            before = requests_by_type(metrics, bucket)
+            got = x[:, 17, 23].compute()
+            assert_matches(got, truth[:, 17, 23])
+            assert spent_since(before, metrics, bucket) in one_get_each(n)
+        assert readahead.stats()["used"] - ahead["used"] >= n // 2
 
-    # a fragment replaced on S3 after indexing: If-Match refuses it, and it is read the usual way
-    fs = server.filesystem()
-    changed = truth.copy()
-    changed[4] += 1
-    build_one = build("CF-1.13", tmp_path / "again", changed, DIMS, ((1,) * n, (30,), (40,)),
-                      frags=lambda i: Frag(storage={"zlib": True, "shuffle": True, "chunksizes": (1, 10, 10)}))
-    relative = built.fragment_files[(4, 0, 0)].relative_to(built.path.parent)
-    fs.put_file(str(build_one.fragment_files[(4, 0, 0)]), f"{bucket}/ds/{relative}")
-    with pytest.warns(CFAWarning, match=r"changed since the chunk index.*fragment \(4, 0, 0\)"):
-        got = x[:, 17, 23].compute()
+        # a fragment replaced on S3 after indexing: If-Match refuses it (also when fetched ahead), and
+        # it is read the usual way
+        fs = server.filesystem()
+        changed = truth.copy()
+        changed[4] += 1
+        build_one = build("CF-1.13", tmp_path / "again", changed, DIMS, ((1,) * n, (30,), (40,)),
+                          frags=lambda i: Frag(storage={"zlib": True, "shuffle": True, "chunksizes": (1, 10, 10)}))
+        relative = built.fragment_files[(4, 0, 0)].relative_to(built.path.parent)
+        fs.put_file(str(build_one.fragment_files[(4, 0, 0)]), f"{bucket}/ds/{relative}")
+        readahead._READ_AHEAD._recent.clear()  # (the same walk again, as a fresh process does it: read ahead again)
+        ahead = readahead.stats()
+        with pytest.warns(CFAWarning, match=r"changed since the chunk index.*fragment \(4, 0, 0\)"):
+            got = x[:, 17, 23].compute()
+        spent = started_since(ahead)
+        assert spent["started"] >= n // 2
+        if scheduler == "synchronous":  # (fragment 4 was fetched ahead, and refused: If-Match)
+            assert spent["started"] - spent["used"] == 1
     assert_matches(got, changed[:, 17, 23])
+
+
+def test_a_fragment_deleted_after_indexing_is_named_also_when_read_ahead(tmp_path, counted_s3):
+    """The GETs fetched ahead fail (404): the read fetches again itself and fails naming the
+    file, variable and fragment; with missing="fill" it reads as missing data."""
+    server, _ = counted_s3
+    n = 8
+    truth = make_truth((n, 6, 8), "f4", seed=13)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, ((1,) * n, (6,), (8,)),
+                  frags=lambda i: Frag(storage={"zlib": True, "chunksizes": (1, 3, 4)}))
+    bucket = server.new_bucket()
+    fs = server.filesystem()
+    fs.put(str(built.path.parent) + "/", f"{bucket}/ds/", recursive=True)
+    url = f"s3://{bucket}/ds/{built.path.name}"
+    daskcfa.index(url, storage_options=server.storage_options)
+    relative = built.fragment_files[(5, 0, 0)].relative_to(built.path.parent)
+    fs.rm_file(f"{bucket}/ds/{relative}")
+    ahead = readahead.stats()
+    with dask.config.set(scheduler="synchronous"):
+        x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)
+        with pytest.raises(daskcfa.errors.MissingFragmentError) as caught:
+            x[:, 2, 3].compute()
+        assert readahead.stats()["started"] > ahead["started"]
+        assert caught.value.fragment == (5, 0, 0) and caught.value.variable.endswith("tas")
+        assert str(relative.name) in str(caught.value)
+        x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options, missing="fill")
+        with pytest.warns(CFAWarning, match=r"fragment \(5, 0, 0\) as missing data"):
+            got = x[:, 2, 3].compute()
+    expected = np.ma.masked_array(truth[:, 2, 3], mask=np.arange(n) == 5)
+    assert_matches(got, expected)
+
+
+def test_entries_keep_what_reads_learnt_in_their_process(built):
+    """An entry's chunk lookup and last planned read are built where it is read, not pickled
+    with the graph to workers."""
+    import pickle
+
+    from daskcfa.graph.read import AggregatedArray
+
+    daskcfa.index(str(built.path))
+    x = daskcfa.from_cfa(str(built.path), "tas", chunk_index=True)
+    (array,) = [v for v in dict(x.__dask_graph__()).values() if isinstance(v, AggregatedArray)]
+    entry = next(e for e in array.target.chunk_index._entries.values() if not e.contiguous)
+    key = (slice(0, entry.layout.shape[0], 1), 1, 2)
+    assert entry.chunk_ranges(key) and entry.chunk_infos
+    copy = pickle.loads(pickle.dumps(entry))
+    assert "chunk_infos" not in copy.__dict__ and "_planned" not in copy.__dict__
+    assert copy.chunk_ranges(key) == entry.chunk_ranges(key)
+    assert_matches(pickle.loads(pickle.dumps(x))[:, 1, 2].compute(), built.expected[:, 1, 2], rtol=1e-5)
+
+
+def test_chunks_read_ahead_match_uneven_fragments_and_partial_walks(tmp_path, counted_s3):
+    """Fragments of different lengths along the walk: each is read ahead at its own length, so a
+    whole series is still one GET per fragment; a walk that stops early has fetched at most the
+    read-ahead depth of fragments beyond it."""
+    server, metrics = counted_s3
+    sizes = (3, 1, 4, 2, 5, 1, 3, 2, 4, 1)
+    n = len(sizes)
+    truth = make_truth((sum(sizes), 20, 20), "f4", seed=11, masked=0.1)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, (sizes, (20,), (20,)),
+                  frags=lambda i: Frag(storage={"zlib": True, "chunksizes": (sizes[i[0]], 5, 5)}))
+    bucket = server.new_bucket()
+    server.filesystem().put(str(built.path.parent) + "/", f"{bucket}/ds/", recursive=True)
+    url = f"s3://{bucket}/ds/{built.path.name}"
+    daskcfa.index(url, storage_options=server.storage_options)
+    x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)
+    with dask.config.set({"scheduler": "synchronous", "daskcfa.io.readahead": 3}):
+        before, ahead = requests_by_type(metrics, bucket), readahead.stats()
+        assert_matches(x[:, 7, 12].compute(), truth[:, 7, 12])
+        assert spent_since(before, metrics, bucket) in one_get_each(n)
+        assert readahead.stats()["used"] - ahead["used"] >= n // 2
+
+        x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)
+        before = requests_by_type(metrics, bucket)
+        assert_matches(x[:10, 3, 4].compute(), truth[:10, 3, 4])  # (fragments 0 to 3)
+        gets = sum(spent_since(before, metrics, bucket).values())
+        assert 4 <= gets <= 4 + 3
 
 
 # ---------------------------------------------------------------------------

@@ -676,5 +676,5 @@ def test_read_ahead_state_stays_in_its_process(walk_dataset):
     (array,) = [v for v in dict(x.__dask_graph__()).values() if isinstance(v, AggregatedArray)]
     assert array._last_read is not None and array._ahead_uris
     copy = pickle.loads(pickle.dumps(array))
-    assert copy._last_read is None and copy._ahead_uris == {}
+    assert copy._last_read is None and copy._ahead_uris == {} and copy._entries == {}
     assert_matches(copy[(slice(0, 3), 2, 3)], built.expected[:3, 2, 3])
