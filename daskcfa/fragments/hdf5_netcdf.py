@@ -79,12 +79,13 @@ def _native_type(dtype: np.dtype, order: int | None) -> h5py.h5t.TypeID:
     return expected
 
 
-def check_dimensions(dsid: h5py.h5d.DatasetID, where: str) -> None:
-    """The cheap part of :func:`dimension_names`'s checks, done when a variable is opened."""
-    if dsid.rank == 0:
+def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, where: str) -> None:
+    """The cheap part of :func:`dimension_names`'s checks, done when a variable of ``rank``
+    dimensions is opened (told: asking HDF5 again costs more than the checks)."""
+    if rank == 0:
         return
     if h5py.h5ds.is_scale(dsid):
-        if dsid.rank > 1:
+        if rank > 1:
             raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
     elif not h5py.h5a.exists(dsid, b"DIMENSION_LIST"):
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
@@ -158,31 +159,36 @@ class NetCDFAttributes(Mapping[str, Any]):
 
 
 def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
+    # (the type and dataspace asked for once: each h5py call costs microseconds, and every
+    # fragment's units are read)
     tid = aid.get_type()
+    space = aid.get_space()
     if isinstance(tid, h5py.h5t.TypeStringID):
-        if aid.get_space().get_simple_extent_type() == h5py.h5s.NULL:
+        if space.get_simple_extent_type() == h5py.h5s.NULL:
             return ""
         if tid.is_variable_str():
-            strings = [_text(s) for s in np.ravel(_read_attr(aid))]
+            strings = [_text(s) for s in np.ravel(_read_attr(aid, tid, space))]
             return strings[0] if len(strings) == 1 else strings
         # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
-        raw = np.empty(aid.shape, aid.dtype)
+        raw = np.empty(space.shape, tid.dtype)
         aid.read(raw, mtype=tid)
         return _text(raw.tobytes())
     if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
-        native = np.dtype(aid.dtype).newbyteorder("=")
-        if aid.shape is None:  # an HDF5 null dataspace
+        native = tid.dtype.newbyteorder("=")
+        if space.shape is None:  # an HDF5 null dataspace
             return np.empty(0, native)
-        values = np.asarray(_read_attr(aid), native).ravel()
+        values = np.asarray(_read_attr(aid, tid, space), native).ravel()
         return values[0] if values.size == 1 else values
     raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
 
 
-def _read_attr(aid: h5py.h5a.AttrID) -> Any:
-    """An attribute's value as numpy (variable-length strings as ``bytes`` objects)."""
-    shape = aid.shape
-    value = np.zeros(shape if shape is not None else (), aid.dtype)
-    aid.read(value, mtype=h5py.h5t.py_create(aid.dtype))
+def _read_attr(aid: h5py.h5a.AttrID, tid: h5py.h5t.TypeID | None = None, space: h5py.h5s.SpaceID | None = None) -> Any:
+    """An attribute's value as numpy (variable-length strings as ``bytes`` objects); its type
+    and dataspace when the caller has them."""
+    shape = (aid.get_space() if space is None else space).shape
+    dtype = (aid.get_type() if tid is None else tid).dtype
+    value = np.zeros(shape if shape is not None else (), dtype)
+    aid.read(value, mtype=h5py.h5t.py_create(dtype))
     return value[()] if shape == () else value
 
 
