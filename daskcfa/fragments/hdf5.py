@@ -348,11 +348,10 @@ class StoredVariable:
                 raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             if len(head) != needed:
                 raise OSError(f"chunk at {info.chunk_offset} holds fewer than {needed} bytes ({self._where})")
-            # the chunk's shape over just the bytes inflated, which hold every element ``inner``
-            # selects (a read-only view that never leaves this method)
-            chunk = np.lib.stride_tricks.as_strided(np.frombuffer(head, self._stored), self.chunks,
-                                                    self._chunk_byte_strides, writeable=False)
-            return chunk[inner]
+            # the chunk's leading corner up to the last element ``inner`` selects, over just the
+            # bytes inflated (numpy checks that they hold it)
+            corner = tuple(s.start + (len(range(s.start, s.stop, s.step)) - 1) * s.step + 1 for s in inner)
+            return np.ndarray(corner, self._stored, buffer=head, strides=self._chunk_byte_strides)[inner]
         return self._decode(raw, info)[inner]
 
     def _decode(self, raw: Buffer, info: StoreInfo) -> np.ndarray:

@@ -450,6 +450,30 @@ def test_a_deflated_chunk_is_inflated_only_up_to_the_selection(tmp_path):
             var.read((999,))
 
 
+@pytest.mark.parametrize("endian", ["little", "big"])
+def test_selections_taken_from_partly_inflated_chunks(tmp_path, endian):
+    # Selections of 3-D deflated chunks (ints, steps, chunk edges) are taken straight from
+    # the bytes inflated up to their last element, and equal numpy's.
+    rng = np.random.default_rng(7)
+    data = rng.normal(size=(7, 33, 45)).astype("f4")
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        for d, n in zip("tyx", data.shape):
+            nc.createDimension(d, n)
+        create(nc, "v", "f4", tuple("tyx"), zlib=True, shuffle=False, chunksizes=(3, 10, 16), endian=endian)[:] = data
+    keys = [(0, 0, 0), (2, 9, 15), (1, slice(3, 9, 2), slice(1, 14, 5)), (slice(0, 2), 4, slice(None, 7))]
+    for _ in range(200):
+        key = tuple(int(rng.integers(n)) if rng.random() < 0.4 else slice(int(rng.integers(n)), None, int(rng.integers(1, 4)))
+                    for n in data.shape)
+        keys.append(key)
+    with HDF5File(path) as f:
+        var = f.variable("v")
+        for key in keys:
+            got = var.read(key)
+            np.testing.assert_array_equal(got, data[key])
+            assert got.dtype == np.dtype("f4") and (got.ndim == 0 or got.flags.writeable)
+
+
 def test_truncated_files_raise_os_error(tmp_path):
     path = tmp_path / "f.nc"
     with netCDF4.Dataset(path, "w") as nc:
