@@ -137,6 +137,10 @@ class NetCDFAttributes(Mapping[str, Any]):
         value = self._values[name] = _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
         return value
 
+    def get(self, name: str, default: Any = None) -> Any:
+        # (decoding asks for attributes most variables lack: no exception raised for each)
+        return self[name] if name in self else default
+
     def __contains__(self, name: object) -> bool:
         if self._present is None:  # every name in one call: decoding asks for ten, most absent
             names: set[str] = set()

@@ -209,6 +209,8 @@ def test_attributes_and_dimensions_match_netcdf4(tmp_path):
             assert list(got) == list(expected), name
             for k in expected:
                 assert same_attr(got[k], expected[k]), (name, k, got[k], expected[k])
+                assert same_attr(got.get(k, "absent"), expected[k]), (name, k)
+            assert got.get("no_such_attribute") is None and got.get("DIMENSION_LIST", "hidden") == "hidden"
             assert f.variable(name).dims == nc[name].dimensions
 
 
