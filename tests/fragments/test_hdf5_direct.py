@@ -465,8 +465,8 @@ def test_selections_taken_from_partly_inflated_chunks(tmp_path, endian):
         create(nc, "v", "f4", tuple("tyx"), zlib=True, shuffle=False, chunksizes=(3, 10, 16), endian=endian)[:] = data
     keys = [(0, 0, 0), (2, 9, 15), (1, slice(3, 9, 2), slice(1, 14, 5)), (slice(0, 2), 4, slice(None, 7))]
     for _ in range(200):
-        key = tuple(int(rng.integers(n)) if rng.random() < 0.4 else slice(int(rng.integers(n)), None, int(rng.integers(1, 4)))
-                    for n in data.shape)
+        key = tuple(int(rng.integers(n)) if rng.random() < 0.4
+                    else slice(int(rng.integers(n)), None, int(rng.integers(1, 4))) for n in data.shape)
         keys.append(key)
     with HDF5File(path) as f:
         var = f.variable("v")
