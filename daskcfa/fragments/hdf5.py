@@ -377,7 +377,7 @@ class HDF5Variable(StoredVariable):
         stored = check_dtype(dsid, where)
         dcpl = dsid.get_create_plist()
         layout = dcpl.get_layout()
-        if dcpl.get_external_count():
+        if layout == h5py.h5d.CONTIGUOUS and dcpl.get_external_count():  # (HDF5 stores only those externally)
             raise DirectReadUnsupported(f"external storage is not supported ({where})")
         if layout not in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED):
             raise DirectReadUnsupported(f"storage layout {layout} is not supported ({where})")

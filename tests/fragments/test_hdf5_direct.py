@@ -562,11 +562,12 @@ def test_unsupported_storage(tmp_path):
         dcpl.set_layout(h5py.h5d.COMPACT)
         space = h5py.h5s.create_simple((8,))
         h5py.h5d.create(f.id, b"compact", h5py.h5t.NATIVE_INT32, space, dcpl=dcpl)
-        for name in ["lzf", "scaleoffset", "compact"]:
+        f.create_dataset("external", data=np.arange(8), external=[(str(tmp_path / "raw.bin"), 0, 64)])
+        for name in ["lzf", "scaleoffset", "compact", "external"]:
             f[name].dims[0].attach_scale(f["x"])
         f["nodims"] = np.arange(8)  # no dimension scales: netCDF would invent "phony" names
     with HDF5File(path) as f:
-        for name in ["lzf", "scaleoffset", "compact", "nodims"]:
+        for name in ["lzf", "scaleoffset", "compact", "external", "nodims"]:
             with pytest.raises(DirectReadUnsupported):
                 f.variable(name)
 
