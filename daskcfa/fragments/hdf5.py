@@ -38,6 +38,7 @@ from .hdf5_netcdf import (
     NON_COORD_PREFIX,
     DirectReadUnsupported,
     NetCDFAttributes,
+    attribute_names,
     check_dimensions,
     check_dtype,
     dimension_names,
@@ -163,13 +164,15 @@ class HDF5File:
         head, _, base = name.strip("/").rpartition("/")
         group = "/" + head + "/" if head else "/"
         dsid = open_dataset(self._fid, group + base) if base else None
-        if dsid is not None and is_dimension_only(dsid):
+        names = frozenset() if dsid is None else attribute_names(dsid)
+        if dsid is not None and is_dimension_only(dsid, names):
             dsid = open_dataset(self._fid, group + NON_COORD_PREFIX + base)
+            names = frozenset() if dsid is None else attribute_names(dsid)
         if dsid is None:
             raise KeyError(name)
         where = f"variable {group + base!r} of {self.path!r}"
         return HDF5Variable(
-            dsid, base, self._pread_ranges if self._read_ranges is None else self._read_ranges, where)
+            dsid, base, self._pread_ranges if self._read_ranges is None else self._read_ranges, where, names)
 
     def close(self) -> None:
         # Dropping the one reference to the file's identifier closes the file and (strong close
@@ -371,7 +374,9 @@ class HDF5Variable(StoredVariable):
     dims: tuple[str, ...]
     attrs: dict[str, Any]
 
-    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
+    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str,
+                 names: frozenset[str]) -> None:
+        # ``names``: the dataset's attribute names (:func:`.hdf5_netcdf.attribute_names`)
         self.name = name
         self._dsid = dsid
         stored = check_dtype(dsid, where)
@@ -392,8 +397,8 @@ class HDF5Variable(StoredVariable):
             self._index: dict[tuple[int, ...], StoreInfo] = {}
             self._index_complete = False
 
-        check_dimensions(dsid, len(shape), self._where)
-        self.attrs = NetCDFAttributes(dsid, self._where)
+        check_dimensions(dsid, len(shape), names, self._where)
+        self.attrs = NetCDFAttributes(dsid, self._where, names)
 
     @functools.cached_property
     def dims(self) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ from typing import Any, Iterator, Mapping
 import h5py
 import numpy as np
 
-__all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "open_dataset", "is_dimension_only",
+__all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "open_dataset", "attribute_names",
+           "is_dimension_only",
            "check_dtype", "check_dimensions", "dimension_names"]
 
 #: netCDF-C renames a variable whose name clashes with an unrelated dimension.
@@ -51,8 +52,17 @@ def open_dataset(fid: h5py.h5f.FileID, path: str) -> h5py.h5d.DatasetID | None:
     return obj if isinstance(obj, h5py.h5d.DatasetID) else None
 
 
-def is_dimension_only(dsid: h5py.h5d.DatasetID) -> bool:
-    if not h5py.h5a.exists(dsid, b"NAME"):
+def attribute_names(dsid: h5py.h5d.DatasetID) -> frozenset[str]:
+    """Every attribute name of a dataset, netCDF-C's own included: one call, which answers
+    what asking for each (a dimension scale's, the attributes decoding may use) would."""
+    names: set[str] = set()
+    h5py.h5a.iterate(dsid, lambda raw: names.add(raw.decode("utf-8", errors="replace")))
+    return frozenset(names)
+
+
+def is_dimension_only(dsid: h5py.h5d.DatasetID, names: frozenset[str]) -> bool:
+    """Whether a dataset with attributes ``names`` is a netCDF dimension but not a variable."""
+    if "NAME" not in names:
         return False
     name = _read_attr(h5py.h5a.open(dsid, b"NAME"))
     return isinstance(name, bytes) and name.startswith(_DIMENSION_ONLY)
@@ -79,15 +89,15 @@ def _native_type(dtype: np.dtype, order: int | None) -> h5py.h5t.TypeID:
     return expected
 
 
-def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, where: str) -> None:
+def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, names: frozenset[str], where: str) -> None:
     """The cheap part of :func:`dimension_names`'s checks, done when a variable of ``rank``
-    dimensions is opened (told: asking HDF5 again costs more than the checks)."""
+    dimensions and attributes ``names`` is opened (told: asking HDF5 again costs more than the checks)."""
     if rank == 0:
         return
-    if h5py.h5ds.is_scale(dsid):
+    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
         if rank > 1:
             raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    elif not h5py.h5a.exists(dsid, b"DIMENSION_LIST"):
+    elif "DIMENSION_LIST" not in names:
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
 
 
@@ -120,12 +130,13 @@ class NetCDFAttributes(Mapping[str, Any]):
     :class:`DirectReadUnsupported` when read.
     """
 
-    def __init__(self, dsid: h5py.h5d.DatasetID, where: str) -> None:
+    def __init__(self, dsid: h5py.h5d.DatasetID, where: str, names: frozenset[str] | None = None) -> None:
+        # ``names``: :func:`attribute_names`, when the caller has them
         self._dsid = dsid
         self._where = where
         self._values: dict[str, Any] = {}
         self._names: list[str] | None = None
-        self._present: frozenset[str] | None = None
+        self._present: frozenset[str] | None = None if names is None else names - _HIDDEN_ATTRS
 
     def __getitem__(self, name: str) -> Any:
         try:
@@ -143,9 +154,7 @@ class NetCDFAttributes(Mapping[str, Any]):
 
     def __contains__(self, name: object) -> bool:
         if self._present is None:  # every name in one call: decoding asks for ten, most absent
-            names: set[str] = set()
-            h5py.h5a.iterate(self._dsid, lambda raw: names.add(raw.decode("utf-8", errors="replace")))
-            self._present = frozenset(names - _HIDDEN_ATTRS)
+            self._present = attribute_names(self._dsid) - _HIDDEN_ATTRS
         return name in self._present
 
     def __iter__(self) -> Iterator[str]:
