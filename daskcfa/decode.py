@@ -134,6 +134,16 @@ def _safe_cast(value: Any, dtype: np.dtype) -> np.ndarray | None:
     return cast if same else None
 
 
+@functools.lru_cache(maxsize=256)
+def _fill_as(fill_value: Any, dtype: np.dtype) -> Any:
+    """``fill_value`` in ``dtype`` (wrapped as numpy casts it), the fill value of a decoded chunk;
+    made once per value and type (catching the cast's warnings costs more than decoding a point),
+    as a numpy scalar, which no masked array can change."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return np.asarray(fill_value).astype(dtype)[()]
+
+
 @dataclass(frozen=True)
 class Encoding:
     """How stored values become data: missing values and packing."""
@@ -266,9 +276,7 @@ class Encoding:
             return result
         result = masked_type(out, mask=np.ma.nomask if missing is None else missing, copy=False)
         if self.fill_value is not None and out.dtype.kind in "biuf":
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
-                warnings.simplefilter("ignore")
-                result.set_fill_value(np.asarray(self.fill_value).astype(out.dtype))
+            result.set_fill_value(_fill_as(self.fill_value, out.dtype))
         return result
 
     def as_stored(self, raw: np.ndarray) -> np.ndarray:

@@ -138,6 +138,10 @@ class _Attributes(Mapping[str, Any]):
     def __contains__(self, name: object) -> bool:
         return name in self._direct
 
+    def get(self, name: str, default: Any = None) -> Any:
+        # (decoding asks for attributes most fragments lack: no exception raised for each)
+        return self[name] if name in self._direct else default
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._direct)
 

@@ -38,6 +38,7 @@ from .hdf5_netcdf import (
     NON_COORD_PREFIX,
     DirectReadUnsupported,
     NetCDFAttributes,
+    attribute_names,
     check_dimensions,
     check_dtype,
     dimension_names,
@@ -163,13 +164,15 @@ class HDF5File:
         head, _, base = name.strip("/").rpartition("/")
         group = "/" + head + "/" if head else "/"
         dsid = open_dataset(self._fid, group + base) if base else None
-        if dsid is not None and is_dimension_only(dsid):
+        names = frozenset() if dsid is None else attribute_names(dsid)
+        if dsid is not None and is_dimension_only(dsid, names):
             dsid = open_dataset(self._fid, group + NON_COORD_PREFIX + base)
+            names = frozenset() if dsid is None else attribute_names(dsid)
         if dsid is None:
             raise KeyError(name)
         where = f"variable {group + base!r} of {self.path!r}"
         return HDF5Variable(
-            dsid, base, self._pread_ranges if self._read_ranges is None else self._read_ranges, where)
+            dsid, base, self._pread_ranges if self._read_ranges is None else self._read_ranges, where, names)
 
     def close(self) -> None:
         # Dropping the one reference to the file's identifier closes the file and (strong close
@@ -232,17 +235,24 @@ class StoredVariable:
         self._read_ranges = read_ranges
         self._filters = pipeline
         self.compressed = bool(pipeline)  #: whether chunks go through filters (read amplification)
-        self._fill = np.asarray(fill).astype(self.dtype)[()]
+        self._given_fill = fill
         #: Bytes one decoded chunk takes (0: contiguous), which a read holds in memory at once.
         self.chunk_nbytes = 0
         if self.chunks is not None:
             self.chunk_nbytes = self._chunk_nbytes = math.prod(self.chunks) * self._stored.itemsize
             self._chunk_strides = tuple(math.prod(self.chunks[j + 1:]) for j in range(len(self.chunks)))
+            self._chunk_byte_strides = tuple(stride * self._stored.itemsize for stride in self._chunk_strides)
             self._nchunks = math.prod(-(-n // c) for n, c in zip(self.shape, self.chunks))
 
     def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
         """The index entries (``StoreInfo``) of the chunks at ``coords``, None if absent."""
         raise NotImplementedError
+
+    @functools.cached_property
+    def _fill(self) -> Any:
+        """The value never-written storage reads as (looked up on first need: most reads never need it)."""
+        fill = self._given_fill() if callable(self._given_fill) else self._given_fill
+        return np.asarray(fill).astype(self.dtype)[()]
 
     def read(self, key: tuple) -> np.ndarray:
         """The raw stored values at ``key`` (one int or step>0 slice per dimension).
@@ -330,7 +340,7 @@ class StoredVariable:
         for batch in _batches(stored):
             buffers = self._read_ranges([(info.byte_offset, info.size) for info, _, _ in batch])
             for (info, inner, outer), raw in zip(batch, buffers):
-                out[outer] = self._decode(raw, info, self._bytes_needed(inner))[inner]
+                out[outer] = self._selected(raw, info, inner)
         return out
 
     def _bytes_needed(self, inner: tuple[slice, ...]) -> int:
@@ -340,14 +350,15 @@ class StoredVariable:
             last += (s.start + (len(range(s.start, s.stop, s.step)) - 1) * s.step) * stride
         return (last + 1) * self._stored.itemsize
 
-    def _decode(self, raw: Buffer, info: StoreInfo, needed: int | None = None) -> np.ndarray:
-        """Undo the filter pipeline on one stored chunk (filters skipped by its mask stay skipped).
+    def _selected(self, raw: Buffer, info: StoreInfo, inner: tuple[slice, ...]) -> np.ndarray:
+        """The selection ``inner`` of one stored chunk, its filters undone.
 
         A chunk only deflated (no shuffle or checksum) is inflated just up to the
-        ``needed`` bytes that hold the selection: a point in the middle of a chunk
-        costs half the decompression. The rest of the chunk is left unset.
+        bytes that hold the selection: a point in the middle of a chunk costs half
+        the decompression, and the selection is taken from those bytes as they are.
         """
-        if (needed is not None and needed < _PARTIAL_INFLATE * self._chunk_nbytes
+        needed = self._bytes_needed(inner)
+        if (needed < _PARTIAL_INFLATE * self._chunk_nbytes
                 and [code for code, _ in self._filters] == [DEFLATE] and not info.filter_mask & 1):
             try:
                 head = inflate_head(raw, needed)
@@ -355,9 +366,14 @@ class StoredVariable:
                 raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             if len(head) != needed:
                 raise OSError(f"chunk at {info.chunk_offset} holds fewer than {needed} bytes ({self._where})")
-            chunk = np.empty(self._chunk_nbytes, np.uint8)
-            chunk[:needed] = np.frombuffer(head, np.uint8)
-            return chunk.view(self._stored).reshape(self.chunks)
+            # the chunk's leading corner up to the last element ``inner`` selects, over just the
+            # bytes inflated (numpy checks that they hold it)
+            corner = tuple(s.start + (len(range(s.start, s.stop, s.step)) - 1) * s.step + 1 for s in inner)
+            return np.ndarray(corner, self._stored, buffer=head, strides=self._chunk_byte_strides)[inner]
+        return self._decode(raw, info)[inner]
+
+    def _decode(self, raw: Buffer, info: StoreInfo) -> np.ndarray:
+        """Undo the filter pipeline on one stored chunk (filters skipped by its mask stay skipped)."""
         buf = unfilter(raw, self._filters, info.filter_mask, self._chunk_nbytes, info.chunk_offset, self._where)
         return buf.view(self._stored).reshape(self.chunks)
 
@@ -373,29 +389,31 @@ class HDF5Variable(StoredVariable):
     dims: tuple[str, ...]
     attrs: dict[str, Any]
 
-    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str) -> None:
+    def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str,
+                 names: frozenset[str]) -> None:
+        # ``names``: the dataset's attribute names (:func:`.hdf5_netcdf.attribute_names`)
         self.name = name
         self._dsid = dsid
         stored = check_dtype(dsid, where)
         dcpl = dsid.get_create_plist()
         layout = dcpl.get_layout()
-        if dcpl.get_external_count():
+        if layout == h5py.h5d.CONTIGUOUS and dcpl.get_external_count():  # (HDF5 stores only those externally)
             raise DirectReadUnsupported(f"external storage is not supported ({where})")
         if layout not in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED):
             raise DirectReadUnsupported(f"storage layout {layout} is not supported ({where})")
-        fill = np.zeros((1,), stored)
-        dcpl.get_fill_value(fill)
-        super().__init__(stored, dsid.shape, dcpl.get_chunk() if layout == h5py.h5d.CHUNKED else None,
+        shape = dsid.shape
+        super().__init__(stored, shape, dcpl.get_chunk() if layout == h5py.h5d.CHUNKED else None,
                          dsid.get_offset() if layout == h5py.h5d.CONTIGUOUS else None,
-                         _filter_pipeline(dcpl, where), fill[0], read_ranges, where)
+                         _filter_pipeline(dcpl, where), functools.partial(_fill_value, dcpl, stored), read_ranges,
+                         where)
         #: stored without netCDF's fill (netCDF-C's NOFILL: HDF5 never writes fill values)
         self.no_fill = dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
         if self.chunks is not None:
             self._index: dict[tuple[int, ...], StoreInfo] = {}
             self._index_complete = False
 
-        check_dimensions(dsid, self._where)
-        self.attrs = NetCDFAttributes(dsid, self._where)
+        check_dimensions(dsid, len(shape), names, self._where)
+        self.attrs = NetCDFAttributes(dsid, self._where, names)
 
     @functools.cached_property
     def dims(self) -> tuple[str, ...]:
@@ -451,6 +469,13 @@ class HDF5Variable(StoredVariable):
             if c not in index:
                 index[c] = self._dsid.get_chunk_info_by_coord(c)
         return [index[c] for c in coords]
+
+
+def _fill_value(dcpl: h5py.h5p.PropDCID, stored: np.dtype) -> Any:
+    """The dataset's fill value, from its creation properties."""
+    fill = np.zeros((1,), stored)
+    dcpl.get_fill_value(fill)
+    return fill[0]
 
 
 def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int]]:

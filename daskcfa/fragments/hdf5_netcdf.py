@@ -12,7 +12,8 @@ from typing import Any, Iterator, Mapping
 import h5py
 import numpy as np
 
-__all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "open_dataset", "is_dimension_only",
+__all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "open_dataset", "attribute_names",
+           "is_dimension_only",
            "check_dtype", "check_dimensions", "dimension_names"]
 
 #: netCDF-C renames a variable whose name clashes with an unrelated dimension.
@@ -51,8 +52,17 @@ def open_dataset(fid: h5py.h5f.FileID, path: str) -> h5py.h5d.DatasetID | None:
     return obj if isinstance(obj, h5py.h5d.DatasetID) else None
 
 
-def is_dimension_only(dsid: h5py.h5d.DatasetID) -> bool:
-    if not h5py.h5a.exists(dsid, b"NAME"):
+def attribute_names(dsid: h5py.h5d.DatasetID) -> frozenset[str]:
+    """Every attribute name of a dataset, netCDF-C's own included: one call, which answers
+    what asking for each (a dimension scale's, the attributes decoding may use) would."""
+    names: set[str] = set()
+    h5py.h5a.iterate(dsid, lambda raw: names.add(raw.decode("utf-8", errors="replace")))
+    return frozenset(names)
+
+
+def is_dimension_only(dsid: h5py.h5d.DatasetID, names: frozenset[str]) -> bool:
+    """Whether a dataset with attributes ``names`` is a netCDF dimension but not a variable."""
+    if "NAME" not in names:
         return False
     name = _read_attr(h5py.h5a.open(dsid, b"NAME"))
     return isinstance(name, bytes) and name.startswith(_DIMENSION_ONLY)
@@ -79,14 +89,15 @@ def _native_type(dtype: np.dtype, order: int | None) -> h5py.h5t.TypeID:
     return expected
 
 
-def check_dimensions(dsid: h5py.h5d.DatasetID, where: str) -> None:
-    """The cheap part of :func:`dimension_names`'s checks, done when a variable is opened."""
-    if dsid.rank == 0:
+def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, names: frozenset[str], where: str) -> None:
+    """The cheap part of :func:`dimension_names`'s checks, done when a variable of ``rank``
+    dimensions and attributes ``names`` is opened (told: asking HDF5 again costs more than the checks)."""
+    if rank == 0:
         return
-    if h5py.h5ds.is_scale(dsid):
-        if dsid.rank > 1:
+    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
+        if rank > 1:
             raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    elif not h5py.h5a.exists(dsid, b"DIMENSION_LIST"):
+    elif "DIMENSION_LIST" not in names:
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
 
 
@@ -119,12 +130,13 @@ class NetCDFAttributes(Mapping[str, Any]):
     :class:`DirectReadUnsupported` when read.
     """
 
-    def __init__(self, dsid: h5py.h5d.DatasetID, where: str) -> None:
+    def __init__(self, dsid: h5py.h5d.DatasetID, where: str, names: frozenset[str] | None = None) -> None:
+        # ``names``: :func:`attribute_names`, when the caller has them
         self._dsid = dsid
         self._where = where
         self._values: dict[str, Any] = {}
         self._names: list[str] | None = None
-        self._present: frozenset[str] | None = None
+        self._present: frozenset[str] | None = None if names is None else names - _HIDDEN_ATTRS
 
     def __getitem__(self, name: str) -> Any:
         try:
@@ -136,11 +148,13 @@ class NetCDFAttributes(Mapping[str, Any]):
         value = self._values[name] = _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
         return value
 
+    def get(self, name: str, default: Any = None) -> Any:
+        # (decoding asks for attributes most variables lack: no exception raised for each)
+        return self[name] if name in self else default
+
     def __contains__(self, name: object) -> bool:
         if self._present is None:  # every name in one call: decoding asks for ten, most absent
-            names: set[str] = set()
-            h5py.h5a.iterate(self._dsid, lambda raw: names.add(raw.decode("utf-8", errors="replace")))
-            self._present = frozenset(names - _HIDDEN_ATTRS)
+            self._present = attribute_names(self._dsid) - _HIDDEN_ATTRS
         return name in self._present
 
     def __iter__(self) -> Iterator[str]:
@@ -158,31 +172,36 @@ class NetCDFAttributes(Mapping[str, Any]):
 
 
 def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
+    # (the type and dataspace asked for once: each h5py call costs microseconds, and every
+    # fragment's units are read)
     tid = aid.get_type()
+    space = aid.get_space()
     if isinstance(tid, h5py.h5t.TypeStringID):
-        if aid.get_space().get_simple_extent_type() == h5py.h5s.NULL:
+        if space.get_simple_extent_type() == h5py.h5s.NULL:
             return ""
         if tid.is_variable_str():
-            strings = [_text(s) for s in np.ravel(_read_attr(aid))]
+            strings = [_text(s) for s in np.ravel(_read_attr(aid, tid, space))]
             return strings[0] if len(strings) == 1 else strings
         # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
-        raw = np.empty(aid.shape, aid.dtype)
+        raw = np.empty(space.shape, tid.dtype)
         aid.read(raw, mtype=tid)
         return _text(raw.tobytes())
     if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
-        native = np.dtype(aid.dtype).newbyteorder("=")
-        if aid.shape is None:  # an HDF5 null dataspace
+        native = tid.dtype.newbyteorder("=")
+        if space.shape is None:  # an HDF5 null dataspace
             return np.empty(0, native)
-        values = np.asarray(_read_attr(aid), native).ravel()
+        values = np.asarray(_read_attr(aid, tid, space), native).ravel()
         return values[0] if values.size == 1 else values
     raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
 
 
-def _read_attr(aid: h5py.h5a.AttrID) -> Any:
-    """An attribute's value as numpy (variable-length strings as ``bytes`` objects)."""
-    shape = aid.shape
-    value = np.zeros(shape if shape is not None else (), aid.dtype)
-    aid.read(value, mtype=h5py.h5t.py_create(aid.dtype))
+def _read_attr(aid: h5py.h5a.AttrID, tid: h5py.h5t.TypeID | None = None, space: h5py.h5s.SpaceID | None = None) -> Any:
+    """An attribute's value as numpy (variable-length strings as ``bytes`` objects); its type
+    and dataspace when the caller has them."""
+    shape = (aid.get_space() if space is None else space).shape
+    dtype = (aid.get_type() if tid is None else tid).dtype
+    value = np.zeros(shape if shape is not None else (), dtype)
+    aid.read(value, mtype=h5py.h5t.py_create(dtype))
     return value[()] if shape == () else value
 
 

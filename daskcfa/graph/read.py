@@ -178,10 +178,12 @@ class AggregatedArray:
     def _read_ahead(self, pieces: tuple) -> None:
         """When reads walk along one fragment axis (a time series, say), start
         fetching the next small remote fragments on it (see :mod:`..fragments.readahead`)."""
-        depth = readahead.depth()
         index = tuple(p.fragment for p in pieces)
         last, self._last_read = self._last_read, index
-        if not depth or last is None or self._is_local(index):
+        if last is None or self._is_local(index):  # (looked at first: cheaper than the depth, on a worker)
+            return
+        depth = readahead.depth()
+        if not depth:
             return
         moved = [a for a, (i, j) in enumerate(zip(index, last)) if i != j]
         if len(moved) != 1 or abs(index[moved[0]] - last[moved[0]]) > 2:  # (threads take turns)

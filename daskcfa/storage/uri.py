@@ -10,6 +10,7 @@ through every operation here.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -96,6 +97,19 @@ def _is_s3nc_alias(authority: str) -> bool:
 
 def resolve(reference: str, base: str) -> str:
     """Resolve a fragment reference found in the aggregation file at ``base``."""
+    if is_local(reference) and is_local(base) and os.path.isabs(to_local_path(base)):
+        return _resolved_locally(reference, base)  # (pure: no working directory, no S3 alias involved)
+    return _resolve(reference, base)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved_locally(reference: str, base: str) -> str:
+    """:func:`resolve` for a local reference in a file at an absolute local ``base``, remembered: a
+    read resolves every fragment it touches, and a walk touches thousands."""
+    return _resolve(reference, base)
+
+
+def _resolve(reference: str, base: str) -> str:
     reference = reference.strip()
     if _SCHEME.match(reference) or (is_local(reference) and os.path.isabs(reference)):
         return normalise(reference)

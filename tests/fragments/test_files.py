@@ -85,3 +85,22 @@ def test_fragments_read_leave_nothing_to_the_cyclic_collector(tmp_path, fragment
         gc.garbage.clear()
         gc.enable()
     assert not ours, ours[:5]
+
+
+def test_attributes_asked_for_by_get(tmp_path):
+    """A fragment variable's ``attrs.get`` (how decoding asks for the attributes most fragments
+    lack) gives the value of one present and the default of one absent, with either engine."""
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("x", 3)
+        var = nc.createVariable("v", "i2", ("x",), fill_value=np.int16(-1))
+        var.units = "K"
+        var.scale_factor = np.float32(0.5)
+        var[:] = [1, 2, 3]
+    from daskcfa.fragments.files import open_fragment
+
+    for engine in ("direct", "netcdf4"):
+        with dask.config.set({"daskcfa.io.engine": engine}), open_fragment(str(path), "v") as var:
+            assert var.attrs.get("units") == "K" and var.attrs.get("scale_factor") == np.float32(0.5)
+            assert var.attrs.get("add_offset") is None and var.attrs.get("valid_min", "none") == "none"
+            assert var.attrs.get("_FillValue") == -1

@@ -209,6 +209,8 @@ def test_attributes_and_dimensions_match_netcdf4(tmp_path):
             assert list(got) == list(expected), name
             for k in expected:
                 assert same_attr(got[k], expected[k]), (name, k, got[k], expected[k])
+                assert same_attr(got.get(k, "absent"), expected[k]), (name, k)
+            assert got.get("no_such_attribute") is None and got.get("DIMENSION_LIST", "hidden") == "hidden"
             assert f.variable(name).dims == nc[name].dimensions
 
 
@@ -450,6 +452,30 @@ def test_a_deflated_chunk_is_inflated_only_up_to_the_selection(tmp_path):
             var.read((999,))
 
 
+@pytest.mark.parametrize("endian", ["little", "big"])
+def test_selections_taken_from_partly_inflated_chunks(tmp_path, endian):
+    # Selections of 3-D deflated chunks (ints, steps, chunk edges) are taken straight from
+    # the bytes inflated up to their last element, and equal numpy's.
+    rng = np.random.default_rng(7)
+    data = rng.normal(size=(7, 33, 45)).astype("f4")
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        for d, n in zip("tyx", data.shape):
+            nc.createDimension(d, n)
+        create(nc, "v", "f4", tuple("tyx"), zlib=True, shuffle=False, chunksizes=(3, 10, 16), endian=endian)[:] = data
+    keys = [(0, 0, 0), (2, 9, 15), (1, slice(3, 9, 2), slice(1, 14, 5)), (slice(0, 2), 4, slice(None, 7))]
+    for _ in range(200):
+        key = tuple(int(rng.integers(n)) if rng.random() < 0.4
+                    else slice(int(rng.integers(n)), None, int(rng.integers(1, 4))) for n in data.shape)
+        keys.append(key)
+    with HDF5File(path) as f:
+        var = f.variable("v")
+        for key in keys:
+            got = var.read(key)
+            np.testing.assert_array_equal(got, data[key])
+            assert got.dtype == np.dtype("f4") and (got.ndim == 0 or got.flags.writeable)
+
+
 def test_truncated_files_raise_os_error(tmp_path):
     path = tmp_path / "f.nc"
     with netCDF4.Dataset(path, "w") as nc:
@@ -536,11 +562,12 @@ def test_unsupported_storage(tmp_path):
         dcpl.set_layout(h5py.h5d.COMPACT)
         space = h5py.h5s.create_simple((8,))
         h5py.h5d.create(f.id, b"compact", h5py.h5t.NATIVE_INT32, space, dcpl=dcpl)
-        for name in ["lzf", "scaleoffset", "compact"]:
+        f.create_dataset("external", data=np.arange(8), external=[(str(tmp_path / "raw.bin"), 0, 64)])
+        for name in ["lzf", "scaleoffset", "compact", "external"]:
             f[name].dims[0].attach_scale(f["x"])
         f["nodims"] = np.arange(8)  # no dimension scales: netCDF would invent "phony" names
     with HDF5File(path) as f:
-        for name in ["lzf", "scaleoffset", "compact", "nodims"]:
+        for name in ["lzf", "scaleoffset", "compact", "external", "nodims"]:
             with pytest.raises(DirectReadUnsupported):
                 f.variable(name)
 
