@@ -8,8 +8,9 @@ each at 100 steps), zlib level 1, HDF5 chunks ``(steps, 50, 50)`` (so a point
 series is one chunk of each fragment); values from
 :func:`benchmarks.generate.values`. ``daskcfa.index`` writes the chunk index,
 untimed. Each measured run is a fresh process reading ``x[:, 123, 321]``
-(the clock starts after daskcfa's modules are imported; it includes the
-first connection to the server):
+(the clock starts after the imports: daskcfa's modules, s3fs, and
+``distributed``, which dask imports at a process's first ``compute`` when it
+is installed; the clock includes the first connection to the server):
 
 * ``daskcfa``: ``from_cfa(..., chunk_index=False)`` (HDF5 metadata by ranged GETs);
 * ``daskcfa+index``: ``from_cfa(..., chunk_index=True)`` (no HDF5 metadata).
@@ -38,9 +39,15 @@ NY = NX = 500
 
 def _run(url: str, options: dict, use_index: bool, steps: int, fragments: int) -> None:
     """One measured run (in its own process): print seconds as JSON."""
-    import daskcfa
-    import daskcfa.api  # noqa: F401  (imports are not the read: dask.array, netCDF4, h5py come before the clock)
+    import importlib.util
+
+    import s3fs  # noqa: F401  (imports are not the read: s3fs and aiobotocore, imported by the first S3 access,
+    import daskcfa  # dask.array, netCDF4, h5py, and distributed, which dask imports at the first compute
+    import daskcfa.api  # noqa: F401  wherever it is installed, come before the clock)
     from benchmarks import generate
+
+    if importlib.util.find_spec("distributed"):
+        import distributed  # noqa: F401
 
     t0 = time.perf_counter()
     got = daskcfa.from_cfa(url, "tas", storage_options=options, chunk_index=use_index)[:, POINT[0], POINT[1]].compute()
