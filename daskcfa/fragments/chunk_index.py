@@ -383,7 +383,7 @@ class IndexedVariable(StoredVariable):
         self.no_fill = entry.no_fill
         self._uri, self._expected, self._profile, self._policy = uri, (entry.size, entry.token), profile, policy
         contiguous = entry.contiguous
-        self._ahead = not (contiguous or storage.is_local(uri))  # (else never read ahead: see read_ahead)
+        self._ahead = _read_ahead_applies(uri, entry)
         offset = int(layout.byte_offsets[0]) if contiguous and len(layout.byte_offsets) else None
         super().__init__(layout.dtype, layout.shape, None if contiguous else layout.chunks, offset,
                          pipeline_of(layout.filters), layout.fill_value, self._fetch,
@@ -409,6 +409,12 @@ class IndexedVariable(StoredVariable):
         return [self._index.get(c) for c in coords]
 
 
+def _read_ahead_applies(uri: str, entry: IndexEntry) -> bool:
+    """Whether reads of this indexed fragment are read ahead: not a contiguous one (many small
+    sub-ranges) nor a local one (``pread`` costs no round trip); those are left to their reads."""
+    return not (entry.contiguous or storage.is_local(uri))
+
+
 def read_ahead(fragments: Sequence[tuple[str, IndexEntry, tuple]], profile: ProfileRef,
                policy: LocationPolicy | None) -> None:
     """Start fetching the chunks that reads of these indexed fragments will fetch, nearest first
@@ -416,7 +422,7 @@ def read_ahead(fragments: Sequence[tuple[str, IndexEntry, tuple]], profile: Prof
     dimensions) it will be read at. Each GET carries the version check its own read would."""
     wanted = []
     for uri, entry, key in fragments:
-        if entry.contiguous or storage.is_local(uri):  # (many small sub-ranges; pread: left to their reads)
+        if not _read_ahead_applies(uri, entry):
             continue
         try:
             ranges = entry.chunk_ranges(key)
