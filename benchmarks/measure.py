@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 
-def repeated_runs(once: Callable[[], dict], repeats: int, budget: float) -> tuple[dict, list[dict], str | None]:
+Outcome = tuple[dict, list[dict], Optional[str]]
+
+
+def repeated_runs(once: Callable[[], dict], repeats: int, budget: float) -> Outcome:
     """``(warm-up, measured runs, failure reason or None)``; slow tools get fewer repeats (at least one)."""
-    warm = once()
-    if warm.get("status") != "ok":
-        return warm, [], warm.get("reason")
-    reps = repeats
-    if warm["seconds"] * reps > budget:
-        reps = max(1, int(budget // max(warm["seconds"], 1e-9)))
-    runs = [once() for _ in range(reps)]
-    failed = [r for r in runs if r.get("status") != "ok"]
-    if failed:
-        return warm, runs, (failed[0].get("reason") or "failed") + " (in a repeat)"
-    return warm, runs, None
+    return interleaved_runs({"": once}, repeats, budget)[""]
+
+
+def interleaved_runs(once: dict[str, Callable[[], dict]], repeats: int, budget: float) -> dict[str, Outcome]:
+    """:func:`repeated_runs` for several tools at once, their measured runs taken in rounds
+    (one run of each tool a round) so that a machine whose speed drifts over minutes -- a
+    shared or virtual host does -- slows every tool alike, and their ratios stay fair."""
+    warm = {tool: run() for tool, run in once.items()}
+    reps = {}
+    for tool, w in warm.items():
+        if w.get("status") == "ok":
+            reps[tool] = repeats if w["seconds"] * repeats <= budget else max(
+                1, int(budget // max(w["seconds"], 1e-9)))
+    runs: dict[str, list[dict]] = {tool: [] for tool in once}
+    for round_ in range(max(reps.values(), default=0)):
+        for tool, n in reps.items():
+            if round_ < n:
+                runs[tool].append(once[tool]())
+    outcome = {}
+    for tool, w in warm.items():
+        if w.get("status") != "ok":
+            outcome[tool] = (w, [], w.get("reason"))
+            continue
+        failed = [r for r in runs[tool] if r.get("status") != "ok"]
+        reason = (failed[0].get("reason") or "failed") + " (in a repeat)" if failed else None
+        outcome[tool] = (w, runs[tool], reason)
+    return outcome
 
 
 TABLE_HEADER = ["| tool | seconds (median) | x raw limit | daskcfa / tool | answer | notes |",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import os
 import platform
@@ -38,7 +39,7 @@ from importlib import metadata
 
 import numpy as np
 
-from benchmarks.measure import TABLE_HEADER, cannot_row, repeated_runs, runs_note
+from benchmarks.measure import TABLE_HEADER, cannot_row, interleaved_runs, repeated_runs, runs_note
 
 from benchmarks import generate
 from benchmarks import s3 as s3mod
@@ -330,10 +331,13 @@ def run_scenario(scenario, args, warm_dir, stage=None):
                         extra_env=extra_env)
 
     out = {}
+    interleaved = interleaved_runs({t: functools.partial(once, t) for t in tools}, args.repeats, budget) \
+        if args.interleave else {}
     for tool in tools:
         t_tool = time.perf_counter()
         rec = {"label": TOOL_LABEL.get(tool, tool)}
-        warm, runs, reason = repeated_runs(lambda: once(tool), args.repeats, budget)
+        warm, runs, reason = interleaved[tool] if args.interleave else \
+            repeated_runs(lambda: once(tool), args.repeats, budget)
         if reason is not None:
             rec.update(status="cannot", reason=reason)
         else:
@@ -383,6 +387,7 @@ def run_scenario(scenario, args, warm_dir, stage=None):
         "description": describe_dataset(kind, ds, scenario),
         "dataset": {k: v for k, v in ds.params.items() if k != "fragments"},
         "raw_limit": raw_limit(scenario), "repeats": args.repeats, "budget": budget,
+        "interleaved": args.interleave,
         "s3": s3_info,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
         "wall_seconds": time.perf_counter() - t_scen, "tools": out, "table": table,
@@ -503,6 +508,11 @@ def main(argv=None) -> int:
     p.add_argument("--s3-budget", type=float, default=15.0,
                    help="the same for the s3-* scenarios; default 15")
     p.add_argument("--timeout", type=float, help="seconds per run (default 600; 120 quick)")
+    p.add_argument("--interleave", action="store_true",
+                   help="take the tools' measured runs in rounds (one run of each tool a round) "
+                   "instead of one tool after another: a machine whose speed drifts then slows "
+                   "every tool alike (read scenarios; [N s wall] then counts only the tool's own "
+                   "counting run)")
     p.add_argument("--count-tools", default="daskcfa",
                    help="tools whose fragment-file opens are counted with strace in one "
                    "extra untimed run (default daskcfa)")
