@@ -107,8 +107,11 @@ def _power(a: MaskedChunk, b: Any) -> Any:
         np.copyto(raised, fa, casting="unsafe", where=m)
     result = raised.view(type(a))
     result._update_from(a)
-    # (a finite sum means every value is finite: one pass, no array of flags made)
-    invalid = None if np.isfinite(np.add.reduce(raised, axis=None)) else ~np.isfinite(raised)
+    # (a finite sum means every value is finite: one pass, no array of flags made; a sum that
+    # overflows is no result, so it warns of nothing)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(raised, axis=None)
+    invalid = None if np.isfinite(total) else ~np.isfinite(raised)
     if m is not np.ma.nomask:
         result._mask = np.broadcast_to(m, raised.shape).copy() if invalid is None else np.logical_or(m, invalid)
     if invalid is not None and invalid.any():

@@ -246,3 +246,17 @@ def test_dasks_moments_of_a_masked_chunk_skip_numpy_mas_extra_passes(monkeypatch
     for key in ("total", "n", "M"):
         np.testing.assert_array_equal(np.ma.getdata(actual[key]), np.ma.getdata(expected[key]))
         np.testing.assert_array_equal(np.ma.getmaskarray(actual[key]), np.ma.getmaskarray(expected[key]))
+
+
+def test_squares_whose_sum_overflows_warn_of_nothing_numpy_ma_does_not():
+    """The finiteness check sums the squares: a sum that overflows (every square finite) must
+    neither warn nor mask, as numpy.ma's power does not."""
+    import warnings
+
+    values = masked_chunk(np.ma.MaskedArray(np.full(64, 3e18, "f4")))  # squares 9e36 < float32 max; their sum is not
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        squared = values**2
+    expected = np.ma.power(values.view(np.ma.MaskedArray), 2)
+    np.testing.assert_array_equal(np.ma.getdata(squared), np.ma.getdata(expected))
+    np.testing.assert_array_equal(np.ma.getmaskarray(squared), np.ma.getmaskarray(expected))
