@@ -1,13 +1,16 @@
-"""The chunk type of masked reads: a numpy masked array that dask counts cheaply.
+"""The chunk type of masked reads: a numpy masked array that dask reduces cheaply.
 
-dask counts the elements of a masked chunk (for ``mean``, ``var``, ``std``)
-by summing an array of ones as large as the chunk, in the chunk's own type,
-which costs more than the sum itself (measured: a float32 whole-array mean
-over masked chunks took 3x as long as over plain arrays). Chunks read with
-masking are :class:`MaskedChunk`, a masked array in every respect, for which
-dask is told to count by the shape when nothing is masked and by the mask
-(one byte an element) otherwise. The values and masks are netCDF4-python's,
-unchanged.
+dask reduces masked chunks with numpy.ma, which makes more passes over the data
+than the result needs: it counts the elements (for ``mean``, ``var``, ``std``)
+by summing an array of ones as large as the chunk, fills masked points by a
+copy then a masked copy (every sum, ``max``, ``min``), ors an operand's mask
+with a mask of False made for the other (``x - x.mean()``), and raises to a
+power (``var``, ``std``) through an extra ``where`` copy and arrays flagging
+non-finite results made even when all are finite (measured: a float32 ``std``
+over masked chunks took 1.7x as long as over plain arrays, 2.4x with missing
+values). Chunks read with masking are :class:`MaskedChunk`, a masked array in
+every respect, that does these the same way in fewer passes. Every value (masked
+points' too), mask, fill value and type is numpy.ma's, as netCDF4-python gives.
 """
 
 from __future__ import annotations
@@ -21,7 +24,101 @@ __all__ = ["MaskedChunk", "masked_chunk", "plain_masked"]
 
 
 class MaskedChunk(np.ma.MaskedArray):
-    """A masked array that dask counts by its mask (see the module's docstring)."""
+    """A masked array that dask counts, fills, subtracts and squares cheaply (see the module's docstring)."""
+
+    def filled(self, fill_value: Any = None) -> np.ndarray:
+        """numpy.ma's ``filled``, in one pass (``np.where``) for a C-contiguous array of numbers."""
+        data, mask = self._data, self._mask
+        if (mask is np.ma.nomask or data.dtype.kind not in "biuf" or mask.shape != data.shape
+                or not (data.flags.c_contiguous and mask.flags.c_contiguous)
+                or not (fill_value is None or isinstance(fill_value, (int, float, np.number)))):
+            return super().filled(fill_value)
+        try:  # (numpy.ma's conversion of the fill value; it raises its own error for one that fails)
+            fill = self.fill_value if fill_value is None else np.asarray(fill_value, dtype=data.dtype)
+        except (OverflowError, ValueError):
+            return super().filled(fill_value)
+        return np.where(mask, fill, data) if mask.any() else data
+
+    def __add__(self, other: Any) -> Any:
+        return NotImplemented if self._delegate_binop(other) else _arithmetic(np.add, self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        return _arithmetic(np.add, other, self)
+
+    def __sub__(self, other: Any) -> Any:
+        return NotImplemented if self._delegate_binop(other) else _arithmetic(np.subtract, self, other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return _arithmetic(np.subtract, other, self)
+
+    def __mul__(self, other: Any) -> Any:
+        return NotImplemented if self._delegate_binop(other) else _arithmetic(np.multiply, self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return _arithmetic(np.multiply, other, self)
+
+    def __pow__(self, other: Any) -> Any:
+        return NotImplemented if self._delegate_binop(other) else _power(self, other)
+
+
+#: numpy.ma's own operation for each ufunc :func:`_arithmetic` computes
+_MASKED_OPS = {np.add: np.ma.add, np.subtract: np.ma.subtract, np.multiply: np.ma.multiply}
+
+
+def _arithmetic(ufunc: np.ufunc, a: Any, b: Any) -> Any:
+    """numpy.ma's ``ufunc(a, b)`` for add, subtract, multiply (masked where an operand is; masked
+    points keep ``a``'s values), with an operand's mask broadcast rather than or-ed with a mask of
+    False made for the other, when the other has none or masks nothing (a mean, for one)."""
+    if (np.ndim(a) == 0 and np.ndim(b) == 0) or any(
+            isinstance(v, np.ma.MaskedArray) and type(v) not in (MaskedChunk, np.ma.MaskedArray) for v in (a, b)):
+        return _MASKED_OPS[ufunc](a, b)
+    da, db = np.ma.getdata(a), np.ma.getdata(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        result = ufunc(da, db)
+    given = [m for m in (np.ma.getmask(a), np.ma.getmask(b)) if m is not np.ma.nomask]
+    masking = [m for m in given if m.any()]
+    if len(masking) == 2:
+        mask = np.logical_or(*masking)
+    elif masking:
+        mask = np.broadcast_to(masking[0], result.shape).copy()
+    else:
+        mask = np.zeros(result.shape, bool) if given else np.ma.nomask
+    if masking:
+        try:  # (as numpy.ma: values it cannot cast are left as computed)
+            np.copyto(result, da, casting="unsafe", where=mask)
+        except Exception:  # noqa: BLE001
+            pass
+    out = result.view(MaskedChunk)
+    out._mask = mask
+    out._update_from(a if isinstance(a, np.ma.MaskedArray) else b)
+    return out
+
+
+def _power(a: MaskedChunk, b: Any) -> Any:
+    """numpy.ma's ``power(a, b)`` (results that are not finite masked and filled) without its
+    ``where`` copy, and with no mask of non-finite results made when all are finite."""
+    m = np.ma.mask_or(np.ma.getmask(a), np.ma.getmask(b))
+    fa, fb = np.ma.getdata(a), np.ma.getdata(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raised = np.power(fa, fb)
+    if np.ndim(raised) == 0 or np.result_type(fa, raised) != raised.dtype:
+        return np.ma.power(a, b)
+    if m is not np.ma.nomask:  # (numpy.ma keeps masked points' values: where(m, fa, ...))
+        np.copyto(raised, fa, casting="unsafe", where=m)
+    result = raised.view(type(a))
+    result._update_from(a)
+    # (a finite sum means every value is finite: one pass, no array of flags made; a sum that
+    # overflows is no result, so it warns of nothing)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(raised, axis=None)
+    invalid = None if np.isfinite(total) else ~np.isfinite(raised)
+    if m is not np.ma.nomask:
+        result._mask = np.broadcast_to(m, raised.shape).copy() if invalid is None else np.logical_or(m, invalid)
+    if invalid is not None and invalid.any():
+        if result._mask is np.ma.nomask:
+            result._mask = invalid
+        result._data[invalid] = result.fill_value
+    return result
 
 
 def masked_chunk(values: np.ma.MaskedArray) -> MaskedChunk:
@@ -37,10 +134,15 @@ def plain_masked(values: Any) -> Any:
 
 @numel_lookup.register(MaskedChunk)
 def _count(x: MaskedChunk, **kwargs: Any) -> Any:
-    """How many elements of ``x`` are not masked (dask's ``numel`` for masked arrays)."""
+    """How many elements of ``x`` are not masked (dask's ``numel`` for masked arrays: numpy.ma's
+    sum of ones where not masked, here summed from the mask)."""
     # (counted in float64 unless told otherwise, as dask counts plain arrays: exact up to 2**53)
     kwargs.setdefault("dtype", np.float64)
     mask = np.ma.getmask(x)
     if mask is np.ma.nomask:
         return numel_lookup(np.ma.getdata(x), **kwargs)
-    return np.sum(np.ma.MaskedArray(np.ones(x.shape, bool), mask=mask), **kwargs)
+    counts = np.logical_not(mask).sum(**kwargs)
+    none_present = mask.all(axis=kwargs.get("axis"), keepdims=kwargs.get("keepdims", False))
+    if np.ndim(counts):
+        return np.ma.MaskedArray(counts, mask=none_present)
+    return np.ma.masked if none_present else counts

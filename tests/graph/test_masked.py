@@ -102,3 +102,161 @@ def test_masked_chunk_shares_data_and_mask():
     chunk = masked_chunk(values)
     assert isinstance(chunk, MaskedChunk) and np.shares_memory(chunk.data, values.data)
     np.testing.assert_array_equal(chunk.mask, values.mask)
+
+
+# -- numpy.ma's semantics on real files, for every dtype, with and without missing and special values --
+
+SHAPE = (8, 6, 5)
+TIME_SIZES = ((3, 3, 2), (6,), (5,))
+
+
+def _files_truth(dtype: str, missing: bool, special: bool) -> np.ma.MaskedArray:
+    truth = make_truth(SHAPE, dtype, seed=3, lo=-5, hi=50)
+    truth[3, 0, :] = 0
+    if special:  # (not finite, and not masked: numpy.ma masks what powers and logs of them give)
+        truth[0, 0, 0], truth[2, 1, 1], truth[5, 2, 3] = np.nan, np.inf, -np.inf
+    if missing:
+        truth[4, 1:3, :] = np.ma.masked
+        truth[0, 5, 4] = np.ma.masked
+    return truth
+
+
+CASES = [(d, m, s) for d in ("f4", "f8", "i4") for m in (False, True) for s in ((False, True) if d != "i4" else (False,))]
+
+
+@pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{'missing' if c[1] else 'full'}{'-special' if c[2] else ''}")
+def on_files(request, tmp_path):
+    """(the aggregation, netCDF4-python's reading of its fragment files joined along time)"""
+    import netCDF4
+
+    built = build_cf113(tmp_path, _files_truth(*request.param), DIMS, TIME_SIZES)
+    parts = []
+    for key in sorted(built.fragment_files):
+        with netCDF4.Dataset(built.fragment_files[key]) as nc:
+            parts.append(nc.variables["tas"][:])
+    joined = np.ma.concatenate(parts, axis=0)
+    with netCDF4.Dataset(built.path) as nc:  # (the aggregation variable's fill value, as netCDF4-python's)
+        tas = nc.variables["tas"]
+        joined.set_fill_value(tas.getncattr("_FillValue") if "_FillValue" in tas.ncattrs()
+                              else netCDF4.default_fillvals[joined.dtype.str[1:]])
+    return built, joined
+
+
+OPS = {
+    "mean": lambda a: a.mean(),
+    "mean-f8": lambda a: a.mean(dtype="f8"),
+    "mean-axis0": lambda a: a.mean(axis=0),
+    "sum": lambda a: a.sum(),
+    "sum-axis12": lambda a: a.sum(axis=(1, 2)),
+    "var": lambda a: a.var(),
+    "var-axis0": lambda a: a.var(axis=0),
+    "std": lambda a: a.std(),
+    "std-ddof1": lambda a: a.std(ddof=1),
+    "max": lambda a: a.max(),
+    "min-axis0": lambda a: a.min(axis=0),
+    "argmax": lambda a: a.argmax(),
+    "anomaly": lambda a: a - a.mean(),
+    "square": lambda a: a**2,
+    "log": lambda a: np.log(a),
+    "divide-by-0": lambda a: a / 0,
+    "add-mul": lambda a: 2 * a + a * 3,
+    "rsub": lambda a: 1 - a,
+}
+ELEMENTWISE = {"square": lambda a: a**2, "log": lambda a: np.log(a), "divide-by-0": lambda a: a / 0,
+               "add-mul": lambda a: 2 * a + a * 3, "rsub": lambda a: 1 - a}
+
+
+def _assert_identical(actual, expected):
+    assert isinstance(actual, np.ma.MaskedArray) == isinstance(expected, np.ma.MaskedArray), (actual, expected)
+    assert (actual is np.ma.masked) == (expected is np.ma.masked)
+    assert np.asarray(actual).dtype == np.asarray(expected).dtype
+    np.testing.assert_array_equal(np.ma.getmaskarray(actual), np.ma.getmaskarray(expected))
+    np.testing.assert_array_equal(np.ma.getdata(actual), np.ma.getdata(expected))  # (masked points' values too)
+    if isinstance(expected, np.ma.MaskedArray):
+        assert actual.fill_value == expected.fill_value or (np.isnan(actual.fill_value) and np.isnan(expected.fill_value))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_dask_over_masked_chunks_is_dask_over_numpys_masked_arrays(on_files, name):
+    """Every result is the one dask computes over netCDF4-python's masked arrays with numpy.ma:
+    the same values (masked points' too), mask, dtype, fill value and type."""
+    built, truth = on_files
+    x = daskcfa.from_cfa(str(built.path), "tas")
+    reference = dask.array.from_array(truth, chunks=x.chunks, asarray=False)
+    with dask.config.set(scheduler="sync"), np.errstate(all="ignore"):
+        actual, expected = OPS[name](x).compute(), OPS[name](reference).compute()
+    _assert_identical(actual, expected)
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_elementwise_results_are_numpy_mas(on_files, name):
+    """Operations on each point (domains masked: the log of a negative, a division by zero, powers
+    that are not finite) equal numpy.ma's on the whole of netCDF4-python's masked array."""
+    built, truth = on_files
+    with dask.config.set(scheduler="sync"), np.errstate(all="ignore"):
+        actual = ELEMENTWISE[name](daskcfa.from_cfa(str(built.path), "tas")).compute()
+        expected = ELEMENTWISE[name](truth)
+    _assert_identical(actual, expected)
+
+
+def _chunk(missing: bool) -> MaskedChunk:
+    data = np.random.default_rng(0).standard_normal((4, 64, 64)).astype("f4")
+    mask = np.zeros(data.shape, bool)
+    mask[1, :10] = True
+    return masked_chunk(np.ma.MaskedArray(data, mask=mask if missing else np.ma.nomask))
+
+
+def test_dasks_moments_of_an_unmasked_chunk_make_no_more_arrays_than_of_its_data():
+    """dask's ``var``/``std`` chunk step over a chunk with nothing masked allocates what it does
+    over the plain data (numpy.ma's power made a copy through ``where`` and arrays of flags)."""
+    import tracemalloc
+
+    from dask.array.reductions import moment_chunk
+
+    chunk = _chunk(missing=False)
+
+    def peak(values) -> int:
+        tracemalloc.start()
+        moment_chunk(values, axis=(0, 1, 2), keepdims=True)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return peak
+
+    # (and the mask of False numpy.ma gives a difference from a mean that has a mask: a byte each)
+    assert peak(chunk) <= peak(chunk.data) + chunk.size + 4096, (peak(chunk), peak(chunk.data))
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_dasks_moments_of_a_masked_chunk_skip_numpy_mas_extra_passes(monkeypatch, missing):
+    """dask's ``var``/``std`` chunk step neither counts by summing ones nor subtracts and squares
+    through numpy.ma's own operations (which or masks with made ones, copy through ``where`` and
+    flag every result that is not finite); its result is theirs."""
+    from dask.array.reductions import moment_chunk
+
+    chunk = _chunk(missing)
+    expected = moment_chunk(chunk.view(np.ma.MaskedArray), axis=(0, 1, 2), keepdims=True)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("computed by numpy.ma")
+
+    for name in ("power", "subtract"):
+        monkeypatch.setattr(np.ma.core, name, refused)
+    monkeypatch.setattr(np, "ones", refused)
+    actual = moment_chunk(chunk, axis=(0, 1, 2), keepdims=True)
+    for key in ("total", "n", "M"):
+        np.testing.assert_array_equal(np.ma.getdata(actual[key]), np.ma.getdata(expected[key]))
+        np.testing.assert_array_equal(np.ma.getmaskarray(actual[key]), np.ma.getmaskarray(expected[key]))
+
+
+def test_squares_whose_sum_overflows_warn_of_nothing_numpy_ma_does_not():
+    """The finiteness check sums the squares: a sum that overflows (every square finite) must
+    neither warn nor mask, as numpy.ma's power does not."""
+    import warnings
+
+    values = masked_chunk(np.ma.MaskedArray(np.full(64, 3e18, "f4")))  # squares 9e36 < float32 max; their sum is not
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        squared = values**2
+    expected = np.ma.power(values.view(np.ma.MaskedArray), 2)
+    np.testing.assert_array_equal(np.ma.getdata(squared), np.ma.getdata(expected))
+    np.testing.assert_array_equal(np.ma.getmaskarray(squared), np.ma.getmaskarray(expected))
