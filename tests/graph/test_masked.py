@@ -253,7 +253,7 @@ def test_squares_whose_sum_overflows_warn_of_nothing_numpy_ma_does_not():
     neither warn nor mask, as numpy.ma's power does not."""
     import warnings
 
-    values = masked_chunk(np.ma.MaskedArray(np.full(64, 3e18, "f4")))  # squares 9e36 < float32 max; their sum is not
+    values = masked_chunk(np.ma.MaskedArray(np.full(64, 1e154)))  # squares 1e308 < float64's max; their sum is not
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         squared = values**2
