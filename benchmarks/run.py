@@ -61,7 +61,7 @@ RAW_LIMIT = {"open": "raw-agg", "read": "raw-loop", "timeseries": "raw-loop",
              **dict.fromkeys(REDUCTIONS, "raw-loop")}
 RAW_LIMIT_S3 = {"read": "raw-s3-cat", "timeseries": "raw-s3-serial",
                 **dict.fromkeys(REDUCTIONS, "raw-s3-cat")}
-CONTEXT_ONLY = {"raw-bytes", "dask-floor"}
+CONTEXT_ONLY = {"raw-bytes", "dask-floor", "decode-floor"}
 # Run on S3 only when named in --tools (its cluster start-up, ~4 s per process,
 # would add ~1.5 min to the S3 scenarios).
 S3_OPT_IN = {"daskcfa-distributed"}
@@ -87,6 +87,7 @@ TOOL_LABEL = {
     "raw-loop": "raw: serial netCDF4 loop over the fragments",
     "raw-bytes": "raw: os.read of every fragment file (context)",
     "dask-floor": "dask alone: the same chunks, no I/O (context)",
+    "decode-floor": "pread + ISA-L inflate + sum on both cores, nothing else (context)",
     "raw-s3-cat": "raw: parallel s3fs cat of every fragment object",
     "raw-s3-serial": "raw: serial S3 download + netCDF4 decode loop",
     "raw-s3-serial-one-get": "raw: the same loop, one GET per object (no s3fs HEAD)",
