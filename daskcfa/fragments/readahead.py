@@ -12,10 +12,12 @@ flight per process.
 Only objects that their own tasks would fetch whole in one GET are read ahead
 (small ones, at most ``daskcfa.io.small-object`` bytes, and larger ones of
 which the walk wants most: a reduction over objects of tens of megabytes then
-downloads the next while the last decodes), and an object among the last
-:data:`_RECENT_READS` read is not fetched again (a thread ahead of the others
-read it), so read-ahead adds no bytes except at the end of a walk. A walk
-done again reads ahead again, unless it is shorter than that window. Fetched
+downloads the next while the last decodes), and an object already read in the
+current walk is not fetched again (a thread ahead of the others read it), so
+read-ahead adds no bytes except at the end of a walk. A walk begins again when
+an object it read is read once more (the same reduction computed twice, or
+another over the same fragments): from then on only the new walk's reads
+count, so it reads ahead as the first did, however short. Fetched
 objects wait for their reader at most :data:`_KEPT_SECONDS`; at most
 :data:`_AHEAD_BYTES` of them are in flight (at least one), and memory is
 bounded by :data:`_KEPT_PER_REQUEST` times that. A fetch that fails is forgotten: the task
@@ -58,8 +60,7 @@ _KEPT_PER_REQUEST = 4
 #: Bytes of larger objects fetched ahead at a time: one or two objects of tens of megabytes
 #: (fetched while the previous ones decode), as many as the depth of small ones.
 _AHEAD_BYTES = 32 << 20
-#: An object among this many read last is not read ahead again: a thread ahead
-#: of the others has read it (threads overtake each other by about their number).
+#: Reads remembered (each object's latest): the current walk's, up to this many.
 _RECENT_READS = 256
 
 #: An object: its URI, the name of the storage profile and the policy it is read with.
@@ -103,7 +104,10 @@ class _ReadAhead:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fetches: OrderedDict[_Fetch, tuple[concurrent.futures.Future, float]] = OrderedDict()
-        self._recent: OrderedDict[_Fetch, None] = OrderedDict()
+        #: each read's number (``_reads`` then), latest last; those from ``_walk`` on are this walk's
+        self._recent: OrderedDict[_Fetch, int] = OrderedDict()
+        self._reads = 0
+        self._walk = 0
         self.started = 0  # fetches started ahead
         self.used = 0  # of which handed to the read that needed them
 
@@ -114,7 +118,7 @@ class _ReadAhead:
             self._expire(time.monotonic(), limit)
             in_flight = sum(not f.done() for f, _ in self._fetches.values())
             for key, fetch in wanted:
-                if key in self._fetches or key in self._recent:
+                if key in self._fetches or self._recent.get(key, -1) >= self._walk:
                     continue
                 if in_flight >= limit:
                     return
@@ -131,8 +135,10 @@ class _ReadAhead:
     def take(self, key: _Fetch) -> Any:
         with self._lock:
             entry = self._fetches.pop(key, None)
-            self._recent[key] = None
-            self._recent.move_to_end(key)
+            if self._recent.pop(key, -1) >= self._walk:  # read twice: the walk is done again
+                self._walk = self._reads
+            self._recent[key] = self._reads
+            self._reads += 1
             while len(self._recent) > _RECENT_READS:
                 self._recent.popitem(last=False)
         if entry is None:
