@@ -138,17 +138,16 @@ class AggregatedArray:
     def _masked_as(self, masked: bool) -> Encoding | None:
         """The masking the caller applies to the assembled values (:attr:`Target.masked_as`): a
         fragment stored with it is then passed on as stored. Stored values (``decode=False``) are
-        those of such a fragment whatever the caller does, unless its masking replaces more than
-        the fill value (``missing_value``, valid range), by which that fragment's own decoding
-        replaces them with the fill value."""
+        those of such a fragment as it stores them (its ``missing_value`` too, as xarray reads
+        the fragment), unless it has a valid range, which xarray ignores but the fragment's own
+        decoding (netCDF4-python's rules) applies, as to a fragment stored otherwise."""
         if masked:
             return self.encoding
         if self.decode:
             return None
         if self.nan_where is not None:
             return self.nan_where
-        plain = not self.encoding.missing_values and self.encoding.valid_min is None and self.encoding.valid_max is None
-        return self.encoding if plain else None
+        return self.encoding if self.encoding.valid_min is None and self.encoding.valid_max is None else None
 
     def _stored(self, raw: np.ndarray, missing: Any) -> np.ndarray:
         """Stored values in the variable's own type (xarray applies ``_Unsigned``): missing points
