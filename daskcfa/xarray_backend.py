@@ -5,7 +5,11 @@ not) becomes an xarray variable backed by a lazily indexed array, so
 xarray's own lazy indexing reaches the fragments (a one-point time series
 reads one HDF5 chunk per fragment). Values are handed over *stored* — the
 variable's ``_FillValue``, packing and time units are decoded by xarray, as
-for any netCDF file. With ``chunks={}`` the dask chunks are the fragments.
+for any netCDF file — except that an aggregated float variable that xarray
+would only mask (no packing) is masked in the read, NaN where missing, with
+the attributes and encoding xarray's own masking gives it: one comparison
+with the fill value per chunk instead of a second one and a copy in xarray.
+With ``chunks={}`` the dask chunks are the fragments.
 Groups open with ``xr.open_datatree(url, engine="daskcfa")`` (or one group
 with ``group="/grp"``).
 """
@@ -23,7 +27,7 @@ from xarray.core import indexing
 
 from .api import open_cfa
 from .dataset import Dataset, FileVariableArray, Group, Variable
-from .decode import default_fill_value
+from .decode import Encoding, default_fill_value
 from .errors import VariableNotFoundError
 from .graph.read import AggregatedArray
 from .model import is_coordinate_variable
@@ -47,19 +51,49 @@ class _LazyArray(BackendArray):
         return np.asarray(self.array[key])
 
 
-def _variable(var: Variable, url: str) -> XrVariable:
+def _variable(var: Variable, url: str, name: str, mask_and_scale: bool) -> XrVariable:
     attrs = dict(var.attrs)
     encoding: dict[str, Any] = {"source": url, "dtype": var.dtype}
-    if var.aggregation is not None:
-        array = AggregatedArray(var.aggregation, decode=False, access=var.read_access)
-        # Missing fragments hold the fill value: declare it so that xarray masks them.
-        if "_FillValue" not in attrs and var.dtype.kind in "iuf":
-            attrs["_FillValue"] = default_fill_value(var.dtype)
-        encoding["preferred_chunks"] = dict(zip(var.dims, var.aggregation.fragments.grid.sizes))
-    else:
+    if var.aggregation is None:
         array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, profile=var.read_access.profile)
-    data = indexing.LazilyIndexedArray(_LazyArray(array))
-    return XrVariable(var.dims, data, attrs, encoding)
+        return XrVariable(var.dims, _lazy(array), attrs, encoding)
+    # Missing fragments hold the fill value: declare it so that xarray masks them.
+    if "_FillValue" not in attrs and var.dtype.kind in "iuf":
+        attrs["_FillValue"] = default_fill_value(var.dtype)
+    encoding["preferred_chunks"] = dict(zip(var.dims, var.aggregation.fragments.grid.sizes))
+    stored = XrVariable(var.dims, _lazy(AggregatedArray(var.aggregation, decode=False, access=var.read_access)),
+                        attrs, encoding)
+    masked = _masked_in_read(stored, var, name) if mask_and_scale else None
+    return stored if masked is None else masked
+
+
+def _masked_in_read(stored: XrVariable, var: Variable, name: str) -> XrVariable | None:
+    """``stored`` (an aggregated float variable) as xarray's CF masking leaves it -- its attributes
+    and encoding from that masking itself --, its values masked as it masks them (NaN where stored
+    values equal ``_FillValue`` or ``missing_value``) in the read instead, once per chunk. None
+    where xarray's decoding does more (packing, ``_Unsigned``) or the fill values do not hold
+    exactly in the variable's type (xarray then compares in another type)."""
+    from xarray.coding.variables import CFMaskCoder
+
+    if var.dtype.kind != "f" or any(a in stored.attrs for a in ("scale_factor", "add_offset", "_Unsigned")):
+        return None
+    masked = CFMaskCoder().decode(stored, name=name)
+    fills = {k: masked.encoding[k] for k in ("_FillValue", "missing_value") if k in masked.encoding}
+    values = [np.asarray(v) for value in fills.values() for v in np.ravel(value)]
+    if masked is stored or masked.dtype != var.dtype or any(v.dtype.kind not in "biuf" for v in values):
+        return None
+    exact = {v.astype(var.dtype)[()] for v in values if not np.isnan(v)}
+    if any(v.astype(var.dtype) != v for v in values if not np.isnan(v)):
+        return None
+    nan_where = Encoding.from_attrs(fills, var.dtype)
+    if {v for v in (nan_where.fill_value, *nan_where.missing_values) if not np.isnan(v)} != exact:
+        return None
+    array = AggregatedArray(var.aggregation, decode=False, access=var.read_access, nan_where=nan_where)
+    return XrVariable(masked.dims, _lazy(array), masked.attrs, masked.encoding)
+
+
+def _lazy(array: Any) -> indexing.LazilyIndexedArray:
+    return indexing.LazilyIndexedArray(_LazyArray(array))
 
 
 def _group(ds: Dataset, group: str | None) -> Group:
@@ -72,12 +106,19 @@ def _group(ds: Dataset, group: str | None) -> Group:
     return node
 
 
-def _to_xarray(ds: Dataset, node: Group, drop_variables: Iterable[str] | None) -> XrDataset:
+def _to_xarray(ds: Dataset, node: Group, drop_variables: Iterable[str] | None,
+               mask_and_scale: bool | Mapping[str, bool] = True) -> XrDataset:
     dropped = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables or ())
-    variables = {name: _variable(var, ds.url) for name, var in node.variables.items() if name not in dropped}
+    variables = {name: _variable(var, ds.url, name, _item(mask_and_scale, name))
+                 for name, var in node.variables.items() if name not in dropped}
     out = XrDataset(variables, attrs=dict(node.attrs))
     return out.set_coords([n for n in variables
                            if n in node.dimensions and is_coordinate_variable(n, variables[n].dims)])
+
+
+def _item(option: bool | Mapping[str, bool], name: str) -> bool:
+    """A decoding option for variable ``name`` (xarray's options may map names to values)."""
+    return bool(option.get(name, True)) if isinstance(option, Mapping) else bool(option)
 
 
 # xarray's CF decoding options, passed through to ``xarray.conventions.decode_cf``
@@ -103,7 +144,8 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
 
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
                       missing=missing)
-        return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables), **decoders)
+        return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables, decoders.get("mask_and_scale", True)),
+                         **decoders)
 
     def open_groups_as_dict(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                             group: str | None = None, storage_options: Mapping[str, Any] | None = None,
@@ -115,7 +157,8 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
                       missing=missing)
         top = _group(ds, group)
-        return {_relative(node.path, top.path): decode_cf(_to_xarray(ds, node, drop_variables), **decoders)
+        masking = decoders.get("mask_and_scale", True)
+        return {_relative(node.path, top.path): decode_cf(_to_xarray(ds, node, drop_variables, masking), **decoders)
                 for node in top.walk()}
 
     def open_datatree(self, filename_or_obj: Any, **kwargs: Any) -> DataTree:

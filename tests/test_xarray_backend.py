@@ -163,11 +163,125 @@ def test_datatree_hides_cfa05_instruction_groups(tmp_path):
     assert_equal_masked(tree["tas"].values, built.expected)
 
 
-def test_decode_cf_false_hands_over_stored_values(tmp_path):
+@pytest.mark.parametrize("option", ["decode_cf", "mask_and_scale"])
+def test_decode_cf_false_hands_over_stored_values(tmp_path, option):
     built = build_cf113(tmp_path, make_truth((6, 4, 5), "f4", seed=3, masked=0.1), DIMS, SIZES,
                         dtype="i2", agg_scale_factor=0.01, agg_add_offset=250.0)
-    raw = xr.open_dataset(str(built.path), engine="daskcfa", decode_cf=False)
+    raw = xr.open_dataset(str(built.path), engine="daskcfa", **{option: False})
     assert raw["tas"].dtype == np.dtype("i2")
     assert raw["tas"].attrs["scale_factor"] == pytest.approx(0.01) and raw["tas"].attrs["add_offset"] == 250.0
     decoded = xr.decode_cf(raw)
     assert_equal_masked(decoded["tas"].values, built.expected)
+
+
+# ---------------------------------------------------------------------------
+# CF decoding: what xarray makes of the same stored values in one netCDF file
+# ---------------------------------------------------------------------------
+#: (stored dtype, attributes, stored values at missing points); the last are stored
+#: where a tenth of the points are missing (none: no point is). (Packed data: ``daskcfa.aggregate``
+#: aggregates unpacked values; packed aggregations are tested with the builders' above and below.)
+ENCODINGS = {
+    "float": ("f4", {"_FillValue": np.float32(1e20)}, [np.float32(1e20)]),
+    "float-none-missing": ("f4", {"_FillValue": np.float32(1e20)}, []),
+    "float-no-fill-value": ("f4", {}, []),
+    "double-missing-value": ("f8", {"_FillValue": -999.0, "missing_value": -998.0}, [-999.0, -998.0]),
+    "float-nan-fill": ("f4", {"_FillValue": np.float32(np.nan)}, [np.float32(np.nan)]),
+    "integer": ("i4", {"_FillValue": np.int32(-1)}, [np.int32(-1)]),
+}
+DECODING = {"default": {}, "no-mask-and-scale": {"mask_and_scale": False}, "no-decode-cf": {"decode_cf": False}}
+CF_ENCODING = ("_FillValue", "missing_value", "scale_factor", "add_offset", "dtype")
+
+
+def cf_archive(directory, dtype, attrs, fills):
+    """Stored values with ``attrs`` in one netCDF file and in 3 fragment files along time
+    (the same bytes), aggregated: (the whole file, the aggregation file, numpy's decoded values)."""
+    import netCDF4
+
+    rng = np.random.default_rng(7)
+    shape = (6, 4, 5)
+    stored = rng.integers(100, 3000, shape).astype(dtype) if dtype[0] == "i" else rng.normal(280, 5, shape).astype(dtype)
+    missing = rng.random(shape) < (0.1 if fills else 0.0)
+    which = rng.integers(0, max(len(fills), 1), shape)
+    for k, value in enumerate(fills):
+        stored[missing & (which == k)] = value
+    files = []
+    for name, start, stop in [("whole", 0, 6), ("f0", 0, 2), ("f1", 2, 4), ("f2", 4, 6)]:
+        path = directory / f"{name}.nc"
+        with netCDF4.Dataset(path, "w") as nc:
+            for dim, size in zip(DIMS, (stop - start, 4, 5)):
+                nc.createDimension(dim, size)
+            time = nc.createVariable("time", "f8", ("time",))
+            time.units, time[:] = "days since 2000-01-01", np.arange(start, stop)
+            var = nc.createVariable("v", dtype, DIMS, fill_value=attrs.get("_FillValue", False))
+            var.set_auto_maskandscale(False)
+            var.setncatts({k: v for k, v in attrs.items() if k != "_FillValue"} | {"units": "K"})
+            var[:] = stored[start:stop]
+        files.append(str(path))
+    agg = daskcfa.aggregate(files[1:], str(directory / "v.nc"))
+    decoded = stored * attrs.get("scale_factor", 1) + attrs.get("add_offset", 0)
+    decoded = np.where(missing, np.nan, decoded)
+    return files[0], agg, decoded
+
+
+@pytest.mark.parametrize("decoding", DECODING)
+@pytest.mark.parametrize("case", ENCODINGS)
+def test_decoded_as_xarray_decodes_the_same_file(tmp_path, case, decoding):
+    dtype, attrs, fills = ENCODINGS[case]
+    whole, agg, decoded = cf_archive(tmp_path, dtype, attrs, fills)
+    options = DECODING[decoding]
+    want = xr.open_dataset(whole, engine="netcdf4", **options)["v"]
+    expected = {k: want.encoding[k] for k in CF_ENCODING if k in want.encoding}
+    if case == "float-no-fill-value":
+        # daskcfa declares netCDF's default fill value, which missing fragments hold, for xarray to mask
+        declared = daskcfa.decode.default_fill_value(np.dtype(dtype))
+        (expected if not options else want.attrs)["_FillValue"] = declared
+    for chunks in (None, {}):
+        got = xr.open_dataset(agg, engine="daskcfa", chunks=chunks, **options)["v"]
+        assert got.dtype == want.dtype
+        xr.testing.assert_identical(got.variable.load(), want.variable.load())
+        np.testing.assert_equal({k: got.encoding[k] for k in CF_ENCODING if k in got.encoding}, expected)
+        if not options:  # numpy's own decoding too
+            np.testing.assert_array_equal(got.values, decoded.astype(got.dtype))
+
+
+@pytest.mark.parametrize("case", ["float", "double-missing-value"])
+def test_float_masking_is_done_once_in_the_read(tmp_path, monkeypatch, case):
+    """A float variable's fragments stored as the aggregation are passed on as stored and masked once, in the
+    read: no fragment is masked on its own, and xarray masks nothing again (no masked array, no NaN copy)."""
+    import xarray.coding.variables
+
+    from daskcfa.decode import Encoding
+
+    dtype, attrs, fills = ENCODINGS[case]
+    _, agg, decoded = cf_archive(tmp_path, dtype, attrs, fills)
+    calls = []
+    decode, apply_mask = Encoding.decode, xarray.coding.variables._apply_mask
+    monkeypatch.setattr(Encoding, "decode", lambda *a, **k: calls.append("fragment decoded") or decode(*a, **k))
+    monkeypatch.setattr(xarray.coding.variables, "_apply_mask",
+                        lambda *a, **k: calls.append("xarray masked") or apply_mask(*a, **k))
+    chunks = []
+    read = daskcfa.xarray_backend._LazyArray._read
+    monkeypatch.setattr(daskcfa.xarray_backend._LazyArray, "_read", lambda self, key: chunks.append(read(self, key)) or chunks[-1])
+    values = xr.open_dataset(agg, engine="daskcfa", chunks={})["v"].values
+    np.testing.assert_array_equal(values, decoded)
+    assert calls == []
+    assert chunks and not any(np.ma.isMaskedArray(c) for c in chunks)
+
+
+@pytest.mark.parametrize("decoding", DECODING)
+def test_fragments_stored_otherwise_than_the_aggregation(tmp_path, decoding):
+    """Fragments masked or packed otherwise than the aggregation (theirs decoded, then missing
+    where they are) beside fragments stored as it is (passed on as stored)."""
+    frags = {(0, 0, 0): Frag(missing="missing_value"), (0, 0, 1): Frag(missing="valid_range"),
+             (1, 0, 0): Frag(dtype="i2", scale_factor=0.01, add_offset=250.0), (2, 0, 1): Frag(missing="nan"),
+             (1, 0, 1): Frag(absent=True)}
+    built = build("CFA-0.6", tmp_path, make_truth((6, 4, 5), "f4", seed=21, masked=0.2), DIMS, SIZES, frags=frags)
+    got = xr.open_dataset(str(built.path), engine="daskcfa", chunks={}, **DECODING[decoding])["tas"]
+    if decoding == "default":
+        assert_equal_masked(got.values, built.expected)
+        return
+    fill = got.attrs.get("_FillValue", got.encoding.get("_FillValue"))
+    stored = got.values
+    np.testing.assert_array_equal(stored == np.float32(fill), np.ma.getmaskarray(built.expected))
+    np.testing.assert_allclose(np.where(stored == np.float32(fill), 0, stored),
+                               np.ma.filled(built.expected, 0), rtol=1e-6)

@@ -60,9 +60,10 @@ class Target:
     #: "raise" a fragment's error, or "fill": read an absent or unreadable fragment as missing data
     missing: str = "raise"
     #: the aggregation variable's masking, when the caller applies it (with
-    #: netCDF4's rules) to the assembled values: a fragment stored with the
-    #: same dtype and masking and no packing is then passed on as stored, and
-    #: its values are compared with the fill value once rather than twice
+    #: netCDF4's rules) to the assembled values, or when the caller wants stored
+    #: values that it would not change: a fragment stored with the same dtype and
+    #: masking and no packing is then passed on as stored, and its values are
+    #: compared with the fill value once rather than twice
     masked_as: Encoding | None = None
     #: a char aggregation's ``_Encoding`` (``masked_as`` then set): it holds strings, whose
     #: characters are never missing one by one (a fragment's missing characters hold the

@@ -46,7 +46,7 @@ class AggregatedArray:
     """Read-on-demand view of one aggregated variable (numpy indexing semantics)."""
 
     def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None,
-                 decode: bool = True, strings: bool = True) -> None:
+                 decode: bool = True, strings: bool = True, nan_where: Encoding | None = None) -> None:
         access = access or Access.default(variable.source)
         self.variable = variable
         self.mask = mask
@@ -54,6 +54,13 @@ class AggregatedArray:
         #: such as xarray that apply the variable's own masking and packing
         self.decode = decode
         self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
+        if nan_where is not None and (decode or self.encoding.stored_dtype.kind != "f"
+                                      or nan_where.dtype != self.encoding.stored_dtype or nan_where.is_packed):
+            raise ValueError("nan_where: stored values of a float variable only, by an unpacked encoding of its type")
+        #: with ``decode=False``, a float variable's masking done here (by ``nan_where.missing_mask``, which
+        #: then passes on a fragment stored with that encoding as it is stored): NaN where it marks stored
+        #: values and at every missing point, for xarray, which masks such a variable so and does no more
+        self.nan_where = nan_where
         attrs = variable.attrs
         try:
             chars_encoding = text_encoding(attrs, variable.dtype, len(variable.shape))
@@ -79,7 +86,7 @@ class AggregatedArray:
             profile=access.profile,
             policy=access.policy,
             missing=access.missing,
-            masked_as=self.encoding if (decode and mask) or chars_encoding else None,
+            masked_as=self._masked_as(decode and mask or bool(chars_encoding)),
             text_encoding=chars_encoding,
             chunk_index=None if access.chunk_index is None else access.chunk_index.variable(variable.name),
         )
@@ -101,7 +108,7 @@ class AggregatedArray:
         # would not be used.)
         return dask.base.tokenize(
             type(self).__name__, self.variable.source, storage.version(self.variable.source, self.target.profile),
-            self.variable.name, self.mask, self.decode, self.text, self.target.policy, self.target.missing,
+            self.variable.name, self.mask, self.decode, self.nan_where, self.text, self.target.policy, self.target.missing,
             self.target.chunk_index)
 
     def __getitem__(self, key: Any) -> np.ndarray:
@@ -115,10 +122,8 @@ class AggregatedArray:
         if self.text:  # characters as stored, the fill value where missing (joined below)
             result = stored if missing is np.ma.nomask else np.ma.MaskedArray(
                 np.where(missing, self.encoding.output_fill, raw), mask=missing)
-        elif not self.decode:  # stored values, in the variable's own type (xarray applies _Unsigned)
-            result = raw if missing is np.ma.nomask else np.where(
-                missing, np.asarray(self.encoding.output_fill).astype(raw.dtype), raw)
-            result = result.view(self.dtype) if result.dtype != self.dtype else result
+        elif not self.decode:
+            result = self._stored(raw, missing)
         else:
             # (a masked chunk made as such, not as a view of another masked array it would keep alive)
             result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing,
@@ -129,6 +134,33 @@ class AggregatedArray:
         move = array_axis_move(key, len(self.variable.shape))
         result = result if move is None else np.moveaxis(result, *move)
         return self._join(result) if self.text else result
+
+    def _masked_as(self, masked: bool) -> Encoding | None:
+        """The masking the caller applies to the assembled values (:attr:`Target.masked_as`): a
+        fragment stored with it is then passed on as stored. Stored values (``decode=False``) are
+        those of such a fragment as it stores them (its ``missing_value`` too, as xarray reads
+        the fragment), unless it has a valid range, which xarray ignores but the fragment's own
+        decoding (netCDF4-python's rules) applies, as to a fragment stored otherwise."""
+        if masked:
+            return self.encoding
+        if self.decode:
+            return None
+        if self.nan_where is not None:
+            return self.nan_where
+        return self.encoding if self.encoding.valid_min is None and self.encoding.valid_max is None else None
+
+    def _stored(self, raw: np.ndarray, missing: Any) -> np.ndarray:
+        """Stored values in the variable's own type (xarray applies ``_Unsigned``): missing points
+        hold the fill value, or NaN, as do the values ``nan_where`` marks."""
+        fill = self.encoding.output_fill
+        if self.nan_where is not None:
+            fill = np.nan
+            marked = self.nan_where.missing_mask(raw)
+            if marked is not None and marked.any():
+                missing = marked if missing is np.ma.nomask else missing | marked
+        if missing is not np.ma.nomask:
+            raw = np.where(missing, np.asarray(fill).astype(raw.dtype), raw)
+        return raw.view(self.dtype) if raw.dtype != self.dtype else raw
 
     def _join(self, chars: np.ma.MaskedArray) -> np.ndarray:
         """Characters joined into strings (netCDF4-python's rule); a string with a
