@@ -16,6 +16,7 @@ with ``group="/grp"``).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -77,10 +78,15 @@ def _masked_in_read(stored: XrVariable, var: Variable, name: str) -> XrVariable 
 
     if var.dtype.kind != "f" or any(a in stored.attrs for a in ("scale_factor", "add_offset", "_Unsigned")):
         return None
-    masked = CFMaskCoder().decode(stored, name=name)
+    # (on a copy: the coder moves the fill values out of the attributes it is given, and ``stored``
+    # must keep them whenever the masking is left to xarray after all)
+    trial = stored.copy(deep=False)
+    with warnings.catch_warnings(record=True) as said:  # (xarray says them itself if it masks after all)
+        warnings.simplefilter("always")
+        masked = CFMaskCoder().decode(trial, name=name)
     fills = {k: masked.encoding[k] for k in ("_FillValue", "missing_value") if k in masked.encoding}
     values = [np.asarray(v) for value in fills.values() for v in np.ravel(value)]
-    if masked is stored or masked.dtype != var.dtype or any(v.dtype.kind not in "biuf" for v in values):
+    if masked is trial or masked.dtype != var.dtype or any(v.dtype.kind not in "biuf" for v in values):
         return None
     exact = {v.astype(var.dtype)[()] for v in values if not np.isnan(v)}
     if any(v.astype(var.dtype) != v for v in values if not np.isnan(v)):
@@ -88,6 +94,8 @@ def _masked_in_read(stored: XrVariable, var: Variable, name: str) -> XrVariable 
     nan_where = Encoding.from_attrs(fills, var.dtype)
     if {v for v in (nan_where.fill_value, *nan_where.missing_values) if not np.isnan(v)} != exact:
         return None
+    for warning in said:  # (what xarray's masking says of the variable, as when it masks it)
+        warnings.warn(warning.message, warning.category, stacklevel=2)
     array = AggregatedArray(var.aggregation, decode=False, access=var.read_access, nan_where=nan_where)
     return XrVariable(masked.dims, _lazy(array), masked.attrs, masked.encoding)
 

@@ -187,6 +187,9 @@ ENCODINGS = {
     "double-missing-value": ("f8", {"_FillValue": -999.0, "missing_value": -998.0}, [-999.0, -998.0]),
     "float-nan-fill": ("f4", {"_FillValue": np.float32(np.nan)}, [np.float32(np.nan)]),
     "integer": ("i4", {"_FillValue": np.int32(-1)}, [np.int32(-1)]),
+    # a missing_value float32 cannot hold (0.1 as float64): the masking is left to xarray after all,
+    # which must still find both fill values where they were
+    "float-inexact-missing-value": ("f4", {"_FillValue": np.float32(-999), "missing_value": 0.1}, [np.float32(-999)]),
 }
 DECODING = {"default": {}, "no-mask-and-scale": {"mask_and_scale": False}, "no-decode-cf": {"decode_cf": False}}
 CF_ENCODING = ("_FillValue", "missing_value", "scale_factor", "add_offset", "dtype")
@@ -285,3 +288,20 @@ def test_fragments_stored_otherwise_than_the_aggregation(tmp_path, decoding):
     np.testing.assert_array_equal(stored == np.float32(fill), np.ma.getmaskarray(built.expected))
     np.testing.assert_allclose(np.where(stored == np.float32(fill), 0, stored),
                                np.ma.filled(built.expected, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["double-missing-value", "float-inexact-missing-value", "float"])
+def test_says_what_xarray_says_of_the_same_file(tmp_path, case):
+    """The backend's masking warns as xarray's does on the same file, once: not a second time when
+    it tries the masking and then leaves it to xarray, nor never when it keeps it."""
+    import warnings
+
+    whole, agg, _ = cf_archive(tmp_path, *ENCODINGS[case])
+
+    def said(path, engine):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            xr.open_dataset(path, engine=engine)["v"].load()
+        return sorted(str(w.message) for w in caught if issubclass(w.category, xr.SerializationWarning))
+
+    assert said(agg, "daskcfa") == said(whole, "netcdf4")
