@@ -446,3 +446,21 @@ def test_zarr_fragments_on_s3(tmp_path, s3_server):
     assert all(u.startswith(f"s3://{bucket}/z/w/") for u in refs["templates"].values())
     with open_references(refs, s3_server.storage_options) as ds:
         assert_matches(ds["tas"].to_masked_array(), t)
+
+
+def test_dataset_written_uneven_archive(tmp_path):
+    """daskcfa.Dataset (netCDF4-python's API) along a growing time: the last fragment, shorter, shares
+    the others' chunks (given larger than a fragment: clipped to a full-size one)."""
+    t = make_truth(UNEVEN, "f4", seed=15, masked=0.2)
+    url = str(tmp_path / "d.nc")
+    with daskcfa.Dataset(url, "w") as ds:
+        for d, n in zip(DIMS, (None, 4, 9)):
+            ds.createDimension(d, n)
+            ds.createVariable(d, "f8", (d,))[:] = UNEVEN_COORDS[d]
+        tas = ds.createVariable("tas", "f4", DIMS, fill_value=FILL, zlib=True, chunksizes=(2, 4, 8),
+                                subarray_shape=[2, 4, 4])
+        tas.units = "K"
+        tas[0:5] = t
+    (got, time), = read_without_daskcfa(tmp_path, [url])
+    assert_matches(got, t)
+    np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
