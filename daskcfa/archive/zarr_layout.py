@@ -123,6 +123,10 @@ def _v2(meta: dict[str, Any]) -> _Meta:
         if not isinstance(codec, dict) or codec.get("id") not in _V2_CODECS:
             shown = codec.get("id") if isinstance(codec, dict) else codec
             raise ReferencesError(f"Zarr codec {shown!r} is not exported (only {', '.join(sorted(_V2_CODECS))})")
+        if codec["id"] == "shuffle" and not (type(codec.get("elementsize", 4)) is int and codec.get("elementsize", 4) >= 1):
+            # (netCDF-C's NCZarr writes elementsize 0 and shuffles by the type's size: Zarr readers then unshuffle nothing)
+            raise ReferencesError(f"Zarr shuffle of elementsize {codec.get('elementsize')!r}, which Zarr readers take "
+                                  "as no shuffle")
     separator = meta.get("dimension_separator", ".")
     if separator not in (".", "/"):
         raise ReferencesError(f"Zarr dimension_separator {separator!r}")

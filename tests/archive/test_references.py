@@ -6,6 +6,7 @@ the S3 test server, as JSON and as Parquet; and the precise refusals where refer
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import warnings
@@ -464,3 +465,33 @@ def test_dataset_written_uneven_archive(tmp_path):
     (got, time), = read_without_daskcfa(tmp_path, [url])
     assert_matches(got, t)
     np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
+
+
+def _nczarr_fragment(path, values, start, shuffle):
+    """A store netCDF-C writes (NCZarr), along an unlimited time when shorter than its chunks."""
+    with netCDF4.Dataset(f"file://{path}#mode=nczarr,file", "w") as nc:
+        for d, n in zip(DIMS, values.shape):
+            nc.createDimension(d, None if d == "time" and n < 2 else n)
+            nc.createVariable(d, "f8", (d,))[:] = UNEVEN_COORDS[d][start:start + n] if d == "time" else \
+                UNEVEN_COORDS[d][:n]
+        tas = nc.createVariable("tas", "f4", DIMS, fill_value=FILL, zlib=True, shuffle=shuffle, chunksizes=(2, 2, 9))
+        tas.units = "K"
+        tas[:] = values
+
+
+def test_nczarr_fragments(tmp_path):
+    """NCZarr stores (netCDF-C's Zarr v2) aggregated by daskcfa.aggregate export; with shuffle they are
+    refused: netCDF-C records its shuffle with elementsize 0, which Zarr readers take as no shuffle."""
+    t = make_truth(UNEVEN, "f4", seed=16, masked=0.2)
+    paths = [tmp_path / "src" / f"f{n}.zarr" for n in range(3)]
+    paths[0].parent.mkdir()
+    for path, (a, b) in zip(paths, [(0, 2), (2, 4), (4, 5)]):
+        _nczarr_fragment(path, t[a:b], a, shuffle=False)
+    url = daskcfa.aggregate([str(p) for p in paths], str(tmp_path / "ncz.nc"))
+    (got, time), = read_without_daskcfa(tmp_path, [url])
+    assert_matches(got, t)
+    np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
+    shutil.rmtree(paths[2])
+    _nczarr_fragment(paths[2], t[4:5], 4, shuffle=True)
+    with pytest.raises(daskcfa.ReferencesError, match=r"fragment \(2, 0, 0\) .*shuffle of elementsize 0"):
+        daskcfa.to_references(url)
