@@ -3,13 +3,15 @@
 A reference set (the format kerchunk writes and fsspec's ``ReferenceFileSystem``
 reads) presents a Zarr store whose chunks are byte ranges of other files. An
 aggregated variable becomes one Zarr (v2) array whose chunks are its
-fragments' own HDF5 chunks (or a netCDF-3 fragment's contiguous values), so
+fragments' own HDF5 chunks (or a netCDF-3 fragment's contiguous values, or a
+Zarr fragment's chunk objects: :mod:`.zarr_layout`), so
 that any Zarr reader (xarray, zarr-python) reads the aggregation without
 daskcfa; the ordinary variables of the aggregation file (coordinates, bounds)
 and every attribute come along, their values inline.
 
 This is only possible where the fragments fit one Zarr array: the same
-stored type, chunk shape and filters (HDF5 filters become numcodecs codecs),
+stored type, chunk shape and filters (HDF5 filters become numcodecs codecs;
+a Zarr fragment's codecs are kept),
 fragments on one regular chunk grid, values stored as the aggregation
 means them (no fragment-level packing, units conversion, transposition), one
 set of missing values. Where that fails the export is refused, naming each
@@ -96,7 +98,8 @@ def to_references(
     """Export the aggregation at ``url`` as an fsspec reference set over its fragments' bytes.
 
     Each aggregated variable (or those named by ``variable``) becomes a Zarr
-    v2 array whose chunks are references to its fragments' HDF5 chunks; the
+    v2 array whose chunks are references to its fragments' HDF5 chunks (or a
+    Zarr fragment's chunk objects); the
     ordinary variables and all attributes of the aggregation file are
     inlined. Any Zarr reader opens it with fsspec's reference filesystem,
     without daskcfa::

@@ -374,6 +374,7 @@ def test_zarr_fragments_exported_by_reference(tmp_path):
         assert targets and all("/tas/" in u and ".zarr/tas/" in u for u in targets), "each chunk its own object"
         assert all(v[1] == 0 for k, v in refs["refs"].items() if k.startswith("tas/") and isinstance(v, list))
     assert zarray["chunks"] == [1, 3, 2] and zarray["compressor"] == {"id": "zlib", "level": 6}
+    assert not any(f"tas/{i}.{j}.{k}" in refs["refs"] for i in (2, 3) for j in (0, 1) for k in (2, 3))
     assert zarray["filters"] == [{"id": "shuffle", "elementsize": 4}]
     for got, _ in read_without_daskcfa(tmp_path, urls):
         assert_matches(got, t)
