@@ -13,7 +13,6 @@ than :data:`MAX_METADATA` is refused before it is read.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
@@ -57,16 +56,17 @@ def zarr_layout(uri: str, names: Sequence[str], profile: storage.ProfileRef = st
     saying why) when the array cannot be presented as a Zarr v2 array of references.
     """
     location = store_uri(uri).rstrip("/")
-    sizes = storage.tree_sizes(location + "/", profile, policy=policy)
+    try:
+        sizes = storage.tree_sizes(location + "/", profile, policy=policy)
+    except NotFoundError:  # (the store was opened: it exists, but lists no object)
+        raise ReferencesError("the Zarr store cannot be listed (its chunk objects are found by listing it; an "
+                              "HTTP server lists none)") from None
     for name in names:
         path = name.strip("/")
-        if f"{path}/.zarray" in sizes:
-            meta = _v2(_json(location, f"{path}/.zarray", sizes, profile, policy))
-        elif f"{path}/zarr.json" in sizes:
-            meta = _v3(_json(location, f"{path}/zarr.json", sizes, profile, policy))
-        else:
-            continue
-        return _chunks(location, path, meta, sizes)
+        for key, parse in ((f"{path}/.zarray", _v2), (f"{path}/zarr.json", _v3)):
+            if key in sizes:
+                return _chunks(location, path, _parsed(parse, _json(location, key, sizes, profile, policy), key),
+                               sizes)
     raise NotFoundError(f"no array {' or '.join(map(repr, names))} in the Zarr store", file=uri)
 
 
@@ -95,6 +95,16 @@ def _json(location: str, name: str, sizes: dict[str, int], profile: storage.Prof
     return value
 
 
+def _parsed(parse: Any, meta: dict[str, Any], name: str) -> "_Meta":
+    """``parse(meta)``, whatever shape of JSON the metadata has: a ReferencesError when malformed."""
+    try:
+        return parse(meta)
+    except ReferencesError:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:
+        raise ReferencesError(f"malformed Zarr metadata {name!r} ({type(exc).__name__}: {exc})") from None
+
+
 def _shape(value: Any, what: str, ndim: int | None = None) -> tuple[int, ...]:
     if not isinstance(value, list) or any(type(n) is not int or n < 0 for n in value) \
             or (ndim is not None and len(value) != ndim):
@@ -120,13 +130,14 @@ def _v2(meta: dict[str, Any]) -> _Meta:
     dtype = _dtype(meta.get("dtype"))
     codecs = list(meta.get("filters") or []) + ([meta["compressor"]] if meta.get("compressor") else [])
     for codec in codecs:
-        if not isinstance(codec, dict) or codec.get("id") not in _V2_CODECS:
-            shown = codec.get("id") if isinstance(codec, dict) else codec
-            raise ReferencesError(f"Zarr codec {shown!r} is not exported (only {', '.join(sorted(_V2_CODECS))})")
+        if not isinstance(codec, dict):
+            raise ReferencesError(f"Zarr codec {codec!r} is not a codec's configuration (a JSON object)")
+        if codec.get("id") not in _V2_CODECS:
+            raise ReferencesError(f"Zarr codec {codec.get('id')!r} is not exported (only {', '.join(sorted(_V2_CODECS))})")
         if codec["id"] == "shuffle" and not (type(codec.get("elementsize", 4)) is int and codec.get("elementsize", 4) >= 1):
             # (netCDF-C's NCZarr writes elementsize 0 and shuffles by the type's size: Zarr readers then unshuffle nothing)
-            raise ReferencesError(f"Zarr shuffle of elementsize {codec.get('elementsize')!r}, which Zarr readers take "
-                                  "as no shuffle")
+            raise ReferencesError(f"Zarr shuffle of elementsize {codec.get('elementsize')!r}, not a size of at least "
+                                  "1: Zarr readers would not unshuffle what it shuffled")
     separator = meta.get("dimension_separator", ".")
     if separator not in (".", "/"):
         raise ReferencesError(f"Zarr dimension_separator {separator!r}")
@@ -172,7 +183,7 @@ def _v3_compressor(codec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fill_value(value: Any, dtype: np.dtype) -> Any:
-    """A fill value as the metadata spells it (NaN and infinities by name, v3's raw hex or base64) in ``dtype``."""
+    """A fill value as the metadata spells it (a number; NaN and infinities by name; v3's raw bits in hex) in ``dtype``."""
     if value is None:
         return None
     named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
@@ -182,11 +193,11 @@ def _fill_value(value: Any, dtype: np.dtype) -> Any:
         if isinstance(value, str) and re.fullmatch(r"0x[0-9a-fA-F]+", value):
             raw = int(value, 16).to_bytes(dtype.itemsize, "big")
             return np.frombuffer(raw, dtype.newbyteorder(">"))[0].astype(dtype)
-        if isinstance(value, str):
-            return np.frombuffer(base64.standard_b64decode(value), dtype)[0]
-        return np.asarray(value).astype(dtype)[()]
-    except (ValueError, TypeError, IndexError, OverflowError):
-        raise ReferencesError(f"Zarr fill_value {value!r} is not a {dtype}") from None
+        if isinstance(value, (int, float)):
+            return np.asarray(value).astype(dtype)[()]
+    except (ValueError, TypeError, OverflowError):
+        pass
+    raise ReferencesError(f"Zarr fill_value {value!r} is not a {dtype}")
 
 
 def _chunks(location: str, path: str, meta: _Meta, sizes: dict[str, int]) -> ZarrLayout:

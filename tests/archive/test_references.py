@@ -496,3 +496,23 @@ def test_nczarr_fragments(tmp_path):
     _nczarr_fragment(paths[2], t[4:5], 4, shuffle=True)
     with pytest.raises(daskcfa.ReferencesError, match=r"fragment \(2, 0, 0\) .*shuffle of elementsize 0"):
         daskcfa.to_references(url)
+
+
+HOSTILE_ZARRAY = {
+    "compressor not an object": ({"compressor": "zlib"}, "is not a codec's configuration"),
+    "shape not sizes": ({"shape": "x"}, "shape 'x' is not a list of sizes"),
+    "fill value not a number": ({"fill_value": "abc"}, "fill_value 'abc' is not a float32"),
+    "a lossy codec": ({"filters": [{"id": "quantize", "digits": 2, "dtype": "<f4"}]}, "codec 'quantize' is not exported"),
+    "chunks of zero": ({"chunks": [0, 4, 4]}, r"Zarr chunks \(0, 4, 4\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ZARRAY))
+def test_hostile_zarr_metadata_refused(tmp_path, case):
+    """A Zarr fragment's metadata is untrusted input: whatever it holds, a ReferencesError naming the fragment."""
+    change, reason = HOSTILE_ZARRAY[case]
+    url = write_uneven(tmp_path / "h.nc", make_truth(UNEVEN, "f4", seed=17), fragment_format="zarr")
+    zarray = next((tmp_path / "h").glob("g-*/h.tas.1.0.1.zarr")) / "tas" / ".zarray"
+    zarray.write_text(json.dumps({**json.loads(zarray.read_text()), **change}))
+    with pytest.raises(daskcfa.ReferencesError, match=r"1 fragment\(s\): fragment \(1, 0, 1\) .*" + reason):
+        daskcfa.to_references(url)
