@@ -241,6 +241,9 @@ def _netcdf_chunks(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[int, ...
             for dim, n in zip(dims, shape):
                 nc.createDimension(dim, n)
             chunking = nc.createVariable("v", spec.dtype, dims, **spec.compression).chunking()
+        except (ValueError, TypeError, RuntimeError, OSError) as exc:
+            raise ArgumentError(f"compression {spec.compression!r} is refused by netCDF4-python/netCDF-C "
+                                f"({type(exc).__name__}: {exc})", file=spec.aggregation, variable=spec.variable) from None
         finally:
             nc.close()
     return None if chunking == "contiguous" else tuple(int(c) for c in chunking)
