@@ -221,9 +221,7 @@ def shared_chunks(spec: FragmentSpec, regular: Sequence[int]) -> FragmentSpec:
                                 variable=spec.variable)
         chunks: tuple[int, ...] | None = tuple(min(int(c), n) for c, n in zip(given, regular))
     elif spec.file_format == ZARR_FRAGMENTS:
-        from zarr.core.chunk_grids import normalize_chunks
-
-        chunks = tuple(int(c) for c in normalize_chunks(None, regular, spec.dtype.itemsize))
+        chunks = _zarr_chunks(spec, regular)
     else:
         chunks = _netcdf_chunks(spec, regular)
     if chunks is None:  # netCDF-C stores a full-size fragment contiguous: a shorter one is one partial chunk
@@ -247,6 +245,14 @@ def _netcdf_chunks(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[int, ...
         finally:
             nc.close()
     return None if chunking == "contiguous" else tuple(int(c) for c in chunking)
+
+
+def _zarr_chunks(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The chunk shape zarr-python gives an array of ``shape`` (``chunks="auto"``), asked of it, in memory."""
+    import zarr
+
+    array = zarr.create_array(zarr.storage.MemoryStore(), shape=shape, dtype=spec.dtype, chunks="auto", zarr_format=2)
+    return tuple(int(c) for c in array.chunks)
 
 
 def _chunking(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[dict[str, Any], frozenset[str]]:
