@@ -405,8 +405,7 @@ def _write_store(path: str, spec: FragmentSpec, target: FragmentTarget, data: np
     for var, values in zip(spec.sliced, sliced):
         values = np.asarray(values)
         store.array(var.name, var.dims, values.shape, var.dtype, var.attrs, {})[...] = values
-    compression = spec.compression if spec.chunks is None else {**spec.compression, "chunksizes": spec.chunks}
-    array = store.array(spec.identifier, spec.dims, target.shape, spec.dtype, spec.attrs, compression)
+    array = store.array(spec.identifier, spec.dims, target.shape, spec.dtype, spec.attrs, spec.compression)
     for where, values in data if isinstance(data, Slabs) else [((), data)]:
         array[where or ...] = values
     store.finish()
