@@ -53,12 +53,12 @@ from dask.utils import parse_bytes
 from . import dataset, storage
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
-from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
+from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
 from .graph.plan import plan_fragments
-from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation, compression_keywords,
+from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
                           fragment_name, fragment_spec, plan_commit, settle_unlimited)
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .locks import HDF5_LOCK
@@ -1030,24 +1030,16 @@ class AggregationWriter(_Definitions, Dataset):
                     continue
                 model.variables.append(PlainVariable(other.path, other.dims, other.dtype, dict(other.attrs),
                                                      other._plain.array(other.shape)))
-        source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs), compression=self._clip(var, shape))
+        source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs), compression=var._compression or None)
         spec, sliced, _, _ = fragment_spec(source, model, self.url, format=self._dialect,
                                            fragment_format=self._fragment_format, compression={},
                                            profile=self._profile)
+        spec = shared_chunks(spec, [stop - start for start, stop in (var._layout.span(d, 0) for d in range(len(var.dims)))])
         values = []
         for plain, full in sliced:
             cut = tuple(where[var.dims.index(d)] if d in var.dims else slice(None) for d in plain.dims)
             values.append(encode_values(np.ma.asarray(full)[cut], plain.attrs, plain.dtype))
         return spec, values
-
-    def _clip(self, var: WritableVariable, shape: tuple[int, ...]) -> dict[str, Any] | None:
-        """The variable's ``createVariable`` storage keywords for one fragment (chunks no larger than it)."""
-        if not var._compression:
-            return None
-        keywords = compression_keywords(dict(var._compression), self._fragment_format)
-        if "chunksizes" in keywords:
-            keywords["chunksizes"] = tuple(max(1, min(c, n)) for c, n in zip(keywords["chunksizes"], shape))
-        return keywords
 
     def _read_back(self, var: WritableVariable, index: tuple[int, ...]) -> np.ma.MaskedArray:
         """A fragment this write stored incomplete, decoded."""

@@ -50,6 +50,7 @@ from ..fragments.write import (
     FragmentTarget,
     SlicedVariable,
     encode_values,
+    shared_chunks,
     write_fragment,
 )
 from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
@@ -304,6 +305,7 @@ def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, opt
     spec, sliced, dtype, attrs = fragment_spec(source, model, url, format=options.format,
                                                fragment_format=options.fragment_format,
                                                compression=options.compression, profile=options.profile)
+    spec = shared_chunks(spec, [max(sizes, default=0) for sizes in grid.sizes])  # (a full-size fragment's shape)
     # What the fragments will hold; not the profile, whose name differs between processes (resuming must not).
     token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
                      [values for _, values in sliced], options.fragment_name)

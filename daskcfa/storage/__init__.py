@@ -50,6 +50,7 @@ from .objects import (
     size,
     stat,
     tree_size,
+    tree_sizes,
     version,
 )
 from .profiles import ProfileRef, register
@@ -78,6 +79,7 @@ __all__ = [
     "size",
     "stat",
     "tree_size",
+    "tree_sizes",
     "version",
     "part_size",
     "read_bytes",

@@ -200,22 +200,31 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
 def tree_size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
     """The bytes of every object under a directory or prefix (a Zarr store); NotFoundError when
     it holds none. Locally, only regular files count (a link to a device is not followed)."""
+    return sum(tree_sizes(uri, profile, policy=policy).values())
+
+
+def tree_sizes(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> dict[str, int]:
+    """Every object under a directory or prefix, by its ``/``-separated name below it, and its size;
+    NotFoundError when it holds none. Locally, only regular files (a link to a device is not followed)."""
     if is_local(uri):
         root = local_path(uri)
         if not os.path.isdir(root):
             raise NotFoundError("not found", file=uri)
-        total = 0
+        sizes = {}
         with translated(uri):
             for directory, _, names in os.walk(root):
                 for name in names:
                     info = os.lstat(os.path.join(directory, name))
-                    total += info.st_size if stat_module.S_ISREG(info.st_mode) else 0
-        return total
+                    if stat_module.S_ISREG(info.st_mode):
+                        sizes[os.path.relpath(os.path.join(directory, name), root).replace(os.sep, "/")] = info.st_size
+        return sizes
     fs, path = filesystem(uri, profile, policy=policy)
-    found = with_retries(uri, fs.find, path.rstrip("/") + "/", detail=True)
+    base = path.rstrip("/") + "/"
+    found = with_retries(uri, fs.find, base, detail=True)
     if not found:
         raise NotFoundError("not found", file=uri)
-    return sum(int(info.get("size") or 0) for info in found.values())
+    return {name[len(base):] if name.startswith(base) else name: int(info.get("size") or 0)
+            for name, info in found.items()}
 
 
 def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
