@@ -569,3 +569,17 @@ def truth_with(expected, built, index, path):
     where = tuple(slice(sum(r[:i]), sum(r[:i + 1])) for r, i in zip(SIZES, index))
     expected[where] = np.ma.getdata(expected[where]) * 3 + 1
     return with_decoy(path, np.ma.getdata(expected[where]), "decoy")
+
+
+def test_an_index_written_on_disk_and_served_over_http_warns_once(built, make_http_server):
+    """Served over HTTP, the fragments' versions are the server's ETags, not the files' identities
+    the index holds: every entry is stale, and the dataset still reads correctly, with one warning."""
+    daskcfa.index(str(built.path))
+    server = make_http_server(built.path.parent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = daskcfa.from_cfa(server.url_for(built.path.name), "tas")
+        got, point = x.compute(), x[:, 1, 6].compute()
+    assert_matches(got, built.expected, rtol=1e-5)
+    assert_matches(point, built.expected[:, 1, 6], rtol=1e-5)
+    assert len(stale_warnings(caught)) == 1
