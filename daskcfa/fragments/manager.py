@@ -89,7 +89,7 @@ class _Entry:
     closer: Callable[[Any], None] | None = None
     closing: bool = False  #: taken out of the cache, not yet closed
     cache: dict = field(default_factory=dict)  #: per-handle memo (e.g. variables looked up)
-    family: Hashable = None  #: what it is a version of (a local path): see :meth:`FileManager.open`
+    family: Hashable | None = None  #: what it is a version of (a local path): see :meth:`FileManager.open`
     retired: bool = False  #: a newer version of its family was opened: closed once released
 
 
@@ -129,7 +129,7 @@ class FileManager:
     @contextmanager
     def open(self, key: Hashable, opener: Callable[[], Any], *, nbytes: int = 0, files: int = 1,
              label: str = "", closer: Callable[[Any], None] | None = None,
-             keep: bool = True, family: Hashable = None) -> Iterator[tuple[Any, dict]]:
+             keep: bool = True, family: Hashable | None = None) -> Iterator[tuple[Any, dict]]:
         """The handle for ``key``, opened by ``opener()`` unless cached.
 
         ``nbytes``/``files`` are what the handle will hold, declared before it
@@ -158,7 +158,7 @@ class FileManager:
             self._close_all(closing)
 
     def _acquire(self, key: Hashable, opener: Callable[[], Any], nbytes: int, files: int, label: str,
-                 closer: Callable[[Any], None], family: Hashable = None) -> _Entry:
+                 closer: Callable[[Any], None], family: Hashable | None = None) -> _Entry:
         budget = self.budget
         if nbytes > budget.memory:
             raise BudgetError(f"fragment needs {nbytes:,} bytes in memory, more than the memory budget of "
