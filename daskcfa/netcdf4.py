@@ -1030,15 +1030,23 @@ class AggregationWriter(_Definitions, Dataset):
                     continue
                 model.variables.append(PlainVariable(other.path, other.dims, other.dtype, dict(other.attrs),
                                                      other._plain.array(other.shape)))
-        source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs), compression=self._clip(var, shape))
-        spec, sliced, _, _ = fragment_spec(source, model, self.url, format=self._dialect,
-                                           fragment_format=self._fragment_format, compression={},
-                                           profile=self._profile)
+        spec, sliced, _, _ = fragment_spec(self._source(var, self._clip(var, shape)), model, self.url,
+                                           format=self._dialect, fragment_format=self._fragment_format,
+                                           compression={}, profile=self._profile)
         values = []
         for plain, full in sliced:
             cut = tuple(where[var.dims.index(d)] if d in var.dims else slice(None) for d in plain.dims)
             values.append(encode_values(np.ma.asarray(full)[cut], plain.attrs, plain.dtype))
         return spec, values
+
+    @staticmethod
+    def _source(var: WritableVariable, compression: dict[str, Any] | None = None) -> WriteSource:
+        """The variable as the write graph describes its fragments. An updated one keeps the previous
+        aggregation's description (as ``to_cfa(mode="r+")`` does): its packing stays on the aggregation
+        variable, whose fragments it has not rewritten hold their values packed without it."""
+        previous = var._previous
+        return WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs), compression=compression,
+                           existing=None if previous is None else previous["variable"].aggregation)
 
     def _clip(self, var: WritableVariable, shape: tuple[int, ...]) -> dict[str, Any] | None:
         """The variable's ``createVariable`` storage keywords for one fragment (chunks no larger than it)."""
@@ -1050,7 +1058,8 @@ class AggregationWriter(_Definitions, Dataset):
         return keywords
 
     def _read_back(self, var: WritableVariable, index: tuple[int, ...]) -> np.ma.MaskedArray:
-        """A fragment this write stored incomplete, decoded."""
+        """A fragment this write stored incomplete, decoded by the variable's encoding (the fragment
+        of an updated packed aggregation holds its values packed without the packing attributes)."""
         key = (var.path, index)
         if key in self._inflight:
             self._collect(key, self._inflight.pop(key))
@@ -1058,7 +1067,9 @@ class AggregationWriter(_Definitions, Dataset):
         group = "/" if self._dialect not in ("CFA-0.5", "CFA-0.4") else posixpath.dirname(var.path)
         with storage.netcdf_file(storage.resolve(record.uri, self.url), profile=self._profile) as nc:
             owner = nc if group in ("", "/") else nc[group.strip("/")]
-            return np.ma.asarray(owner.variables[var.name][...])
+            stored = owner.variables[var.name]
+            stored.set_auto_maskandscale(False)
+            return Encoding.from_attrs(var.attrs, var.dtype).decode(np.asarray(stored[...]))
 
     def _aggregated(self) -> list[WritableVariable]:
         return [v for g in self.walk() for v in g.variables.values() if v._aggregated]
@@ -1158,7 +1169,7 @@ class AggregationWriter(_Definitions, Dataset):
                        ((var._layout.span(d, i)[0], n) for d, (i, n) in enumerate(zip(index, shape))))
         held = previous["variable"].shape
         inside = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(slices, held))
-        underneath = np.ma.masked_all(shape, var.dtype)
+        underneath = np.ma.masked_all(shape, var.value_dtype)  # (decoded values: a packed variable's too)
         old = np.ma.asarray(previous["variable"].data[inside].compute())
         underneath[tuple(slice(0, s.stop - s.start) for s in inside)] = old
         return buffer.array(shape, underneath)
@@ -1182,8 +1193,7 @@ class AggregationWriter(_Definitions, Dataset):
                                                          encode_values(values, var.attrs, var.dtype)))
         for var in self._aggregated():
             written = {index: rec for (path, index), rec in self._records.items() if path == var.path}
-            source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs))
-            _, _, dtype, attrs = fragment_spec(source, model, self.url, format=self._dialect,
+            _, _, dtype, attrs = fragment_spec(self._source(var), model, self.url, format=self._dialect,
                                                fragment_format=self._fragment_format, compression={},
                                                profile=self._profile)
             model.aggregated.append(AggregatedVariable(
