@@ -135,12 +135,7 @@ CASES = {
 }
 
 
-#: what Dataset(url, "a") does not yet do as to_cfa does (it merges decoded values; it refuses unique values)
-PENDING = pytest.mark.xfail(strict=True, reason="issue 30: Dataset(url, 'a') does not merge stored values yet")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=PENDING) if c in ("missing_value", "unique_values") else c
-                                  for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("region", [slice(1, 3), slice(3, 6)], ids=["inside-one", "across-two"])
 @pytest.mark.parametrize("buffer_size", [None, 1], ids=["buffered", "spilled"])
 def test_region_update_is_the_same_through_both_front_ends(tmp_path, case, region, buffer_size):
@@ -185,3 +180,16 @@ def test_append_to_packed_aggregation_is_the_same_through_both_front_ends(tmp_pa
     for url in (via_to_cfa, via_dataset):
         assert_matches(daskcfa.from_cfa(url).compute(), expected, atol=1e-9, rtol=1e-9)
     assert_same_archives(via_to_cfa, via_dataset)
+
+
+def test_update_keeps_unique_valued_fragments_it_does_not_assign(tmp_path):
+    """Before issue 30, Dataset(url, "a") refused any archive with unique_values fragments."""
+    url, truth = unique_archive(tmp_path / "u")
+    before = stored(str(url))
+    with Dataset(str(url), "a") as ds:
+        ds.comment = "updated"
+        ds["tas"].long_name = "air temperature"
+    assert stored(str(url)) == before == {(0, 0, 0): ("unique", 280.5), (1, 0, 0): ("unique", 290.25)}
+    opened = daskcfa.open_cfa(str(url))
+    assert (opened.attrs["comment"], opened["tas"].attrs["long_name"]) == ("updated", "air temperature")
+    assert_matches(daskcfa.from_cfa(str(url)).compute(), truth)
