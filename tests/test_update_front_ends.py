@@ -37,15 +37,15 @@ def packed(truth: np.ma.MaskedArray) -> np.ma.MaskedArray:
     return np.ma.MaskedArray(stored * SCALE + OFFSET, mask=np.ma.getmaskarray(truth))
 
 
-def packed_archive(directory, *, unlimited: bool = False):
+def packed_archive(directory, *, unlimited: bool = False, sizes=SIZES):
     """int16 fragments packed by the aggregation variable (scale_factor, add_offset, _FillValue on it)."""
-    truth = make_truth(SHAPE, "f8", masked=0.1, seed=1, lo=-20, hi=60)
+    truth = make_truth(tuple(sum(row) for row in sizes), "f8", masked=0.1, seed=1, lo=-20, hi=60)
     if unlimited:  # the aggregation file made first, with time unlimited (the builder adds to it)
         directory.mkdir(parents=True)
         with netCDF4.Dataset(directory / "aggregation.nc", "w") as nc:
             nc.Conventions = "CF-1.13"
             nc.createDimension("time", None)
-    built = build_cf113(directory, truth, DIMS, SIZES, agg_scale_factor=SCALE, agg_add_offset=OFFSET,
+    built = build_cf113(directory, truth, DIMS, sizes, agg_scale_factor=SCALE, agg_add_offset=OFFSET,
                         fill_value=FILL, append=unlimited)
     return built.path, built.expected
 
@@ -193,3 +193,25 @@ def test_update_keeps_unique_valued_fragments_it_does_not_assign(tmp_path):
     opened = daskcfa.open_cfa(str(url))
     assert (opened.attrs["comment"], opened["tas"].attrs["long_name"]) == ("updated", "air temperature")
     assert_matches(daskcfa.from_cfa(str(url)).compute(), truth)
+
+
+def test_append_completing_a_short_packed_fragment_keeps_its_stored_values(tmp_path):
+    """The last fragment along the unlimited dimension holds 2 of 4 steps: appending rewrites it
+    with its 2 stored steps bit for bit (its missing points as the aggregation's fill value, whose
+    encoding it now carries) and the 2 new ones packed, then starts a new fragment."""
+    url, truth = packed_archive(tmp_path / "p", unlimited=True, sizes=((4, 2), (3,), (4,)))
+    url = str(url)
+    before = stored(url)
+    new = make_truth((4, 3, 4), "f8", masked=0.25, seed=9, lo=-10, hi=60)
+    with Dataset(url, "a") as ds:
+        ds["tas"][6:10] = new
+        ds["time"][6:10] = np.arange(6.0, 10.0)
+    after = stored(url)
+    assert encoding(url) == (np.dtype("i2"), {"scale_factor": SCALE, "add_offset": OFFSET, "_FillValue": FILL})
+    np.testing.assert_array_equal(after[(0, 0, 0)][-1], before[(0, 0, 0)][-1])
+    grown = after[(1, 0, 0)][-1]
+    assert grown.shape == (4, 3, 4) and after[(2, 0, 0)][-1].shape == (2, 3, 4)
+    _, attrs, held = before[(1, 0, 0)]  # (the builder's fragments have a _FillValue of their own)
+    np.testing.assert_array_equal(grown[:2], np.where(held == attrs["_FillValue"], FILL, held))
+    expected = np.ma.concatenate([truth, packed(new)])
+    assert_matches(daskcfa.from_cfa(url).compute(), expected, atol=1e-9, rtol=1e-9)
