@@ -215,3 +215,25 @@ def test_append_completing_a_short_packed_fragment_keeps_its_stored_values(tmp_p
     np.testing.assert_array_equal(grown[:2], np.where(held == attrs["_FillValue"], FILL, held))
     expected = np.ma.concatenate([truth, packed(new)])
     assert_matches(daskcfa.from_cfa(url).compute(), expected, atol=1e-9, rtol=1e-9)
+
+
+def test_packed_region_update_on_s3_is_the_same_through_both_front_ends(tmp_path, s3_server):
+    """On the S3 test server; the two updated archives are then downloaded and compared bit for bit."""
+    url, truth = packed_archive(tmp_path / "src")
+    fs, bucket, options = s3_server.filesystem(), s3_server.new_bucket(), s3_server.storage_options
+    urls = {}
+    for copy in ("to_cfa", "dataset"):
+        fs.put(str(tmp_path / "src") + "/", f"{bucket}/{copy}/", recursive=True)
+        urls[copy] = f"s3://{bucket}/{copy}/{url.name}"
+    new = make_truth((3, 3, 4), "f8", masked=0.25, seed=10, lo=-10, hi=60)
+    daskcfa.to_cfa(new, urls["to_cfa"], mode="r+", region={"time": slice(2, 5)}, storage_options=options)
+    with Dataset(urls["dataset"], "a", storage_options=options) as ds:
+        ds["tas"][2:5] = new
+    expected = truth.copy()
+    expected[2:5] = packed(new)
+    local = {}
+    for copy, remote in urls.items():
+        assert_matches(daskcfa.from_cfa(remote, storage_options=options).compute(), expected, atol=1e-9, rtol=1e-9)
+        fs.get(f"{bucket}/{copy}/", str(tmp_path / "back" / copy) + "/", recursive=True)
+        local[copy] = str(tmp_path / "back" / copy / url.name)
+    assert_same_archives(local["to_cfa"], local["dataset"])
