@@ -1278,13 +1278,7 @@ class AggregationWriter(_Definitions, Dataset):
             values = old.characters.compute() if np.dtype(old.dtype).kind == "S" else old.data.compute()
             var._plain.put(tuple(slice(0, n) for n in var.shape), np.ma.asarray(values))
             return
-        frags = old.fragments
-        for unsupported in ("units", "parts", "reversed"):
-            if getattr(frags, unsupported) is not None:
-                raise ArgumentError(f"{old.path}: mode='a' does not update aggregations whose fragments have "
-                                    f"{unsupported.replace('_', ' ')} (use daskcfa.to_cfa or refragment first)",
-                                    file=self.url)
-        grid = frags.grid
+        grid = old.fragments.grid
         offsets, steps = [list(o) for o in grid.offsets], []
         for i, row in enumerate(grid.sizes):
             step = max(row) if found[i].unlimited and row and max(row) else None

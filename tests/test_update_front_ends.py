@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import Frag, assert_matches, build_cf113, make_truth
+from builders import Frag, assert_matches, build_cf113, build_nca, make_truth
 from daskcfa.errors import CFAFormatError
 from daskcfa.netcdf4 import Dataset
 from daskcfa.storage import resolve
@@ -237,3 +237,23 @@ def test_packed_region_update_on_s3_is_the_same_through_both_front_ends(tmp_path
         fs.get(f"{bucket}/{copy}/", str(tmp_path / "back" / copy) + "/", recursive=True)
         local[copy] = str(tmp_path / "back" / copy / url.name)
     assert_same_archives(local["to_cfa"], local["dataset"])
+
+
+@pytest.mark.parametrize("form", [{"reverse": (True, False, False)}, {"transpose": (0, 2, 1)}],
+                         ids=["reversed", "transposed"])
+def test_update_refuses_kept_fragments_the_format_cannot_describe(tmp_path, form):
+    """An NCA fragment stored reversed or transposed, kept by an update converting the archive to
+    CF-1.13: refused by both front ends, the archive unchanged. (Before, the update dropped how the
+    fragment lies in its file: a reversed one then read back reversed, silently, a transposed one
+    failed to read; Dataset(url, "a") refused a reversed one.)"""
+    truth = make_truth(SHAPE, "f8", seed=11)
+    built = build_nca(tmp_path / "n", truth, DIMS, SIZES, frags={(1, 0, 0): Frag(**form)})
+    url = str(built.path)
+    files = {p: p.read_bytes() for p in (tmp_path / "n").rglob("*") if p.is_file()}
+    with pytest.raises(CFAFormatError, match="fragments with their own"):
+        daskcfa.to_cfa(np.ones((2, 3, 4)), url, mode="r+", region={"time": slice(0, 2)}, format="CF-1.13")
+    with pytest.raises(CFAFormatError, match="fragments with their own"):
+        with Dataset(url, "a", format="CF-1.13") as ds:
+            ds["tas"][0:2] = np.ones((2, 3, 4))
+    assert_matches(daskcfa.from_cfa(url).compute(), built.expected)
+    assert all(p.read_bytes() == content for p, content in files.items())

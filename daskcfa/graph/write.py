@@ -460,7 +460,15 @@ def fragment_columns(source: WriteSource, grid: FragmentGrid, written: dict[tupl
             values[index] = np.ma.masked
     if len(set(ids.ravel().tolist())) == 1:
         ids = np.array(ids.ravel()[0], dtype=object)
-    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
+    # how the kept fragments lie in their files (NCA): kept, so that a dialect which cannot say so refuses them
+    lying = {}
+    for name in ("axes", "reversed", "parts"):
+        column = getattr(existing, name) if existing is not None else None
+        if column is not None:
+            column = lying[name] = np.array(column, dtype=object)
+            for index in written:
+                column[index] = None
+    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values, **lying)
 
 
 def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
