@@ -257,3 +257,23 @@ def test_update_refuses_kept_fragments_the_format_cannot_describe(tmp_path, form
             ds["tas"][0:2] = np.ones((2, 3, 4))
     assert_matches(daskcfa.from_cfa(url).compute(), built.expected)
     assert all(p.read_bytes() == content for p, content in files.items())
+
+
+def test_update_converting_fragments_in_their_own_units_is_the_same_through_both_front_ends(tmp_path):
+    """NCA fragments in degC of a K aggregation, converted to CF-1.13 by the update: the rewritten
+    fragment holds kelvin, the kept one its own units. (Dataset(url, "a") refused them before.)"""
+    def make(directory):
+        built = build_nca(directory, make_truth(SHAPE, "f8", seed=12), DIMS, SIZES,
+                          frags=lambda index: Frag(units="degC"))
+        return built.path, built.expected
+
+    via_to_cfa, via_dataset, truth = copies(tmp_path, make)
+    new = make_truth((2, 3, 4), "f8", masked=0.25, seed=13)
+    daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": slice(1, 3)}, format="CF-1.13")
+    with Dataset(via_dataset, "a", format="CF-1.13") as ds:
+        ds["tas"][1:3] = new
+    expected = truth.copy()
+    expected[1:3] = new
+    for url in (via_to_cfa, via_dataset):
+        assert_matches(daskcfa.from_cfa(url).compute(), expected)
+    assert_same_archives(via_to_cfa, via_dataset)
