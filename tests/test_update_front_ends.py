@@ -168,12 +168,13 @@ def test_region_update_is_the_same_through_both_front_ends(tmp_path, case, regio
     assert_same_archives(via_to_cfa, via_dataset)
 
 
-def test_append_to_packed_aggregation_is_the_same_through_both_front_ends(tmp_path):
+@pytest.mark.parametrize("mode", ["a", "r+"])
+def test_append_to_packed_aggregation_is_the_same_through_both_front_ends(tmp_path, mode):
     via_to_cfa, via_dataset, truth = copies(tmp_path, lambda d: packed_archive(d, unlimited=True))
     new = make_truth((4, 3, 4), "f8", masked=0.25, seed=8, lo=-10, hi=60)
     times = np.arange(8.0, 12.0) * 1.5 + 10.0
     daskcfa.to_cfa(new, via_to_cfa, mode="a", append_dim="time", coords={"time": times})
-    with Dataset(via_dataset, "a") as ds:
+    with Dataset(via_dataset, mode) as ds:
         ds["tas"][8:12] = new
         ds["time"][8:12] = times
     expected = np.ma.concatenate([truth, packed(new)])
