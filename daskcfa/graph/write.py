@@ -73,6 +73,7 @@ __all__ = [
     "settle_unlimited",
     "fragment_name",
     "region_bounds",
+    "fragment_columns",
 ]
 
 
@@ -372,7 +373,7 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
         keys.append(key)
     aggregated = AggregatedVariable(
         name=source.name, dims=source.dims, dtype=plan.dtype, attrs=plan.attrs,
-        fragments=_fragments(source, grid, written), dialect=options.format, source=url,
+        fragments=fragment_columns(source, grid, written), dialect=options.format, source=url,
     )
     return aggregated, keys
 
@@ -435,8 +436,9 @@ def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Arra
     return x.map_blocks(encode, dtype=source.dtype, meta=np.empty((0,) * x.ndim, source.dtype))
 
 
-def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int, ...], str]) -> Fragments:
-    """The variable's fragment columns: the fragments written now, and (r+) the others as they were."""
+def fragment_columns(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int, ...], str]) -> Fragments:
+    """The variable's fragment columns: the fragments written now, and (r+) the others as they were
+    (``source.existing`` on ``grid``: references, identifiers, unique values)."""
     existing = source.existing.fragments if source.existing is not None else None
     width = existing.uris.shape[-1] if existing is not None and existing.uris is not None else 1
     uris = np.full(grid.grid_shape + (width,), "", dtype=object)
@@ -460,7 +462,15 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
             values[index] = np.ma.masked
     if len(set(ids.ravel().tolist())) == 1:
         ids = np.array(ids.ravel()[0], dtype=object)
-    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
+    # how the kept fragments lie in their files (NCA): kept, so that a dialect which cannot say so refuses them
+    lying = {}
+    for name in ("axes", "reversed", "parts"):
+        column = getattr(existing, name) if existing is not None else None
+        if column is not None:
+            column = lying[name] = np.array(column, dtype=object)
+            for index in written:
+                column[index] = None
+    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values, **lying)
 
 
 def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
