@@ -50,7 +50,7 @@ import netCDF4
 import numpy as np
 from dask.utils import parse_bytes
 
-from . import dataset, storage
+from . import config, dataset, storage
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
@@ -855,6 +855,7 @@ class AggregationWriter(_Definitions, Dataset):
                fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
                max_concurrent_uploads: int | None = None, keep_previous: float = 0.0,
                chunk_index: bool = False) -> "AggregationWriter":
+        config.check()
         self = object.__new__(cls)
         d = self.__dict__
         url = storage.normalise(url)
@@ -863,8 +864,7 @@ class AggregationWriter(_Definitions, Dataset):
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
                  _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _sizes={}, _expected=None)
-        budget = buffer_size if buffer_size is not None else dask.config.get("daskcfa.write.buffer-memory")
-        d["_budget"] = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+        d["_budget"] = config.size("daskcfa.write.buffer-memory", buffer_size, "buffer_size")
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
         exists = storage.exists(url, profile)
