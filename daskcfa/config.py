@@ -36,7 +36,7 @@ import yaml
 
 from .errors import ArgumentError, CFAWarning, ConfigError
 
-__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size"]
+__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size", "maximum"]
 
 _HERE = os.path.dirname(__file__)
 
@@ -101,9 +101,7 @@ def size(key: str, given: Any = None, argument: str = "") -> int:
     """The size setting ``key`` in bytes, checked against its schema: ``given`` (the value of the
     keyword ``argument`` that overrides it, an :class:`~daskcfa.ArgumentError` if bad) or the
     configured value (a :class:`~daskcfa.errors.ConfigError` if bad)."""
-    schema: Mapping[str, Any] = SCHEMA
-    for part in key.split(".")[1:]:
-        schema = schema["properties"][part]
+    schema = _schema_of(key)
     value = dask.config.get(key) if given is None else given
     try:
         _check_value(value, schema, key)
@@ -113,6 +111,18 @@ def size(key: str, given: Any = None, argument: str = "") -> int:
         raise ArgumentError(f"{argument}: {exc.reason.replace(f'dask config {key!r}', 'the value')}") from None
     number = _parse_size(value, s3nc=schema.get("format") == "size") if isinstance(value, str) else value
     return int(number)
+
+
+def maximum(key: str) -> float:
+    """The largest value the schema allows for the number setting ``key``."""
+    return float(_bound(_schema_of(key), "maximum"))  # type: ignore[arg-type]
+
+
+def _schema_of(key: str) -> Mapping[str, Any]:
+    schema: Mapping[str, Any] = SCHEMA
+    for part in key.split(".")[1:]:
+        schema = schema["properties"][part]
+    return schema
 
 
 def _caller_level() -> int:

@@ -37,6 +37,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import math
 import os
 import posixpath
 import re
@@ -50,6 +51,7 @@ from typing import Any, Iterable, Iterator
 import dask.config
 import fsspec.asyn
 
+from .. import config
 from ..errors import ArgumentError, CFAError, NotFoundError, StorageError, WriteConflictError, redact
 from ..logs import logger
 from .atomic import put_atomic
@@ -114,6 +116,39 @@ def _ttl() -> float:
     return float(dask.config.get("daskcfa.write.lease-seconds", 600))
 
 
+#: Seconds another host's clock may run ahead of ours: an expiry further ahead than a lease's
+#: time plus this is forged (or from a broken clock) and stale, not a lease to wait for.
+CLOCK_SKEW = 300.0
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """A lease record whose every field is well-formed (:func:`_holder`)."""
+
+    owner: str
+    host: str
+    pid: int
+    generation: str
+    expires: float  #: time.time() at which it ends unless renewed
+    seconds: float  #: the lease time its writer declared (0 in records of earlier versions)
+
+
+def _holder(record: Any) -> _Holder | None:
+    """The record's fields, or None if any is malformed (wrong type, NaN, a pid no process has):
+    such a record is stale, taken over (a garbled lease must not block a target, nor raise)."""
+    if not isinstance(record, dict):
+        return None
+    owner, host, pid, generation = (record.get(k) for k in ("owner", "host", "pid", "generation"))
+    expires, seconds = record.get("expires"), record.get("seconds", 0.0)
+    if not (isinstance(owner, str) and owner and isinstance(host, str) and isinstance(generation, str)):
+        return None
+    if not (type(pid) is int and 0 < pid < 2**31):  # (pid_t; 0 and -1 would signal process groups)
+        return None
+    if not all(type(v) in (int, float) and math.isfinite(v) for v in (expires, seconds)):
+        return None
+    return _Holder(owner, host, pid, generation, float(expires), float(seconds))
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -150,24 +185,32 @@ class Lease:
     # -- the record --
 
     def _record(self) -> bytes:
+        ttl = _ttl()
         return json.dumps({"owner": self.owner, "host": self.host, "pid": self.pid, "generation": self.generation,
-                           "expires": time.time() + _ttl()}).encode()
+                           "expires": time.time() + ttl, "seconds": ttl}).encode()
 
-    def _describe(self, record: dict[str, Any]) -> str:
-        left = float(record.get("expires", 0)) - time.time()
-        return (f"a write by process {record.get('pid')} on {record.get('host')!r} (generation "
-                f"{record.get('generation')}, lease {'expired' if left < 0 else f'valid for {left:.0f} s more'})")
+    @staticmethod
+    def _describe(holder: _Holder | None) -> str:
+        if holder is None:
+            return "a malformed lease record"
+        left = holder.expires - time.time()
+        return (f"a write by process {holder.pid} on {holder.host!r} (generation "
+                f"{holder.generation}, lease {'expired' if left < 0 else f'valid for {left:.0f} s more'})")
 
-    def _stale(self, record: dict[str, Any]) -> bool:
-        """Expired, or its process is gone, or it is an earlier attempt at this very write by the
-        process that started this one (a failed ``compute()`` re-run: it resumes the same generation)."""
-        if float(record.get("expires", 0)) < time.time():
+    def _stale(self, holder: _Holder | None) -> bool:
+        """Malformed, expired, expiring further ahead than any lease lasts (forged), or its process
+        is gone, or it is an earlier attempt at this very write by the process that started this
+        one (a failed ``compute()`` re-run: it resumes the same generation)."""
+        if holder is None:
             return True
-        if record.get("host") != socket.gethostname():
+        longest = max(_ttl(), min(holder.seconds, float(config.maximum("daskcfa.write.lease-seconds"))))
+        if not time.time() <= holder.expires <= time.time() + longest + CLOCK_SKEW:
+            return True
+        if holder.host != socket.gethostname():
             return False
-        if record.get("pid") == self.pid and record.get("generation") == self.generation and self.generation:
+        if holder.pid == self.pid and holder.generation == self.generation and self.generation:
             return True
-        return not _pid_alive(int(record.get("pid", 0)))
+        return not _pid_alive(holder.pid)
 
     # -- operations --
 
@@ -188,16 +231,16 @@ class Lease:
                 if _create(self.uri, self._record(), self.profile):
                     return self
             else:
-                record, tag = found
-                if record.get("owner") == self.owner:
+                holder, tag = found
+                if holder is not None and holder.owner == self.owner:
                     return self
-                if self._stale(record):
+                if self._stale(holder):
                     if _swap(self.uri, tag, self._record(), self.profile):
                         log.warning("took over the stale write lease %s on %s, held by %s", redact(self.uri),
-                                    redact(self.target), self._describe(record))
+                                    redact(self.target), self._describe(holder))
                         return self
                 elif time.monotonic() >= deadline:
-                    raise WriteConflictError(f"another writer holds the target: {self._describe(record)}; "
+                    raise WriteConflictError(f"another writer holds the target: {self._describe(holder)}; "
                                              f"retry when it has finished", file=self.target)
             if attempt >= 20 and time.monotonic() >= deadline:  # (a lease changing under us all along)
                 raise WriteConflictError("cannot take the lease on the target: other writers keep changing it",
@@ -217,13 +260,12 @@ class Lease:
         if not force and time.monotonic() - _CONFIRMED.get(key, -1e9) < min(5.0, _ttl() / 10):
             return
         found = _read(self.uri, self.profile)
-        if found is None or found[0].get("owner") != self.owner:
+        if found is None or found[0] is None or found[0].owner != self.owner:
             holder = "nobody" if found is None else self._describe(found[0])
             raise WriteConflictError(f"this write lost its lease on the target (now held by {holder}); nothing "
                                      "of it was committed", file=self.target)
-        record, tag = found
-        if float(record.get("expires", 0)) - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(),
-                                                                                     self.profile):
+        holder, tag = found
+        if holder.expires - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(), self.profile):
             self.confirm(force=True)  # someone changed it meanwhile: look again
         _CONFIRMED[key] = time.monotonic()
 
@@ -233,7 +275,7 @@ class Lease:
         process ends or it expires, and the write's own outcome is what the caller must see."""
         try:
             found = _read(self.uri, self.profile)
-            if found is not None and found[0].get("owner") == self.owner:
+            if found is not None and found[0] is not None and found[0].owner == self.owner:
                 _remove(self.uri, found[1], self.profile)
         except (CFAError, OSError):
             pass
@@ -244,8 +286,9 @@ class Lease:
 # --------------------------------------------------------------------------
 
 
-def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
-    """The lease record and its tag (the bytes locally, the ETag on S3), or None if there is none."""
+def _read(uri: str, profile: ProfileRef) -> tuple[_Holder | None, Any] | None:
+    """The lease record (None if malformed) and its tag (the bytes locally, the ETag on S3), or
+    None if there is none."""
     if is_local(uri):
         try:
             with open(local_path(uri), "rb") as f:
@@ -271,11 +314,9 @@ def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
             return None
     try:
         record = json.loads(data)
-    except ValueError:
-        record = {}
-    if not isinstance(record, dict):
-        record = {}
-    return record, tag  # an unreadable record has no owner and no expiry: stale, taken over
+    except (ValueError, RecursionError):
+        record = None
+    return _holder(record), tag  # an unreadable record is stale, taken over
 
 
 @contextmanager
