@@ -56,7 +56,8 @@ from ..model import (AggregatedVariable, AggregationDataset, Dimension, Fragment
                      is_coordinate_variable)
 from ..storage.uri import check_uri_style
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
-from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
+from ..storage.lease import (Lease, generation_name, generation_of, in_generation, marker_of, own_generations, retire,
+                             schedule)
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
@@ -479,8 +480,11 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
             earlier = json.loads(storage.read_bytes(commit.manifest, commit.profile))
         except (NotFoundError, ValueError, AttributeError):
             earlier = {}
-        schedule(_previous_fragments(commit, earlier), commit.references, commit.url, commit.retired, commit.profile,
-                 commit.keep_previous)
+        previous = _previous_fragments(commit, earlier)
+        listed = schedule(previous, commit.references, commit.url, commit.retired, commit.profile,
+                          commit.keep_previous)
+        generations = own_generations(earlier, previous, commit.references, listed, commit.url,
+                                      commit.header["generation"])
         storage.remove_stale_temporaries([commit.url, *new], commit.profile)
         resumed = sum(rec.resumed for recs in records for rec in recs)
         put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease,
@@ -493,9 +497,9 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
             entries = fragments.setdefault(variable, {})
             for rec in recs:
                 entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
-        manifest = {**commit.header, "fragments": fragments}
+        manifest = {**commit.header, "generations": generations, "fragments": fragments}
         storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
-        retire(commit.references, commit.url, commit.retired, commit.profile)
+        retire(commit.references, commit.url, commit.retired, commit.profile, generations)
     finally:
         lease.release()
     return commit.url

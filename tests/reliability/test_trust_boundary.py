@@ -1,0 +1,150 @@
+"""Issue #27, the writer's trust boundary: what a writer deletes, and writers racing for one target.
+
+A planted ``<stem>/.daskcfa/retired.json`` (attack 3) named another dataset's
+aggregation file and directory, and a file outside the tree through a link:
+all three were deleted by ``to_cfa(..., mode="w")`` (the directory with
+``rmtree``). Now a writer deletes only fragments of this dataset's own
+generations (as its manifest names them) under ``<stem>/``, reached through
+no link; everything else in the list is ignored with a warning. Real files,
+real links, the real S3 server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import pytest
+
+import daskcfa
+from builders import assert_matches, generation_dir
+
+from .conftest import truth
+
+DIMS = ("time", "lat", "lon")
+FORGED = "g-aaaaaaaaaaaaaaaa"
+
+
+def write(x, url, **kw):
+    return daskcfa.to_cfa(x, str(url), variable="tas", dims=DIMS, fragment_shape=(3, 2, 5), **kw)
+
+
+def _plant(read, put, entries: list[str], generations: list[str]) -> None:
+    """A retired list due now, and the manifest also naming ``generations`` as this dataset's own."""
+    put("t/.daskcfa/retired.json", json.dumps({"retired": dict.fromkeys(entries, 0)}).encode())
+    manifest = json.loads(read("t/.daskcfa/manifest.json"))
+    manifest.setdefault("generations", []).extend(generations)
+    put("t/.daskcfa/manifest.json", json.dumps(manifest).encode())
+
+
+def _ignored(caught, expected: str) -> bool:
+    """Whether exactly one CFAWarning of ignored retired entries was given, matching ``expected``."""
+    found = [str(w.message) for w in caught if issubclass(w.category, daskcfa.CFAWarning)
+             and str(w.message).startswith("ignored ")]
+    return len(found) == 1 and re.match(expected, found[0]) is not None
+
+
+def test_a_planted_retired_list_deletes_nothing_outside_the_dataset(tmp_path):
+    ds, outside = tmp_path / "ds", tmp_path / "elsewhere"
+    outside.mkdir()
+    secret = outside / "secret.nc"
+    secret.write_bytes(b"not yours")
+    write(truth(seed=1), ds / "other.nc")  # another dataset beside this one
+    theirs = generation_dir(ds / "other")
+    their_files = sorted(p for p in (ds / "other").rglob("*") if p.is_file())
+    write(truth(seed=2), ds / "t.nc")
+    ours = generation_dir(ds / "t")
+    (ds / "t" / "link").symlink_to(outside)  # a link inside our directory, to outside the tree
+    (ds / "t" / FORGED).symlink_to(outside)  # a link named as a generation (the manifest names it too)
+    entries = ["other.nc", "other", f"other/{theirs.name}", f"other/{theirs.name}/{their_files[0].name}",
+               "t/link/secret.nc", f"t/{FORGED}/secret.nc", "../elsewhere/secret.nc", str(secret),
+               f"t/{ours.name}/../../other.nc", f"t//{ours.name}/x.nc", "t/link"]
+
+    def put(relative: str, data: bytes) -> None:
+        (ds / relative).write_bytes(data)
+
+    _plant(lambda relative: (ds / relative).read_bytes(), put, entries, [f"t/{FORGED}", f"other/{theirs.name}", "t/link", "other"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write(truth(seed=3), ds / "t.nc", mode="w")
+    assert secret.read_bytes() == b"not yours"
+    assert (ds / "other.nc").is_file() and all(p.is_file() for p in their_files)
+    assert _ignored(caught, r"ignored 11 entries of .*retired\.json that are not fragments of this dataset's "
+                            r"own generations \(nothing deleted\)")
+    assert_matches(daskcfa.from_cfa(str(ds / "other.nc")).compute(), truth(seed=1))
+    assert_matches(daskcfa.from_cfa(str(ds / "t.nc")).compute(), truth(seed=3))
+    assert (ds / "t" / "link").is_symlink() and (ds / "t" / FORGED).is_symlink()
+    assert json.loads((ds / "t" / ".daskcfa" / "retired.json").read_text())["retired"] == {}  # (dropped)
+    assert not ours.exists()  # our own previous generation was retired as before
+
+
+def test_a_directory_in_our_own_generation_is_not_removed_unless_a_zarr_store(tmp_path):
+    """Even inside this dataset's own generation, only regular files and Zarr stores are deleted: a
+    directory planted there (or a link to one) is never removed with everything under it."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    ours = generation_dir(tmp_path / "t")
+    planted = ours / "data.nc"
+    planted.mkdir()
+    (planted / "keep.nc").write_bytes(b"keep")
+    fake = ours / "fake.zarr"  # named as a store, not one
+    fake.mkdir()
+    (fake / "keep.nc").write_bytes(b"keep")
+    (ours / "link.nc").symlink_to(planted / "keep.nc")
+    retired = tmp_path / "t" / ".daskcfa" / "retired.json"
+    names = ["data.nc", "fake.zarr", "link.nc"]
+    retired.write_text(json.dumps({"retired": {f"t/{ours.name}/{n}": 0 for n in names}}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write(truth(seed=2), tmp_path / "t.nc", mode="w")
+    assert (planted / "keep.nc").read_bytes() == b"keep" and (fake / "keep.nc").read_bytes() == b"keep"
+    assert (ours / "link.nc").is_symlink()
+    assert _ignored(caught, "ignored 3 entries")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
+
+
+def test_a_planted_retired_list_deletes_no_key_outside_the_dataset_on_s3(s3_server):
+    fs, bucket = s3_server.filesystem(), s3_server.new_bucket()
+    options = s3_server.storage_options
+    fs.pipe(f"{bucket}/elsewhere/secret.nc", b"not yours")
+    write(truth(seed=1), f"s3://{bucket}/ds/other.nc", storage_options=options)
+    theirs = sorted(fs.find(f"{bucket}/ds/other"))
+    their_generation = next(p.split("/")[3] for p in theirs if p.split("/")[3].startswith("g-"))
+    write(truth(seed=2), f"s3://{bucket}/ds/t.nc", storage_options=options)
+    entries = ["other.nc", "other", f"other/{their_generation}", theirs[0].split("/", 2)[2],
+               "../elsewhere/secret.nc", f"t/{FORGED}/../../other.nc", "t/../other.nc",
+               f"/{bucket}/elsewhere/secret.nc"]
+    _plant(lambda relative: fs.cat(f"{bucket}/ds/{relative}"),
+           lambda relative, data: fs.pipe(f"{bucket}/ds/{relative}", data), entries,
+           [f"other/{their_generation}", "other", "../elsewhere"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write(truth(seed=3), f"s3://{bucket}/ds/t.nc", storage_options=options, mode="w")
+    fs.invalidate_cache()
+    assert fs.cat(f"{bucket}/elsewhere/secret.nc") == b"not yours"
+    assert fs.exists(f"{bucket}/ds/other.nc") and all(fs.exists(p) for p in theirs)
+    assert _ignored(caught, f"ignored {len(entries)} entries")
+    assert_matches(daskcfa.from_cfa(f"s3://{bucket}/ds/other.nc", storage_options=options).compute(), truth(seed=1))
+    assert_matches(daskcfa.from_cfa(f"s3://{bucket}/ds/t.nc", storage_options=options).compute(), truth(seed=3))
+    assert len({p.split("/")[3] for p in fs.find(f"{bucket}/ds/t") if "/g-" in p}) == 1  # ours retired
+
+
+def test_the_manifest_names_the_generations_retirement_may_touch(tmp_path):
+    """Overwrites with a grace period: every generation still listed for retirement stays named by the
+    manifest until its fragments are gone (a writer killed in between leaves them to the next commit)."""
+    target = tmp_path / "t.nc"
+    write(truth(seed=1), target)
+    first = generation_dir(tmp_path / "t").name
+    write(truth(seed=2), target, mode="w", keep_previous=60)
+    manifest = json.loads((tmp_path / "t" / ".daskcfa" / "manifest.json").read_text())
+    assert len(manifest["generations"]) == 2 and f"t/{first}" in manifest["generations"]
+    write(truth(seed=3), target, mode="w", keep_previous=60)
+    assert len(json.loads((tmp_path / "t" / ".daskcfa" / "manifest.json").read_text())["generations"]) == 3
+    retired = tmp_path / "t" / ".daskcfa" / "retired.json"
+    retired.write_text(json.dumps({"retired": {k: 0 for k in json.loads(retired.read_text())["retired"]}}))
+    write(truth(seed=4), target, mode="w")
+    assert len(list((tmp_path / "t").glob("g-*"))) == 1  # (the manifest still names the three just retired)
+    write(truth(seed=4), target, mode="w")  # (the same write: nothing leaves)
+    assert json.loads((tmp_path / "t" / ".daskcfa" / "manifest.json").read_text())["generations"] == \
+        [f"t/{generation_dir(tmp_path / 't').name}"]
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=4))
