@@ -476,10 +476,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
             raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
                                      "run the update again", file=commit.url)
         new = {storage.resolve(rec.uri, commit.url) for recs in records for rec in recs}
-        try:
-            earlier = json.loads(storage.read_bytes(commit.manifest, commit.profile))
-        except (NotFoundError, ValueError, AttributeError):
-            earlier = {}
+        earlier = _read_manifest(commit)
         previous = _previous_fragments(commit, earlier)
         listed = schedule(previous, commit.references, commit.url, commit.retired, commit.profile,
                           commit.keep_previous)
@@ -492,7 +489,7 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
                                f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
         fragments: dict[str, dict[str, Any]] = {}
         if commit.mode in UPDATE_MODES:  # the fragments written earlier are still part of the aggregation
-            fragments = earlier.get("fragments", {}) if isinstance(earlier, dict) else {}
+            fragments = earlier["fragments"]
         for variable, recs in zip(commit.variables, records):
             entries = fragments.setdefault(variable, {})
             for rec in recs:
@@ -505,15 +502,31 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
     return commit.url
 
 
-def _previous_fragments(commit: _Commit, manifest: Any) -> set[str]:
+def _read_manifest(commit: _Commit) -> dict[str, Any]:
+    """The manifest of the previous write, its malformed parts left out (it lies beside the data,
+    and anyone who can write there can plant one: never a bare error, never trusted further
+    than :func:`daskcfa.storage.lease.own_generations` checks)."""
+    try:
+        manifest = json.loads(storage.read_bytes(commit.manifest, commit.profile))
+    except (NotFoundError, ValueError, RecursionError):
+        manifest = {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    fragments = manifest.get("fragments")
+    manifest["fragments"] = {
+        variable: {i: e for i, e in entries.items() if isinstance(e, dict) and isinstance(e.get("uri"), str)}
+        for variable, entries in (fragments.items() if isinstance(fragments, dict) else ())
+        if isinstance(entries, dict)}
+    return manifest
+
+
+def _previous_fragments(commit: _Commit, manifest: dict[str, Any]) -> set[str]:
     """Fragments the aggregation file about to be replaced references that a daskcfa writer
     made (in a generation directory, or listed in its manifest): what the commit may retire."""
     if commit.mode == "w-" or not storage.exists(commit.url, commit.profile):
         return set()
-    listed = set()
-    if isinstance(manifest, dict):
-        for entries in (manifest.get("fragments") or {}).values():
-            listed |= {storage.resolve(e["uri"], commit.url) for e in entries.values() if isinstance(e, dict)}
+    listed = {storage.resolve(e["uri"], commit.url) for entries in manifest["fragments"].values()
+              for e in entries.values()}
     try:
         with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
             found = aggregated_variables(ds, commit.url)

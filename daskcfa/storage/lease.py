@@ -493,7 +493,7 @@ def own_generations(manifest: Any, previous: Iterable[str], references: Iterable
     earlier = manifest if isinstance(manifest, dict) else {}
     known = earlier.get("generations")
     known = {g for g in known if isinstance(g, str)} if isinstance(known, list) else set()
-    named = {earlier.get("generation"), generation}
+    named = {generation, earlier.get("generation") if isinstance(earlier.get("generation"), str) else generation}
     known |= {posixpath.dirname(_inside(u, root)) for u in (*previous, *references) if generation_of(u) in named}
     wanted = {posixpath.dirname(r) for r in listed} | {posixpath.dirname(_inside(u, root)) for u in references}
     return sorted(g for g in known & wanted

@@ -15,6 +15,7 @@ import json
 import re
 import warnings
 
+import numpy as np
 import pytest
 
 import daskcfa
@@ -148,3 +149,29 @@ def test_the_manifest_names_the_generations_retirement_may_touch(tmp_path):
     assert json.loads((tmp_path / "t" / ".daskcfa" / "manifest.json").read_text())["generations"] == \
         [f"t/{generation_dir(tmp_path / 't').name}"]
     assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=4))
+
+
+@pytest.mark.parametrize("manifest", [
+    {"fragments": [1]}, {"fragments": {"/v": {"0": {"uri": 5}}}}, {"fragments": {"/v": [1]}},
+    {"fragments": {"/v": None}}, {"generation": [1], "generations": "t/g-0123456789abcdef"},
+    {"generations": [1, None, {}]}, [1], "[" * 100000 + "]" * 100000,
+], ids=["fragments-list", "uri-int", "entries-list", "entries-none", "generation-list", "generations-junk",
+        "a-list", "nested"])
+@pytest.mark.parametrize("mode", ["w", "r+"])
+def test_a_planted_manifest_is_no_bare_error(tmp_path, manifest, mode):
+    """The manifest lies beside the data too: a malformed one made every overwrite and update fail with
+    a bare AttributeError, TypeError or RecursionError. Its malformed parts are left out."""
+    url, x = str(tmp_path / "t.nc"), np.arange(24.0).reshape(4, 6)
+    keywords = {"variable": "v", "dims": ("a", "b"), "fragment_shape": (2, 6)}
+    daskcfa.to_cfa(x, url, **keywords)
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    (tmp_path / "t" / ".daskcfa" / "manifest.json").write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", daskcfa.CFAWarning)  # (our old fragments are no longer named: kept)
+        if mode == "w":
+            daskcfa.to_cfa(x + 1, url, mode="w", **keywords)
+            expected = x + 1
+        else:
+            daskcfa.to_cfa(x[:2] + 2, url, mode="r+", region={"a": slice(0, 2)}, **keywords)
+            expected = np.concatenate([x[:2] + 2, x[2:]])
+    np.testing.assert_array_equal(daskcfa.from_cfa(url).compute(), expected)
