@@ -34,6 +34,7 @@ read concurrently; a result larger than ``daskcfa.io.cache-memory`` goes to a
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -57,6 +58,7 @@ from .fragments.write import FragmentRecord, FragmentTarget, encode_values, writ
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
+from .formats.limits import max_elements
 from .graph.plan import plan_fragments
 from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation, compression_keywords,
                           fragment_name, fragment_spec, plan_commit, settle_unlimited)
@@ -283,6 +285,15 @@ def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
     lease.release()
 
 
+def _check_elements(what: str, shape: Sequence[int], url: str) -> None:
+    """Refuse a size beyond ``daskcfa.limits.max-elements`` when it is defined, not later as a bare
+    OverflowError or MemoryError while its fragments are planned."""
+    elements = math.prod(int(n) for n in shape)
+    if elements > max_elements():
+        raise ArgumentError(f"{what}: {elements:,} elements is more than {max_elements():,} (raise dask config "
+                            "'daskcfa.limits.max-elements' if this is genuine)", file=url)
+
+
 class GrowingDimension:
     """A dimension of a dataset being written (an unlimited one grows as data are assigned)."""
 
@@ -357,6 +368,7 @@ class _Definitions(_NetCDFAttributes):
         if size is not None and (not isinstance(size, (int, np.integer)) or size < 0):
             raise ArgumentError(f"dimension {dimname!r}: size must be an integer >= 0 or None (unlimited), "
                                 f"got {size!r}")
+        _check_elements(f"dimension {dimname!r}", [size or 0], self._writer.url)
         dim = GrowingDimension(dimname, size)
         self.dimensions[dimname] = dim
         return dim
@@ -414,6 +426,7 @@ class _Definitions(_NetCDFAttributes):
             keywords["fletcher32"] = True
         if chunksizes is not None and not contiguous:
             keywords["chunksizes"] = tuple(int(c) for c in chunksizes)
+        _check_elements(f"variable {varname!r}", [len(d) for d in found], self._writer.url)
         var = WritableVariable(varname, posixpath.join(self.path, varname), dims, found, dtype, attrs, self._writer,
                                aggregated=aggregated, compression=keywords,
                                fragment_shape=subarray_shape, max_fragment_size=max_subarray_size)
@@ -590,6 +603,8 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
         target = tuple(len(s) for i, s in enumerate(selection) if i not in drop)
         values = _conform(_storable(values, self.value_dtype, self.path), target, tuple(len(s) for s in selection),
                           self.path)
+        _check_elements(f"variable {self.path!r}", [max(d.size, n) for d, n in zip(self._dimensions, grown)],
+                        writer.url)
         for dim, size in zip(self._dimensions, grown):
             if size > dim.size:
                 dim.size = size

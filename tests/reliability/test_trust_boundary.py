@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 import warnings
 
+import dask
 import numpy as np
 import pytest
 
@@ -175,3 +178,108 @@ def test_a_planted_manifest_is_no_bare_error(tmp_path, manifest, mode):
             daskcfa.to_cfa(x[:2] + 2, url, mode="r+", region={"a": slice(0, 2)}, **keywords)
             expected = np.concatenate([x[:2] + 2, x[2:]])
     np.testing.assert_array_equal(daskcfa.from_cfa(url).compute(), expected)
+
+
+# ---------------------------------------------------------------------------
+# Writers of one target through daskcfa.Dataset (netCDF4-python's API)
+# ---------------------------------------------------------------------------
+@pytest.fixture(params=["local", "s3"])
+def target(request, tmp_path):
+    """(url, storage_options, lease object exists?, remove the lease object) of a fresh target."""
+    if request.param == "local":
+        url = str(tmp_path / "t.nc")
+        lease = tmp_path / ".t.nc.lease"
+        return url, None, lease.exists, lease.unlink
+    server = request.getfixturevalue("s3_server")
+    bucket, fs = server.new_bucket(), server.filesystem()
+    key = f"{bucket}/d/.t.nc.lease"
+    return f"s3://{bucket}/d/t.nc", server.storage_options, lambda: fs.exists(key), lambda: fs.rm(key)
+
+
+def _create(url, options, value: float, **kw) -> daskcfa.Dataset:
+    ds = daskcfa.Dataset(url, "w", format="CF-1.13", storage_options=options, **kw)
+    ds.createDimension("t", 4)
+    ds.createDimension("x", 6)
+    ds.createVariable("v", "f4", ("t", "x"), subarray_shape=(2, 6))[0:2] = np.full((2, 6), value)
+    return ds
+
+
+def _read(url, options) -> np.ndarray:
+    return np.asarray(daskcfa.from_cfa(url, "v", storage_options=options).compute())
+
+
+def test_concurrent_dataset_writers_exclude_one_another(target):
+    """Four ``Dataset(url, "w")`` at once, three times over: exactly one writes, the others get a
+    WriteConflictError naming the holder at once, before writing anything."""
+    url, options, *_ = target
+    for attempt in range(3):
+        barrier, won, refused = threading.Barrier(4), [], []
+
+        def open_one(value: float) -> None:
+            barrier.wait()
+            try:
+                won.append(_create(url, options, value))
+            except daskcfa.WriteConflictError as exc:
+                refused.append(str(exc))
+
+        threads = [threading.Thread(target=open_one, args=(float(v),)) for v in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1 and len(refused) == 3, (won, refused)
+        assert all("another writer holds the target: a write by process" in m for m in refused)
+        ds = won[0]
+        ds["v"][2:4] = np.full((2, 6), 9.0)
+        ds.close()
+        value = float(_read(url, options)[0, 0])
+        assert value in (0.0, 1.0, 2.0, 3.0)
+        np.testing.assert_array_equal(_read(url, options), np.r_[np.full((2, 6), value), np.full((2, 6), 9.0)])
+
+
+def test_a_lease_deleted_mid_write_stops_the_commit(target):
+    """Someone deletes the lease object while a Dataset is written: its close() commits nothing and says
+    the write lost its lease; the previous dataset is intact."""
+    url, options, _, remove = target
+    _create(url, options, 1.0).close()
+    ds = _create(url, options, 2.0)
+    remove()
+    with pytest.raises(daskcfa.WriteConflictError, match=r"lost its lease on the target \(now held by nobody\)"):
+        ds.close()
+    np.testing.assert_array_equal(_read(url, options)[:2], np.full((2, 6), 1.0))
+
+
+def test_a_writer_resuming_after_its_lease_was_taken_over(target):
+    """A writer paused past its lease's time; another took the lease over and committed. The first,
+    resuming, is stopped at its next assignment (and its close) and never commits over the second."""
+    url, options, exists, _ = target
+    with dask.config.set({"daskcfa.write.lease-seconds": 1}):
+        slow = _create(url, options, 1.0)
+        time.sleep(1.3)  # (its lease expired)
+        _create(url, options, 2.0).close()  # takes the stale lease over
+        with pytest.raises(daskcfa.WriteConflictError, match="lost its lease"):
+            slow["v"][2:4] = np.full((2, 6), 3.0)
+        with pytest.raises(daskcfa.WriteConflictError):
+            slow.close()
+    np.testing.assert_array_equal(_read(url, options)[:2], np.full((2, 6), 2.0))
+    assert not exists()  # (the second writer released it; the first never took it back)
+
+
+@pytest.mark.parametrize("how", ["dimension", "unlimited", "product"])
+def test_huge_dimension_sizes_are_refused_when_defined(tmp_path, how):
+    """A size past daskcfa.limits.max-elements is an ArgumentError naming it when defined: it used to be
+    a bare OverflowError (10**30) or MemoryError (2**62) while the fragments were planned."""
+    url = str(tmp_path / "h.nc")
+    ds = daskcfa.Dataset(url, "w", format="CF-1.13")
+    with pytest.raises(daskcfa.ArgumentError, match="more than 100,000,000,000,000 .*'daskcfa.limits.max-elements'"):
+        if how == "dimension":
+            ds.createDimension("x", 10**30)
+            ds.createVariable("v", "f4", ("x",))  # (was a bare OverflowError here)
+        elif how == "unlimited":
+            ds.createDimension("x", None)
+            ds.createVariable("v", "f4", ("x",))[2**62] = 1.0
+        else:
+            ds.createDimension("x", 2**31)
+            ds.createDimension("y", 2**31)
+            ds.createVariable("v", "f4", ("x", "y"))
+    ds.close()
