@@ -20,7 +20,9 @@ rename, so that a lease never disappears, even for an instant, while
 successors race for it. It records the owner (a random id per write), the host and process that
 started the write, the generation and an expiry that fragment tasks extend
 as they go. A lease whose process is gone (same host) or whose expiry has
-passed is stale: a successor takes it over, and one successor only.
+passed is stale: a successor takes it over, and one successor only. So is a
+record that is malformed (any field of the wrong type, NaN, a pid <= 0) or
+forged (an expiry further ahead than any lease lasts, plus clock skew).
 
 **Retirement.** The fragments of the previous aggregation that the new one
 no longer references, and that a daskcfa writer made (in a generation
@@ -28,7 +30,11 @@ directory, or listed in the writer's manifest), are listed in
 ``<stem>/.daskcfa/retired.json`` *before* the switch (:func:`schedule`), then
 deleted with their markers after it (:func:`retire`) -- at once, or by the
 first commit after a grace period. A writer killed in between leaves them
-listed for the next commit, never orphaned.
+listed for the next commit, never orphaned. The list lies beside the data,
+where anyone who can write there can plant one: an entry is deleted only if
+it is a file or Zarr store in a generation directory under ``<stem>/`` that
+the dataset's manifest names (:func:`own_generations`), reached through no
+symbolic link; any other is dropped with a warning.
 """
 
 from __future__ import annotations
