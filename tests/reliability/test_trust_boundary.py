@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 import warnings
@@ -283,3 +284,22 @@ def test_huge_dimension_sizes_are_refused_when_defined(tmp_path, how):
             ds.createDimension("y", 2**31)
             ds.createVariable("v", "f4", ("x", "y"))
     ds.close()
+
+
+@pytest.mark.parametrize("record", [{"pid": "abc"}, {"expires": "soon"}, [1], {"pid": 2**80}, {"pid": 0},
+                                    {"expires": 1e12}], ids=["pid-text", "expiry-text", "list", "pid-2**80", "pid-0",
+                                                             "far-future"])
+def test_to_cfa_over_a_garbage_lease(tmp_path, record):
+    """Issue #27, attack 5, through to_cfa: each of these raised a bare ValueError, TypeError or
+    OverflowError, or (pid 0, far future) blocked the target with a WriteConflictError."""
+    target = tmp_path / "t.nc"
+    write(truth(seed=1), target)
+    if isinstance(record, dict):
+        record = {"owner": "someone", "host": socket.gethostname(), "pid": 1, "generation": FORGED,
+                  "expires": time.time() + 60, **record}
+        if record["expires"] == 1e12:
+            record["host"] = "elsewhere"
+    (tmp_path / ".t.nc.lease").write_text(json.dumps(record))
+    write(truth(seed=2), target, mode="w")
+    assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))
+    assert not (tmp_path / ".t.nc.lease").exists()
