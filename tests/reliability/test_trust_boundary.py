@@ -303,3 +303,21 @@ def test_to_cfa_over_a_garbage_lease(tmp_path, record):
     write(truth(seed=2), target, mode="w")
     assert_matches(daskcfa.from_cfa(str(target)).compute(), truth(seed=2))
     assert not (tmp_path / ".t.nc.lease").exists()
+
+
+def test_a_stem_directory_that_is_a_link_is_never_retired_into(tmp_path):
+    """``<stem>/`` replaced by a link (here to another dataset's directory): the overwrite succeeds and
+    deletes nothing there, saying so; the documented price is that a legitimately linked ``<stem>/``
+    keeps its old generations."""
+    write(truth(seed=1), tmp_path / "other" / "t.nc")
+    theirs = sorted(p for p in (tmp_path / "other" / "t").rglob("*") if p.is_file())
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "t").symlink_to(tmp_path / "other" / "t")
+    (tmp_path / "ds" / "t.nc").write_bytes((tmp_path / "other" / "t.nc").read_bytes())  # (relative references)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write(truth(seed=2), tmp_path / "ds" / "t.nc", mode="w")
+    assert all(p.is_file() for p in theirs)
+    assert _ignored(caught, r"ignored \d+ entries")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "other" / "t.nc")).compute(), truth(seed=1))
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "ds" / "t.nc")).compute(), truth(seed=2))
