@@ -36,6 +36,7 @@ read concurrently; a result larger than ``daskcfa.io.cache-memory`` goes to a
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -53,13 +54,14 @@ import netCDF4
 import numpy as np
 from dask.utils import parse_bytes
 
-from . import dataset, storage
+from . import config, dataset, storage
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
+from .formats.limits import max_elements
 from .graph.plan import plan_fragments
 from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
                           fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)
@@ -287,6 +289,15 @@ def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
     lease.release()
 
 
+def _check_elements(what: str, shape: Sequence[int], url: str) -> None:
+    """Refuse a size beyond ``daskcfa.limits.max-elements`` when it is defined, not later as a bare
+    OverflowError or MemoryError while its fragments are planned."""
+    elements = math.prod(int(n) for n in shape)
+    if elements > max_elements():
+        raise ArgumentError(f"{what}: {elements:,} elements is more than {max_elements():,} (raise dask config "
+                            "'daskcfa.limits.max-elements' if this is genuine)", file=url)
+
+
 class GrowingDimension:
     """A dimension of a dataset being written (an unlimited one grows as data are assigned)."""
 
@@ -361,6 +372,7 @@ class _Definitions(_NetCDFAttributes):
         if size is not None and (not isinstance(size, (int, np.integer)) or size < 0):
             raise ArgumentError(f"dimension {dimname!r}: size must be an integer >= 0 or None (unlimited), "
                                 f"got {size!r}")
+        _check_elements(f"dimension {dimname!r}", [size or 0], self._writer.url)
         dim = GrowingDimension(dimname, size)
         self.dimensions[dimname] = dim
         return dim
@@ -418,6 +430,7 @@ class _Definitions(_NetCDFAttributes):
             keywords["fletcher32"] = True
         if chunksizes is not None and not contiguous:
             keywords["chunksizes"] = tuple(int(c) for c in chunksizes)
+        _check_elements(f"variable {varname!r}", [len(d) for d in found], self._writer.url)
         var = WritableVariable(varname, posixpath.join(self.path, varname), dims, found, dtype, attrs, self._writer,
                                aggregated=aggregated, compression=keywords,
                                fragment_shape=subarray_shape, max_fragment_size=max_subarray_size)
@@ -596,6 +609,8 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
         target = tuple(len(s) for i, s in enumerate(selection) if i not in drop)
         values = _conform(_storable(values, self.value_dtype, self.path), target, tuple(len(s) for s in selection),
                           self.path)
+        _check_elements(f"variable {self.path!r}", [max(d.size, n) for d, n in zip(self._dimensions, grown)],
+                        writer.url)
         for dim, size in zip(self._dimensions, grown):
             if size > dim.size:
                 dim.size = size
@@ -861,6 +876,7 @@ class AggregationWriter(_Definitions, Dataset):
                fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
                max_concurrent_uploads: int | None = None, keep_previous: float = 0.0,
                chunk_index: bool = False) -> "AggregationWriter":
+        config.check()
         self = object.__new__(cls)
         d = self.__dict__
         url = storage.normalise(url)
@@ -869,8 +885,7 @@ class AggregationWriter(_Definitions, Dataset):
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
                  _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _sizes={}, _expected=None)
-        budget = buffer_size if buffer_size is not None else dask.config.get("daskcfa.write.buffer-memory")
-        d["_budget"] = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+        d["_budget"] = config.size("daskcfa.write.buffer-memory", buffer_size, "buffer_size")
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
         exists = storage.exists(url, profile)
