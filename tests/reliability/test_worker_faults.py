@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import daskcfa
+from daskcfa.fragments.manager import manager
 from builders import assert_matches, build_cf113, generation_dir
 
 from .conftest import truth, wait_for
@@ -337,7 +338,7 @@ def test_writer_killed_at_random_moments(trials, mode, count):
     data or (w-) nothing -- never a mix; the same call re-run then completes with the new data
     and leaves exactly the referenced fragments."""
     rng = np.random.default_rng(14)
-    daskcfa.fragments.manager.manager().close_all()  # no open fragment handles shared with the children
+    manager().close_all()  # no open fragment handles shared with the children
     duration = _calibrate(trials)
     outcomes: Counter = Counter()
     old = 1 if mode == "w" else None
@@ -347,7 +348,7 @@ def test_writer_killed_at_random_moments(trials, mode, count):
             write_trial(url, old, "w", trials.options)  # the committed dataset the writer overwrites
         else:
             url = trials.url(f"created-{trial}")
-        daskcfa.fragments.manager.manager().close_all()
+        manager().close_all()
         proc = _fork_writer(url, mode, 2, trials.options)
         time.sleep(rng.uniform(0, 1.3 * duration))
         os.kill(proc.pid, signal.SIGKILL)
