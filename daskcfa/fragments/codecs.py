@@ -1,4 +1,5 @@
-"""Decoders of the HDF5 compression filters beyond deflate, for the direct reader.
+"""Bounded decoders of compressed chunks: HDF5's filters beyond deflate (for the direct
+reader), and every compressor daskcfa lets a Zarr store or reference set use.
 
 netCDF-C writes zstd, bzip2 and blosc chunks (``compression="zstd"`` and so
 on in netCDF4-python); without a decoder here the direct reader would hand
@@ -9,19 +10,31 @@ project's codecs, wheels on every platform) and the standard library (bz2).
 
 Every decoder is given the exact size its output must have and never
 produces more: a stream claiming or inflating to more is an error, not an
-allocation (a hostile chunk cannot be a memory bomb). szip and LZ4 are not
-decoded here: netCDF4-python reads them.
+allocation (a hostile chunk cannot be a memory bomb). szip and HDF5's LZ4 are
+not decoded here: netCDF4-python reads them. :data:`COMPRESSORS` names the
+decoders by their Zarr codec names (numcodecs' ids, Zarr v3's names): the
+only compressors a Zarr chunk is decoded with.
 """
 
 from __future__ import annotations
 
 import bz2
+import zlib
 from typing import Callable
 
 import numpy as np
-from numcodecs import blosc, zstd
+from numcodecs import blosc, lz4, zstd
 
-__all__ = ["BZIP2", "BLOSC", "ZSTD", "DECODERS"]
+try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decode
+    from isal import isal_zlib
+
+    _decompressobj = isal_zlib.decompressobj
+    INFLATE_ERRORS: tuple[type[Exception], ...] = (isal_zlib.error, zlib.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    _decompressobj = zlib.decompressobj
+    INFLATE_ERRORS = (zlib.error,)
+
+__all__ = ["BZIP2", "BLOSC", "ZSTD", "DECODERS", "COMPRESSORS", "INFLATE_ERRORS", "inflate_head"]
 
 #: HDF5 filter identifiers (registered with The HDF Group).
 BZIP2 = 307
@@ -30,6 +43,47 @@ ZSTD = 32015
 
 #: Blosc's header: version, versionlz, flags, typesize, then nbytes, blocksize, cbytes (little-endian).
 _BLOSC_HEADER = 16
+
+
+def inflate_head(raw: bytes | np.ndarray, nbytes: int, wbits: int = 15) -> bytes:
+    """The first ``nbytes`` of a zlib stream (gzip: ``wbits=31``), inflating no further."""
+    return _decompressobj(wbits).decompress(raw, nbytes)
+
+
+def _inflate(raw: bytes | np.ndarray, size: int, wbits: int, name: str) -> np.ndarray:
+    decompressor = _decompressobj(wbits)
+    try:  # one byte past the size tells a longer stream, never inflated further
+        out = decompressor.decompress(raw, size + 1)
+    except INFLATE_ERRORS as err:
+        raise OSError(f"corrupt {name} chunk ({err})") from None
+    if len(out) > size:
+        raise OSError(f"{name} chunk inflates to more than its {size:,} bytes")
+    if not decompressor.eof or len(out) != size:
+        raise OSError(f"corrupt {name} chunk (cut short: {len(out):,} of {size:,} bytes)")
+    return np.frombuffer(out, np.uint8)
+
+
+def _zlib(raw: bytes | np.ndarray, size: int) -> np.ndarray:
+    return _inflate(raw, size, 15, "zlib")
+
+
+def _gzip(raw: bytes | np.ndarray, size: int) -> np.ndarray:
+    return _inflate(raw, size, 31, "gzip")
+
+
+def _lz4(raw: bytes | np.ndarray, size: int) -> np.ndarray:
+    """numcodecs' LZ4: the decoded size (4 bytes, little-endian), then one LZ4 block."""
+    head = bytes(memoryview(raw)[:4])
+    claimed = int.from_bytes(head, "little") if len(head) == 4 else None
+    if claimed != size:
+        raise OSError(f"corrupt lz4 chunk (it claims {claimed if claimed is not None else 'no'} bytes, "
+                      f"expected {size:,})")
+    out = np.empty(size, np.uint8)
+    try:
+        lz4.decompress(raw, out)
+    except (RuntimeError, ValueError) as err:
+        raise OSError(f"corrupt lz4 chunk ({err})") from None
+    return out
 
 
 def _zstd(raw: bytes | np.ndarray, size: int) -> np.ndarray:
@@ -90,3 +144,8 @@ def _bzip2(raw: bytes | np.ndarray, size: int) -> np.ndarray:
 
 #: Filter identifier -> ``decode(stored bytes, size of the output) -> bytes of exactly that size``.
 DECODERS: dict[int, Callable[[bytes | np.ndarray, int], np.ndarray]] = {ZSTD: _zstd, BLOSC: _blosc, BZIP2: _bzip2}
+
+#: Zarr compressor name (numcodecs' id; Zarr v3's name, ``numcodecs.`` prefix removed) ->
+#: the same kind of decoder: the allow-list of compressors a Zarr chunk may use.
+COMPRESSORS: dict[str, Callable[[bytes | np.ndarray, int], np.ndarray]] = {
+    "zlib": _zlib, "gzip": _gzip, "zstd": _zstd, "blosc": _blosc, "lz4": _lz4, "bz2": _bzip2}

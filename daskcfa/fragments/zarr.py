@@ -6,9 +6,12 @@ A fragment is a Zarr store when its URI says so, as netCDF-C spells it
 by the ``.zarr`` suffix of its path (``f0.zarr``, ``s3://b/f0.zarr/``). A
 fragment named ``*.json`` (or ``*.parq``/``*.parquet``) is an fsspec
 reference set (kerchunk's format, versions 0 and 1), which presents a Zarr
-store whose chunks are byte ranges of other files: each target is resolved
-against the reference set's location and checked by the safe-URI policy when
-it is read (a reference set is untrusted input, as an aggregation file is).
+store whose chunks are byte ranges of other files: daskcfa parses it itself
+(:mod:`.reference_sets`: each target resolved against the reference set's
+location and checked by the safe-URI policy; a reference set is untrusted
+input, as an aggregation file is). Every store's metadata is checked against
+daskcfa's codec allow-list and its chunks decoded within their declared size
+by daskcfa (:mod:`.zarr_chunks`) before zarr-python assembles them.
 The store is reached through the storage layer (credentials by reference, the
 safe-URI policy's checked HTTP client) and its variable is read as a netCDF
 variable is, under the same canonical-form rules:
@@ -26,8 +29,6 @@ variable is, under the same canonical-form rules:
 from __future__ import annotations
 
 import base64
-import importlib.util
-import json
 import math
 import struct
 from typing import Any, Mapping, Sequence
@@ -35,13 +36,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 from fsspec.implementations.local import LocalFileSystem
-from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from .. import storage
 from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError, StorageError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
+from .reference_sets import open_reference_set
+from .zarr_chunks import BoundedStore, ReferenceStore
 
 __all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable",
            "ZARR_COMPRESSION_KEYS", "CONSOLIDATED", "check_zarr_compression", "StoreWriter", "store_state"]
@@ -96,14 +98,15 @@ class ZarrFile:
         location = store_uri(uri)
         try:
             if is_reference_set(location):
-                store: Any = zarr.storage.FsspecStore(_references(location, profile, policy), read_only=True)
+                store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile, policy)
             elif storage.is_local(location):
                 store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
                                                  read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
-            self._group = zarr.open_group(store, mode="r")
+            # (daskcfa checks the metadata and decodes the chunks: see zarr_chunks)
+            self._group = zarr.open_group(BoundedStore(store, uri), mode="r")
         except CFAError:
             raise
         except FileNotFoundError:
@@ -166,73 +169,6 @@ def _async(fs: Any) -> Any:
     own event loop, with the rest of daskcfa's I/O (zarr runs a loop of its own: an s3fs or
     HTTP session bound to one loop cannot serve the other)."""
     return AsyncFileSystemWrapper(fs, asynchronous=True)
-
-
-def _references(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> Any:
-    """The reference set at ``uri`` as an asynchronous filesystem whose targets are checked when read."""
-    if uri.rstrip("/").endswith((".parq", ".parquet")):
-        if not (importlib.util.find_spec("pandas") and (importlib.util.find_spec("pyarrow")
-                                                        or importlib.util.find_spec("fastparquet"))):
-            raise FragmentReadError("a Parquet reference set needs pandas and pyarrow or fastparquet installed")
-        fs, path = storage.filesystem(uri, profile, policy=policy)
-        references: Any = LazyReferenceMapper(path.rstrip("/"), fs=fs)
-    else:
-        size = storage.size(uri, profile, policy=policy)
-        if size > max_reference_bytes():
-            raise FragmentReadError(f"a JSON reference set of {size:,} bytes is more than daskcfa reads "
-                                    f"({max_reference_bytes():,}: dask config 'daskcfa.limits.max-memory' / 8); "
-                                    "store large reference sets as Parquet")
-        try:
-            references = json.loads(bytes(storage.read_bytes(uri, profile, known_size=size, policy=policy)))
-        except (ValueError, UnicodeError) as exc:
-            raise FragmentReadError(f"not a JSON reference set ({exc})") from None
-        if not isinstance(references, dict):
-            raise FragmentReadError("not a JSON reference set (not an object)")
-    return _CheckedReferences(references, base=uri, profile=profile, policy=policy)
-
-
-def max_reference_bytes() -> int:
-    """The largest JSON reference set read (its objects take several times its size in memory)."""
-    return storage.config_bytes("daskcfa.limits.max-memory", 1 << 30) // 8
-
-
-class _CheckedReferences(ReferenceFileSystem):
-    """An fsspec reference set whose every target is resolved against the set's own location
-    (never the working directory), allowed by the policy and read through the storage layer."""
-
-    def __init__(self, references: Any, *, base: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
-        self._base, self._profile, self._policy = base, profile, policy
-        self._allowed: dict[str, str] = {}  # target as written -> resolved and allowed
-        local = AsyncFileSystemWrapper(LocalFileSystem(), asynchronous=True)
-        try:
-            super().__init__(references, fs={None: local, "file": local}, asynchronous=True,
-                             skip_instance_cache=True)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise FragmentReadError(f"malformed reference set ({type(exc).__name__}: {exc})") from None
-
-    def _cat_common(self, path: str, start: Any = None, end: Any = None) -> Any:
-        target, first, last = super()._cat_common(path, start=start, end=end)
-        if isinstance(target, bytes):  # (inline data)
-            return target, first, last
-        return self._target(str(target)), first, last
-
-    def _target(self, target: str) -> str:
-        resolved = self._allowed.get(target)
-        if resolved is None:
-            resolved = storage.resolve(target, self._base)
-            if self._policy is not None:
-                self._policy.check(resolved)
-            if storage.is_local(resolved):
-                try:  # (regular files only: a FIFO would block the read)
-                    storage.local_stat(resolved)
-                except CFAError as exc:  # (never FileNotFoundError: zarr would read it as a chunk not written)
-                    raise FragmentReadError(f"reference target {target!r}: {exc.reason}") from None
-                resolved = storage.local_path(resolved)
-            elif storage.scheme_of(resolved) not in self.fss:
-                fs, _ = storage.filesystem(resolved, self._profile, policy=self._policy)
-                self.fss[storage.scheme_of(resolved)] = AsyncFileSystemWrapper(fs, asynchronous=True)
-            self._allowed[target] = resolved
-        return resolved
 
 
 def _absent(exc: BaseException) -> bool:
