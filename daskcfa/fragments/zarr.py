@@ -134,7 +134,7 @@ class ZarrFile:
     def attrs(self) -> dict[str, Any]:
         """The root group's attributes, as netCDF global attributes (layout metadata removed)."""
         attrs = dict(self._group.attrs)
-        types = (attrs.get("_nczarr_attr") or {}).get("types") or {}
+        types = _nczarr_types(attrs)
         return netcdf_attributes(_cf_attributes(_without_layout(attrs), None, None, types))
 
     def names(self) -> list[str]:
@@ -198,7 +198,7 @@ class ZarrVariable:
         self.chunk_nbytes = int(math.prod(chunks)) * self.dtype.itemsize
         attrs = dict(array.attrs)
         self.dims = _dimension_names(array, attrs, len(self.shape), name)
-        types = (attrs.get("_nczarr_attr") or {}).get("types") or {}  # (NCZarr: each attribute's netCDF type)
+        types = _nczarr_types(attrs)  # (NCZarr: each attribute's netCDF type)
         self.attrs = _cf_attributes(_without_layout(attrs), array, self.dtype if self.dtype.kind != "O" else None,
                                     types)
 
@@ -211,6 +211,24 @@ class ZarrVariable:
     def values(self) -> np.ndarray:
         """Every raw stored value (strings as an object array of ``str``)."""
         return self.read(tuple(slice(0, n, 1) for n in self.shape))
+
+
+def _nczarr(attrs: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """NCZarr's layout attribute ``key`` (an object, or absent)."""
+    value = attrs.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FragmentReadError(f"NCZarr attribute {key} is not an object ({type(value).__name__})")
+    return value
+
+
+def _nczarr_types(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """NCZarr's netCDF type of each attribute (``_nczarr_attr``'s ``types``)."""
+    types = _nczarr(attrs, "_nczarr_attr").get("types") or {}
+    if not isinstance(types, dict) or not all(isinstance(t, str) for t in types.values()):
+        raise FragmentReadError("NCZarr attribute _nczarr_attr's types are not an object of type names")
+    return types
 
 
 def _without_layout(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -239,11 +257,16 @@ def netcdf_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
 def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str) -> tuple[str, ...]:
     names = getattr(array.metadata, "dimension_names", None) or attrs.get("_ARRAY_DIMENSIONS")
     if names is None:
-        references = (attrs.get("_nczarr_array") or {}).get("dimension_references")
+        references = _nczarr(attrs, "_nczarr_array").get("dimension_references")
+        if references is not None and (not isinstance(references, list)
+                                       or not all(isinstance(r, str) for r in references)):
+            raise FragmentReadError(f"Zarr array {name!r}: NCZarr's dimension_references are not a list of names")
         names = [r.rsplit("/", 1)[-1] for r in references] if references else None
     if names is None:  # (dimension names are not significant: fragments are matched by position)
         return tuple(f"dim{k}" for k in range(ndim))
-    names = tuple(str(n) for n in names)
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) or n is None for n in names):
+        raise FragmentReadError(f"Zarr array {name!r}: its dimension names are not a list of names")
+    names = tuple(f"dim{k}" if n is None else n for k, n in enumerate(names))  # (v3: a name may be null)
     if len(names) != ndim:
         raise FragmentReadError(f"Zarr array {name!r} names {len(names)} dimensions for its {ndim}")
     return names
