@@ -255,9 +255,10 @@ def netcdf_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str) -> tuple[str, ...]:
+    layout = _nczarr(attrs, "_nczarr_array")
     names = getattr(array.metadata, "dimension_names", None) or attrs.get("_ARRAY_DIMENSIONS")
     if names is None:
-        references = _nczarr(attrs, "_nczarr_array").get("dimension_references")
+        references = layout.get("dimension_references")
         if references is not None and (not isinstance(references, list)
                                        or not all(isinstance(r, str) for r in references)):
             raise FragmentReadError(f"Zarr array {name!r}: NCZarr's dimension_references are not a list of names")

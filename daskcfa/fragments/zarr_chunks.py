@@ -98,7 +98,7 @@ def _ints(value: Any, array: str, what: str, least: int) -> list[int]:
 
 def _v2_type(spec: Any, array: str, what: str) -> np.dtype:
     if not isinstance(spec, str):
-        raise _refuse(array, f"{what} {redact(str(spec))[:80]} is not a plain type (structured types are not read)")
+        raise _refuse(array, f"{what} {redact(str(spec))[:80]} is not a plain type (daskcfa does not read structured types)")
     try:
         dtype = np.dtype(spec)
     except (TypeError, ValueError):
