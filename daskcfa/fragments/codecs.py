@@ -76,7 +76,7 @@ def _lz4(raw: bytes | np.ndarray, size: int) -> np.ndarray:
     head = bytes(memoryview(raw)[:4])
     claimed = int.from_bytes(head, "little") if len(head) == 4 else None
     if claimed != size:
-        raise OSError(f"corrupt lz4 chunk (it claims {claimed if claimed is not None else 'no'} bytes, "
+        raise OSError(f"corrupt lz4 chunk (it claims {'no' if claimed is None else f'{claimed:,}'} bytes, "
                       f"expected {size:,})")
     out = np.empty(size, np.uint8)
     try:
