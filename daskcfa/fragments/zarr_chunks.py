@@ -128,10 +128,16 @@ def _v2_array(meta: Any, array: str) -> tuple[dict[str, Any], ChunkPlan]:
     filters = meta.get("filters") or []
     if not isinstance(filters, list):
         raise _refuse(array, "its filters are not a list")
-    for codec in filters:
+    compressors = [_codec_id(c, array, "id") for c in (*filters[-1:], meta.get("compressor"))
+                   if c is not None and _codec_id(c, array, "id") in COMPRESSORS]
+    if len(compressors) > 1:  # (kerchunk lists HDF5's deflate as the last filter, the compressor then null)
+        raise _refuse(array, "it is compressed twice (a compressor as its last filter and as its compressor)")
+    elementwise = filters[:-1] if compressors and meta.get("compressor") is None else filters
+    for codec in elementwise:
         name = _codec_id(codec, array, "id")
         if name not in FILTERS:
-            raise _refuse(array, f"filter {name!r} is not one daskcfa decodes (allowed: {', '.join(FILTERS)})")
+            raise _refuse(array, f"filter {name!r} is not one daskcfa decodes (allowed before the compressor: "
+                                 f"{', '.join(FILTERS)})")
         param = FILTERS[name]
         if param is not None and codec.get(param) is not None:
             stored = _v2_type(codec[param], array, f"{name} filter's {param}")
@@ -140,7 +146,9 @@ def _v2_array(meta: Any, array: str) -> tuple[dict[str, Any], ChunkPlan]:
     if name is not None and name not in COMPRESSORS:
         raise _refuse(array, f"compressor {name!r} is not one daskcfa decodes within a bound "
                              f"(allowed: {', '.join(COMPRESSORS)})")
-    return {**meta, "compressor": None}, ChunkPlan(array, math.prod(chunks) * stored.itemsize, name)
+    name = compressors[0] if compressors else None
+    meta = {**meta, "compressor": None, "filters": elementwise or None}
+    return meta, ChunkPlan(array, math.prod(chunks) * stored.itemsize, name)
 
 
 def _v3_array(meta: dict[str, Any], array: str) -> tuple[dict[str, Any], ChunkPlan]:
