@@ -219,7 +219,8 @@ class _ParquetSet(ReferenceSet):
         try:
             import pyarrow.parquet  # noqa: F401  (fails early, with what to install)
         except ImportError:
-            raise FragmentReadError("a Parquet reference set needs pyarrow installed", file=uri) from None
+            raise FragmentReadError("a Parquet reference set needs pyarrow (pip install 'daskcfa[parquet]')",
+                                    file=uri) from None
         self._root = uri.rstrip("/")
         head = f"{self._root}/.zmetadata"
         size = storage.size(head, profile, policy=policy)

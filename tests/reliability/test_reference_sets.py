@@ -283,3 +283,52 @@ def test_hostile_nczarr_metadata_is_a_daskcfa_error(tmp_path, case):
         _read(str(path))
     assert isinstance(info.value, (daskcfa.FragmentError, daskcfa.BudgetError)), repr(info.value)
     assert info.value.fragment == (0,), info.value
+
+
+# -- Parquet reference sets, read by daskcfa with pyarrow ------------------------------------------------------
+
+def _parquet_aggregation(directory: Path, n: int, records: list[dict], record_size: int) -> Path:
+    """``agg.nc`` over ``refs.parq`` (fsspec's layout): ``x(n)`` float32 in chunks of 4 values, each
+    record file a dict of columns written with pyarrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = directory / "refs.parq"
+    (root / "x").mkdir(parents=True)
+    (directory / "data.bin").write_bytes(VALUES.tobytes())
+    metadata = {".zgroup": {"zarr_format": 2}, "x/.zattrs": {"_ARRAY_DIMENSIONS": ["n"]},
+                "x/.zarray": {**ZARRAY, "shape": [n]}}
+    (root / ".zmetadata").write_text(json.dumps({"metadata": metadata, "record_size": record_size}))
+    for k, columns in enumerate(records):
+        pq.write_table(pa.table(columns), root / "x" / f"refs.{k}.parq")
+    return write_cf113(directory / "agg.nc", "x", ("n",), [[n]], [["refs.parq"]])
+
+
+def test_a_parquet_reference_set_written_with_pyarrow_reads_exactly(tmp_path):
+    """Targets, inline bytes and a chunk not written (the fill value), across two record files."""
+    import pyarrow as pa
+
+    def record(path, raw):
+        return {"path": pa.array([path], pa.string()), "offset": pa.array([0 if path else 0], pa.int64()),
+                "size": pa.array([16 if path else 0], pa.int64()), "raw": pa.array([raw], pa.binary())}
+
+    inline = (VALUES * 10).tobytes()
+    path = _parquet_aggregation(tmp_path, 12, [record("data.bin", None), record(None, inline), record(None, None)], 1)
+    got = daskcfa.from_cfa(str(path), "x").compute(scheduler="sync")
+    np.testing.assert_array_equal(np.ma.getdata(got)[:8], np.concatenate([VALUES, VALUES * 10]))
+
+
+def test_a_parquet_record_of_millions_of_references_is_charged_before_it_is_read(tmp_path):
+    """4 million references in one record file (a few hundred kB on disk) under a 64 MiB
+    ``max-memory``: refused from its footer's figures, naming the reference set."""
+    import dask
+    import pyarrow as pa
+
+    rows = 4_000_000
+    columns = {"path": pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array(["data.bin"])),
+               "offset": pa.array(np.zeros(rows, np.int64)), "size": pa.array(np.full(rows, 16, np.int64))}
+    path = _parquet_aggregation(tmp_path, 4 * rows, [columns], rows)
+    assert (tmp_path / "refs.parq" / "x" / "refs.0.parq").stat().st_size < 2 << 20
+    with dask.config.set({"daskcfa.limits.max-memory": "64MiB"}), pytest.raises(daskcfa.CFAError) as info:
+        daskcfa.from_cfa(str(path), "x")[:4].compute(scheduler="sync")
+    assert "max-memory" in str(info.value) and "refs.parq" in str(info.value), info.value
