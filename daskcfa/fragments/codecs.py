@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bz2
 import zlib
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from numcodecs import blosc, lz4, zstd
@@ -50,11 +50,13 @@ def inflate_head(raw: bytes | np.ndarray, nbytes: int, wbits: int = 15) -> bytes
     return _decompressobj(wbits).decompress(raw, nbytes)
 
 
-def _inflate(raw: bytes | np.ndarray, size: int, wbits: int, name: str) -> np.ndarray:
-    decompressor = _decompressobj(wbits)
-    try:  # one byte past the size tells a longer stream, never inflated further
+def _bounded(decompressor: Any, raw: bytes | np.ndarray, size: int, name: str,
+             errors: tuple[type[Exception], ...]) -> np.ndarray:
+    """A streaming decompressor's output, exactly ``size`` bytes: one byte past the size tells a
+    longer stream, which is never inflated further."""
+    try:
         out = decompressor.decompress(raw, size + 1)
-    except INFLATE_ERRORS as err:
+    except errors as err:
         raise OSError(f"corrupt {name} chunk ({err})") from None
     if len(out) > size:
         raise OSError(f"{name} chunk inflates to more than its {size:,} bytes")
@@ -64,11 +66,21 @@ def _inflate(raw: bytes | np.ndarray, size: int, wbits: int, name: str) -> np.nd
 
 
 def _zlib(raw: bytes | np.ndarray, size: int) -> np.ndarray:
-    return _inflate(raw, size, 15, "zlib")
+    return _bounded(_decompressobj(15), raw, size, "zlib", INFLATE_ERRORS)
 
 
 def _gzip(raw: bytes | np.ndarray, size: int) -> np.ndarray:
-    return _inflate(raw, size, 31, "gzip")
+    return _bounded(_decompressobj(31), raw, size, "gzip", INFLATE_ERRORS)
+
+
+def _into(decompress: Callable[[Any, Any], Any], raw: bytes | np.ndarray, size: int, name: str) -> np.ndarray:
+    """numcodecs' ``decompress`` into a buffer of exactly ``size`` bytes, which it cannot overrun."""
+    out = np.empty(size, np.uint8)
+    try:
+        decompress(raw, out)
+    except (RuntimeError, ValueError) as err:
+        raise OSError(f"corrupt {name} chunk ({err})") from None
+    return out
 
 
 def _lz4(raw: bytes | np.ndarray, size: int) -> np.ndarray:
@@ -78,24 +90,14 @@ def _lz4(raw: bytes | np.ndarray, size: int) -> np.ndarray:
     if claimed != size:
         raise OSError(f"corrupt lz4 chunk (it claims {'no' if claimed is None else f'{claimed:,}'} bytes, "
                       f"expected {size:,})")
-    out = np.empty(size, np.uint8)
-    try:
-        lz4.decompress(raw, out)
-    except (RuntimeError, ValueError) as err:
-        raise OSError(f"corrupt lz4 chunk ({err})") from None
-    return out
+    return _into(lz4.decompress, raw, size, "lz4")
 
 
 def _zstd(raw: bytes | np.ndarray, size: int) -> np.ndarray:
     claimed = _zstd_content_size(bytes(memoryview(raw)[:18]))
     if claimed is not None and claimed != size:
         raise OSError(f"corrupt zstd chunk (its frame claims {claimed:,} bytes, expected {size:,})")
-    out = np.empty(size, np.uint8)
-    try:  # into ``out``: a frame of unknown size must fill it exactly
-        zstd.decompress(raw, out)
-    except (RuntimeError, ValueError) as err:
-        raise OSError(f"corrupt zstd chunk ({err})") from None
-    return out
+    return _into(zstd.decompress, raw, size, "zstd")  # (a frame of unknown size must fill it exactly)
 
 
 def _zstd_content_size(head: bytes) -> int | None:
@@ -121,25 +123,11 @@ def _blosc(raw: bytes | np.ndarray, size: int) -> np.ndarray:
     if claimed != size or compressed != memoryview(raw).nbytes:
         raise OSError(f"corrupt blosc chunk (header claims {claimed:,} bytes from {compressed:,}, "
                       f"expected {size:,} from {memoryview(raw).nbytes:,})")
-    out = np.empty(size, np.uint8)
-    try:
-        blosc.decompress(raw, out)
-    except (RuntimeError, ValueError) as err:
-        raise OSError(f"corrupt blosc chunk ({err})") from None
-    return out
+    return _into(blosc.decompress, raw, size, "blosc")
 
 
 def _bzip2(raw: bytes | np.ndarray, size: int) -> np.ndarray:
-    decompressor = bz2.BZ2Decompressor()
-    try:
-        out = decompressor.decompress(raw, size + 1)
-    except (OSError, ValueError, EOFError) as err:
-        raise OSError(f"corrupt bzip2 chunk ({err})") from None
-    if len(out) > size:
-        raise OSError(f"bzip2 chunk inflates to more than its {size:,} bytes")
-    if not decompressor.eof or len(out) != size:
-        raise OSError(f"corrupt bzip2 chunk (cut short: {len(out):,} of {size:,} bytes)")
-    return np.frombuffer(out, np.uint8)
+    return _bounded(bz2.BZ2Decompressor(), raw, size, "bzip2", (OSError, ValueError, EOFError))
 
 
 #: Filter identifier -> ``decode(stored bytes, size of the output) -> bytes of exactly that size``.

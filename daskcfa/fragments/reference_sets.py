@@ -72,7 +72,7 @@ class ReferenceSet:
 
     def __init__(self, uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
         self.uri, self._profile = uri, profile
-        self._policy = policy if policy is not None else LocationPolicy.for_aggregation(uri)
+        self.policy = policy if policy is not None else LocationPolicy.for_aggregation(uri)
         self._resolved: dict[str, str] = {}  # URL as written -> resolved and allowed
         self._charged = 0
 
@@ -120,7 +120,7 @@ class ReferenceSet:
         resolved = self._resolved.get(url)
         if resolved is None:
             resolved = storage.resolve(url, self.uri)
-            self._policy.check(resolved)
+            self.policy.check(resolved)
             self._resolved[url] = resolved
         return Target(resolved, int(offset), None if length is None else int(length))
 
@@ -296,11 +296,11 @@ class _ParquetSet(ReferenceSet):
         import pyarrow.parquet as pq
 
         try:
-            size = storage.size(uri, self._profile, policy=self._policy)
+            size = storage.size(uri, self._profile, policy=self.policy)
         except CFAError:  # (no file: the chunks it would hold are not written)
             return None
         self._charge(size, f"Parquet reference file of {size:,} bytes")
-        data = storage.read_bytes(uri, self._profile, known_size=size, policy=self._policy)
+        data = storage.read_bytes(uri, self._profile, known_size=size, policy=self.policy)
         try:
             parquet = pq.ParquetFile(io.BytesIO(data))
             meta = parquet.metadata

@@ -98,7 +98,7 @@ class ZarrFile:
         location = store_uri(uri)
         try:
             if is_reference_set(location):
-                store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile, policy)
+                store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile)
             elif storage.is_local(location):
                 store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
                                                  read_only=True)

@@ -35,7 +35,6 @@ from zarr.storage import WrapperStore
 from .. import storage
 from ..errors import CFAError, FragmentReadError, redact
 from ..formats import limits
-from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .codecs import COMPRESSORS
 from .reference_sets import METADATA_NAMES, ReferenceSet, Target, max_reference_bytes
@@ -289,9 +288,9 @@ class ReferenceStore(Store):
     supports_partial_writes = False
     supports_listing = True
 
-    def __init__(self, refs: ReferenceSet, profile: ProfileRef, policy: LocationPolicy | None) -> None:
+    def __init__(self, refs: ReferenceSet, profile: ProfileRef) -> None:
         super().__init__(read_only=True)
-        self._refs, self._profile, self._policy = refs, profile, policy
+        self._refs, self._profile, self._policy = refs, profile, refs.policy
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ReferenceStore) and other._refs is self._refs

@@ -187,23 +187,13 @@ def test_hostile_targets_in_an_s3_reference_set_reach_no_other_origin(tmp_path, 
 
 # -- the codec allow-list ------------------------------------------------------------------------------
 
-def _zarr_store(directory: Path, change) -> Path:
-    """``directory/agg.nc`` whose fragment is a Zarr v2 store ``f.zarr`` (x(n=4)), its ``.zarray`` changed."""
-    array = zarr.create_array(str(directory / "f.zarr"), name="x", shape=(4,), dtype="<f4", zarr_format=2,
-                              compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
+def _zarr_store(directory: Path, change, fmt: int = 2) -> Path:
+    """``directory/agg.nc`` whose fragment is a Zarr store ``f.zarr`` (x(n=4)), its array metadata changed."""
+    names = {"dimension_names": ["n"]} if fmt == 3 else {"attributes": {"_ARRAY_DIMENSIONS": ["n"]}}
+    array = zarr.create_array(str(directory / "f.zarr"), name="x", shape=(4,), dtype="<f4", zarr_format=fmt,
+                              compressors=None, **names)
     array[...] = VALUES
-    meta_path = directory / "f.zarr" / "x" / ".zarray"
-    meta = json.loads(meta_path.read_text())
-    change(meta)
-    meta_path.write_text(json.dumps(meta))
-    return write_cf113(directory / "agg.nc", "x", ("n",), [[4]], [["f.zarr"]])
-
-
-def _v3_store(directory: Path, change) -> Path:
-    array = zarr.create_array(str(directory / "f.zarr"), name="x", shape=(4,), dtype="<f4", zarr_format=3,
-                              compressors=None, dimension_names=["n"])
-    array[...] = VALUES
-    meta_path = directory / "f.zarr" / "x" / "zarr.json"
+    meta_path = directory / "f.zarr" / "x" / (".zarray" if fmt == 2 else "zarr.json")
     meta = json.loads(meta_path.read_text())
     change(meta)
     meta_path.write_text(json.dumps(meta))
@@ -230,7 +220,7 @@ REFUSED_V3 = {
 def test_codecs_and_types_outside_the_allow_list_are_refused_by_name(tmp_path, fmt, case):
     """daskcfa's own allow-list, whatever zarr-python would do: the refusal names what is refused."""
     change, named = (REFUSED_V2 if fmt == 2 else REFUSED_V3)[case]
-    path = (_zarr_store if fmt == 2 else _v3_store)(tmp_path, change)
+    path = _zarr_store(tmp_path, change, fmt)
     with pytest.raises(daskcfa.FragmentReadError) as info:
         _read(str(path))
     assert named in info.value.reason and "daskcfa" in info.value.reason, info.value
