@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from abc import ABC, abstractmethod
 import io
 import json
 import math
@@ -67,7 +68,7 @@ def max_reference_bytes() -> int:
     return limits.max_memory() // 8
 
 
-class ReferenceSet:
+class ReferenceSet(ABC):
     """A parsed reference set: Zarr metadata documents, and each chunk's inline bytes or target."""
 
     def __init__(self, uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
@@ -78,17 +79,17 @@ class ReferenceSet:
 
     # -- what the Zarr store asks --------------------------------------------------------------
 
+    @abstractmethod
     def metadata(self) -> Mapping[str, bytes]:
         """Every Zarr metadata document (key -> JSON bytes)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def entry(self, key: str) -> bytes | Target | None:
         """The chunk ``key``: inline bytes, a target, or None (not in the set: the fill value)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def keys(self) -> Iterator[str]:
         """Every key whose entry is held in memory (metadata documents at least)."""
-        raise NotImplementedError
 
     # -- parsing rules shared by JSON and Parquet sets -----------------------------------------
 
@@ -122,7 +123,7 @@ class ReferenceSet:
             resolved = storage.resolve(url, self.uri)
             self.policy.check(resolved)
             self._resolved[url] = resolved
-        return Target(resolved, int(offset), None if length is None else int(length))
+        return Target(resolved, int(offset or 0), None if length is None else int(length))
 
     def _error(self, why: str) -> FragmentReadError:
         return FragmentReadError(f"reference set refused: {why}", file=self.uri)
@@ -169,6 +170,7 @@ class _JSONSet(ReferenceSet):
             raise self._error(f"unknown reference set version {redact(str(version))[:40]!r}")
         if not isinstance(refs, dict):
             raise self._error("'refs' is not an object")
+        self._charge(ENTRY_BYTES * len(refs), f"reference set of {len(refs):,} entries")
         self._metadata: dict[str, bytes] = {}
         self._chunks: dict[str, bytes | Target] = {}
         inline = 0
@@ -188,7 +190,7 @@ class _JSONSet(ReferenceSet):
                 self._metadata[key] = data
             else:
                 self._chunks[key] = data
-        self._charge(inline + ENTRY_BYTES * len(refs), f"reference set of {len(refs):,} entries")
+        self._charge(inline, f"reference set's {inline:,} bytes of inline data")
 
     def metadata(self) -> Mapping[str, bytes]:
         return self._metadata
@@ -240,6 +242,8 @@ class _ParquetSet(ReferenceSet):
         for key, value in document["metadata"].items():
             if key.rsplit("/", 1)[-1] not in METADATA_NAMES:
                 raise self._error(f".zmetadata holds {key!r}, not a Zarr metadata document")
+            if any(part in ("", ".", "..") for part in key.split("/")[:-1]) or "\\" in key:
+                raise self._error(f".zmetadata key {key!r} is not a plain path below the set")  # (record file names)
             self._metadata[key] = json.dumps(value).encode() if isinstance(value, dict) else self._inline(key, value)
         self._charge(size * limits.JSON_EXPANSION, f"Parquet reference set metadata of {size:,} bytes")
         self._records: dict[tuple[str, int], dict[str, list[Any]]] = {}
@@ -268,7 +272,9 @@ class _ParquetSet(ReferenceSet):
         if path is None:
             return None
         offset, size = columns["offset"][row], columns["size"][row]
-        return self._target(key, path) if offset == size == 0 else self._target(key, path, offset, size)
+        if not offset and not size:  # (0 or null: the whole file, as fsspec reads it)
+            return self._target(key, path)
+        return self._target(key, path, offset, size)
 
     def _chunk_number(self, field: str, chunk: str) -> int | None:
         """The chunk's place in the array's C-order chunk grid (fsspec's row numbering)."""

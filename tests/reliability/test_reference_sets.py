@@ -322,3 +322,35 @@ def test_a_parquet_record_of_millions_of_references_is_charged_before_it_is_read
     with dask.config.set({"daskcfa.limits.max-memory": "64MiB"}), pytest.raises(daskcfa.CFAError) as info:
         daskcfa.from_cfa(str(path), "x")[:4].compute(scheduler="sync")
     assert "max-memory" in str(info.value) and "refs.parq" in str(info.value), info.value
+
+
+MALFORMED = {
+    "offset-a-string": ({}, ["data.bin", "0", 16], "offset and length"),
+    "negative-length": ({}, ["data.bin", 0, -16], "offset and length"),
+    "two-fields": ({}, ["data.bin", 0], "[url, offset, length]"),
+    "not-base64": ({}, "base64:not base64!", "not valid base64"),
+    "no-url": ({}, [None, 0, 16], "names no URL"),
+    "template-a-number": ({"t": 5}, ["{{t}}", 0, 16], "not a plain string"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_entries_are_fragment_errors(tmp_path, case):
+    templates, chunk, message = MALFORMED[case]
+    _reference_aggregation(tmp_path, _refs(chunk, templates=templates))
+    with pytest.raises(daskcfa.FragmentReadError, match=message.replace("[", r"\[")) as info:
+        _read(str(tmp_path / "agg.nc"))
+    assert info.value.fragment == (0,) and info.value.file.endswith("refs.json"), info.value
+
+
+def test_a_parquet_metadata_key_climbing_out_of_the_set_is_refused(tmp_path):
+    """Record files are found by the array's path: a key ``../x/.zarray`` would read Parquet files elsewhere."""
+    import pyarrow as pa
+
+    path = _parquet_aggregation(tmp_path, 4, [{"raw": pa.array([VALUES.tobytes()], pa.binary())}], 1)
+    meta_path = tmp_path / "refs.parq" / ".zmetadata"
+    meta = json.loads(meta_path.read_text())
+    meta["metadata"]["../x/.zarray"] = meta["metadata"]["x/.zarray"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(daskcfa.FragmentReadError, match="not a plain path"):
+        _read(str(path))
