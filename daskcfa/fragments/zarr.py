@@ -106,7 +106,8 @@ class ZarrFile:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
             # (daskcfa checks the metadata and decodes the chunks: see zarr_chunks)
-            self._group = zarr.open_group(BoundedStore(store, uri), mode="r")
+            self._store = BoundedStore(store, uri)
+            self._group = zarr.open_group(self._store, mode="r")
         except CFAError:
             raise
         except FileNotFoundError:
@@ -128,6 +129,7 @@ class ZarrFile:
             raise KeyError(name) from None
         if not isinstance(array, zarr.Array):
             raise KeyError(name)
+        self._store.check_array(path)  # (an array of consolidated metadata daskcfa refused)
         return ZarrVariable(array, path.rsplit("/", 1)[-1], text=text)
 
     @property

@@ -192,7 +192,7 @@ def _join(prefix: str, path: str) -> str:
     return "/".join(p for p in (prefix.strip("/"), path.strip("/")) if p)
 
 
-def checked_metadata(key: str, data: bytes, plans: dict[str, ChunkPlan]) -> bytes:
+def checked_metadata(key: str, data: bytes, plans: dict[str, ChunkPlan | FragmentReadError]) -> bytes:
     """The metadata document ``key`` as zarr-python is given it (compressors removed), its arrays'
     plans recorded in ``plans``; FragmentReadError for what daskcfa does not read."""
     name = key.rsplit("/", 1)[-1]
@@ -212,13 +212,23 @@ def checked_metadata(key: str, data: bytes, plans: dict[str, ChunkPlan]) -> byte
         for member, meta in list(inner.items()):
             if isinstance(member, str) and member.rsplit("/", 1)[-1] == ".zarray":
                 path = _join(prefix, member[: -len(".zarray")])
-                inner[member], plans[path] = _v2_array(meta, path)
+                inner[member] = _member(meta, path, plans, _v2_array)
     elif name == "zarr.json":
         doc = _v3_node(doc, prefix, plans)
     return json.dumps(doc).encode()
 
 
-def _v3_node(doc: dict[str, Any], path: str, plans: dict[str, ChunkPlan]) -> dict[str, Any]:
+def _member(meta: Any, path: str, plans: dict[str, ChunkPlan | FragmentReadError], check: Any) -> Any:
+    """An array of consolidated metadata, checked: refused, it stays as it is (zarr-python may list
+    it beside the others) and its refusal is raised when it is opened or a chunk of it read."""
+    try:
+        meta, plans[path] = check(meta, path)
+    except FragmentReadError as exc:
+        plans[path] = exc
+    return meta
+
+
+def _v3_node(doc: dict[str, Any], path: str, plans: dict[str, ChunkPlan | FragmentReadError]) -> dict[str, Any]:
     if doc.get("node_type") == "array":
         doc, plans[path] = _v3_array(doc, path)
         return doc
@@ -227,7 +237,7 @@ def _v3_node(doc: dict[str, Any], path: str, plans: dict[str, ChunkPlan]) -> dic
         members = consolidated["metadata"]
         for member, meta in list(members.items()):
             if isinstance(meta, dict) and meta.get("node_type") == "array":
-                members[member], plans[_join(path, str(member))] = _v3_array(meta, _join(path, str(member)))
+                members[member] = _member(meta, _join(path, str(member)), plans, _v3_array)
     return doc
 
 
@@ -238,7 +248,7 @@ class BoundedStore(WrapperStore[Store]):
     def __init__(self, store: Store, where: str) -> None:
         super().__init__(store)
         self._where = where
-        self._plans: dict[str, ChunkPlan] = {}
+        self._plans: dict[str, ChunkPlan | FragmentReadError] = {}  # array path -> plan, or why it is refused
 
     def _with_store(self, store: Store) -> "BoundedStore":
         return type(self)(store, self._where)
@@ -266,10 +276,18 @@ class BoundedStore(WrapperStore[Store]):
         except CFAError as exc:
             raise exc.located(file=self._where)
 
+    def check_array(self, path: str) -> None:
+        """Raise the refusal of the array at ``path``, if daskcfa refused its metadata."""
+        plan = self._plans.get(path.strip("/"))
+        if isinstance(plan, FragmentReadError):
+            raise FragmentReadError(plan.reason, file=self._where)
+
     def _plan_of(self, key: str) -> ChunkPlan:
         parts = key.split("/")
         for n in range(len(parts) - 1, -1, -1):
             plan = self._plans.get("/".join(parts[:n]))
+            if isinstance(plan, FragmentReadError):
+                raise FragmentReadError(plan.reason, file=self._where)
             if plan is not None:
                 return plan
         raise FragmentReadError(f"Zarr key {key!r} belongs to no array whose metadata daskcfa checked")

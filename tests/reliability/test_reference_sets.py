@@ -354,3 +354,21 @@ def test_a_parquet_metadata_key_climbing_out_of_the_set_is_refused(tmp_path):
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(daskcfa.FragmentReadError, match="not a plain path"):
         _read(str(path))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_refused_array_of_consolidated_metadata_leaves_the_others_readable(tmp_path, fmt):
+    """A consolidated store holding a numeric variable and a string array (``vlen-utf8``, ``string``):
+    the variable reads exactly; the string array alone is refused, by name, when it is read."""
+    store = str(tmp_path / "f.zarr")
+    names = {"dimension_names": ["n"]} if fmt == 3 else {"attributes": {"_ARRAY_DIMENSIONS": ["n"]}}
+    group = zarr.open_group(store, mode="w", zarr_format=fmt)
+    group.create_array("x", shape=(4,), dtype="<f4", compressors=None, **names)[...] = VALUES
+    group.create_array("label", shape=(4,), dtype=str, **names)[...] = np.array(["a", "b", "c", "d"])
+    zarr.consolidate_metadata(store)
+    for name in ("x", "label"):
+        write_cf113(tmp_path / f"{name}.nc", name, ("n",), [[4]], [["f.zarr"]])
+    np.testing.assert_array_equal(daskcfa.from_cfa(str(tmp_path / "x.nc"), "x").compute(scheduler="sync"), VALUES)
+    with pytest.raises(daskcfa.FragmentReadError, match="label.*refused") as info:
+        daskcfa.from_cfa(str(tmp_path / "label.nc"), "label").compute(scheduler="sync")
+    assert info.value.fragment == (0,), info.value
