@@ -63,9 +63,11 @@ class ChunkPlan:
 
     @property
     def stored(self) -> int:
+        """The most bytes a chunk may store: its size raw, or its size and the worst expansion compressed."""
         return self.size if self.compressor is None else self.size + self.size // _SLACK_FRACTION + _SLACK_BYTES
 
     def decode(self, raw: bytes, key: str) -> bytes:
+        """The chunk ``key``'s ``size`` bytes from its stored ``raw`` bytes (FragmentReadError otherwise)."""
         if len(raw) > self.stored:
             raise FragmentReadError(f"Zarr chunk {key!r} stores more than {self.stored:,} bytes, more than a chunk "
                                     f"of {self.size:,} bytes can take")
