@@ -171,7 +171,7 @@ class FragmentFile:
             log.debug("opened fragment %s (%s; engine: %s)", redact(label), how or "as a file", _engine_name(direct))
         self._stack = ExitStack()
         self._direct = direct  # an HDF5File, or None
-        self._netcdf4_opener = netcdf4  # () -> NetCDF4File
+        self._netcdf4_opener = netcdf4  # () -> NetCDF4File; None: the direct reader only (a Zarr store)
         self._second = second  # counts the netCDF4 handle opened beside the direct one with the file manager
         self._netcdf4: NetCDF4File | None = None
         self._variables: dict[str, _Variable] = {}
@@ -183,6 +183,8 @@ class FragmentFile:
     def _nc(self) -> NetCDF4File:
         with self._lock:
             if self._netcdf4 is None:
+                if self._netcdf4_opener is None:
+                    raise FragmentReadError("a Zarr store is read by zarr-python only")
                 if self._direct is not None and not self._direct_used:
                     self._direct.close()  # (closing twice, at the end, is harmless)
                     self._direct = None
@@ -222,6 +224,8 @@ class FragmentFile:
             except KeyError:
                 raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
             except (DirectReadUnsupported, OSError, RuntimeError) as exc:
+                if self._netcdf4_opener is None:  # (nothing else reads it: its own error, not a fallback's)
+                    raise
                 log.debug("fragment %s, variable %r: the direct reader cannot open it (%s); netCDF4 reads it",
                           redact(self.label), name, exc)
         try:
@@ -318,10 +322,7 @@ def open_indexed(uri: str, entry: IndexEntry, *, profile: ProfileRef = storage.N
 
 
 def _open_zarr(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:
-    def no_netcdf4() -> NetCDF4File:
-        raise FragmentReadError("a Zarr store is read by zarr-python only")
-
-    return FragmentFile(uri, direct=ZarrFile(uri, profile, policy=policy), netcdf4=no_netcdf4, how="Zarr store")
+    return FragmentFile(uri, direct=ZarrFile(uri, profile, policy=policy), how="Zarr store")
 
 
 def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> FragmentFile:

@@ -6,9 +6,12 @@ A fragment is a Zarr store when its URI says so, as netCDF-C spells it
 by the ``.zarr`` suffix of its path (``f0.zarr``, ``s3://b/f0.zarr/``). A
 fragment named ``*.json`` (or ``*.parq``/``*.parquet``) is an fsspec
 reference set (kerchunk's format, versions 0 and 1), which presents a Zarr
-store whose chunks are byte ranges of other files: each target is resolved
-against the reference set's location and checked by the safe-URI policy when
-it is read (a reference set is untrusted input, as an aggregation file is).
+store whose chunks are byte ranges of other files: daskcfa parses it itself
+(:mod:`.reference_sets`: each target resolved against the reference set's
+location and checked by the safe-URI policy; a reference set is untrusted
+input, as an aggregation file is). Every store's metadata is checked against
+daskcfa's codec allow-list and its chunks decoded within their declared size
+by daskcfa (:mod:`.zarr_chunks`) before zarr-python assembles them.
 The store is reached through the storage layer (credentials by reference, the
 safe-URI policy's checked HTTP client) and its variable is read as a netCDF
 variable is, under the same canonical-form rules:
@@ -26,8 +29,6 @@ variable is, under the same canonical-form rules:
 from __future__ import annotations
 
 import base64
-import importlib.util
-import json
 import math
 import struct
 from typing import Any, Mapping, Sequence
@@ -35,13 +36,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 from fsspec.implementations.local import LocalFileSystem
-from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from .. import storage
 from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError, StorageError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
+from .reference_sets import open_reference_set
+from .zarr_chunks import BoundedStore, ReferenceStore
 
 __all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable",
            "ZARR_COMPRESSION_KEYS", "CONSOLIDATED", "check_zarr_compression", "StoreWriter", "store_state"]
@@ -96,14 +98,16 @@ class ZarrFile:
         location = store_uri(uri)
         try:
             if is_reference_set(location):
-                store: Any = zarr.storage.FsspecStore(_references(location, profile, policy), read_only=True)
+                store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile)
             elif storage.is_local(location):
                 store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
                                                  read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
-            self._group = zarr.open_group(store, mode="r")
+            # (daskcfa checks the metadata and decodes the chunks: see zarr_chunks)
+            self._store = BoundedStore(store, uri)
+            self._group = zarr.open_group(self._store, mode="r")
         except CFAError:
             raise
         except FileNotFoundError:
@@ -125,13 +129,14 @@ class ZarrFile:
             raise KeyError(name) from None
         if not isinstance(array, zarr.Array):
             raise KeyError(name)
+        self._store.check_array(path)  # (an array of consolidated metadata daskcfa refused)
         return ZarrVariable(array, path.rsplit("/", 1)[-1], text=text)
 
     @property
     def attrs(self) -> dict[str, Any]:
         """The root group's attributes, as netCDF global attributes (layout metadata removed)."""
         attrs = dict(self._group.attrs)
-        types = (attrs.get("_nczarr_attr") or {}).get("types") or {}
+        types = _nczarr_types(attrs)
         return netcdf_attributes(_cf_attributes(_without_layout(attrs), None, None, types))
 
     def names(self) -> list[str]:
@@ -168,73 +173,6 @@ def _async(fs: Any) -> Any:
     return AsyncFileSystemWrapper(fs, asynchronous=True)
 
 
-def _references(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> Any:
-    """The reference set at ``uri`` as an asynchronous filesystem whose targets are checked when read."""
-    if uri.rstrip("/").endswith((".parq", ".parquet")):
-        if not (importlib.util.find_spec("pandas") and (importlib.util.find_spec("pyarrow")
-                                                        or importlib.util.find_spec("fastparquet"))):
-            raise FragmentReadError("a Parquet reference set needs pandas and pyarrow or fastparquet installed")
-        fs, path = storage.filesystem(uri, profile, policy=policy)
-        references: Any = LazyReferenceMapper(path.rstrip("/"), fs=fs)
-    else:
-        size = storage.size(uri, profile, policy=policy)
-        if size > max_reference_bytes():
-            raise FragmentReadError(f"a JSON reference set of {size:,} bytes is more than daskcfa reads "
-                                    f"({max_reference_bytes():,}: dask config 'daskcfa.limits.max-memory' / 8); "
-                                    "store large reference sets as Parquet")
-        try:
-            references = json.loads(bytes(storage.read_bytes(uri, profile, known_size=size, policy=policy)))
-        except (ValueError, UnicodeError) as exc:
-            raise FragmentReadError(f"not a JSON reference set ({exc})") from None
-        if not isinstance(references, dict):
-            raise FragmentReadError("not a JSON reference set (not an object)")
-    return _CheckedReferences(references, base=uri, profile=profile, policy=policy)
-
-
-def max_reference_bytes() -> int:
-    """The largest JSON reference set read (its objects take several times its size in memory)."""
-    return storage.config_bytes("daskcfa.limits.max-memory", 1 << 30) // 8
-
-
-class _CheckedReferences(ReferenceFileSystem):
-    """An fsspec reference set whose every target is resolved against the set's own location
-    (never the working directory), allowed by the policy and read through the storage layer."""
-
-    def __init__(self, references: Any, *, base: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
-        self._base, self._profile, self._policy = base, profile, policy
-        self._allowed: dict[str, str] = {}  # target as written -> resolved and allowed
-        local = AsyncFileSystemWrapper(LocalFileSystem(), asynchronous=True)
-        try:
-            super().__init__(references, fs={None: local, "file": local}, asynchronous=True,
-                             skip_instance_cache=True)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise FragmentReadError(f"malformed reference set ({type(exc).__name__}: {exc})") from None
-
-    def _cat_common(self, path: str, start: Any = None, end: Any = None) -> Any:
-        target, first, last = super()._cat_common(path, start=start, end=end)
-        if isinstance(target, bytes):  # (inline data)
-            return target, first, last
-        return self._target(str(target)), first, last
-
-    def _target(self, target: str) -> str:
-        resolved = self._allowed.get(target)
-        if resolved is None:
-            resolved = storage.resolve(target, self._base)
-            if self._policy is not None:
-                self._policy.check(resolved)
-            if storage.is_local(resolved):
-                try:  # (regular files only: a FIFO would block the read)
-                    storage.local_stat(resolved)
-                except CFAError as exc:  # (never FileNotFoundError: zarr would read it as a chunk not written)
-                    raise FragmentReadError(f"reference target {target!r}: {exc.reason}") from None
-                resolved = storage.local_path(resolved)
-            elif storage.scheme_of(resolved) not in self.fss:
-                fs, _ = storage.filesystem(resolved, self._profile, policy=self._policy)
-                self.fss[storage.scheme_of(resolved)] = AsyncFileSystemWrapper(fs, asynchronous=True)
-            self._allowed[target] = resolved
-        return resolved
-
-
 def _absent(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "not found" in text or "no such file" in text or "nosuchkey" in text or "404" in text
@@ -262,7 +200,7 @@ class ZarrVariable:
         self.chunk_nbytes = int(math.prod(chunks)) * self.dtype.itemsize
         attrs = dict(array.attrs)
         self.dims = _dimension_names(array, attrs, len(self.shape), name)
-        types = (attrs.get("_nczarr_attr") or {}).get("types") or {}  # (NCZarr: each attribute's netCDF type)
+        types = _nczarr_types(attrs)  # (NCZarr: each attribute's netCDF type)
         self.attrs = _cf_attributes(_without_layout(attrs), array, self.dtype if self.dtype.kind != "O" else None,
                                     types)
 
@@ -275,6 +213,24 @@ class ZarrVariable:
     def values(self) -> np.ndarray:
         """Every raw stored value (strings as an object array of ``str``)."""
         return self.read(tuple(slice(0, n, 1) for n in self.shape))
+
+
+def _nczarr(attrs: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """NCZarr's layout attribute ``key`` (an object, or absent)."""
+    value = attrs.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FragmentReadError(f"NCZarr attribute {key} is not an object ({type(value).__name__})")
+    return value
+
+
+def _nczarr_types(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """NCZarr's netCDF type of each attribute (``_nczarr_attr``'s ``types``)."""
+    types = _nczarr(attrs, "_nczarr_attr").get("types") or {}
+    if not isinstance(types, dict) or not all(isinstance(t, str) for t in types.values()):
+        raise FragmentReadError("NCZarr attribute _nczarr_attr's types are not an object of type names")
+    return types
 
 
 def _without_layout(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -301,13 +257,19 @@ def netcdf_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _dimension_names(array: Any, attrs: Mapping[str, Any], ndim: int, name: str) -> tuple[str, ...]:
+    layout = _nczarr(attrs, "_nczarr_array")
     names = getattr(array.metadata, "dimension_names", None) or attrs.get("_ARRAY_DIMENSIONS")
     if names is None:
-        references = (attrs.get("_nczarr_array") or {}).get("dimension_references")
+        references = layout.get("dimension_references")
+        if references is not None and (not isinstance(references, list)
+                                       or not all(isinstance(r, str) for r in references)):
+            raise FragmentReadError(f"Zarr array {name!r}: NCZarr's dimension_references are not a list of names")
         names = [r.rsplit("/", 1)[-1] for r in references] if references else None
     if names is None:  # (dimension names are not significant: fragments are matched by position)
         return tuple(f"dim{k}" for k in range(ndim))
-    names = tuple(str(n) for n in names)
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) or n is None for n in names):
+        raise FragmentReadError(f"Zarr array {name!r}: its dimension names are not a list of names")
+    names = tuple(f"dim{k}" if n is None else n for k, n in enumerate(names))  # (v3: a name may be null)
     if len(names) != ndim:
         raise FragmentReadError(f"Zarr array {name!r} names {len(names)} dimensions for its {ndim}")
     return names

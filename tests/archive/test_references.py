@@ -131,7 +131,9 @@ def test_parquet(tmp_path):
     out = tmp_path / "refs.parq"
     assert daskcfa.to_references(str(built.path), output=str(out), record_size=7) == str(out)
     assert (out / ".zmetadata").is_file() and len(list((out / "tas").glob("refs.*.parq"))) == 4  # 24 chunks / 7
-    check(built, str(out))
+    # (the protocol named: with pyarrow installed, pandas reads a null path as NaN, and fsspec's
+    # scan of every reference for its protocol stops at that float)
+    check(built, str(out), remote_protocol="file")
 
 
 def test_on_s3(tmp_path, s3_server):
