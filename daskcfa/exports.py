@@ -26,6 +26,7 @@ LAZY = {
     "verify": ".archive.verify",
     "to_references": ".archive.references",
     "index": ".archive.chunk_index",
+    "sample": ".sample_data",
 }
 
 _PACKAGE = __name__.rpartition(".")[0]

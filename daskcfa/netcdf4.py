@@ -45,7 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
-import dask.array as da
+from .lazy import dask_array as da
 import netCDF4
 import numpy as np
 from dask.utils import parse_bytes

@@ -19,9 +19,14 @@ import bz2
 from typing import Callable
 
 import numpy as np
-from numcodecs import blosc, zstd
+
+from ..lazy import LazyModule
 
 __all__ = ["BZIP2", "BLOSC", "ZSTD", "DECODERS"]
+
+# (imported by the first chunk that needs them: 0.1 s that metadata-only work does not pay)
+blosc = LazyModule("numcodecs.blosc")
+zstd = LazyModule("numcodecs.zstd")
 
 #: HDF5 filter identifiers (registered with The HDF Group).
 BZIP2 = 307
