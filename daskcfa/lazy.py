@@ -21,18 +21,18 @@ class LazyModule:
     """A module imported on its first attribute look-up (dunder names excepted: pickling and
     introspection probe those, and must not import it)."""
 
-    __slots__ = ("name",)
+    __slots__ = ("_lazy_name",)  # (a name no module it stands for has)
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        self._lazy_name = name
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return getattr(importlib.import_module(self.name), attr)
+        return getattr(importlib.import_module(self._lazy_name), attr)
 
     def __repr__(self) -> str:
-        return f"<module {self.name!r}, imported on first use>"
+        return f"<module {self._lazy_name!r}, imported on first use>"
 
 
 #: :mod:`dask.array`, imported on first use
