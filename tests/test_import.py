@@ -106,8 +106,9 @@ def _imported(code: str, names: tuple[str, ...]) -> tuple[set[str], list[str]]:
 
 
 def test_metadata_only_work_imports_no_array_stack(tmp_path):
-    """``daskcfa info`` / ``verify`` (quick), ``open_cfa``, ``describe``, ``verify`` on a real archive
-    import neither dask.array nor xarray, pandas, scipy (before: all four, ~1.3 s of a 1.5 s ``info``)."""
+    """``daskcfa info`` / ``verify`` (quick), ``open_cfa``, ``Dataset(url)``, ``describe``, ``verify`` on a
+    real archive import neither dask.array nor xarray, pandas, scipy (before: all four, ~1.3 s of a 1.5 s
+    ``info``)."""
     import daskcfa
 
     url = daskcfa.sample(str(tmp_path / "tas.nca"))
@@ -116,6 +117,7 @@ def test_metadata_only_work_imports_no_array_stack(tmp_path):
         "cli verify": f"from daskcfa.cli import main\nmain(['verify', {url!r}])",
         "open_cfa": (f"import daskcfa\nds = daskcfa.open_cfa({url!r})\nv = ds['tas']\n"
                      "print(v.dims, v.shape, v.units, v.fragments.shape, ds['lat'].shape, sorted(ds.dimensions))"),
+        "Dataset": f"import daskcfa\nprint(daskcfa.Dataset({url!r})['tas'].fragments.shape)",
         "describe": f"import daskcfa\nprint(daskcfa.describe({url!r}).variables[0].grid)",
         "verify": f"import daskcfa\nprint(daskcfa.verify({url!r}).ok)",
     }
