@@ -32,7 +32,8 @@ def test_s3_server_script_serves_until_terminated():
                 exports[name] = value
         assert "DASKCFA_S3_ENDPOINT_URL" in exports, proc.stderr.read()[-3000:] if proc.poll() is not None else exports
         s3 = s3fs.S3FileSystem(key=exports["AWS_ACCESS_KEY_ID"], secret=exports["AWS_SECRET_ACCESS_KEY"],
-                               client_kwargs={"endpoint_url": exports["DASKCFA_S3_ENDPOINT_URL"]}, skip_instance_cache=True)
+                               client_kwargs={"endpoint_url": exports["DASKCFA_S3_ENDPOINT_URL"]},
+                               skip_instance_cache=True)
         assert s3.ls("") == ["firsthour"]
     finally:
         proc.send_signal(signal.SIGTERM)
