@@ -60,6 +60,7 @@ __all__ = [
     "describe",
     "to_references",
     "index",
+    "sample",
     "AggregationError",
     "ArgumentError",
     "ConfigError",

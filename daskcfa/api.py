@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
-import dask.array as da
+from .lazy import dask_array as da
 from dask.delayed import Delayed
 import netCDF4
 

@@ -17,7 +17,7 @@ import posixpath
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-import dask.array as da
+from .lazy import dask_array as da
 import numpy as np
 
 from .decode import STORAGE_ATTRS, Encoding

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import dask
-import dask.array as da
+from .lazy import dask_array as da
 import netCDF4
 import numpy as np
 
@@ -26,7 +26,6 @@ from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
 from .fragments.chunk_index import indexed
 from .fragments.manager import Budget
-from .graph.masked import plain_masked
 from .graph.read import to_dask
 from .model import AggregatedVariable, Fragments
 from .storage.access import Access
@@ -177,6 +176,8 @@ class Variable(_AttributeAccessors):
         raise AttributeError(name)
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        from .graph.masked import plain_masked  # (with dask.array's dispatch: not for metadata-only work)
+
         return plain_masked(_result(orthogonal(self.data, key)))
 
     def getValue(self) -> Any:

@@ -4,6 +4,8 @@
 (and with it dask.array, netCDF4, h5py) the first time it is looked up, and
 ``daskcfa.FragmentBudget`` imports dask.distributed only then. The package's
 ``__getattr__`` and ``__dir__`` are :func:`load` and :func:`module_dir`.
+Modules that extend another library (the ``ds.cfa`` xarray accessor) are
+imported with the package only when that library is imported already.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import importlib
 import sys
 from typing import Any
 
-__all__ = ["LAZY", "load", "module_dir"]
+__all__ = ["LAZY", "WITH_LIBRARY", "extend_loaded_libraries", "load", "module_dir"]
 
 #: name -> the module (relative to the package) that defines it
 LAZY = {
@@ -26,9 +28,13 @@ LAZY = {
     "verify": ".archive.verify",
     "to_references": ".archive.references",
     "index": ".archive.chunk_index",
+    "sample": ".sample_data",
 }
 
 _PACKAGE = __name__.rpartition(".")[0]
+
+#: modules imported with the package only when a library they extend is imported already (never for them)
+WITH_LIBRARY = {"xarray": ".xarray_accessor"}  # ds.cfa
 
 
 def load(name: str) -> Any:
@@ -50,3 +56,13 @@ def load(name: str) -> Any:
 def module_dir() -> list[str]:
     """``dir(daskcfa)``: what is loaded, and the names loaded on first use."""
     return sorted(set(vars(sys.modules[_PACKAGE])) | set(LAZY))
+
+
+def extend_loaded_libraries() -> None:
+    """Import :data:`WITH_LIBRARY`'s modules for the libraries already imported (``ds.cfa`` when xarray is)."""
+    for library, module in WITH_LIBRARY.items():
+        if library in sys.modules:
+            importlib.import_module(module, _PACKAGE)
+
+
+extend_loaded_libraries()  # (with the package: exports is imported by daskcfa/__init__.py)

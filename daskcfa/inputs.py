@@ -18,7 +18,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Mapping, Sequence
 
-import dask.array as da
+from .lazy import dask_array as da
 import numpy as np
 
 from .decode import PACKING_ATTRS, default_fill_value

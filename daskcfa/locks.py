@@ -6,9 +6,17 @@ locate, read bytes); decoding, unit conversion and assembly run outside.
 
 A lock protects the library only if *every* caller in the process takes it.
 xarray's netcdf4 engine takes its own locks (``NETCDFC_LOCK``, and
-``HDF5_LOCK`` for local files), so when xarray is importable this lock is
-built on those very lock objects: a graph that reads through xarray and
-daskcfa at once serialises on one lock instead of crashing netCDF-C.
+``HDF5_LOCK`` for local files), so once xarray is imported this lock takes
+those very lock objects too: a graph that reads through xarray and daskcfa at
+once serialises on one lock instead of crashing netCDF-C.
+
+daskcfa does not import xarray for that (metadata-only work would pay ~0.5 s
+for it): until xarray is imported nobody else can call netCDF-C through it,
+so daskcfa's own lock suffices. When xarray's lock module is imported later,
+its loader is wrapped (a finder on ``sys.meta_path`` that finds nothing
+else) so that the import ends only after any daskcfa section in progress:
+from then on every section takes xarray's locks as well, before xarray can
+make its first netCDF-C call.
 
 Despite its name (xarray's), it guards the libhdf5 that netCDF-C links, not
 h5py's: the direct HDF5 engine's h5py calls take h5py's own lock instead. That
@@ -20,10 +28,17 @@ linking both to one libhdf5 would need those calls under this lock too
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
 import threading
+from types import ModuleType
 from typing import Any, Protocol
 
 __all__ = ["HDF5_LOCK"]
+
+#: the module that holds xarray's netCDF-C and HDF5 locks
+XARRAY_LOCKS = "xarray.backends.locks"
 
 
 class _Lock(Protocol):
@@ -34,38 +49,43 @@ class _Lock(Protocol):
     def locked(self) -> bool: ...
 
 
-def _library_lock() -> _Lock:
-    """xarray's netCDF-C and HDF5 locks combined as its netcdf4 engine combines them, else a plain lock."""
-    try:
-        from xarray.backends.locks import HDF5_LOCK as XARRAY_HDF5_LOCK
-        from xarray.backends.locks import NETCDFC_LOCK, combine_locks
-    except ImportError:
-        return threading.Lock()
-    # combine_locks acquires the locks in xarray's own global order: no lock-order deadlock with xarray
-    return combine_locks([NETCDFC_LOCK, XARRAY_HDF5_LOCK])
-
-
 class _ProcessLock:
-    """Reentrant for the thread holding it (daskcfa nests library calls) over
-    a non-reentrant lock shared with other libraries.
+    """Reentrant for the thread holding it (daskcfa nests library calls); once xarray is
+    imported, held together with xarray's netCDF-C and HDF5 locks (taken after daskcfa's own).
 
     Usable wherever xarray takes a ``lock=`` argument; pickles as a reference
     to this module's single instance.
     """
 
-    def __init__(self, base: _Lock) -> None:
-        self._base = base
+    def __init__(self) -> None:
+        self._own = threading.Lock()
+        self._xarray: _Lock | None = None  # xarray's locks, once imported
+        self._taken: _Lock | None = None  # what the holder took of them
         self._owner: int | None = None
         self._depth = 0
+
+    def adopt(self, xarray_locks: ModuleType) -> None:
+        """Take xarray's locks as well from now on: after the sections in progress (which did not)."""
+        # combine_locks acquires the locks in xarray's own global order: no lock-order deadlock with xarray
+        combined = xarray_locks.combine_locks([xarray_locks.NETCDFC_LOCK, xarray_locks.HDF5_LOCK])
+        if self._owner == threading.get_ident():  # imported inside a section of this thread: no other can run
+            self._xarray = combined
+            return
+        with self._own:
+            self._xarray = combined
 
     def acquire(self, blocking: bool = True) -> bool:
         me = threading.get_ident()
         if self._owner == me:
             self._depth += 1
             return True
-        if not self._base.acquire(blocking):
+        if not self._own.acquire(blocking):
             return False
-        self._owner, self._depth = me, 1
+        xarray = self._xarray
+        if xarray is not None and not xarray.acquire(blocking):
+            self._own.release()
+            return False
+        self._owner, self._depth, self._taken = me, 1, xarray
         return True
 
     def release(self) -> None:
@@ -73,12 +93,14 @@ class _ProcessLock:
             raise RuntimeError("cannot release a lock this thread does not hold")
         self._depth -= 1
         if self._depth == 0:
-            self._owner = None
-            self._base.release()
+            taken, self._owner, self._taken = self._taken, None, None
+            if taken is not None:
+                taken.release()
+            self._own.release()
 
     def locked(self) -> bool:
-        """Whether the library is locked (by daskcfa, or by xarray on the same locks)."""
-        return self._base.locked()
+        """Whether the library is locked (by daskcfa, or by xarray on its locks)."""
+        return self._own.locked() or (self._xarray is not None and self._xarray.locked())
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -90,7 +112,41 @@ class _ProcessLock:
         return "HDF5_LOCK"
 
     def __repr__(self) -> str:
-        return f"<daskcfa.locks.HDF5_LOCK over {self._base!r}>"
+        return "<daskcfa.locks.HDF5_LOCK" + (" with xarray's locks>" if self._xarray else ">")
 
 
-HDF5_LOCK = _ProcessLock(_library_lock())
+class _AdoptingLoader(importlib.abc.Loader):
+    """xarray's lock module, loaded by its own loader, then adopted by :data:`HDF5_LOCK`."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        HDF5_LOCK.adopt(module)
+
+    def __getattr__(self, name: str) -> Any:  # (get_source for tracebacks, resource readers)
+        return getattr(self._loader, name)
+
+
+class _XarrayLocksFinder(importlib.abc.MetaPathFinder):
+    """Finds xarray's lock module as the other finders do, with its loader wrapped; nothing else."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != XARRAY_LOCKS:
+            return None
+        sys.meta_path.remove(self)  # (once: the others find it)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _AdoptingLoader(spec.loader)
+        return spec
+
+
+HDF5_LOCK = _ProcessLock()
+if XARRAY_LOCKS in sys.modules:
+    HDF5_LOCK.adopt(sys.modules[XARRAY_LOCKS])
+else:
+    sys.meta_path.insert(0, _XarrayLocksFinder())

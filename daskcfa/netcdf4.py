@@ -49,7 +49,7 @@ from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
-import dask.array as da
+from .lazy import dask_array as da
 import netCDF4
 import numpy as np
 from dask.utils import parse_bytes

@@ -32,6 +32,7 @@ from .decode import Encoding, default_fill_value
 from .errors import VariableNotFoundError
 from .graph.read import AggregatedArray
 from .model import is_coordinate_variable
+from . import xarray_accessor  # noqa: F401  (ds.cfa: registered whenever xarray loads its backends)
 
 __all__ = ["DaskCFABackendEntrypoint", "open_dataset", "open_datatree"]
 

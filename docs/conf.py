@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-import os
-
 import daskcfa
 
-#: the examples' sample archive module, which the pages' examples import
-EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples"))
-doctest_global_setup = f"import sys; sys.path.insert(0, {EXAMPLES!r})"
+# Each page's examples run in a new empty directory, as a reader pastes them (tests/test_docs.py runs the
+# guide's pages so too, each in a fresh interpreter); nothing else is set up for them.
+doctest_global_setup = ("import os as _os, tempfile as _tempfile\n"
+                        "_cwd = _os.getcwd()\n_os.chdir(_tempfile.mkdtemp(prefix='daskcfa-docs-'))")
+doctest_global_cleanup = ("import shutil as _shutil\n_new = _os.getcwd()\n_os.chdir(_cwd)\n"
+                          "_shutil.rmtree(_new, ignore_errors=True)")
 
 project = "daskcfa"
 author = "the daskcfa developers"

@@ -30,7 +30,9 @@ import sample  # noqa: E402  (the examples' sample dataset)
 
 def run_example(name: str, *args: str, cwd: Path, env: dict | None = None, timeout: float = 240) -> str:
     """Run ``python examples/<name>.py ARGS`` and return its output; fail with the output if it fails."""
-    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=cwd, env=env or os.environ.copy(),
+    env = dict(env or os.environ)  # (this checkout's daskcfa, whichever one the venv has installed)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{name}.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout

@@ -89,3 +89,57 @@ def test_version_is_the_package_metadata():
     import daskcfa
 
     assert version("daskcfa") == daskcfa.__version__
+
+
+#: what metadata-only work must not import: dask.array costs ~1 s with the xarray, pandas and scipy it imports
+ARRAY_STACK = ("dask.array", "xarray", "pandas", "scipy")
+
+
+def _imported(code: str, names: tuple[str, ...]) -> tuple[set[str], list[str]]:
+    """Which of ``names`` a fresh interpreter has imported after running ``code``, and what it printed."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {names!r} if m in sys.modules]))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout.splitlines()
+    return set(json.loads(out[-1])), out[:-1]
+
+
+def test_metadata_only_work_imports_no_array_stack(tmp_path):
+    """``daskcfa info`` / ``verify`` (quick), ``open_cfa``, ``Dataset(url)``, ``describe``, ``verify`` on a
+    real archive import neither dask.array nor xarray, pandas, scipy (before: all four, ~1.3 s of a 1.5 s
+    ``info``)."""
+    import daskcfa
+
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    cases = {
+        "cli info": f"from daskcfa.cli import main\nmain(['info', {url!r}])",
+        "cli verify": f"from daskcfa.cli import main\nmain(['verify', {url!r}])",
+        "open_cfa": (f"import daskcfa\nds = daskcfa.open_cfa({url!r})\nv = ds['tas']\n"
+                     "print(v.dims, v.shape, v.units, v.fragments.shape, ds['lat'].shape, sorted(ds.dimensions))"),
+        "Dataset": f"import daskcfa\nprint(daskcfa.Dataset({url!r})['tas'].fragments.shape)",
+        "describe": f"import daskcfa\nprint(daskcfa.describe({url!r}).variables[0].grid)",
+        "verify": f"import daskcfa\nprint(daskcfa.verify({url!r}).ok)",
+    }
+    for name, code in cases.items():
+        modules, printed = _imported(code, ARRAY_STACK)
+        assert printed, name  # (each did its work)
+        assert modules == set(), f"{name} imported {sorted(modules)}"
+    assert "10 fragment(s)" in _imported(cases["cli verify"], ())[1][-1]
+    assert _imported(cases["open_cfa"], ())[1] == ["('time', 'lat', 'lon') (120, 45, 90) K (10, 1, 1) (45,) "
+                                                   "['lat', 'lon', 'time']"]
+
+
+def test_from_cfa_imports_only_what_a_dask_array_needs(tmp_path):
+    """``from_cfa`` imports dask.array, but none of xarray, pandas, scipy that dask.array itself does not
+    import (dask 2026.8's ``dask.array`` imports xarray and scipy.sparse when installed), nor zarr, numcodecs,
+    s3fs, aiohttp, distributed or matplotlib (needed only by some fragments, stores, clusters or plots)."""
+    import daskcfa
+
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    others = ("zarr", "numcodecs", "s3fs", "aiohttp", "distributed", "matplotlib")
+    with_dask_array, _ = _imported("import dask.array", ARRAY_STACK)
+    modules, printed = _imported(f"import daskcfa\nprint(daskcfa.from_cfa({url!r}, 'tas').numblocks)",
+                                 ("dask.array",) + ARRAY_STACK + others)
+    assert printed == ["(10, 1, 1)"] and "dask.array" in modules
+    assert modules - {"dask.array"} <= with_dask_array

@@ -23,7 +23,8 @@ import zlib
 from typing import Any, Callable
 
 import numpy as np
-from numcodecs import blosc, lz4, zstd
+
+from ..lazy import LazyModule
 
 try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decode
     from isal import isal_zlib
@@ -35,6 +36,11 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fall
     INFLATE_ERRORS = (zlib.error,)
 
 __all__ = ["BZIP2", "BLOSC", "ZSTD", "DECODERS", "COMPRESSORS", "INFLATE_ERRORS", "inflate_head"]
+
+# (imported by the first chunk that needs them: 0.1 s that metadata-only work does not pay)
+blosc = LazyModule("numcodecs.blosc")
+zstd = LazyModule("numcodecs.zstd")
+lz4 = LazyModule("numcodecs.lz4")
 
 #: HDF5 filter identifiers (registered with The HDF Group).
 BZIP2 = 307

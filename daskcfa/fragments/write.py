@@ -40,12 +40,12 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import netCDF4
 import numpy as np
-from dask.array.core import concatenate3
 
 from .. import storage
 from ..choices import FRAGMENT_FORMATS, ZARR_FRAGMENTS
 from ..decode import Encoding
 from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
+from ..lazy import dask_array as da
 from ..locks import HDF5_LOCK
 from ..storage.lease import Lease
 from .zarr import CONSOLIDATED, StoreWriter, store_state
@@ -304,7 +304,7 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, slic
         if isinstance(values, Slabs):
             data: Any = values
         else:
-            data = np.asarray(concatenate3(values) if isinstance(values, list) else values, dtype=spec.dtype)
+            data = np.asarray(da.core.concatenate3(values) if isinstance(values, list) else values, dtype=spec.dtype)
         if storage.is_local(target.uri):
             nbytes, checksum = _write_local(spec, target, data, sliced)
         else:

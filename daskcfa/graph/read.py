@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 import dask
-import dask.array as da
+from ..lazy import dask_array as da
 import numpy as np
 from dask.utils import parse_bytes
 
@@ -33,7 +33,6 @@ from ..fragments.files import whole_object_wanted
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
-from .masked import MaskedChunk, masked_chunk
 from .plan import merged_chunks
 
 __all__ = ["AggregatedArray", "Access", "to_dask"]
@@ -125,6 +124,8 @@ class AggregatedArray:
         elif not self.decode:
             result = self._stored(raw, missing)
         else:
+            from .masked import MaskedChunk  # (with dask.array's dispatch: not for metadata-only work)
+
             # (a masked chunk made as such, not as a view of another masked array it would keep alive)
             result = self.encoding.decode(raw, mask=self.mask, extra_mask=None if missing is np.ma.nomask else missing,
                                           masked_type=MaskedChunk)
@@ -370,6 +371,8 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
             access: Access | None = None, strings: bool = True, decode: bool = True) -> da.Array:
     """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
     ``decode``: see :class:`AggregatedArray`; stored values are never masked)."""
+    from .masked import masked_chunk  # (registers masked chunks with dask.array)
+
     mask = mask and decode
     array = AggregatedArray(variable, mask=mask, access=access, strings=strings, decode=decode)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Mapping
 
-import dask.array as da
+from ..lazy import dask_array as da
 import numpy as np
 from dask.base import tokenize
 from dask.delayed import Delayed

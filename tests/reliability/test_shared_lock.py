@@ -102,3 +102,38 @@ def test_mixed_xarray_and_daskcfa_graph_never_crashes(mixed_files):
           f"the others: {sorted(code for code, _, _ in failed)}")
     assert not failed, (f"{len(failed)} of {TRIALS} child processes ({ROUNDS} rounds each) failed "
                         f"(-11: SIGSEGV): {failed[0]}")
+
+
+#: A child process: daskcfa's lock first, xarray imported later, while another thread holds daskcfa's lock.
+LATE_XARRAY = """
+import sys, threading, time
+from daskcfa.locks import HDF5_LOCK
+assert "xarray" not in sys.modules, "daskcfa.locks imported xarray"
+holding, times = threading.Event(), {}
+def section():
+    with HDF5_LOCK:
+        holding.set()
+        time.sleep(1.5)
+        times["released"] = time.monotonic()
+thread = threading.Thread(target=section)
+thread.start()
+holding.wait()
+import xarray.backends.locks as xl
+times["imported"] = time.monotonic()
+thread.join()
+with HDF5_LOCK:
+    held = xl.NETCDFC_LOCK.locked() and xl.HDF5_LOCK.locked()
+    with HDF5_LOCK:
+        pass
+    still = xl.NETCDFC_LOCK.locked()
+print(times["imported"] >= times["released"], held, still, xl.NETCDFC_LOCK.locked(), HDF5_LOCK.locked())
+"""
+
+
+def test_xarray_imported_later_shares_the_lock():
+    """daskcfa does not import xarray for its lock (metadata-only work would pay for it): once xarray is
+    imported, daskcfa's lock holds xarray's locks too, and the import ends only after a daskcfa section in
+    progress (which did not take them), before xarray can call netCDF-C."""
+    done = subprocess.run([sys.executable, "-c", LATE_XARRAY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "True", "True", "False", "False"]
