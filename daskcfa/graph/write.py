@@ -253,7 +253,7 @@ def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_fo
     root = posixpath.join(posixpath.splitext(posixpath.basename(url.rstrip("/")))[0], ".daskcfa")
     return _Commit(
         url=url, payload=payload, mode=mode, profile=profile,
-        manifest=storage.resolve(posixpath.join(root, "manifest.json"), url),
+        manifest=storage.manifest_uri(url),
         header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
                 "generation": generation},
         variables=tuple(variables),
