@@ -11,6 +11,7 @@ import netCDF4
 
 from . import config, storage
 from .netcdf4 import Dataset
+from .arguments import nearest
 from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
@@ -42,9 +43,11 @@ def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVa
         )
     var = find_variable(ds, variable if variable.startswith("/") else "/" + variable)
     if var is None or dialect_of(var) is None:
-        names = ", ".join(sorted(aggregated_variables(ds, url))) or "none"
+        found = sorted(aggregated_variables(ds, url))
         what = "is not an aggregated variable" if var is not None else "does not exist"
-        raise VariableNotFoundError(f"variable {variable!r} {what}; aggregated variables: {names}", file=url)
+        hint = nearest(variable.lstrip("/"), [n.lstrip("/") for n in found])
+        raise VariableNotFoundError(f"variable {variable!r} {what}{hint}; aggregated variables: "
+                                    f"{', '.join(found) or 'none'}", file=url)
     return parse_variable(var, url)
 
 

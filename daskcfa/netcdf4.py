@@ -52,7 +52,7 @@ from dask.utils import parse_bytes
 
 from . import dataset, storage
 from .decode import Encoding
-from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
+from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, TargetExistsError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
@@ -218,7 +218,7 @@ class PlainWriter(_PlainGroup):
         profile = storage.register(storage_options, protocol=storage.scheme_of(url))
         exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
-            raise FileExistsError(f"{url} exists (clobber=False)")
+            raise TargetExistsError("the file exists (clobber=False)", file=url)
         if mode in ("a", "r+") and not exists:
             raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=url)
         local = storage.is_local(url)
@@ -869,7 +869,7 @@ class AggregationWriter(_Definitions, Dataset):
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
         exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
-            raise FileExistsError(f"{url} exists (clobber=False, or mode 'x')")
+            raise TargetExistsError("the aggregation exists (clobber=False, or mode 'x')", file=url)
         if mode in ("a", "r+") and not exists:
             raise NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
         lease = Lease.new(url, profile, generation_name(uuid.uuid4().hex))

@@ -24,7 +24,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from ..decode import Encoding, join_chars, joined_dtype, text_encoding
-from ..errors import CFAFormatError, FragmentReadError
+from ..errors import ArgumentError, CFAFormatError, FragmentReadError
 from .. import storage
 from ..fragments import chunk_index, readahead
 from ..fragments.chunk_index import IndexEntry
@@ -33,7 +33,7 @@ from ..fragments.files import whole_object_wanted
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
-from .masked import MaskedChunk, masked_chunk
+from .masked import MaskedChunk
 from .plan import merged_chunks
 
 __all__ = ["AggregatedArray", "Access", "to_dask"]
@@ -56,7 +56,7 @@ class AggregatedArray:
         self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
         if nan_where is not None and (decode or self.encoding.stored_dtype.kind != "f"
                                       or nan_where.dtype != self.encoding.stored_dtype or nan_where.is_packed):
-            raise ValueError("nan_where: stored values of a float variable only, by an unpacked encoding of its type")
+            raise ArgumentError("nan_where: stored values of a float variable only, by an unpacked encoding of its type")
         #: with ``decode=False``, a float variable's masking done here (by ``nan_where.missing_mask``, which
         #: then passes on a fragment stored with that encoding as it is stored): NaN where it marks stored
         #: values and at every missing point, for xarray, which masks such a variable so and does no more
@@ -374,7 +374,7 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
     array = AggregatedArray(variable, mask=mask, access=access, strings=strings, decode=decode)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
-        meta = np.ma.MaskedArray(meta) if array.text else masked_chunk(np.ma.MaskedArray(meta))
+        meta = np.ma.MaskedArray(meta)  # (the chunks are MaskedChunks: numpy.ma.MaskedArray to dask and users)
     name = f"cfa-{variable.basename}-{dask.base.tokenize(array, chunks)}"
     return da.from_array(
         array,
