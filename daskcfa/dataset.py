@@ -21,12 +21,11 @@ import numpy as np
 from . import storage
 from .decode import joined_dtype, text_encoding
 from .arguments import nearest
-from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, IndexingError, VariableNotFoundError
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
 from .fragments.chunk_index import indexed
 from .fragments.manager import Budget
-from .graph.masked import plain_masked
 from .graph.read import to_dask
 from .model import AggregatedVariable, Fragments
 from .storage.access import Access
@@ -177,7 +176,11 @@ class Variable(_AttributeAccessors):
         raise AttributeError(name)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return plain_masked(_result(orthogonal(self.data, key)))
+        try:
+            selected = orthogonal(self.data, key)
+        except CFAError as exc:
+            raise exc.located(file=self._url or None, variable=self.path)
+        return _result(selected)
 
     def getValue(self) -> Any:
         """netCDF4-python's way to read a scalar variable."""
@@ -202,7 +205,17 @@ def orthogonal(x: da.Array, key: Any) -> da.Array:
     """``x[key]`` by netCDF4-python's index rules: integer and boolean sequences select along their own
     dimension each (orthogonally: numpy's rule pairs them, and dask refuses two), a 0-d integer array is
     an integer, and a scalar takes any one index."""
-    key = key if isinstance(key, tuple) else (key,)
+    try:
+        return _orthogonal(x, key if isinstance(key, tuple) else (key,))
+    except CFAError:
+        raise
+    except IndexError as exc:  # (dask's, as numpy's)
+        raise IndexingError(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise ArgumentError(f"unusable index: {exc}") from None
+
+
+def _orthogonal(x: da.Array, key: tuple) -> da.Array:
     if x.ndim == 0:
         if len(key) > 1:
             raise ArgumentError(f"too many indices ({len(key)}) for a scalar variable")
