@@ -134,7 +134,7 @@ def to_cfa(
     attrs: Mapping[str, Any] | None = None,
     coords: Mapping[str, Any] | None = None,
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
-    max_fragment_size: int | str = "50MB",
+    max_fragment_size: int | str | None = None,
     format: str | None = None,
     fragment_format: str = "NETCDF4",
     compression: str | Mapping[str, Any] | None = None,
@@ -188,9 +188,12 @@ def to_cfa(
     fragment_shape, max_fragment_size
         The fragment plan, from :func:`plan_fragments`: an exact fragment
         shape (a size per dimension, or a mapping dimension -> size), else
-        fragments of at most ``max_fragment_size`` bytes split the balanced
-        S3netCDF4 way. Dask chunks not aligned with the plan are rechunked to
-        it; chunks finer than the fragments but aligned are kept.
+        fragments of at most ``max_fragment_size`` bytes (default 50 MB) split
+        the balanced S3netCDF4 way. Dask chunks not aligned with the plan are
+        rechunked to it; chunks finer than the fragments but aligned are kept.
+        With neither given, a :class:`daskcfa.Dataset` (an aggregation:
+        ``to_cfa(open_cfa(src), out, format="CFA-0.4")`` converts it) keeps
+        each variable's own fragment grid.
     format
         The aggregation dialect: ``"CF-1.13"`` (default for new files),
         ``"CFA-0.6.2"``, ``"CFA-0.5"`` or ``"CFA-0.4"``; ``r+`` and ``a``

@@ -267,3 +267,22 @@ def test_other_libraries_spellings_of_s3_options_are_named(tmp_path):
     assert "very-secret" not in str(info.value)
     proc = run("info", "s3://bucket/x.nc", "--storage-options", '{"anonymous": true}')
     assert proc.returncode == 1 and "--storage-options for s3:// use s3fs's names: 'anonymous' -> anon" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Issue 28 item 4: silent traps
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["CFA-0.4", "CFA-0.5", "CFA-0.6.2", "CF-1.13"])
+def test_converting_an_aggregation_to_another_dialect_keeps_its_fragments(tmp_path, fmt):
+    """``to_cfa(open_cfa(src), out, format=...)`` once merged 10 fragments into 1 (its default 50 MB plan)."""
+    src = write(tmp_path / "src.nc", shape=(10, 4, 6), fragment_shape=(1, 2, 6))
+    out = daskcfa.to_cfa(daskcfa.open_cfa(src), str(tmp_path / "out.nc"), format=fmt)
+    converted, original = daskcfa.from_cfa(out), daskcfa.from_cfa(src)
+    assert converted.chunks == original.chunks == ((1,) * 10, (2, 2), (6,))
+    np.testing.assert_array_equal(converted.compute(), original.compute())
+    assert len(list((tmp_path / "out").rglob("*.nc"))) == 20  # (chunks are fragments)
+    # a plan asked for is a plan
+    merged = daskcfa.to_cfa(daskcfa.open_cfa(src), str(tmp_path / "merged.nc"), format=fmt, max_fragment_size="50MB")
+    assert daskcfa.from_cfa(merged).chunks == ((10,), (4,), (6,))
+    shaped = daskcfa.to_cfa(daskcfa.open_cfa(src), str(tmp_path / "shaped.nc"), format=fmt, fragment_shape=(5, 4, 6))
+    assert daskcfa.from_cfa(shaped).chunks == ((5, 5), (4,), (6,))

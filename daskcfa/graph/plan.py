@@ -28,9 +28,13 @@ from numpy.typing import DTypeLike
 from ..errors import ArgumentError
 from ..model import FragmentGrid
 
-__all__ = ["plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
+__all__ = ["MAX_FRAGMENT_SIZE", "plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
 
 _AXIS_CLASSES = ("T", "Z", "Y", "X", "N")
+
+
+#: The default bound on a fragment's bytes (S3netCDF4's ``max_subarray_size`` default).
+MAX_FRAGMENT_SIZE = "50MB"
 
 
 def plan_fragments(
@@ -39,7 +43,7 @@ def plan_fragments(
     dims: Sequence[str],
     *,
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
-    max_fragment_size: int | str = "50MB",
+    max_fragment_size: int | str = MAX_FRAGMENT_SIZE,
     axes: Mapping[str, str] | None = None,
 ) -> FragmentGrid:
     """Choose the fragment grid for writing an array of ``shape`` and ``dtype``.

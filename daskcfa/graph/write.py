@@ -57,7 +57,7 @@ from ..model import (AggregatedVariable, AggregationDataset, Dimension, Fragment
 from ..storage.uri import check_uri_style
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
-from .plan import aligned_chunks, plan_fragments
+from .plan import MAX_FRAGMENT_SIZE, aligned_chunks, plan_fragments
 
 __all__ = [
     "WriteRequest",
@@ -110,6 +110,8 @@ class WriteSource:
     region: dict[str, slice] = field(default_factory=dict)
     #: this variable's ``createVariable`` compression keywords (None: the write's ``compression``)
     compression: dict[str, Any] | None = None
+    #: the fragment grid of the aggregation the data come from: kept unless a fragment plan is asked for
+    grid: FragmentGrid | None = None
 
     @property
     def group(self) -> str:
@@ -133,7 +135,7 @@ class WriteRequest:
 @dataclass(frozen=True)
 class _Options:
     fragment_shape: Any
-    max_fragment_size: int | str
+    max_fragment_size: int | str | None
     format: str
     fragment_format: str
     compression: dict[str, Any]
@@ -182,7 +184,8 @@ def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, max_fragment_size: int | str = "50MB",
+def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
+                max_fragment_size: int | str | None = None,
                 format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
                 fragment_name: str = DEFAULT_FRAGMENT_NAME, mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
@@ -376,13 +379,18 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
 
 
 def fragment_grid(source: WriteSource, model: AggregationDataset, fragment_shape: Any,
-                  max_fragment_size: int | str) -> FragmentGrid:
-    """The fragment grid ``source`` is written on: the existing one (``r+``), else the plan."""
+                  max_fragment_size: int | str | None) -> FragmentGrid:
+    """The fragment grid ``source`` is written on: the existing one (``r+``), the source
+    aggregation's when no plan is asked for (a conversion to another dialect keeps the
+    fragments), else the plan (``max_fragment_size`` None: :data:`MAX_FRAGMENT_SIZE`)."""
     if source.existing is not None:
         return source.existing.fragments.grid
+    if source.grid is not None and fragment_shape is None and max_fragment_size is None:
+        return source.grid
     full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
     return plan_fragments(full, source.dtype, source.dims, fragment_shape=_shape_for(fragment_shape, source),
-                          max_fragment_size=max_fragment_size, axes=_axes(model, source))
+                          max_fragment_size=MAX_FRAGMENT_SIZE if max_fragment_size is None else max_fragment_size,
+                          axes=_axes(model, source))
 
 
 def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str, Any]]:
