@@ -31,6 +31,7 @@ __all__ = [
     "ReferencesError",
     "TargetExistsError",
     "IndexingError",
+    "ClosedError",
     "CFAWarning",
     "redact",
 ]
@@ -183,6 +184,10 @@ class IndexingError(CFAError, IndexError):
     """An index that does not fit the array (out of bounds, too many indices, an unsupported kind).
 
     Also an :class:`IndexError`, as numpy and netCDF4-python raise."""
+
+
+class ClosedError(CFAError, RuntimeError):
+    """A read through a dataset that was closed (netCDF4-python raises a :class:`RuntimeError`)."""
 
 
 class CFAWarning(UserWarning):

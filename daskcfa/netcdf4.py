@@ -40,6 +40,7 @@ import re
 import shutil
 import tempfile
 import uuid
+import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Sequence
@@ -52,7 +53,7 @@ from dask.utils import parse_bytes
 
 from . import dataset, storage
 from .decode import Encoding
-from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, TargetExistsError, redact
+from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, TargetExistsError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
@@ -120,6 +121,14 @@ def _existing_format(url: str, storage_options: Mapping[str, Any] | None) -> tup
     return ("CFA4", "0.5") if dialect == "CFA-0.5" else (dialect, None)
 
 
+def _warn_default_format() -> None:
+    """A new dataset without ``format=``: a migrating script would change dialect silently
+    (docs/guide/migration.md)."""
+    warnings.warn("daskcfa.Dataset(url, 'w') without format= writes a CF-1.13 aggregation, where S3netCDF4 "
+                  "writes CFA-0.5 (format='CFA4') and netCDF4-python a plain netCDF-4 file (format='NETCDF4'): "
+                  "pass format= to choose (format='CF-1.13' keeps this default)", CFAWarning, stacklevel=3)
+
+
 class Dataset(dataset.Dataset):
     """A netCDF dataset, netCDF4-python style: ``Dataset(url, mode="r", format=...)``.
 
@@ -145,6 +154,8 @@ class Dataset(dataset.Dataset):
             raise ArgumentError(f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
         if mode in ("a", "r+") and format is None:
             format, cfa_version = _existing_format(os.fspath(url), storage_options)
+        elif mode in ("w", "x") and format is None:
+            _warn_default_format()
         kinds = None if mode == "r" else _formats(format, cfa_version)
         if kinds is not None:  # S3netCDF4 takes these for aggregations; the aggregation is always written at close
             options.pop("diskless", None)
