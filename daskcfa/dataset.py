@@ -23,7 +23,7 @@ from .decode import Encoding, joined_dtype, text_encoding
 from .arguments import nearest
 from .errors import ArgumentError, CFAError, CFAFormatError, IndexingError, VariableNotFoundError
 from .formats import aggregated_variables, walk
-from .formats.netcdf import data_dtype, find_dimension, group_path
+from .formats.netcdf import OPEN_HINT_ATTR, data_dtype, find_dimension, group_path
 from .fragments.chunk_index import indexed
 from .fragments.manager import Budget
 from .graph.read import to_dask
@@ -418,7 +418,9 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
             continue
         if parent is None:
             group = cls.__new__(cls)  # (daskcfa.netcdf4.Dataset's constructor opens files: build field by field)
-            Group.__init__(group, name="/", path="/", attrs=_attrs(nc_group))
+            attrs = _attrs(nc_group)
+            attrs.pop(OPEN_HINT_ATTR, None)  # (of the file, not of the data: never copied on)
+            Group.__init__(group, name="/", path="/", attrs=attrs)
         else:
             group = Group(name=nc_group.name, path=path.rstrip("/"), attrs=_attrs(nc_group), parent=parent)
         if parent is None:

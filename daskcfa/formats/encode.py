@@ -59,7 +59,7 @@ from ..errors import ArgumentError, CFAFormatError
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable, ancestry
 from ..storage.uri import absolute, is_local, normalise
-from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
+from .netcdf import INSTRUCTION_ATTRS, OPEN_HINT, OPEN_HINT_ATTR, Where, partition_grid
 
 __all__ = ["WRITE_FORMATS", "FILE_FORMATS", "WRITABLE_DIALECTS", "encode_aggregation", "fragment_conventions",
            "absolute_reference", "common_format"]
@@ -146,6 +146,8 @@ class _Layout:
             layout.check_dimensions(av)
             encoder(layout, av)
         layout.flat.attrs["Conventions"] = _conventions(dataset.attrs.get("Conventions"), format)
+        if dataset.aggregated:
+            layout.flat.attrs[OPEN_HINT_ATTR] = OPEN_HINT
         return layout
 
     @staticmethod
