@@ -13,9 +13,10 @@ an operation starts (opening, writing, re-fragmenting...), so that mistakes
 surface there and not inside a task at compute time: a key under
 ``daskcfa.`` that the schema does not know is a :class:`~daskcfa.CFAWarning`
 naming the nearest valid key; a value of the wrong type or outside its
-choices is a :class:`~daskcfa.errors.ConfigError`. Only the subset of JSON
+choices, NaN, or outside its range, is a :class:`~daskcfa.errors.ConfigError`
+naming the key and the values it takes. Only the subset of JSON
 Schema the schema file uses is implemented (``type``, ``enum``, ``minimum``,
-``items``, ``properties``, ``additionalProperties``), plus ``format: bytes``
+``maximum``, ``items``, ``properties``, ``additionalProperties``), plus ``format: bytes``
 for sizes (an integer, or a string :func:`dask.utils.parse_bytes` reads) and
 ``format: size`` for sizes that also take S3netCDF4's units (``"2 YB"``).
 """
@@ -23,6 +24,7 @@ for sizes (an integer, or a string :func:`dask.utils.parse_bytes` reads) and
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import sys
 import threading
@@ -32,9 +34,9 @@ from typing import Any, Iterator, Mapping
 import dask.config
 import yaml
 
-from .errors import CFAWarning, ConfigError
+from .errors import ArgumentError, CFAWarning, ConfigError
 
-__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys"]
+__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size", "maximum"]
 
 _HERE = os.path.dirname(__file__)
 
@@ -95,6 +97,34 @@ def check() -> None:
         _checked = snapshot
 
 
+def size(key: str, given: Any = None, argument: str = "") -> int:
+    """The size setting ``key`` in bytes, checked against its schema: ``given`` (the value of the
+    keyword ``argument`` that overrides it, an :class:`~daskcfa.ArgumentError` if bad) or the
+    configured value (a :class:`~daskcfa.errors.ConfigError` if bad)."""
+    schema = _schema_of(key)
+    value = dask.config.get(key) if given is None else given
+    try:
+        _check_value(value, schema, key)
+    except ConfigError as exc:
+        if given is None:
+            raise
+        raise ArgumentError(f"{argument}: {exc.reason.replace(f'dask config {key!r}', 'the value')}") from None
+    number = _parse_size(value, s3nc=schema.get("format") == "size") if isinstance(value, str) else value
+    return int(number)
+
+
+def maximum(key: str) -> float:
+    """The largest value the schema allows for the number setting ``key``."""
+    return float(_bound(_schema_of(key), "maximum"))  # type: ignore[arg-type]
+
+
+def _schema_of(key: str) -> Mapping[str, Any]:
+    schema: Mapping[str, Any] = SCHEMA
+    for part in key.split(".")[1:]:
+        schema = schema["properties"][part]
+    return schema
+
+
 def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside daskcfa (the user's call)."""
     frame, level = sys._getframe(1), 1
@@ -148,12 +178,32 @@ def _check_value(value: Any, schema: Mapping[str, Any], key: str) -> None:
             units = "'16MiB', '2GB'" + (" or S3netCDF4's '2 YB'" if schema["format"] == "size" else "")
             raise ConfigError(f"dask config {key!r} must be a size such as {units}, or an integer, "
                               f"not {value!r}")
-    if "minimum" in schema and isinstance(number, (int, float)) and not isinstance(number, bool) \
-            and number < schema["minimum"]:
-        raise ConfigError(f"dask config {key!r} must be at least {schema['minimum']}, not {value!r}")
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        _check_range(number, value, schema, key)
     if "items" in schema and isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _check_value(item, schema["items"], f"{key}[{i}]")
+
+
+def _check_range(number: float, value: Any, schema: Mapping[str, Any], key: str) -> None:
+    """NaN, infinities and numbers outside ``minimum``..``maximum`` are refused (a NaN compares
+    false with everything: unchecked, a NaN lease would never expire)."""
+    low, high = (_bound(schema, name) for name in ("minimum", "maximum"))
+    finite = not isinstance(number, float) or math.isfinite(number)  # (an int too large for a float is finite)
+    if finite and (low is None or number >= low) and (high is None or number <= high):
+        return
+    allowed = " and ".join(f"{word} {schema[name]}" for word, name in (("at least", "minimum"),
+                                                                       ("at most", "maximum")) if name in schema)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:30] + "..."
+    raise ConfigError(f"dask config {key!r} must be a finite number, {allowed}, not {shown}")
+
+
+def _bound(schema: Mapping[str, Any], name: str) -> float | None:
+    """A schema's ``minimum`` or ``maximum``, which a size key may write as a size (``5GiB``)."""
+    bound = schema.get(name)
+    if isinstance(bound, str):
+        return _parse_size(bound, s3nc=True)
+    return bound
 
 
 def _parse_size(text: str, s3nc: bool) -> int | None:

@@ -29,7 +29,7 @@ from .graph.write import WriteRequest, WriteSource, region_bounds
 from .model import AggregationDataset, Dimension, PlainVariable
 
 __all__ = ["request_from_array", "request_from_dataset", "request_for_update", "request_from_xarray",
-           "dataset_model", "as_array", "values_and_attrs", "is_xarray"]
+           "dataset_model", "as_array", "values_and_attrs", "is_xarray", "stored_values"]
 
 
 def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
@@ -104,10 +104,17 @@ def request_for_update(existing: Any, url: str, version: tuple[int, str] | None,
     model.aggregated = [v.aggregation for v in aggregated if v.path != path]
     source = WriteSource(path, as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
                          existing=target.aggregation, region=_region(region, tuple(target.dims)))
-    return WriteRequest(model, [_merged(source, target.read_access)], version)
+    return WriteRequest(model, [_merged(source, target)], version)
 
 
-def _merged(source: WriteSource, access: Any) -> WriteSource:
+def stored_values(var: Any) -> da.Array:
+    """An aggregated variable of a :class:`daskcfa.Dataset` as stored: packed integers, fill and
+    missing values, unique-valued and missing fragments as the values they stand for. What an
+    update merges new values with, so that what it does not assign stays bit for bit."""
+    return to_dask(var.aggregation, access=var.read_access, strings=False, decode=False)
+
+
+def _merged(source: WriteSource, target: Any) -> WriteSource:
     """An update of a region that does not fall on fragment boundaries, as an update of the
     fragments it touches: their stored values, with the new values encoded in their place.
 
@@ -127,8 +134,7 @@ def _merged(source: WriteSource, access: Any) -> WriteSource:
                             f"{shape}")
     if inner == outer:
         return source
-    stored = to_dask(source.existing, access=access, strings=False, decode=False)
-    merged = stored[tuple(slice(a, b) for a, b in outer)].copy()
+    merged = stored_values(target)[tuple(slice(a, b) for a, b in outer)].copy()
     new = source.data if isinstance(source.data, da.Array) else da.from_array(source.data, asarray=False)
     new = new.map_blocks(partial(encode_values, attrs=source.attrs, dtype=source.dtype), dtype=source.dtype,
                          meta=np.empty((0,) * new.ndim, source.dtype))

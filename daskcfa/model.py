@@ -213,8 +213,8 @@ class Fragments:
     def grown(self, axis: int, sizes: Sequence[int]) -> "Fragments":
         """These fragments with new fragments of ``sizes`` after the last along ``axis``, each
         wholly missing (no URI, no value) until a writer fills it in; ``unique_values``,
-        per-fragment ``identifiers`` and ``uris`` are padded, other columns must be absent
-        or uniform (a writer refuses them anyway)."""
+        per-fragment ``identifiers``, ``uris``, ``axes``, ``reversed`` and ``parts`` are
+        padded, ``units`` must be absent or uniform."""
         rows = list(self.grid.sizes)
         rows[axis] = rows[axis] + tuple(int(n) for n in sizes)
         grid = FragmentGrid.from_sizes(rows)
@@ -230,7 +230,8 @@ class Fragments:
             return np.pad(column, widths, constant_values=fill)
 
         return dataclasses.replace(self, grid=grid, uris=pad(self.uris, ""), identifiers=pad(self.identifiers, ""),
-                                   unique_values=pad(self.unique_values, None))
+                                   unique_values=pad(self.unique_values, None), axes=pad(self.axes, None),
+                                   reversed=pad(self.reversed, None), parts=pad(self.parts, None))
 
     def locations(self) -> set[str]:
         """Every distinct URI named by these fragments."""

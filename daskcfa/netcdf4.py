@@ -11,13 +11,15 @@ attributes, ``var[index] = values`` and ``close()``, on local disk or S3.
 How a write works (:class:`AggregationWriter`): each aggregated variable has
 a fragment grid planned when it is created (along an unlimited dimension the
 grid grows as the dimension does). An assignment lands in per-fragment
-buffers; a fragment whose every element has been assigned is written (and
+buffers, encoded as stored (packed, masked elements as the fill value); a
+fragment whose every element has been assigned is written (and
 uploaded) at once, by a pool of threads, into the write's own *generation*
 (:mod:`daskcfa.storage.lease`), so nothing a reader can see changes. Buffers
 are bounded (``buffer_size``): past it, the fullest incomplete fragment is
 written as it is and read back when it is assigned again. ``close()`` writes
 what is left (elements never assigned are missing values, or, with
-``mode="a"``, what the previous aggregation held) and then commits the
+``mode="a"``, what the previous aggregation stores there, bit for bit, as
+``to_cfa(mode="r+")`` merges an update) and then commits the
 aggregation file atomically under the write lease, with the commit of
 :func:`daskcfa.to_cfa`. A process killed before ``close()`` leaves the
 previous aggregation (or none) in place.
@@ -34,6 +36,7 @@ read concurrently; a result larger than ``daskcfa.io.cache-memory`` goes to a
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -43,6 +46,7 @@ import uuid
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
@@ -51,16 +55,18 @@ import netCDF4
 import numpy as np
 from dask.utils import parse_bytes
 
-from . import dataset, storage
+from . import config, dataset, storage
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, TargetExistsError, redact
-from .fragments.write import FragmentRecord, FragmentTarget, encode_values, write_fragment
+from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
+from .formats.limits import max_elements
 from .graph.plan import plan_fragments
-from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation, compression_keywords,
-                          fragment_name, fragment_spec, plan_commit, settle_unlimited)
+from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
+                          fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)
+from .inputs import stored_values
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .locks import HDF5_LOCK
 from .storage.access import open_aggregation
@@ -294,6 +300,15 @@ def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
     lease.release()
 
 
+def _check_elements(what: str, shape: Sequence[int], url: str) -> None:
+    """Refuse a size beyond ``daskcfa.limits.max-elements`` when it is defined, not later as a bare
+    OverflowError or MemoryError while its fragments are planned."""
+    elements = math.prod(int(n) for n in shape)
+    if elements > max_elements():
+        raise ArgumentError(f"{what}: {elements:,} elements is more than {max_elements():,} (raise dask config "
+                            "'daskcfa.limits.max-elements' if this is genuine)", file=url)
+
+
 class GrowingDimension:
     """A dimension of a dataset being written (an unlimited one grows as data are assigned)."""
 
@@ -368,6 +383,7 @@ class _Definitions(_NetCDFAttributes):
         if size is not None and (not isinstance(size, (int, np.integer)) or size < 0):
             raise ArgumentError(f"dimension {dimname!r}: size must be an integer >= 0 or None (unlimited), "
                                 f"got {size!r}")
+        _check_elements(f"dimension {dimname!r}", [size or 0], self._writer.url)
         dim = GrowingDimension(dimname, size)
         self.dimensions[dimname] = dim
         return dim
@@ -425,6 +441,7 @@ class _Definitions(_NetCDFAttributes):
             keywords["fletcher32"] = True
         if chunksizes is not None and not contiguous:
             keywords["chunksizes"] = tuple(int(c) for c in chunksizes)
+        _check_elements(f"variable {varname!r}", [len(d) for d in found], self._writer.url)
         var = WritableVariable(varname, posixpath.join(self.path, varname), dims, found, dtype, attrs, self._writer,
                                aggregated=aggregated, compression=keywords,
                                fragment_shape=subarray_shape, max_fragment_size=max_subarray_size)
@@ -472,7 +489,9 @@ class WritableGroup(_Definitions, dataset.Group):
 
 
 class _Buffer:
-    """One fragment's assigned values, before it is written: values, which are masked, which assigned."""
+    """One fragment's assigned values, before it is written: values, which are masked, which assigned.
+    (An aggregated variable's buffers hold stored values, encoded as they are assigned, so that what
+    an update merges them with, or reads back, never goes through a decode and encode again.)"""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.values = np.zeros(shape, dtype)
@@ -601,6 +620,8 @@ class WritableVariable(_NetCDFAttributes, dataset.Variable):
         target = tuple(len(s) for i, s in enumerate(selection) if i not in drop)
         values = _conform(_storable(values, self.value_dtype, self.path), target, tuple(len(s) for s in selection),
                           self.path)
+        _check_elements(f"variable {self.path!r}", [max(d.size, n) for d, n in zip(self._dimensions, grown)],
+                        writer.url)
         for dim, size in zip(self._dimensions, grown):
             if size > dim.size:
                 dim.size = size
@@ -866,6 +887,7 @@ class AggregationWriter(_Definitions, Dataset):
                fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
                max_concurrent_uploads: int | None = None, keep_previous: float = 0.0,
                chunk_index: bool = False) -> "AggregationWriter":
+        config.check()
         self = object.__new__(cls)
         d = self.__dict__
         url = storage.normalise(url)
@@ -874,8 +896,7 @@ class AggregationWriter(_Definitions, Dataset):
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
                  _uris=uris, _keep_previous=float(keep_previous), _records={}, _inflight={}, _sizes={}, _expected=None)
-        budget = buffer_size if buffer_size is not None else dask.config.get("daskcfa.write.buffer-memory")
-        d["_budget"] = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+        d["_budget"] = config.size("daskcfa.write.buffer-memory", buffer_size, "buffer_size")
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
         exists = storage.exists(url, profile)
@@ -945,10 +966,23 @@ class AggregationWriter(_Definitions, Dataset):
             if isinstance(values, da.Array):
                 piece = _storable(piece, var.value_dtype, var.path)
             buffer = self._buffer(var, index)
-            buffer.put(_orthogonal(local), piece)
+            buffer.put(_orthogonal(local), self._encoded(var, index, piece))
             if buffer.complete():
-                self._write(var, index, buffer.array(buffer.values.shape))
+                self._write(var, index, buffer.values)
         self._within_budget()
+
+    def _encoded(self, var: WritableVariable, index: tuple[int, ...], values: Any) -> np.ndarray:
+        """``values`` as the variable stores them (packed, masked elements as the fill value). What
+        cannot be stored fails the write, as a fragment that cannot be written does."""
+        try:
+            return encode_values(values, var.attrs, var.dtype)
+        except CFAError as exc:
+            self.__dict__["_failed"] = exc.located(file=self.url, variable=var.path, fragment=index)
+            raise self._failed from None
+
+    def _missing(self, var: WritableVariable, index: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+        """Stored values of ``shape`` all missing: the variable's fill value."""
+        return self._encoded(var, index, np.ma.masked_all(shape, var.value_dtype))
 
     def _capacity(self, var: WritableVariable, index: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(b - a for a, b in (var._layout.span(d, i) for d, i in enumerate(index)))
@@ -956,7 +990,7 @@ class AggregationWriter(_Definitions, Dataset):
     def _buffer(self, var: WritableVariable, index: tuple[int, ...]) -> _Buffer:
         buffer = var._buffers.get(index)
         if buffer is None:
-            buffer = var._buffers[index] = _Buffer(self._capacity(var, index), var.value_dtype)
+            buffer = var._buffers[index] = _Buffer(self._capacity(var, index), var.dtype)
             if index in var._stored:  # written earlier: what was assigned then is in the file
                 bits = var._stored.pop(index)
                 stored = self._read_back(var, index)
@@ -979,16 +1013,16 @@ class AggregationWriter(_Definitions, Dataset):
             total -= buffer.nbytes
             self._write(var, index, self._merged(var, index, buffer, buffer.values.shape), buffer.assigned)
 
-    def _write(self, var: WritableVariable, index: tuple[int, ...], values: np.ma.MaskedArray,
+    def _write(self, var: WritableVariable, index: tuple[int, ...], values: np.ndarray,
                assigned: np.ndarray | None = None) -> None:
-        """Hand one fragment to the writing threads (after any earlier write of it finished); ``assigned``:
-        the elements assigned when it is written incomplete."""
+        """Hand one fragment's stored values to the writing threads (after any earlier write of it
+        finished); ``assigned``: the elements assigned when it is written incomplete."""
         var._buffers.pop(index, None)
         var._stored[index] = None if assigned is None else np.packbits(assigned)
         earlier = self._inflight.pop((var.path, index), None)
         if earlier is not None:
             self._collect((var.path, index), earlier)
-        nbytes = values.nbytes + values.size  # (and its mask)
+        nbytes = values.nbytes
         self._bound_inflight(nbytes)
         spec, sliced = self._spec(var, index, values.shape)  # (here: the ordinary variables change in this thread)
         future = self._pool.submit(self._write_now, var, index, values, spec, sliced)
@@ -1006,7 +1040,7 @@ class AggregationWriter(_Definitions, Dataset):
         self._sizes.pop(key, None)
         self._records[key] = future.result()
 
-    def _write_now(self, var: WritableVariable, index: tuple[int, ...], values: np.ma.MaskedArray, spec: Any,
+    def _write_now(self, var: WritableVariable, index: tuple[int, ...], values: np.ndarray, spec: Any,
                    sliced: list) -> FragmentRecord:
         try:
             reference = in_generation(fragment_name(self._template, stem=self._stem, variable=var.path, index=index),
@@ -1017,7 +1051,7 @@ class AggregationWriter(_Definitions, Dataset):
             # a GET and a PUT per fragment
             target = FragmentTarget(index=index, shape=values.shape, uri=uri, reference=stored, marker="",
                                     token=uuid.uuid4().hex)
-            return write_fragment(spec, target, encode_values(values, var.attrs, var.dtype), sliced, lease=self._lease)
+            return write_fragment(spec, target, values, sliced, lease=self._lease)
         except BaseException as exc:
             self.__dict__["_failed"] = exc.located(variable=var.path, fragment=index) if isinstance(exc, CFAError) \
                 else FragmentError(
@@ -1041,27 +1075,27 @@ class AggregationWriter(_Definitions, Dataset):
                     continue
                 model.variables.append(PlainVariable(other.path, other.dims, other.dtype, dict(other.attrs),
                                                      other._plain.array(other.shape)))
-        source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs), compression=self._clip(var, shape))
-        spec, sliced, _, _ = fragment_spec(source, model, self.url, format=self._dialect,
-                                           fragment_format=self._fragment_format, compression={},
-                                           profile=self._profile)
+        spec, sliced, _, _ = fragment_spec(self._source(var, var._compression or None), model, self.url,
+                                           format=self._dialect, fragment_format=self._fragment_format,
+                                           compression={}, profile=self._profile)
+        spec = shared_chunks(spec, [stop - start for start, stop in (var._layout.span(d, 0) for d in range(len(var.dims)))])
         values = []
         for plain, full in sliced:
             cut = tuple(where[var.dims.index(d)] if d in var.dims else slice(None) for d in plain.dims)
             values.append(encode_values(np.ma.asarray(full)[cut], plain.attrs, plain.dtype))
         return spec, values
 
-    def _clip(self, var: WritableVariable, shape: tuple[int, ...]) -> dict[str, Any] | None:
-        """The variable's ``createVariable`` storage keywords for one fragment (chunks no larger than it)."""
-        if not var._compression:
-            return None
-        keywords = compression_keywords(dict(var._compression), self._fragment_format)
-        if "chunksizes" in keywords:
-            keywords["chunksizes"] = tuple(max(1, min(c, n)) for c, n in zip(keywords["chunksizes"], shape))
-        return keywords
+    @staticmethod
+    def _source(var: WritableVariable, compression: dict[str, Any] | None = None) -> WriteSource:
+        """The variable as the write graph describes its fragments. An updated one keeps the previous
+        aggregation's description (as ``to_cfa(mode="r+")`` does): its packing stays on the aggregation
+        variable, whose fragments it has not rewritten hold their values packed without it."""
+        previous = var._previous
+        return WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs), compression=compression,
+                           existing=None if previous is None else previous["variable"].aggregation)
 
-    def _read_back(self, var: WritableVariable, index: tuple[int, ...]) -> np.ma.MaskedArray:
-        """A fragment this write stored incomplete, decoded."""
+    def _read_back(self, var: WritableVariable, index: tuple[int, ...]) -> np.ndarray:
+        """A fragment this write stored incomplete, as stored."""
         key = (var.path, index)
         if key in self._inflight:
             self._collect(key, self._inflight.pop(key))
@@ -1069,7 +1103,9 @@ class AggregationWriter(_Definitions, Dataset):
         group = "/" if self._dialect not in ("CFA-0.5", "CFA-0.4") else posixpath.dirname(var.path)
         with storage.netcdf_file(storage.resolve(record.uri, self.url), profile=self._profile) as nc:
             owner = nc if group in ("", "/") else nc[group.strip("/")]
-            return np.ma.asarray(owner.variables[var.name][...])
+            stored = owner.variables[var.name]
+            stored.set_auto_maskandscale(False)
+            return np.asarray(stored[...])
 
     def _aggregated(self) -> list[WritableVariable]:
         return [v for g in self.walk() for v in g.variables.values() if v._aggregated]
@@ -1117,13 +1153,13 @@ class AggregationWriter(_Definitions, Dataset):
             elif buffer is None and self._kept(var, index, shape):
                 continue
             elif buffer is None and var._previous is not None and index in var._previous["kept"]:
-                buffer = _Buffer(self._capacity(var, index), var.value_dtype)  # grown: rewritten, merged
+                buffer = _Buffer(self._capacity(var, index), var.dtype)  # grown: rewritten, merged
             elif buffer is None:
                 never.append(index)
                 continue
             self._write(var, index, self._merged(var, index, buffer, shape))
         for index in self._fill_needed(grid, never):
-            self._write(var, index, np.ma.masked_all(grid.fragment_shape(index), var.dtype))
+            self._write(var, index, self._missing(var, index, grid.fragment_shape(index)))
 
     def _fill_needed(self, grid: FragmentGrid, never: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """Of the fragments nothing was assigned to, those written full of missing values.
@@ -1160,19 +1196,22 @@ class AggregationWriter(_Definitions, Dataset):
             previous["variable"].fragments.grid.fragment_shape(index) == shape
 
     def _merged(self, var: WritableVariable, index: tuple[int, ...], buffer: _Buffer,
-                shape: tuple[int, ...]) -> np.ma.MaskedArray:
-        """A fragment's values: those assigned, and elsewhere what the previous aggregation held (or missing)."""
+                shape: tuple[int, ...]) -> np.ndarray:
+        """A fragment's stored values: those assigned, and elsewhere what the previous aggregation
+        stores there, bit for bit (as ``to_cfa(mode="r+")`` merges), or missing values."""
+        cut = tuple(slice(0, n) for n in shape)
         previous = var._previous
-        if previous is None or index not in previous["kept"] or buffer.complete():
-            return buffer.array(shape)
+        if buffer.complete():
+            return buffer.values[cut]
+        if previous is None or index not in previous["kept"]:
+            return np.ma.getdata(buffer.array(shape, self._missing(var, index, shape)))
         slices = tuple(slice(a, a + n) for a, n in
                        ((var._layout.span(d, i)[0], n) for d, (i, n) in enumerate(zip(index, shape))))
-        held = previous["variable"].shape
-        inside = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(slices, held))
-        underneath = np.ma.masked_all(shape, var.dtype)
-        old = np.ma.asarray(previous["variable"].data[inside].compute())
-        underneath[tuple(slice(0, s.stop - s.start) for s in inside)] = old
-        return buffer.array(shape, underneath)
+        inside = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(slices, previous["variable"].shape))
+        held = tuple(slice(0, s.stop - s.start) for s in inside)
+        underneath = np.empty(shape, var.dtype) if held == cut else self._missing(var, index, shape)
+        underneath[held] = np.ma.getdata(previous["stored"][inside].compute())
+        return np.ma.getdata(buffer.array(shape, underneath))
 
     def _commit(self) -> None:
         model = AggregationDataset(attrs=dict(self.attrs))
@@ -1193,8 +1232,7 @@ class AggregationWriter(_Definitions, Dataset):
                                                          encode_values(values, var.attrs, var.dtype)))
         for var in self._aggregated():
             written = {index: rec for (path, index), rec in self._records.items() if path == var.path}
-            source = WriteSource(var.path, None, var.dims, var.dtype, dict(var.attrs))
-            _, _, dtype, attrs = fragment_spec(source, model, self.url, format=self._dialect,
+            _, _, dtype, attrs = fragment_spec(self._source(var), model, self.url, format=self._dialect,
                                                fragment_format=self._fragment_format, compression={},
                                                profile=self._profile)
             model.aggregated.append(AggregatedVariable(
@@ -1213,25 +1251,20 @@ class AggregationWriter(_Definitions, Dataset):
             write_chunk_index(self.url, storage_options=self._index_options)
 
     def _fragments(self, var: WritableVariable, written: dict[tuple[int, ...], str]) -> Fragments:
-        """The fragment columns: those written now, those of the previous aggregation kept, the rest missing."""
+        """The fragment columns: those written now, those of the previous aggregation kept (as
+        ``to_cfa(mode="r+")`` keeps them, unique values too), the rest missing."""
         grid = var._layout.grid(var.shape)
         previous = var._previous
-        old = previous["variable"].fragments if previous is not None else None
-        width = old.uris.shape[-1] if old is not None and old.uris is not None else 1
-        uris = np.full(grid.grid_shape + (width,), "", dtype=object)
-        ids = np.full(grid.grid_shape, var.name, dtype=object)
-        if old is not None:
-            for index in previous["kept"]:
-                if index not in written:
-                    ref = old[index]
-                    uris[index][:len(ref.uris)] = ref.uris
-                    ids[index] = ref.identifier or var.name
-        for index, reference in written.items():
-            uris[index + (0,)] = reference
-            ids[index] = var.name
-        if len(set(ids.ravel().tolist())) <= 1:
-            ids = np.array(var.name, dtype=object)
-        return Fragments(grid, uris=uris, identifiers=ids)
+        existing = None
+        if previous is not None:  # the previous fragments on the grid grown since
+            old = previous["variable"].aggregation
+            frags = old.fragments
+            for axis, (n, m) in enumerate(zip(frags.grid.grid_shape, grid.grid_shape)):
+                if m > n:
+                    frags = frags.grown(axis, grid.sizes[axis][n:])
+            existing = replace(old, fragments=replace(frags, grid=grid))
+        return fragment_columns(WriteSource(var.path, None, var.dims, var.dtype, {}, existing=existing), grid,
+                                written)
 
     # -- mode="a": the aggregation as it is --------------------------------------------------------
 
@@ -1263,13 +1296,7 @@ class AggregationWriter(_Definitions, Dataset):
             values = old.characters.compute() if np.dtype(old.dtype).kind == "S" else old.data.compute()
             var._plain.put(tuple(slice(0, n) for n in var.shape), np.ma.asarray(values))
             return
-        frags = old.fragments
-        for unsupported in ("unique_values", "units", "parts", "reversed"):
-            if getattr(frags, unsupported) is not None:
-                raise ArgumentError(f"{old.path}: mode='a' does not update aggregations whose fragments have "
-                                    f"{unsupported.replace('_', ' ')} (use daskcfa.to_cfa or refragment first)",
-                                    file=self.url)
-        grid = frags.grid
+        grid = old.fragments.grid
         offsets, steps = [list(o) for o in grid.offsets], []
         for i, row in enumerate(grid.sizes):
             step = max(row) if found[i].unlimited and row and max(row) else None
@@ -1279,7 +1306,7 @@ class AggregationWriter(_Definitions, Dataset):
         var = WritableVariable(old.name, old.path, dims, found, np.dtype(old.dtype), attrs, self, aggregated=True,
                                compression={}, fragment_shape=None, max_fragment_size=None,
                                layout=_FragmentLayout(offsets, steps))
-        var.__dict__["_previous"] = {"variable": old, "kept": set(grid.indices())}
+        var.__dict__["_previous"] = {"variable": old, "kept": set(grid.indices()), "stored": stored_values(old)}
         node.variables[old.name] = var
 
 

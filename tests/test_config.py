@@ -136,3 +136,54 @@ def test_open_ended_sections_and_s3netcdf4_sizes_are_accepted(archive):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             daskcfa.open_cfa(archive)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("daskcfa.write.buffer-memory", "x", "a size such as"),  # (was a bare ValueError from the writer)
+    ("daskcfa.write.buffer-memory", -1, "at least 1 and at most 1PiB, not -1"),
+    ("daskcfa.write.lease-seconds", float("nan"), "at least 1 and at most 86400, not nan"),  # (never expired)
+    ("daskcfa.write.lease-seconds", float("inf"), "finite"),
+    ("daskcfa.write.lease-wait", 1e12, "at most 86400"),
+    ("daskcfa.storage.retries", 10**19, "at most 1000, not 10000000000000000000"),
+    ("daskcfa.storage.retry-deadline", float("-inf"), "at least 0"),
+    ("daskcfa.storage.part-size", "6GiB", "at most 5GiB"),
+    ("daskcfa.io.whole-fragment-fraction", float("nan"), "finite"),
+    ("daskcfa.budget.wait-timeout", float("nan"), "finite"),
+    ("daskcfa.budget.memory", "1001 YB", "at most 1000 YB"),
+    ("daskcfa.limits.max-group-depth", 10**6, "at most 1000"),
+])
+def test_absurd_values_are_refused_naming_key_and_range(tmp_path, key, value, message):
+    """Issue #27, attack 6: NaN, infinities and absurd numbers are a ConfigError naming the key and its
+    range, for to_cfa and for the netcdf4.Dataset writer (which did not check the configuration)."""
+    with dask.config.set({key: value}):
+        with pytest.raises(daskcfa.ConfigError, match=key.replace(".", r"\.") + ".*" + message):
+            daskcfa.to_cfa(da.zeros(4, chunks=2), str(tmp_path / "t.nc"), dims=("y",), variable="z")
+        with pytest.raises(daskcfa.ConfigError, match=message):
+            daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13")
+    assert not any(tmp_path.iterdir())  # nothing written, no lease left
+
+
+def test_every_number_in_the_schema_is_bounded():
+    """Every key that takes a number has a minimum and a maximum (issue #27: no key unbounded)."""
+    def leaves(schema, key):
+        if "properties" in schema:
+            for name, sub in schema["properties"].items():
+                yield from leaves(sub, f"{key}.{name}")
+        else:
+            yield key, schema
+
+    checked = 0
+    for key, schema in leaves(config.SCHEMA, "daskcfa"):
+        types = schema.get("type", [])
+        if {"integer", "number"} & set([types] if isinstance(types, str) else types):
+            assert "minimum" in schema and "maximum" in schema, key
+            checked += 1
+    assert checked == 18
+
+
+def test_the_writer_checks_its_buffer_size_argument(tmp_path):
+    with pytest.raises(daskcfa.ArgumentError, match="buffer_size: the value must be a size such as"):
+        daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13", buffer_size="lots")
+    with pytest.raises(daskcfa.ArgumentError, match="buffer_size: the value must be a finite number, at least 1"):
+        daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13", buffer_size=0)
+    assert not any(tmp_path.iterdir())

@@ -10,6 +10,9 @@ import os
 import threading
 import time
 
+import cloudpickle
+import dask
+import distributed
 import numpy as np
 import psutil
 import pytest
@@ -53,6 +56,36 @@ class OpenFileSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+def cluster_of_processes():
+    return LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None,
+                        worker_dashboard_address=None)
+
+
+def config_text() -> str:
+    """This process's whole dask config, as text (run on each worker too)."""
+    return repr(dask.config.config)
+
+
+def test_clients_made_after_from_cfa_compute_with_no_secret_in_config_or_graph(s3_server, s3_bucket, tmp_path):
+    """Open first, start the cluster later: each client the process makes (here two, on two
+    clusters) gets the storage profiles; the secret is in no dask config and no task."""
+    with pytest.raises(ValueError):
+        distributed.default_client()  # (no client when from_cfa runs)
+    truth = make_truth((8, 6, 8), "f4", seed=14, masked=0.05)
+    built = build_cf113(tmp_path / "late", truth, ("time", "lat", "lon"), ((1,) * 8, (6,), (8,)))
+    base = upload(s3_server.filesystem(), tmp_path / "late", s3_bucket, "late")
+    secret = s3_server.secret
+    x = daskcfa.from_cfa(f"{base}/{built.path.name}", storage_options=s3_server.storage_options)
+    graph = cloudpickle.dumps(dict(x.__dask_graph__()))
+    assert secret.encode() not in graph and s3_server.key.encode() not in graph
+    for part in (slice(None), slice(2, 5)):
+        with cluster_of_processes() as cluster, Client(cluster) as client:
+            assert_matches(x[part].compute(), built.expected[part])
+            texts = [config_text(), *client.run(config_text).values()]
+            assert len(texts) == 2
+            assert not [t for t in texts if secret in t or s3_server.key in t]
 
 
 @pytest.fixture(scope="module")

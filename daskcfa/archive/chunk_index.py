@@ -1,7 +1,8 @@
 """The chunk index of an aggregation: :func:`index` (``daskcfa index URL``).
 
 For every fragment of every aggregated variable it records the fragment
-object's size and version token (:func:`daskcfa.storage.stat`), the fragment
+object's size and version token (:func:`daskcfa.storage.stat`, the rule of
+:mod:`daskcfa.storage.identity`), the fragment
 variable's decoding attributes and where each of its chunks lies, with which
 filters (the direct readers' :class:`~daskcfa.fragments.layout.StoredLayout`,
 as :func:`~daskcfa.archive.references.to_references` finds it, one dask task
@@ -136,6 +137,9 @@ def _index_one(ref: FragmentRef, target: Target) -> tuple[tuple[int, ...], dict[
             return ref.index, None, exc.reason
         except _LIBRARY_ERRORS as exc:
             return ref.index, None, redact(f"{type(exc).__name__}: {exc}")[:300]
+        if not token:
+            return ref.index, None, "its store gives no version (no ETag or modification time): a replaced file " \
+                                    "could not be told"
         if layout is None:
             return ref.index, None, "its storage cannot be located (a type, filter or layout only netCDF-C reads)"
         if layout.dtype.kind not in "iuf":

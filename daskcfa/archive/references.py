@@ -3,13 +3,15 @@
 A reference set (the format kerchunk writes and fsspec's ``ReferenceFileSystem``
 reads) presents a Zarr store whose chunks are byte ranges of other files. An
 aggregated variable becomes one Zarr (v2) array whose chunks are its
-fragments' own HDF5 chunks (or a netCDF-3 fragment's contiguous values), so
+fragments' own HDF5 chunks (or a netCDF-3 fragment's contiguous values, or a
+Zarr fragment's chunk objects: :mod:`.zarr_layout`), so
 that any Zarr reader (xarray, zarr-python) reads the aggregation without
 daskcfa; the ordinary variables of the aggregation file (coordinates, bounds)
 and every attribute come along, their values inline.
 
 This is only possible where the fragments fit one Zarr array: the same
-stored type, chunk shape and filters (HDF5 filters become numcodecs codecs),
+stored type, chunk shape and filters (HDF5 filters become numcodecs codecs;
+a Zarr fragment's codecs are kept),
 fragments on one regular chunk grid, values stored as the aggregation
 means them (no fragment-level packing, units conversion, transposition), one
 set of missing values. Where that fails the export is refused, naming each
@@ -50,12 +52,13 @@ from ..fragments.codecs import BLOSC, BZIP2, ZSTD
 from ..fragments.files import open_fragment
 from ..fragments.hdf5_filters import DEFLATE, FLETCHER32, SHUFFLE
 from ..fragments.layout import StoredLayout
-from ..fragments.zarr import is_zarr
+from ..fragments.zarr import is_reference_set, is_zarr
 from ..graph.read import AggregatedArray
 from ..model import AggregatedVariable, FragmentRef
 from ..storage.access import Access, open_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, refuse_existing
 from .verify import MAX_TASKS, select_aggregated
+from .zarr_layout import ZarrLayout, zarr_layout
 
 __all__ = ["to_references", "scan_fragments", "in_batches"]
 #: At most this many problems are listed in a refusal (all are counted).
@@ -73,6 +76,8 @@ class _Scanned:
     layout: StoredLayout | None = None
     encoding: Encoding | None = None
     problem: str | None = None
+    #: a Zarr store's chunk objects and codecs (``layout`` is then ``zarr.layout``)
+    zarr: ZarrLayout | None = None
 
     @property
     def missing(self) -> bool:
@@ -93,7 +98,8 @@ def to_references(
     """Export the aggregation at ``url`` as an fsspec reference set over its fragments' bytes.
 
     Each aggregated variable (or those named by ``variable``) becomes a Zarr
-    v2 array whose chunks are references to its fragments' HDF5 chunks; the
+    v2 array whose chunks are references to its fragments' HDF5 chunks (or a
+    Zarr fragment's chunk objects); the
     ordinary variables and all attributes of the aggregation file are
     inlined. Any Zarr reader opens it with fsspec's reference filesystem,
     without daskcfa::
@@ -183,17 +189,17 @@ def _plain_variable(nc: Any, var: Variable) -> dict[str, Any]:
     fill = attrs.pop("_FillValue", None)
     fill = None if fill is None or values.dtype.kind not in "biuf" else np.asarray(fill).astype(values.dtype)[()]
     key = var.path.strip("/")
-    refs = {f"{key}/.zarray": _dumps(_zarray(values.shape, values.shape, values.dtype, (), fill)),
+    refs = {f"{key}/.zarray": _dumps(_zarray(values.shape, values.shape, values.dtype, (), None, fill)),
             f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(var.dims)})}
     if values.size:
         refs[f"{key}/{_chunk_key((0,) * values.ndim)}"] = np.ascontiguousarray(values).tobytes()
     return refs
 
 
-def _zarray(shape: Sequence[int], chunks: Sequence[int], dtype: np.dtype, codecs: Sequence[dict],
-            fill: Any) -> dict[str, Any]:
+def _zarray(shape: Sequence[int], chunks: Sequence[int], dtype: np.dtype, filters: Sequence[dict],
+            compressor: dict | None, fill: Any) -> dict[str, Any]:
     return {"zarr_format": 2, "shape": [int(n) for n in shape], "chunks": [max(int(c), 1) for c in chunks],
-            "dtype": dtype.str, "compressor": codecs[-1] if codecs else None, "filters": list(codecs[:-1]) or None,
+            "dtype": dtype.str, "compressor": compressor, "filters": list(filters) or None,
             "fill_value": _json_fill(fill), "order": "C", "dimension_separator": "."}
 
 
@@ -268,8 +274,9 @@ def _scan(ref: FragmentRef, target: Target) -> _Scanned:
         return _Scanned(ref.index, problem=exc.reason)
     itemsize = np.dtype(target.dtype).itemsize
     for position, uri in enumerate(candidates):  # the first alternative found, as reads take
-        if is_zarr(uri):
-            return _Scanned(ref.index, uri, problem="a Zarr store or reference set: not an HDF5 or netCDF-3 file")
+        if is_reference_set(uri):
+            return _Scanned(ref.index, uri, problem="a reference set: its chunks are references to other files "
+                                                    "already (kerchunk's MultiZarrToZarr combines reference sets)")
         names = ref.at_alternative(position).variable_names(target.default_identifier)
         try:  # (a tiny fraction: metadata only; a small object comes in one GET)
             with open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=1e-12,
@@ -278,6 +285,8 @@ def _scan(ref: FragmentRef, target: Target) -> _Scanned:
                 attrs = {k: var.attrs[k] for k in list(var.attrs)}
                 encoding = Encoding.from_attrs(attrs, var.dtype, no_fill=var.no_fill)
                 converted = units_conversion(attrs, ref, target) is not None
+            zarr = zarr_layout(uri, names, target.profile, policy=target.policy) if is_zarr(uri) else None
+            layout = zarr.layout if zarr is not None else layout
         except NotFoundError:
             continue
         except CFAError as exc:
@@ -293,7 +302,7 @@ def _scan(ref: FragmentRef, target: Target) -> _Scanned:
         if layout.shape != tuple(ref.shape):
             return _Scanned(ref.index, uri, problem=f"stored with shape {layout.shape}, its place in the aggregation "
                                                     f"has shape {tuple(ref.shape)} (size-1 dimensions dropped)")
-        return _Scanned(ref.index, uri, layout, encoding)
+        return _Scanned(ref.index, uri, layout, encoding, zarr=zarr)
     return _Scanned(ref.index, problem="fragment file not found")
 
 
@@ -308,9 +317,11 @@ def _array(av: AggregatedVariable, scanned: list[_Scanned], problems: list) -> d
     stored = [s for s in scanned if s.layout is not None]
     grid = av.fragments.grid
     aggregation = Encoding.from_attrs(av.attrs, av.dtype)
-    first = stored[0] if stored else None
+    # the chunk shape most fragments have is the array's (the odd ones are named)
+    usual = Counter(s.layout.chunks for s in stored).most_common(1)
+    first = next((s for s in stored if s.layout.chunks == usual[0][0]), None) if usual else None
     chunks = first.layout.chunks if first else grid.fragment_shape(next(grid.indices(), ()))
-    codecs = _codecs(first, refuse) if first else []
+    filters, compressor = _pipeline(first, refuse) if first else ((), None)
     for s in stored:
         layout = s.layout
         if layout.dtype.newbyteorder("=") != np.dtype(av.dtype).newbyteorder("="):
@@ -318,9 +329,10 @@ def _array(av: AggregatedVariable, scanned: list[_Scanned], problems: list) -> d
         elif layout.dtype != first.layout.dtype:
             refuse(s, f"stored as {layout.dtype.str}, fragment {first.index} as {first.layout.dtype.str}")
         if layout.chunks != chunks:
-            refuse(s, f"HDF5 chunks of {layout.chunks}, fragment {first.index} has {chunks}")
-        if _signature(layout) != _signature(first.layout):
-            refuse(s, f"filters {_names(layout)}, fragment {first.index} has {_names(first.layout)}")
+            refuse(s, f"{_kind(s)} chunks of {layout.chunks}, fragment {first.index} has {chunks} (a Zarr array "
+                      "has one regular chunk grid)")
+        if _signature(s) != _signature(first):
+            refuse(s, f"filters {_names(s)}, fragment {first.index} has {_names(first)}")
         skipped = np.flatnonzero(layout.filter_masks)
         if skipped.size:
             refuse(s, f"{skipped.size} chunk(s) stored without some of the variable's filters (the first at "
@@ -344,7 +356,7 @@ def _array(av: AggregatedVariable, scanned: list[_Scanned], problems: list) -> d
     if others:
         attrs["missing_value"] = np.array(others, dtype) if len(others) > 1 else np.asarray(others[0], dtype)
     refs: dict[str, Any] = {
-        f"{key}/.zarray": _dumps(_zarray(av.shape, chunks, dtype, codecs, None if fill is None else
+        f"{key}/.zarray": _dumps(_zarray(av.shape, chunks, dtype, filters, compressor, None if fill is None else
                                          np.frombuffer(_bytes(fill, dtype), dtype.newbyteorder("="))[0])),
         f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(av.dims)}),
     }
@@ -352,9 +364,10 @@ def _array(av: AggregatedVariable, scanned: list[_Scanned], problems: list) -> d
     for s in stored:
         start = np.array([off[i] for off, i in zip(grid.offsets, s.index)], np.int64)
         layout = s.layout
-        for row, offset, nbytes in zip((layout.starts + start) // size if len(size) else layout.starts,
-                                       layout.byte_offsets, layout.sizes):
-            refs[f"{key}/{_chunk_key(row.tolist())}"] = (s.uri, int(offset), int(nbytes))
+        objects = s.zarr.objects if s.zarr is not None else [s.uri] * len(layout.sizes)
+        for row, uri, offset, nbytes in zip((layout.starts + start) // size if len(size) else layout.starts,
+                                            objects, layout.byte_offsets, layout.sizes):
+            refs[f"{key}/{_chunk_key(row.tolist())}"] = (uri, int(offset), int(nbytes))
     return refs
 
 
@@ -376,7 +389,10 @@ def _codec(code: int, values: tuple[int, ...], itemsize: int) -> dict[str, Any] 
     return None
 
 
-def _codecs(s: _Scanned, refuse: Any) -> list[dict[str, Any]]:
+def _pipeline(s: _Scanned, refuse: Any) -> tuple[tuple[dict[str, Any], ...], dict[str, Any] | None]:
+    """The Zarr array's filters and compressor: a Zarr fragment's own, or its HDF5 filters as codecs."""
+    if s.zarr is not None:
+        return s.zarr.filters, s.zarr.compressor
     codecs = []
     for code, values in s.layout.filters:
         codec = _codec(code, values, s.layout.dtype.itemsize)
@@ -384,15 +400,32 @@ def _codecs(s: _Scanned, refuse: Any) -> list[dict[str, Any]]:
             refuse(s, f"HDF5 filter {code} has no numcodecs codec")
         else:
             codecs.append(codec)
-    return codecs
+    return tuple(codecs[:-1]), codecs[-1] if codecs else None
 
 
-def _signature(layout: StoredLayout) -> tuple:
-    """What decoding a chunk depends on: the filters in order (and shuffle's element size)."""
-    return tuple((code, values[:1] if code == SHUFFLE else ()) for code, values in layout.filters)
+def _kind(s: _Scanned) -> str:
+    return "Zarr" if s.zarr is not None else "HDF5"
 
 
-def _names(layout: StoredLayout) -> str:
+#: codec settings that decoding does not depend on (a compression level)
+_ENCODING_ONLY = ("level", "clevel")
+
+
+def _signature(s: _Scanned) -> tuple:
+    """What decoding a chunk depends on: the filters in order (and shuffle's element size), or a
+    Zarr store's codecs but their compression levels."""
+    if s.zarr is not None:
+        codecs = [*s.zarr.filters, *([s.zarr.compressor] if s.zarr.compressor else [])]
+        return ("zarr",) + tuple(tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in _ENCODING_ONLY))
+                                 for c in codecs)
+    return ("hdf5",) + tuple((code, values[:1] if code == SHUFFLE else ()) for code, values in s.layout.filters)
+
+
+def _names(s: _Scanned) -> str:
+    if s.zarr is not None:
+        codecs = [*s.zarr.filters, *([s.zarr.compressor] if s.zarr.compressor else [])]
+        return "Zarr [" + ", ".join(str(c.get("id")) for c in codecs) + "]"
+    layout = s.layout
     codecs = [_codec(code, values, layout.dtype.itemsize) for code, values in layout.filters]
     return "[" + ", ".join(c["id"] if c else str(code) for c, (code, _) in zip(codecs, layout.filters)) + "]"
 

@@ -7,7 +7,10 @@ opens, holds the named variable with a shape that fits its place (missing
 size-1 dimensions allowed), a numeric type and units convertible to the
 aggregation's. The quick check reads an empty selection, which costs the
 file's metadata only; ``deep=True`` then reads every value, which is what
-finds corrupt compressed chunks.
+finds corrupt compressed chunks. A fragment that the chunk index beside the
+aggregation describes is also checked against its entry: one that is no
+longer the object indexed (same path, another file: :mod:`daskcfa.storage.identity`)
+is a ``stale-index`` problem until the index is written again.
 
 The checks are a dask graph (batches of fragments per task), so they run in
 parallel on whatever scheduler is current, a ``distributed`` cluster
@@ -41,6 +44,7 @@ from ..errors import (
     redact,
 )
 from ..fragments.canonical import Target, read_fragment
+from ..fragments.chunk_index import VariableIndex, load_index
 from ..graph.read import AggregatedArray
 from ..model import AggregatedVariable, FragmentRef
 from ..storage.access import open_aggregation
@@ -48,7 +52,8 @@ from ..storage.access import open_aggregation
 __all__ = ["Problem", "VerifyReport", "verify", "KINDS"]
 
 #: What can be wrong with a fragment (see :class:`Problem`).
-KINDS = ("missing", "unsafe", "unreadable", "shape", "units", "corrupt", "storage", "budget", "error")
+KINDS = ("missing", "unsafe", "unreadable", "shape", "units", "corrupt", "storage", "budget", "error",
+         "stale-index")
 
 #: At most this many check tasks per verification (fragments are batched beyond it).
 MAX_TASKS = 10_000
@@ -65,7 +70,8 @@ class Problem:
     ``unreadable`` (not netCDF, damaged header, variable absent or not
     numeric), ``shape``, ``units``, ``corrupt`` (opens, but its data cannot be
     read: found by deep checks), ``storage`` (access denied, unreachable),
-    ``budget`` or ``error``. ``uri`` and ``message`` never hold credentials.
+    ``budget``, ``error`` or ``stale-index`` (the file changed since the chunk
+    index was written: reads do not use its entry; write the index again). ``uri`` and ``message`` never hold credentials.
     """
 
     variable: str
@@ -122,6 +128,7 @@ def verify(
     """
     url, access = open_aggregation(url, storage_options, allowed_locations)
     chosen = select_aggregated(Dataset.open(url, access=access), variables, url)
+    index = load_index(url, access.profile, access.policy, "auto")
     batches = []
     checked = 0
     total = sum(len(av.fragments) for av in chosen)
@@ -130,10 +137,12 @@ def verify(
         target = AggregatedArray(av, access=access).target
         refs = [ref for ref in av.fragments if ref.uris]
         checked += len(refs)
+        entries = None if index is None else index.variable(av.name)
         for start in range(0, len(refs), per_task):
             batch = refs[start:start + per_task]
-            batches.append(dask.delayed(check_fragments, pure=True)(batch, target, deep,
-                                                                    dask_key_name=_key(url, av, batch, deep)))
+            indexed = _indexed(batch, target, entries)
+            batches.append(dask.delayed(check_fragments, pure=True)(batch, target, deep, indexed,
+                                                                    dask_key_name=_key(url, av, batch, deep, indexed)))
     report = dask.delayed(_report, pure=True)(url, deep, checked, tuple(av.name for av in chosen), *batches)
     return report.compute() if compute else report
 
@@ -153,9 +162,27 @@ def select_aggregated(ds: Dataset, variables: Sequence[str] | None, url: str) ->
     return chosen
 
 
-def _key(url: str, av: AggregatedVariable, batch: list[FragmentRef], deep: bool) -> str:
+def _key(url: str, av: AggregatedVariable, batch: list[FragmentRef], deep: bool, indexed: Mapping[Any, Any]) -> str:
     first = ".".join(map(str, batch[0].index)) or "0"
-    return f"verify-{av.basename}-{first}-{dask.base.tokenize(url, av.name, batch, deep)}"
+    return f"verify-{av.basename}-{first}-{dask.base.tokenize(url, av.name, batch, deep, indexed)}"
+
+
+def _indexed(refs: Sequence[FragmentRef], target: Target, entries: VariableIndex | None
+             ) -> dict[tuple[int, ...], tuple[str, int, str]]:
+    """The fragments the chunk index describes: by fragment index, the URI (the first alternative
+    with an entry) and the size and version token indexed (all a task needs of the index)."""
+    found: dict[tuple[int, ...], tuple[str, int, str]] = {}
+    if entries is None:
+        return found
+    for ref in refs:
+        names = ref.variable_names(target.default_identifier)
+        for reference in ref.uris:
+            uri = storage.resolve(reference, target.source)
+            entry = entries.entry(uri, names)
+            if entry is not None:
+                found[ref.index] = (uri, entry.size, entry.token)
+                break
+    return found
 
 
 def _report(url: str, deep: bool, checked: int, variables: tuple[str, ...], *batches: list[Problem]) -> VerifyReport:
@@ -164,14 +191,31 @@ def _report(url: str, deep: bool, checked: int, variables: tuple[str, ...], *bat
     return VerifyReport(url=url, deep=deep, checked=checked, variables=variables, problems=problems)
 
 
-def check_fragments(refs: Sequence[FragmentRef], target: Target, deep: bool) -> list[Problem]:
-    """Check fragments of one variable (a task of the verification graph)."""
+def check_fragments(refs: Sequence[FragmentRef], target: Target, deep: bool,
+                    indexed: Mapping[tuple[int, ...], tuple[str, int, str]] | None = None) -> list[Problem]:
+    """Check fragments of one variable (a task of the verification graph); ``indexed``: the
+    URI, size and version token the chunk index holds for some of them (see :func:`_indexed`)."""
     problems = []
     for ref in refs:
         problem = check_fragment(ref, target, deep)
+        if problem is None and indexed and ref.index in indexed:
+            problem = _check_indexed(ref, target, *indexed[ref.index])
         if problem is not None:
             problems.append(problem)
     return problems
+
+
+def _check_indexed(ref: FragmentRef, target: Target, uri: str, size: int, token: str) -> Problem | None:
+    """A ``stale-index`` problem if fragment ``uri`` is no longer the object its index entry describes."""
+    try:
+        current = storage.stat(uri, target.profile, policy=target.policy)
+    except CFAError:
+        current = None  # (gone or unreachable since it was read: reads do not use the entry either)
+    if current == (size, token):
+        return None
+    return Problem(variable=target.variable, index=ref.index, uri=redact(uri), kind="stale-index",
+                   message="the file changed since the chunk index was written: reads do not use its entry "
+                           "(write the index again: daskcfa.index(), `daskcfa index`)")
 
 
 def check_fragment(ref: FragmentRef, target: Target, deep: bool) -> Problem | None:

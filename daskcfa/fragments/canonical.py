@@ -203,11 +203,7 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
             return _read_variable(open_indexed(uri, entry, profile=target.profile, policy=target.policy),
                                   uri, ref, key, target, names[-1])
         except IndexedFragmentChanged:
-            message = str(CFAError("the fragment changed since the chunk index was written: read without the "
-                                   "index (write the index again: daskcfa.index())", file=uri,
-                                   variable=target.variable, fragment=ref.index))
-            log.warning("%s", message)
-            warnings.warn(message, CFAWarning, stacklevel=2)
+            target.chunk_index.changed(uri, target.variable, ref.index)
     expected = math.prod(ref.shape) * target.dtype.itemsize
     return _read_variable(open_fragment(uri, names, profile=target.profile, policy=target.policy, fraction=fraction,
                                         expected_nbytes=expected), uri, ref, key, target, names[-1])

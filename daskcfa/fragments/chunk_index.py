@@ -3,10 +3,11 @@
 ``daskcfa index URL`` (:mod:`daskcfa.archive.chunk_index`) writes, beside the
 aggregation file ``t.nc``, the JSON file ``.t.nc.chunks.json`` (:func:`index_uri`)::
 
-    {"format": "daskcfa-chunk-index", "version": 1, "aggregation": "t.nc",
+    {"format": "daskcfa-chunk-index", "version": 2, "aggregation": "t.nc",
      "variables": {"/tas": [
         {"uri": "t/f0.nc",              # as the aggregation file names the fragment
          "size": 1234, "token": "...",  # storage.stat's size and version token when indexed
+                                        # (daskcfa.storage.identity: inode, ctime, mtime, size; an ETag)
          "variables": ["tas"],          # the names it was looked up by in its file, in order
          "dims": [...], "no_fill": false,
          "attrs": {"_FillValue": {"dtype": "<f4", "data": [1e20]}, "units": {"text": "K"}},
@@ -21,7 +22,9 @@ the direct HDF5 reader decodes them. An entry serves only the object it
 describes: reads go through :func:`daskcfa.storage.read_ranges_unchanged`
 (S3 ``If-Match`` on the GET, ``fstat`` of the open file locally), and a
 fragment that changed raises :class:`IndexedFragmentChanged`, upon which the
-caller reads it the usual way, with a warning. Along a walk (a time series),
+caller reads it the usual way, with one warning per opened dataset however
+many fragments changed (:meth:`VariableIndex.changed`: a copied archive has
+new inodes, so every fragment reads as changed). Along a walk (a time series),
 the chunks the next fragments' reads will fetch are known before their tasks
 run: :func:`read_ahead` starts fetching them (:mod:`.readahead`, each range one
 GET with the same ``If-Match``), and the reads take them instead of a GET.
@@ -31,8 +34,11 @@ and may only point at the fragments the aggregation names, which pass the
 safe-URI policy), but it is checked like any input: a file that is not a
 chunk index, or an entry that is out of bounds (chunks off the grid, byte
 ranges past the fragment's size, a stored chunk larger than its values can
-take, filters not undone here) is left out with a :class:`CFAWarning`;
-never read into memory beyond ``daskcfa.limits.max-memory``.
+take, filters not undone here, no version token) is left out with a
+:class:`CFAWarning`; never read into memory beyond ``daskcfa.limits.max-memory``.
+An index of version 1 (whose local tokens were the modification time alone,
+blind to a file replaced with its time kept) is not used: it is reported as
+needing to be written again.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import secrets
+import threading
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
@@ -64,13 +72,16 @@ __all__ = ["FORMAT", "ChunkIndex", "VariableIndex", "IndexEntry", "IndexedVariab
            "INDEXED_ATTRS", "index_uri", "entry_json", "index_json", "load_index", "indexed", "read_ahead"]
 
 FORMAT = "daskcfa-chunk-index"
-_VERSION = 1
+_VERSION = 2
 #: The fragment attributes a read uses (masking, packing, units), recorded with each entry.
 INDEXED_ATTRS = (*STORAGE_ATTRS, "units", "calendar")
 #: An index file may take this share of ``daskcfa.limits.max-memory`` (parsed JSON takes several times more).
 _FILE_SHARE = 16
 #: Entries a warning names at most (all are counted).
 _LISTED = 5
+#: The opened datasets (:attr:`VariableIndex.dataset`) whose stale index this process has warned of.
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
 log = logger(__name__)
 
 
@@ -164,11 +175,16 @@ class IndexEntry:
 
 
 class VariableIndex:
-    """The entries of one aggregated variable, by fragment URI (resolved): what a read task carries."""
+    """The entries of one aggregated variable, by fragment URI (resolved): what a read task carries.
 
-    def __init__(self, entries: Mapping[str, IndexEntry], token: str) -> None:
+    ``dataset`` names the opened dataset (the index, its version and this opening): the variables
+    of one dataset share it, so that fragments found changed are reported once for all of them.
+    """
+
+    def __init__(self, entries: Mapping[str, IndexEntry], token: str, dataset: str) -> None:
         self._entries = dict(entries)
         self._token = token
+        self.dataset = dataset
 
     def __dask_tokenize__(self) -> str:
         return self._token
@@ -181,6 +197,25 @@ class VariableIndex:
         (None: read it the usual way)."""
         entry = self._entries.get(uri)
         return entry if entry is not None and entry.variables == tuple(names) else None
+
+    def changed(self, uri: str, variable: str, fragment: tuple[int, ...]) -> None:
+        """Report that fragment ``uri`` is no longer the object its entry describes (it is then
+        read without it): one warning per opened dataset in this process, the rest logged. After a
+        copy of the archive (``cp -r``: new inodes) every fragment reads as changed."""
+        where = str(CFAError("the fragment changed since the chunk index was written", file=uri, variable=variable,
+                             fragment=fragment))
+        with _WARNED_LOCK:
+            first = self.dataset not in _WARNED
+            _WARNED.add(self.dataset)
+        if not first:
+            log.debug("%s", where)
+            return
+        index = self.dataset.partition("|")[0]
+        message = (f"chunk index {redact(index)} is stale: {where}. Fragments that changed (this one and any "
+                   "other: this is said once per dataset opened) are read without the index, correctly but more "
+                   "slowly; `daskcfa verify` lists them; write the index again (daskcfa.index(), `daskcfa index`)")
+        log.warning("%s", message)
+        warnings.warn(message, CFAWarning, stacklevel=3)
 
 
 class ChunkIndex:
@@ -260,6 +295,10 @@ def _parse(raw: bytes, uri: str, token: str, aggregation: str, policy: LocationP
         raise CFAFormatError(f"not a chunk index (not JSON: {str(exc)[:100]})", file=uri) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise CFAFormatError(f"not a chunk index (no \"format\": {FORMAT!r})", file=uri)
+    if document.get("version") == 1:
+        raise CFAFormatError("chunk index version 1, whose version tokens of local files (their modification "
+                             "time alone) cannot tell a file replaced with its time kept: write it again with "
+                             "daskcfa.index()", file=uri)
     if document.get("version") != _VERSION:
         raise CFAFormatError(f"chunk index version {document.get('version')!r}: this daskcfa reads version "
                              f"{_VERSION} (write it again with daskcfa.index())", file=uri)
@@ -268,6 +307,7 @@ def _parse(raw: bytes, uri: str, token: str, aggregation: str, policy: LocationP
         raise CFAFormatError("not a chunk index (no \"variables\" mapping)", file=uri)
     parsed: dict[str, VariableIndex] = {}
     refused: list[str] = []
+    dataset = f"{uri}|{token}|{secrets.token_hex(8)}"  # (this opening: its stale entries are warned of once)
     for name, entries in variables.items():
         if not isinstance(name, str) or not isinstance(entries, list):
             raise CFAFormatError(f"variable {name!r} has no list of fragments", file=uri)
@@ -282,7 +322,7 @@ def _parse(raw: bytes, uri: str, token: str, aggregation: str, policy: LocationP
                 refused.append(f"{name} #{position}: {redact(str(exc))[:200]}")
                 continue
             found[resolved] = entry
-        parsed[name] = VariableIndex(found, f"{uri}|{token}|{name}")
+        parsed[name] = VariableIndex(found, f"{uri}|{token}|{name}", dataset)
     if refused:
         more = f" and {len(refused) - _LISTED} more" if len(refused) > _LISTED else ""
         _warn(f"chunk index {redact(uri)}: {len(refused)} entries left out (their fragments are read without "
@@ -297,6 +337,8 @@ def _entry(item: Any) -> IndexEntry:
     uri, token, variables = item["uri"], item["token"], tuple(item["variables"])
     if not all(isinstance(v, str) for v in (uri, token, *variables)) or not uri or not variables:
         raise TypeError("uri, token and variables must be strings")
+    if not token:
+        raise ValueError("no version token: a replaced fragment could not be told")
     size = _integer(item["size"], "size")
     dtype = np.dtype(item["dtype"])
     if dtype.kind not in "iuf" or dtype.itemsize not in (1, 2, 4, 8):

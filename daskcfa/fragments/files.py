@@ -295,9 +295,9 @@ def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = 
             raise
         except StorageError as exc:  # not a regular file, or not reachable: a fact about the fragment
             raise FragmentReadError(exc.reason) from None
-        key: tuple = ("file", path, stat.st_mtime_ns, stat.st_size, _engine())
+        key: tuple = ("file", path, storage.local_token(stat), _engine())  # (a replaced file: another key)
         handle = manager().open(key, lambda: _open_local(path, lambda: manager().grow(key, files=1)), files=1,
-                                label=uri)
+                                label=uri, family=("file", path))
     elif storage.is_opendap(uri):
         handle = manager().open(("dap", storage.opendap_url(uri), policy), lambda: _open_dap(uri, profile, policy),
                                 files=1, label=uri)

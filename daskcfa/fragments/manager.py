@@ -89,6 +89,8 @@ class _Entry:
     closer: Callable[[Any], None] | None = None
     closing: bool = False  #: taken out of the cache, not yet closed
     cache: dict = field(default_factory=dict)  #: per-handle memo (e.g. variables looked up)
+    family: Hashable | None = None  #: what it is a version of (a local path): see :meth:`FileManager.open`
+    retired: bool = False  #: a newer version of its family was opened: closed once released
 
 
 class FileManager:
@@ -98,6 +100,7 @@ class FileManager:
         self._budget = budget
         self._cond = threading.Condition(threading.Lock())
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._families: dict[Hashable, Hashable] = {}  # family -> the key of its latest handle
         self._files = 0
         self._bytes = 0
         self._reserved = 0
@@ -126,32 +129,36 @@ class FileManager:
     @contextmanager
     def open(self, key: Hashable, opener: Callable[[], Any], *, nbytes: int = 0, files: int = 1,
              label: str = "", closer: Callable[[Any], None] | None = None,
-             keep: bool = True) -> Iterator[tuple[Any, dict]]:
+             keep: bool = True, family: Hashable | None = None) -> Iterator[tuple[Any, dict]]:
         """The handle for ``key``, opened by ``opener()`` unless cached.
 
         ``nbytes``/``files`` are what the handle will hold, declared before it
         is opened so that the budgets are respected before any allocation.
         ``keep=False`` counts the handle against the budgets while in use but
         closes it when the last user releases it (for handles that cannot be
-        checked for staleness cheaply). Yields ``(resource, memo)``; ``memo``
-        is a dict kept with the handle.
+        checked for staleness cheaply). ``family``: what the handle is a version
+        of (a local file's path, ``key`` holding its version): a handle of another
+        version of it is closed before this one opens, or once released if in
+        use (HDF5 shares one open file's metadata among the opens of an inode:
+        a file rewritten in place would be read with its old metadata).
+        Yields ``(resource, memo)``; ``memo`` is a dict kept with the handle.
         """
         closer = closer or _default_close
-        entry = self._acquire(key, opener, nbytes, files, label, closer)
+        entry = self._acquire(key, opener, nbytes, files, label, closer, family)
         closing: list[_Entry] = []
         try:
             yield entry.resource, entry.cache
         finally:
             with self._cond:
                 entry.refs -= 1
-                if not keep and entry.refs == 0 and entry.ready:
+                if (not keep or entry.retired) and entry.refs == 0 and entry.ready:
                     self._discard_locked(key, entry, closing=True)
                     closing.append(entry)
                 self._cond.notify_all()
             self._close_all(closing)
 
     def _acquire(self, key: Hashable, opener: Callable[[], Any], nbytes: int, files: int, label: str,
-                 closer: Callable[[Any], None]) -> _Entry:
+                 closer: Callable[[Any], None], family: Hashable | None = None) -> _Entry:
         budget = self.budget
         if nbytes > budget.memory:
             raise BudgetError(f"fragment needs {nbytes:,} bytes in memory, more than the memory budget of "
@@ -159,6 +166,8 @@ class FileManager:
         closing: list[_Entry] = []
         opening = False
         with self._cond:
+            if family is not None:
+                closing += self._retire_locked(family, key)
             while True:
                 entry = self._entries.get(key)
                 if entry is not None and entry.failed is None:
@@ -167,7 +176,7 @@ class FileManager:
                     break
                 closing += self._evict_locked(files, nbytes)
                 if self._fits(files, nbytes):
-                    entry = _Entry(nbytes=nbytes, files=files, refs=1, closer=closer)
+                    entry = _Entry(nbytes=nbytes, files=files, refs=1, closer=closer, family=family)
                     self._entries[key] = entry
                     self._files += files
                     self._bytes += nbytes
@@ -283,9 +292,25 @@ class FileManager:
                 closing.append(entry)
         return closing
 
+    def _retire_locked(self, family: Hashable, key: Hashable) -> list[_Entry]:
+        """Retire the handle of another version of ``family`` than ``key``: returned to be closed
+        now when idle, else marked to be closed when released."""
+        previous = self._families.get(family)
+        self._families[family] = key
+        entry = None if previous is None or previous == key else self._entries.get(previous)
+        if entry is None:
+            return []
+        if entry.refs == 0 and entry.ready:
+            self._discard_locked(previous, entry, closing=True)
+            return [entry]
+        entry.retired = True
+        return []
+
     def _discard_locked(self, key: Hashable, entry: _Entry, *, closing: bool = False) -> None:
         if self._entries.get(key) is entry:
             del self._entries[key]
+            if entry.family is not None and self._families.get(entry.family) == key:
+                del self._families[entry.family]
             self._files -= entry.files
             self._bytes -= entry.nbytes
             if closing:  # counted until :meth:`_close_all` has closed it

@@ -35,7 +35,7 @@ import os
 import shutil
 import tempfile
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import netCDF4
@@ -59,6 +59,7 @@ __all__ = [
     "FragmentTarget",
     "Slabs",
     "encode_values",
+    "shared_chunks",
     "write_fragment",
 ]
 
@@ -113,6 +114,8 @@ class FragmentSpec:
     #: group of the fragment file holding the variable, its dimensions and sliced variables
     #: (S3netCDF4 puts a variable in a group at the same group path of each sub-array file)
     group: str = "/"
+    #: the chunk shape of every fragment (:func:`shared_chunks`); None: each fragment's own
+    chunks: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,79 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
     with np.errstate(invalid="ignore"):
         out = np.asarray(data).astype(encoding.stored_dtype, copy=False)
     return out.view(dtype) if encoding.unsigned else out
+
+
+def shared_chunks(spec: FragmentSpec, regular: Sequence[int]) -> FragmentSpec:
+    """``spec`` with one chunk shape for every fragment: the one a full-size fragment (of shape
+    ``regular``) gets — ``chunksizes`` if given (no larger than it), else netCDF-C's or
+    zarr-python's choice for it.
+
+    A shorter fragment (the last along a dimension that the fragment shape does not divide) then
+    stores partial edge chunks of that shape rather than smaller chunks of its own, so that every
+    fragment of the variable lies on one chunk grid, which a Zarr array over their chunks needs
+    (:func:`daskcfa.to_references`). A full-size fragment is stored as before (contiguous where
+    netCDF-C would store it so).
+    """
+    regular = tuple(int(n) for n in regular)
+    if spec.file_format.startswith("NETCDF3") or not regular or min(regular) < 1 or spec.dtype.kind not in "biuf":
+        return spec
+    given = spec.compression.get("chunksizes")
+    if given is not None:
+        if len(given) != len(regular) or any(int(c) < 1 for c in given):
+            raise ArgumentError(f"chunksizes {tuple(given)} do not fit a variable of {len(regular)} dimensions",
+                                variable=spec.variable)
+        chunks: tuple[int, ...] | None = tuple(min(int(c), n) for c, n in zip(given, regular))
+    elif spec.file_format == ZARR_FRAGMENTS:
+        chunks = _zarr_chunks(spec, regular)
+    else:
+        chunks = _netcdf_chunks(spec, regular)
+    if chunks is None:  # netCDF-C stores a full-size fragment contiguous: a shorter one is one partial chunk
+        return replace(spec, chunks=regular)
+    return replace(spec, compression={**spec.compression, "chunksizes": chunks}, chunks=chunks)
+
+
+def _netcdf_chunks(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The chunk shape netCDF-C gives the variable in a fragment of ``shape`` (None: contiguous),
+    asked of netCDF-C itself, in memory."""
+    with HDF5_LOCK:
+        nc = netCDF4.Dataset("chunks.nc", "w", format=spec.file_format, diskless=True, persist=False)
+        try:
+            dims = [f"d{i}" for i in range(len(shape))]
+            for dim, n in zip(dims, shape):
+                nc.createDimension(dim, n)
+            chunking = nc.createVariable("v", spec.dtype, dims, **spec.compression).chunking()
+        except (ValueError, TypeError, RuntimeError, OSError) as exc:
+            raise ArgumentError(f"compression {spec.compression!r} is refused by netCDF4-python/netCDF-C "
+                                f"({type(exc).__name__}: {exc})", file=spec.aggregation, variable=spec.variable) from None
+        finally:
+            nc.close()
+    return None if chunking == "contiguous" else tuple(int(c) for c in chunking)
+
+
+def _zarr_chunks(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The chunk shape zarr-python gives an array of ``shape`` (``chunks="auto"``), asked of it, in memory."""
+    import zarr
+
+    array = zarr.create_array(zarr.storage.MemoryStore(), shape=shape, dtype=spec.dtype, chunks="auto", zarr_format=2)
+    return tuple(int(c) for c in array.chunks)
+
+
+def _chunking(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[dict[str, Any], frozenset[str]]:
+    """A netCDF-4 fragment's ``createVariable`` keywords and the dimensions it defines unlimited.
+
+    Neither netCDF-C nor HDF5 accepts a chunk longer than a fixed dimension, so a fragment
+    shorter than the shared chunk shape (:func:`shared_chunks`) defines those dimensions
+    unlimited (its sizes are those of the values written). The classic model allows one
+    unlimited dimension: a fragment short along more keeps chunks no larger than itself.
+    """
+    chunks = spec.chunks
+    short = [d for d, (n, c) in enumerate(zip(shape, chunks or ())) if n < c]
+    if not short:
+        return spec.compression, frozenset()
+    if spec.file_format == "NETCDF4_CLASSIC" and len(short) > 1:
+        return {**spec.compression, "chunksizes": tuple(max(1, min(c, n)) for c, n in zip(chunks, shape))}, \
+            frozenset()
+    return {**spec.compression, "chunksizes": chunks}, frozenset(spec.dims[d] for d in short)
 
 
 def _check_range(packed: np.ndarray, mask: Any, dtype: np.dtype) -> None:
@@ -393,13 +469,14 @@ def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data:
     owner = nc
     for name in filter(None, spec.group.split("/")):
         owner = owner.createGroup(name)
+    compression, unlimited = _chunking(spec, target.shape)
     for dim, size in zip(spec.dims, target.shape):
-        owner.createDimension(dim, size)
+        owner.createDimension(dim, None if dim in unlimited else size)
     for dim, size in spec.extra_dims.items():
         owner.createDimension(dim, size)
     for var, values in zip(spec.sliced, sliced):
         _variable(owner, var.name, var.dims, var.dtype, var.attrs, np.asarray(values), {})
-    return _variable(owner, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, spec.compression)
+    return _variable(owner, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, compression)
 
 
 def _variable(nc: netCDF4.Dataset | netCDF4.Group, name: str, dims: tuple[str, ...], dtype: np.dtype,

@@ -391,7 +391,9 @@ def _array_options(compression: Mapping[str, Any], dtype: np.dtype, shape: tuple
     if chunks is not None:
         if len(chunks) != len(shape) or any(int(c) < 1 for c in chunks):
             raise ArgumentError(f"chunksizes {tuple(chunks)} do not fit an array of {len(shape)} dimensions")
-        options["chunks"] = tuple(min(int(c), max(n, 1)) for c, n in zip(chunks, shape))
+        # (as given: a fragment shorter than its variable's chunks stores partial edge chunks, so that all
+        # fragments share one chunk grid; graph/write.py clips them to a full-size fragment)
+        options["chunks"] = tuple(int(c) for c in chunks)
     return options
 
 

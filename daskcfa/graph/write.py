@@ -50,13 +50,15 @@ from ..fragments.write import (
     FragmentTarget,
     SlicedVariable,
     encode_values,
+    shared_chunks,
     write_fragment,
 )
 from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
                      is_coordinate_variable)
 from ..storage.uri import check_uri_style
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
-from ..storage.lease import Lease, generation_name, generation_of, in_generation, marker_of, retire, schedule
+from ..storage.lease import (Lease, generation_name, generation_of, in_generation, marker_of, own_generations, retire,
+                             schedule)
 from .plan import MAX_FRAGMENT_SIZE, aligned_chunks, plan_fragments
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "settle_unlimited",
     "fragment_name",
     "region_bounds",
+    "fragment_columns",
 ]
 
 
@@ -307,6 +310,7 @@ def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, opt
     spec, sliced, dtype, attrs = fragment_spec(source, model, url, format=options.format,
                                                fragment_format=options.fragment_format,
                                                compression=options.compression, profile=options.profile)
+    spec = shared_chunks(spec, [max(sizes, default=0) for sizes in grid.sizes])  # (a full-size fragment's shape)
     # What the fragments will hold; not the profile, whose name differs between processes (resuming must not).
     token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
                      [values for _, values in sliced], options.fragment_name)
@@ -373,7 +377,7 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
         keys.append(key)
     aggregated = AggregatedVariable(
         name=source.name, dims=source.dims, dtype=plan.dtype, attrs=plan.attrs,
-        fragments=_fragments(source, grid, written), dialect=options.format, source=url,
+        fragments=fragment_columns(source, grid, written), dialect=options.format, source=url,
     )
     return aggregated, keys
 
@@ -441,8 +445,9 @@ def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Arra
     return x.map_blocks(encode, dtype=source.dtype, meta=np.empty((0,) * x.ndim, source.dtype))
 
 
-def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int, ...], str]) -> Fragments:
-    """The variable's fragment columns: the fragments written now, and (r+) the others as they were."""
+def fragment_columns(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int, ...], str]) -> Fragments:
+    """The variable's fragment columns: the fragments written now, and (r+) the others as they were
+    (``source.existing`` on ``grid``: references, identifiers, unique values)."""
     existing = source.existing.fragments if source.existing is not None else None
     width = existing.uris.shape[-1] if existing is not None and existing.uris is not None else 1
     uris = np.full(grid.grid_shape + (width,), "", dtype=object)
@@ -466,7 +471,15 @@ def _fragments(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int,
             values[index] = np.ma.masked
     if len(set(ids.ravel().tolist())) == 1:
         ids = np.array(ids.ravel()[0], dtype=object)
-    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values)
+    # how the kept fragments lie in their files (NCA): kept, so that a dialect which cannot say so refuses them
+    lying = {}
+    for name in ("axes", "reversed", "parts"):
+        column = getattr(existing, name) if existing is not None else None
+        if column is not None:
+            column = lying[name] = np.array(column, dtype=object)
+            for index in written:
+                column[index] = None
+    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values, **lying)
 
 
 def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
@@ -483,12 +496,12 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
             raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
                                      "run the update again", file=commit.url)
         new = {storage.resolve(rec.uri, commit.url) for recs in records for rec in recs}
-        try:
-            earlier = json.loads(storage.read_bytes(commit.manifest, commit.profile))
-        except (NotFoundError, ValueError, AttributeError):
-            earlier = {}
-        schedule(_previous_fragments(commit, earlier), commit.references, commit.url, commit.retired, commit.profile,
-                 commit.keep_previous)
+        earlier = _read_manifest(commit)
+        previous = _previous_fragments(commit, earlier)
+        listed = schedule(previous, commit.references, commit.url, commit.retired, commit.profile,
+                          commit.keep_previous)
+        generations = own_generations(earlier, previous, commit.references, listed, commit.url,
+                                      commit.header["generation"])
         storage.remove_stale_temporaries([commit.url, *new], commit.profile)
         resumed = sum(rec.resumed for recs in records for rec in recs)
         put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease,
@@ -496,28 +509,44 @@ def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lea
                                f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
         fragments: dict[str, dict[str, Any]] = {}
         if commit.mode in UPDATE_MODES:  # the fragments written earlier are still part of the aggregation
-            fragments = earlier.get("fragments", {}) if isinstance(earlier, dict) else {}
+            fragments = earlier["fragments"]
         for variable, recs in zip(commit.variables, records):
             entries = fragments.setdefault(variable, {})
             for rec in recs:
                 entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
-        manifest = {**commit.header, "fragments": fragments}
+        manifest = {**commit.header, "generations": generations, "fragments": fragments}
         storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
-        retire(commit.references, commit.url, commit.retired, commit.profile)
+        retire(commit.references, commit.url, commit.retired, commit.profile, generations)
     finally:
         lease.release()
     return commit.url
 
 
-def _previous_fragments(commit: _Commit, manifest: Any) -> set[str]:
+def _read_manifest(commit: _Commit) -> dict[str, Any]:
+    """The manifest of the previous write, its malformed parts left out (it lies beside the data,
+    and anyone who can write there can plant one: never a bare error, never trusted further
+    than :func:`daskcfa.storage.lease.own_generations` checks)."""
+    try:
+        manifest = json.loads(storage.read_bytes(commit.manifest, commit.profile))
+    except (NotFoundError, ValueError, RecursionError):
+        manifest = {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    fragments = manifest.get("fragments")
+    manifest["fragments"] = {
+        variable: {i: e for i, e in entries.items() if isinstance(e, dict) and isinstance(e.get("uri"), str)}
+        for variable, entries in (fragments.items() if isinstance(fragments, dict) else ())
+        if isinstance(entries, dict)}
+    return manifest
+
+
+def _previous_fragments(commit: _Commit, manifest: dict[str, Any]) -> set[str]:
     """Fragments the aggregation file about to be replaced references that a daskcfa writer
     made (in a generation directory, or listed in its manifest): what the commit may retire."""
     if commit.mode == "w-" or not storage.exists(commit.url, commit.profile):
         return set()
-    listed = set()
-    if isinstance(manifest, dict):
-        for entries in (manifest.get("fragments") or {}).values():
-            listed |= {storage.resolve(e["uri"], commit.url) for e in entries.values() if isinstance(e, dict)}
+    listed = {storage.resolve(e["uri"], commit.url) for entries in manifest["fragments"].values()
+              for e in entries.values()}
     try:
         with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
             found = aggregated_variables(ds, commit.url)

@@ -3,6 +3,7 @@
 A facade over the modules that do the work, so that callers write
 ``storage.read_whole(...)`` wherever a file is: :mod:`.uri` (URIs),
 :mod:`.objects` (fsspec I/O), :mod:`.local` (regular local files only),
+:mod:`.identity` (what tells one version of a file from another),
 :mod:`.retry` (errors translated, transient faults retried), :mod:`.atomic`
 (temporaries and the move into place), :mod:`.publish` (putting an
 aggregation file in place), :mod:`.netcdf` (opening netCDF files under the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
 from .blocks import Blocks
+from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local
 from .manifest import manifest_uri, missing_directory, replacing_generation
 from .netcdf import netcdf_file, open_netcdf
@@ -51,6 +53,7 @@ from .objects import (
     size,
     stat,
     tree_size,
+    tree_sizes,
     version,
 )
 from .profiles import ProfileRef, register
@@ -76,12 +79,14 @@ __all__ = [
     "local_path",
     "irregular",
     "local_stat",
+    "local_token",
     "open_local",
     "filesystem",
     "exists",
     "size",
     "stat",
     "tree_size",
+    "tree_sizes",
     "version",
     "part_size",
     "read_bytes",

@@ -20,7 +20,9 @@ rename, so that a lease never disappears, even for an instant, while
 successors race for it. It records the owner (a random id per write), the host and process that
 started the write, the generation and an expiry that fragment tasks extend
 as they go. A lease whose process is gone (same host) or whose expiry has
-passed is stale: a successor takes it over, and one successor only.
+passed is stale: a successor takes it over, and one successor only. So is a
+record that is malformed (any field of the wrong type, NaN, a pid <= 0) or
+forged (an expiry further ahead than any lease lasts, plus clock skew).
 
 **Retirement.** The fragments of the previous aggregation that the new one
 no longer references, and that a daskcfa writer made (in a generation
@@ -28,20 +30,28 @@ directory, or listed in the writer's manifest), are listed in
 ``<stem>/.daskcfa/retired.json`` *before* the switch (:func:`schedule`), then
 deleted with their markers after it (:func:`retire`) -- at once, or by the
 first commit after a grace period. A writer killed in between leaves them
-listed for the next commit, never orphaned.
+listed for the next commit, never orphaned. The list lies beside the data,
+where anyone who can write there can plant one: an entry is deleted only if
+it is a file or Zarr store in a generation directory under ``<stem>/`` that
+the dataset's manifest names (:func:`own_generations`), reached through no
+symbolic link; any other is dropped with a warning.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import itertools
 import json
+import math
 import os
 import posixpath
 import re
 import socket
+import stat
 import time
+import warnings
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,7 +60,8 @@ from typing import Any, Iterable, Iterator
 import dask.config
 import fsspec.asyn
 
-from ..errors import ArgumentError, CFAError, NotFoundError, StorageError, WriteConflictError, redact
+from .. import config
+from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, StorageError, WriteConflictError, redact
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
@@ -70,6 +81,7 @@ __all__ = [
     "lease_uri",
     "Lease",
     "schedule",
+    "own_generations",
     "retire",
 ]
 
@@ -114,6 +126,39 @@ def _ttl() -> float:
     return float(dask.config.get("daskcfa.write.lease-seconds", 600))
 
 
+#: Seconds another host's clock may run ahead of ours: an expiry further ahead than a lease's
+#: time plus this is forged (or from a broken clock) and stale, not a lease to wait for.
+CLOCK_SKEW = 300.0
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """A lease record whose every field is well-formed (:func:`_holder`)."""
+
+    owner: str
+    host: str
+    pid: int
+    generation: str
+    expires: float  #: time.time() at which it ends unless renewed
+    seconds: float  #: the lease time its writer declared (0 in records of earlier versions)
+
+
+def _holder(record: Any) -> _Holder | None:
+    """The record's fields, or None if any is malformed (wrong type, NaN, a pid no process has):
+    such a record is stale, taken over (a garbled lease must not block a target, nor raise)."""
+    if not isinstance(record, dict):
+        return None
+    owner, host, pid, generation = (record.get(k) for k in ("owner", "host", "pid", "generation"))
+    expires, seconds = record.get("expires"), record.get("seconds", 0.0)
+    if not (isinstance(owner, str) and owner and isinstance(host, str) and isinstance(generation, str)):
+        return None
+    if not (type(pid) is int and 0 < pid < 2**31):  # (pid_t; 0 and -1 would signal process groups)
+        return None
+    if not all(type(v) in (int, float) and math.isfinite(v) for v in (expires, seconds)):
+        return None
+    return _Holder(owner, host, pid, generation, float(expires), float(seconds))
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -150,24 +195,32 @@ class Lease:
     # -- the record --
 
     def _record(self) -> bytes:
+        ttl = _ttl()
         return json.dumps({"owner": self.owner, "host": self.host, "pid": self.pid, "generation": self.generation,
-                           "expires": time.time() + _ttl()}).encode()
+                           "expires": time.time() + ttl, "seconds": ttl}).encode()
 
-    def _describe(self, record: dict[str, Any]) -> str:
-        left = float(record.get("expires", 0)) - time.time()
-        return (f"a write by process {record.get('pid')} on {record.get('host')!r} (generation "
-                f"{record.get('generation')}, lease {'expired' if left < 0 else f'valid for {left:.0f} s more'})")
+    @staticmethod
+    def _describe(holder: _Holder | None) -> str:
+        if holder is None:
+            return "a malformed lease record"
+        left = holder.expires - time.time()
+        return (f"a write by process {holder.pid} on {holder.host!r} (generation "
+                f"{holder.generation}, lease {'expired' if left < 0 else f'valid for {left:.0f} s more'})")
 
-    def _stale(self, record: dict[str, Any]) -> bool:
-        """Expired, or its process is gone, or it is an earlier attempt at this very write by the
-        process that started this one (a failed ``compute()`` re-run: it resumes the same generation)."""
-        if float(record.get("expires", 0)) < time.time():
+    def _stale(self, holder: _Holder | None) -> bool:
+        """Malformed, expired, expiring further ahead than any lease lasts (forged), or its process
+        is gone, or it is an earlier attempt at this very write by the process that started this
+        one (a failed ``compute()`` re-run: it resumes the same generation)."""
+        if holder is None:
             return True
-        if record.get("host") != socket.gethostname():
+        longest = max(_ttl(), min(holder.seconds, float(config.maximum("daskcfa.write.lease-seconds"))))
+        if not time.time() <= holder.expires <= time.time() + longest + CLOCK_SKEW:
+            return True
+        if holder.host != socket.gethostname():
             return False
-        if record.get("pid") == self.pid and record.get("generation") == self.generation and self.generation:
+        if holder.pid == self.pid and holder.generation == self.generation and self.generation:
             return True
-        return not _pid_alive(int(record.get("pid", 0)))
+        return not _pid_alive(holder.pid)
 
     # -- operations --
 
@@ -188,16 +241,16 @@ class Lease:
                 if _create(self.uri, self._record(), self.profile):
                     return self
             else:
-                record, tag = found
-                if record.get("owner") == self.owner:
+                holder, tag = found
+                if holder is not None and holder.owner == self.owner:
                     return self
-                if self._stale(record):
+                if self._stale(holder):
                     if _swap(self.uri, tag, self._record(), self.profile):
                         log.warning("took over the stale write lease %s on %s, held by %s", redact(self.uri),
-                                    redact(self.target), self._describe(record))
+                                    redact(self.target), self._describe(holder))
                         return self
                 elif time.monotonic() >= deadline:
-                    raise WriteConflictError(f"another writer holds the target: {self._describe(record)}; "
+                    raise WriteConflictError(f"another writer holds the target: {self._describe(holder)}; "
                                              f"retry when it has finished", file=self.target)
             if attempt >= 20 and time.monotonic() >= deadline:  # (a lease changing under us all along)
                 raise WriteConflictError("cannot take the lease on the target: other writers keep changing it",
@@ -217,13 +270,12 @@ class Lease:
         if not force and time.monotonic() - _CONFIRMED.get(key, -1e9) < min(5.0, _ttl() / 10):
             return
         found = _read(self.uri, self.profile)
-        if found is None or found[0].get("owner") != self.owner:
+        if found is None or found[0] is None or found[0].owner != self.owner:
             holder = "nobody" if found is None else self._describe(found[0])
             raise WriteConflictError(f"this write lost its lease on the target (now held by {holder}); nothing "
                                      "of it was committed", file=self.target)
-        record, tag = found
-        if float(record.get("expires", 0)) - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(),
-                                                                                     self.profile):
+        holder, tag = found
+        if holder.expires - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(), self.profile):
             self.confirm(force=True)  # someone changed it meanwhile: look again
         _CONFIRMED[key] = time.monotonic()
 
@@ -233,7 +285,7 @@ class Lease:
         process ends or it expires, and the write's own outcome is what the caller must see."""
         try:
             found = _read(self.uri, self.profile)
-            if found is not None and found[0].get("owner") == self.owner:
+            if found is not None and found[0] is not None and found[0].owner == self.owner:
                 _remove(self.uri, found[1], self.profile)
         except (CFAError, OSError):
             pass
@@ -244,8 +296,9 @@ class Lease:
 # --------------------------------------------------------------------------
 
 
-def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
-    """The lease record and its tag (the bytes locally, the ETag on S3), or None if there is none."""
+def _read(uri: str, profile: ProfileRef) -> tuple[_Holder | None, Any] | None:
+    """The lease record (None if malformed) and its tag (the bytes locally, the ETag on S3), or
+    None if there is none."""
     if is_local(uri):
         try:
             with open(local_path(uri), "rb") as f:
@@ -271,11 +324,9 @@ def _read(uri: str, profile: ProfileRef) -> tuple[dict[str, Any], Any] | None:
             return None
     try:
         record = json.loads(data)
-    except ValueError:
-        record = {}
-    if not isinstance(record, dict):
-        record = {}
-    return record, tag  # an unreadable record has no owner and no expiry: stale, taken over
+    except (ValueError, RecursionError):
+        record = None
+    return _holder(record), tag  # an unreadable record is stale, taken over
 
 
 @contextmanager
@@ -383,74 +434,198 @@ def _conditional_put(uri: str, data: bytes, profile: ProfileRef, **condition: st
 # --------------------------------------------------------------------------
 
 
-def _listed(target: str, record: str, profile: ProfileRef) -> dict[str, float]:
-    """The retired fragments ``record`` lists (absolute URIs) and when each is due."""
-    root = target.rpartition("/")[0] + "/"
+def _listed(record: str, profile: ProfileRef) -> dict[str, float]:
+    """The entries of the retired record (references relative to the aggregation file's
+    directory, unchecked: :func:`retire` checks each) and when each is due."""
     try:
         listed = json.loads(read_bytes(record, profile)).get("retired", {})
-        return {root + r: float(t) for r, t in listed.items() if isinstance(r, str)}
-    except (CFAError, ValueError, AttributeError, TypeError):
+        return {r: float(t) for r, t in listed.items() if isinstance(r, str) and type(t) in (int, float)}
+    except (CFAError, ValueError, AttributeError, TypeError, RecursionError):
         return {}
 
 
-def _store(listed: dict[str, float], target: str, record: str, profile: ProfileRef) -> None:
-    root = target.rpartition("/")[0] + "/"
-    kept = {u[len(root):]: t for u, t in listed.items() if u.startswith(root)}
+def _store(listed: dict[str, float], record: str, profile: ProfileRef) -> None:
     try:
-        put_atomic(record, json.dumps({"retired": kept}, indent=1).encode(), profile)
+        put_atomic(record, json.dumps({"retired": listed}, indent=1).encode(), profile)
     except CFAError:
         pass  # the fragments stay: space, never data
 
 
+def _root(target: str) -> str:
+    return target.rpartition("/")[0] + "/"
+
+
+def _inside(uri: str, root: str) -> str:
+    """``uri`` relative to ``root`` ("" if it is not below it)."""
+    return uri[len(root):] if uri.startswith(root) else ""
+
+
+def _clean(relative: str) -> bool:
+    """A plain relative path: no empty, ``.`` or ``..`` component, nothing a URI or a path reads otherwise."""
+    return bool(relative) and not any(c in ("", ".", "..") for c in relative.split("/")) \
+        and not any(ch in relative for ch in "\x00\\?#")
+
+
 def schedule(old: Iterable[str], new: Iterable[str], target: str, record: str, profile: ProfileRef,
-             keep_for: float = 0.0) -> None:
+             keep_for: float = 0.0) -> set[str]:
     """Before the switch: list in ``record`` the fragments ``old`` (absolute URIs the previous
     aggregation referenced and a daskcfa writer made) that ``new`` does not reference, due in
     ``keep_for`` seconds. Listed first, so that a writer killed between the switch and
     :func:`retire` leaves them for the next commit to delete, never orphaned. The list holds
     references relative to the aggregation file's directory (a copied dataset never deletes
-    the original's files)."""
-    leaving = set(old) - set(new)
-    if not leaving:
-        return
-    listed = _listed(target, record, profile)
-    due = time.time() + keep_for
-    for uri in leaving:
-        listed.setdefault(uri, due)
-    _store(listed, target, record, profile)
+    the original's files). Returns every entry now listed."""
+    root = _root(target)
+    listed = _listed(record, profile)
+    leaving = {r for r in (_inside(u, root) for u in set(old) - set(new)) if r} - set(listed)
+    if leaving:
+        due = time.time() + keep_for
+        listed.update(dict.fromkeys(leaving, due))
+        _store(listed, record, profile)
+    return set(listed)
 
 
-def retire(new: Iterable[str], target: str, record: str, profile: ProfileRef) -> list[str]:
+def own_generations(manifest: Any, previous: Iterable[str], references: Iterable[str], listed: Iterable[str],
+                    target: str, generation: str) -> list[str]:
+    """The generation directories (relative to the aggregation file's directory) a writer of this
+    dataset made whose fragments the new aggregation references or the retired record lists: what
+    the new manifest records, and the only directories :func:`retire` deletes from.
+
+    Known from the previous ``manifest``'s list, from the generation it names (a manifest of an
+    earlier version lists none) among the ``previous`` aggregation's fragments, and from this
+    write's own ``generation`` among the ``references``; only directories under the dataset's
+    own fragment directory, ``<stem>/``, count."""
+    root = _root(target)
+    stem = posixpath.splitext(posixpath.basename(target))[0]
+    earlier = manifest if isinstance(manifest, dict) else {}
+    known = earlier.get("generations")
+    known = {g for g in known if isinstance(g, str)} if isinstance(known, list) else set()
+    named = {generation, earlier.get("generation") if isinstance(earlier.get("generation"), str) else generation}
+    known |= {posixpath.dirname(_inside(u, root)) for u in (*previous, *references) if generation_of(u) in named}
+    wanted = {posixpath.dirname(r) for r in listed} | {posixpath.dirname(_inside(u, root)) for u in references}
+    return sorted(g for g in known & wanted
+                  if _clean(g) and g.split("/")[0] == stem and GENERATION.match(posixpath.basename(g)))
+
+
+def retire(new: Iterable[str], target: str, record: str, profile: ProfileRef, generations: Iterable[str]) -> list[str]:
     """After the switch: delete the listed fragments that are due and that ``new`` (the
     committed aggregation) does not reference, with their markers.
 
-    Only fragments inside the directory of the aggregation file ``target`` are
-    ever deleted (an aggregation file may point anywhere). Returns what was
+    An entry is deleted only if it is a fragment of one of ``generations`` (:func:`own_generations`:
+    this dataset's, as its manifest names them) and, on local disk, is reached from the
+    aggregation file's directory through no symbolic link, and is a regular file or a Zarr store;
+    any other entry is dropped from the record with a warning, nothing deleted. Returns what was
     deleted. Failures cost space, never data: they stay listed for the next commit.
     """
-    root = target.rpartition("/")[0] + "/"
-    listed = _listed(target, record, profile)
+    root = _root(target)
+    listed = _listed(record, profile)
     if not listed:
         return []
-    current = set(new)
+    current = {_inside(u, root) for u in new}
+    own = set(generations)
     now = time.time()
-    waiting = {u: t for u, t in listed.items() if u not in current}
-    deleted = []
-    for uri in sorted(u for u, t in waiting.items() if t <= now):
-        del waiting[uri]
-        relative = uri[len(root):] if uri.startswith(root) else ""
-        if not relative or ".." in relative.split("/"):
-            continue  # outside the dataset's directory: never ours to delete
-        try:
-            for each in (uri, marker_of(uri)):
-                if exists(each, profile):
-                    delete_all(each, profile)  # (a Zarr fragment is a directory or prefix of objects)
-            deleted.append(uri)
-        except CFAError:
-            waiting[uri] = now
+    waiting: dict[str, float] = {}
+    deleted, ignored = [], []
+    for relative, due in sorted(listed.items()):
+        if relative in current:
+            continue
+        if not (_clean(relative) and posixpath.dirname(relative) in own
+                and not posixpath.basename(relative).startswith(".")):
+            ignored.append(relative)
+        elif due > now:
+            waiting[relative] = due
+        else:
+            try:
+                if _delete_fragment(root, relative, profile):
+                    deleted.append(root + relative)
+                else:
+                    ignored.append(relative)
+            except (CFAError, OSError):
+                waiting[relative] = now
+    if ignored:
+        shown = ", ".join(repr(redact(r)) for r in ignored[:3]) + (f" and {len(ignored) - 3} more"
+                                                                    if len(ignored) > 3 else "")
+        message = (f"ignored {len(ignored)} entries of {redact(record)} that are not fragments of this "
+                   f"dataset's own generations (nothing deleted): {shown}")
+        log.warning("%s", message)
+        warnings.warn(message, CFAWarning, stacklevel=2)
     _prune_empty(deleted)
-    _store(waiting, target, record, profile)
+    _store(waiting, record, profile)
     return deleted
+
+
+def _delete_fragment(root: str, relative: str, profile: ProfileRef) -> bool:
+    """Delete the fragment ``relative`` (checked by :func:`retire`) and its marker; False, deleting
+    nothing, if it is not a file or a Zarr store, or (locally) lies behind a symbolic link."""
+    zarr = relative.endswith(".zarr")
+    if is_local(root):
+        base = os.path.realpath(local_path(root))
+        marker = _inside(marker_of(root + relative), root)
+        return _delete_local(base, relative, zarr) and _delete_local(base, marker, False)
+    uri = root + relative
+    if zarr:
+        if any(exists(f"{uri}/{m}", profile) for m in (".zgroup", ".zarray", "zarr.json")):
+            delete_all(uri, profile)
+        elif exists(uri, profile):
+            return False  # an object, not a store
+    elif exists(uri, profile):
+        delete(uri, profile)
+    if exists(marker_of(uri), profile):
+        delete(marker_of(uri), profile)
+    return True
+
+
+def _delete_local(base: str, relative: str, zarr: bool) -> bool:
+    """Delete ``base/relative`` -- a regular file, or a Zarr store if ``zarr`` -- walking down from
+    ``base`` by directory descriptors that refuse symbolic links (``O_NOFOLLOW``), so that no link,
+    even one swapped in meanwhile, leads the deletion elsewhere. True if deleted or absent."""
+    *directories, name = relative.split("/")
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in directories:
+            try:
+                below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return True
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    return False  # a link, or not a directory
+                raise
+            os.close(fd)
+            fd = below
+        try:
+            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return True
+        if stat.S_ISREG(mode):
+            os.unlink(name, dir_fd=fd)
+            return True
+        if zarr and stat.S_ISDIR(mode) and _zarr_store(fd, name):
+            _remove_tree(fd, name)
+            return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def _zarr_store(fd: int, name: str) -> bool:
+    store = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    try:
+        return bool(set(os.listdir(store)) & {".zgroup", ".zarray", "zarr.json"})
+    finally:
+        os.close(store)
+
+
+def _remove_tree(fd: int, name: str) -> None:
+    """Remove the directory ``name`` under ``fd`` and everything in it, following no link."""
+    for _, directories, files, here in os.fwalk(name, dir_fd=fd, topdown=False):
+        for each in files:
+            os.unlink(each, dir_fd=here)
+        for each in directories:
+            if stat.S_ISLNK(os.stat(each, dir_fd=here, follow_symlinks=False).st_mode):
+                os.unlink(each, dir_fd=here)
+            else:
+                os.rmdir(each, dir_fd=here)
+    os.rmdir(name, dir_fd=fd)
 
 
 def _prune_empty(deleted: list[str]) -> None:

@@ -28,6 +28,7 @@ from dask.utils import parse_bytes
 
 from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
 from .blocks import Blocks
+from .identity import local_token, remote_token
 from .local import local_path, local_stat, open_local, pread
 from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
@@ -185,42 +186,48 @@ def size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
 
 def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> tuple[int, str]:
     """An object's size and a token that changes when the object is replaced
-    (ETag, else modification time, else the size), in one request. A local
-    file must be a regular file."""
+    (:mod:`.identity`), in one request. A local file must be a regular file."""
     if is_local(uri):
         info = local_stat(uri)
-        return info.st_size, str(info.st_mtime)  # (the token fsspec's local "mtime" gave)
+        return info.st_size, local_token(info)
     fs, path = filesystem(uri, profile, policy=policy)
     info = with_retries(uri, fs.info, path)
-    token = next((str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "Last-Modified", "created")
-                  if info.get(k) is not None), "")
-    return int(info["size"]), token
+    return int(info["size"]), remote_token(info)
 
 
 def tree_size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
     """The bytes of every object under a directory or prefix (a Zarr store); NotFoundError when
     it holds none. Locally, only regular files count (a link to a device is not followed)."""
+    return sum(tree_sizes(uri, profile, policy=policy).values())
+
+
+def tree_sizes(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> dict[str, int]:
+    """Every object under a directory or prefix, by its ``/``-separated name below it, and its size;
+    NotFoundError when it holds none. Locally, only regular files (a link to a device is not followed)."""
     if is_local(uri):
         root = local_path(uri)
         if not os.path.isdir(root):
             raise NotFoundError("not found", file=uri)
-        total = 0
+        sizes = {}
         with translated(uri):
             for directory, _, names in os.walk(root):
                 for name in names:
                     info = os.lstat(os.path.join(directory, name))
-                    total += info.st_size if stat_module.S_ISREG(info.st_mode) else 0
-        return total
+                    if stat_module.S_ISREG(info.st_mode):
+                        sizes[os.path.relpath(os.path.join(directory, name), root).replace(os.sep, "/")] = info.st_size
+        return sizes
     fs, path = filesystem(uri, profile, policy=policy)
-    found = with_retries(uri, fs.find, path.rstrip("/") + "/", detail=True)
+    base = path.rstrip("/") + "/"
+    found = with_retries(uri, fs.find, base, detail=True)
     if not found:
         raise NotFoundError("not found", file=uri)
-    return sum(int(info.get("size") or 0) for info in found.values())
+    return {name[len(base):] if name.startswith(base) else name: int(info.get("size") or 0)
+            for name, info in found.items()}
 
 
 def version(uri: str, profile: ProfileRef = NO_PROFILE) -> tuple[int, str] | None:
-    """What identifies this version of an object across processes (size and ETag or
-    modification time), for resume tokens; None when it cannot be told (OPeNDAP, unreachable)."""
+    """What identifies this version of an object across processes (:func:`stat`), for resume
+    tokens; None when it cannot be told (OPeNDAP, unreachable)."""
     if is_opendap(uri):
         return None
     try:
@@ -370,7 +377,7 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
     if is_local(uri):
         with open_local(uri) as file:
             info = os.fstat(file.fileno())
-            if (info.st_size, str(info.st_mtime)) != (size, token):
+            if (info.st_size, local_token(info)) != (size, token):
                 return None
             with translated(uri):
                 return [pread(file.fileno(), int(o), int(n), redact(uri)) for o, n in ranges]

@@ -3,10 +3,12 @@
 Tasks never carry credentials. ``from_cfa(..., storage_options=...)`` files
 the options in a process-wide registry under an opaque name and the graph
 carries only a :class:`ProfileRef`. Worker processes learn the options from
-the :class:`StorageProfiles` worker plugin (registered automatically on the
-current ``distributed`` client), never from dask config (copied to workers,
-dumped with the cluster state); nothing secret is ever part of a task, a
-repr, a log line or an error message.
+the :class:`StorageProfiles` worker plugin, never from dask config (copied to
+workers, dumped with the cluster state); nothing secret is ever part of a
+task, a repr, a log line or an error message. The plugin is registered on the
+current ``distributed`` client, and on every client the process makes later
+(distributed's client preload, :func:`dask_setup`: dask config then names this
+module, nothing more), so a cluster may be started after ``from_cfa``.
 
 Options for one URI are merged from, lowest priority first:
 
@@ -25,6 +27,7 @@ Options for one URI are merged from, lowest priority first:
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import base64
 import copy
@@ -47,12 +50,13 @@ from .s3nc import s3nc_config
 from .uri import scheme_of
 
 __all__ = ["ProfileRef", "register", "split_url_credentials", "install", "encoded", "resolve_options",
-           "StorageProfiles"]
+           "StorageProfiles", "dask_setup"]
 
 _SALT = secrets.token_bytes(16)
 _REGISTRY: dict[str, dict[str, Any]] = {}
 _LOCK = threading.Lock()
 _SHARED: set[tuple[str, str | None, str]] = set()  # (client id, scheduler, profile name) already sent
+_OWN: set[str] = set()  # the profiles registered in this process (not installed by the plugin): shared with clients
 _PROTOCOL_KEYS = {"s3", "s3a", "http", "https", "file", "gs", "gcs", "abfs", "az"}
 
 
@@ -84,11 +88,13 @@ def register(storage_options: Mapping[str, Any] | None, *, protocol: str) -> Pro
     redaction.remember(options)
     with _LOCK:
         _REGISTRY[name] = copy.deepcopy(options)
+        _OWN.add(name)
     # Never into dask config: it is copied to every worker process, written by
     # client.dump_cluster_state() and serialised for remote workers. Workers get
     # the options from a worker plugin, sent once to each client's cluster (also
     # when they were first registered before it connected; the scheduler hands
     # it to workers that join later), never as part of a task.
+    _preload_clients()
     _share_with_cluster({name: options})
     return ProfileRef(name)
 
@@ -187,19 +193,58 @@ def install(profiles: Mapping[str, Mapping[str, Any]]) -> None:
 def _share_with_cluster(profiles: dict[str, dict[str, Any]]) -> None:
     distributed = sys.modules.get("distributed")
     if distributed is None:
-        return  # (not imported: there is no client to share with)
+        return  # (not imported: there is no client to share with; later clients run dask_setup)
     try:
         client = distributed.default_client()
     except ValueError:
         return  # no cluster: the threaded scheduler shares this process's registry
-    name = next(iter(profiles))
+    for name, options in profiles.items():
+        shared = _unshared(client, name)
+        if shared is not None:
+            client.register_plugin(_plugin(name, options), name=f"daskcfa-profiles-{name}")
+            with _LOCK:
+                _SHARED.add(shared)
+
+
+def _unshared(client: Any, name: str) -> tuple[str, str | None, str] | None:
+    """What records profile ``name`` as sent to ``client``'s cluster, unless it was."""
     shared = (client.id, getattr(client.scheduler, "address", None), name)
     with _LOCK:
-        if shared in _SHARED:
-            return
-    client.register_plugin(_storage_profiles()(encoded(profiles)), name=f"daskcfa-profiles-{name}")
+        return None if shared in _SHARED else shared
+
+
+def _plugin(name: str, options: Mapping[str, Any]) -> Any:
+    return _storage_profiles()(encoded({name: options}))
+
+
+def _preload_clients() -> None:
+    """Have every ``distributed`` client this process makes from now on run :func:`dask_setup`
+    (dask config ``distributed.client.preload``, which then holds this module's name only)."""
+    preload = dask.config.get("distributed.client.preload", None) or []
+    preload = [preload] if isinstance(preload, str) else list(preload)
+    if __name__ in preload:
+        return
+    update: dict[str, Any] = {"distributed.client.preload": [*preload, __name__]}
+    argv = dask.config.get("distributed.client.preload-argv", None) or []
+    if argv and not isinstance(argv[0], str):  # (one list of arguments per preload)
+        update["distributed.client.preload-argv"] = [*argv, []]
+    dask.config.set(update)
+
+
+async def dask_setup(client: Any) -> None:
+    """distributed's client preload hook (:func:`_preload_clients`): the storage profiles
+    registered in this process are shared with the cluster of a client made after them."""
     with _LOCK:
-        _SHARED.add(shared)
+        profiles = {name: _REGISTRY[name] for name in _OWN}
+    for name, options in profiles.items():
+        shared = _unshared(client, name)
+        if shared is None:
+            continue
+        sent = client.register_plugin(_plugin(name, options), name=f"daskcfa-profiles-{name}")
+        if inspect.isawaitable(sent):  # (on the client's event loop, as preloads run)
+            await sent
+        with _LOCK:
+            _SHARED.add(shared)
 
 
 def _per_call(ref: ProfileRef, protocol: str, uri: str) -> dict[str, Any]:
@@ -209,10 +254,11 @@ def _per_call(ref: ProfileRef, protocol: str, uri: str) -> dict[str, Any]:
         options = _REGISTRY.get(ref.name)
     if options is None:
         raise StorageError(
-            "the storage options given to daskcfa are not known in this process; with a distributed "
-            "client created after from_cfa(), call from_cfa() again (it shares them with the current client), "
-            "register them with client.register_plugin(daskcfa.StorageProfiles.from_options(...)) "
-            "or use dask config profiles"
+            "the storage options given to daskcfa are not known in this process: a distributed client "
+            "made after from_cfa() shares them with its workers unless dask config "
+            "'distributed.client.preload' was reset since; call from_cfa() again (it shares them with the "
+            "current client), register them with "
+            "client.register_plugin(daskcfa.StorageProfiles.from_options(...)) or use dask config profiles"
         )
     family = {"s3a": "s3", "https": "http"}
     found: dict[str, Any] = {}

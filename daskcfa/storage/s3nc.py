@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from ..errors import CFAWarning, StorageError, redact
+from .identity import local_token
 
 __all__ = ["S3ncConfig", "Transfer", "s3nc_config", "parse_size", "cache_location"]
 
@@ -128,7 +129,7 @@ def _config_path() -> str:
 #: The configuration file is looked at again at most this often (every URI
 #: normalised asks for it, thousands of times in a read of many fragments).
 _S3NC_RECHECK_SECONDS = 1.0
-_s3nc_checked: dict[str, tuple[float, int | None]] = {}
+_s3nc_checked: dict[str, tuple[float, str | None]] = {}
 
 
 def s3nc_config() -> S3ncConfig:
@@ -137,7 +138,7 @@ def s3nc_config() -> S3ncConfig:
     checked = _s3nc_checked.get(path)
     if checked is None or now - checked[0] > _S3NC_RECHECK_SECONDS:
         try:
-            stamp: int | None = os.stat(path).st_mtime_ns
+            stamp: str | None = local_token(os.stat(path))
         except OSError:
             stamp = None
         checked = _s3nc_checked[path] = (now, stamp)
@@ -175,7 +176,7 @@ def parse_size(value: Any) -> int:
 
 
 @lru_cache(maxsize=4)
-def _load_s3nc(path: str, stamp: int) -> S3ncConfig:
+def _load_s3nc(path: str, stamp: str) -> S3ncConfig:
     """The file, as far as it can be used; one warning lists whatever cannot be (once per version)."""
     problems: list[str] = []
     try:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 import warnings
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 import daskcfa
 from builders import Frag, assert_matches, build, make_truth
+from remote_helpers import upload
 from daskcfa.errors import CFAFormatError, CFAWarning, NotFoundError
 from daskcfa.fragments import canonical, readahead
 
@@ -420,3 +424,162 @@ def test_cli_index(built):
     assert f".{built.path.name}.chunks.json: 6 fragment(s)" in done.stdout
     assert index_file(built).exists()
     check_reads(str(built.path), built.expected, chunk_index=True)
+
+
+# ---------------------------------------------------------------------------
+# File identity: a fragment replaced in place with its size and time kept (cp -p,
+# rsync -t, tar), a copied archive (cp -r)
+# ---------------------------------------------------------------------------
+def with_decoy(path: Path, values: np.ndarray, first: str) -> Path:
+    """A netCDF-4 fragment file at ``path`` holding ``tas`` (``values``) and a decoy variable of
+    the same shape and type, ``first`` written first: the same size either way, but each variable's
+    bytes lie where the other's lay."""
+    import netCDF4
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with netCDF4.Dataset(path, "w") as nc:
+        for name, n in zip(DIMS, values.shape):
+            nc.createDimension(name, n)
+        for name in (first, "decoy" if first == "tas" else "tas"):
+            var = nc.createVariable(name, "f4", DIMS, fill_value=False)  # (contiguous)
+            var.units = "K"
+            var[...] = values if name == "tas" else values + 1000
+    return path
+
+
+def copy_keeping_times(source: Path, target: Path) -> None:
+    """``cp -p source target`` onto an existing file: its bytes rewritten in place (the same
+    inode), then its times set back to the old ones."""
+    before = os.stat(target)
+    shutil.copyfile(source, target)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(target)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+
+
+@pytest.fixture
+def decoyed(tmp_path):
+    """Six fragments with a decoy variable each (tas first), indexed; and a same-size
+    replacement (decoy first) for fragment (1, 0, 1) holding other values."""
+    truth = make_truth(SHAPE, "f4", seed=21, masked=0.0)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, SIZES)
+    for index, path in built.fragment_files.items():
+        where = tuple(slice(sum(r[:i]), sum(r[:i + 1])) for r, i in zip(SIZES, index))
+        with_decoy(path, np.ma.getdata(truth[where]), "tas")
+    daskcfa.index(str(built.path))
+    expected = truth.copy()
+    expected[2:4, :, 5:10] = -np.ma.getdata(truth[2:4, :, 5:10]) - 5
+    new = with_decoy(tmp_path / "new" / "f.nc", np.ma.getdata(expected[2:4, :, 5:10]), "decoy")
+    assert new.stat().st_size == built.fragment_files[(1, 0, 1)].stat().st_size
+    time.sleep(0.02)  # (the change time moves on with the kernel's clock)
+    return built, new, expected
+
+
+def stale_warnings(caught):
+    return [w for w in caught if issubclass(w.category, CFAWarning) and "chunk index" in str(w.message)]
+
+
+def test_a_fragment_replaced_with_its_size_and_time_kept_is_read_as_the_new_file(decoyed):
+    built, new, expected = decoyed
+    copy_keeping_times(new, built.fragment_files[(1, 0, 1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = daskcfa.from_cfa(str(built.path), "tas")
+        got, point = x.compute(), x[:, 1, 6].compute()
+    assert_matches(got, expected)
+    assert_matches(point, expected[:, 1, 6])
+    stale = stale_warnings(caught)
+    assert len(stale) == 1, [str(w.message) for w in stale]
+    assert re.search(r"stale.*changed since the chunk index was written.*fragment \(1, 0, 1\)", str(stale[0].message))
+
+
+def test_a_cached_fragment_file_replaced_with_its_size_and_time_kept_is_opened_again(decoyed):
+    """The fragment file manager's handles are keyed on the same identity as the index."""
+    built, new, expected = decoyed
+    x = daskcfa.from_cfa(str(built.path), "tas", chunk_index=False)
+    assert_matches(x.compute(), built.expected)  # (the handle now cached)
+    copy_keeping_times(new, built.fragment_files[(1, 0, 1)])
+    assert_matches(x.compute(), expected)
+    assert_matches(x[:, 1, 6].compute(), expected[:, 1, 6])
+
+
+def test_verify_reports_a_stale_index_entry_and_indexing_again_clears_it(decoyed, capsys):
+    from daskcfa.cli import main
+
+    built, new, expected = decoyed
+    assert daskcfa.verify(str(built.path)).ok
+    copy_keeping_times(new, built.fragment_files[(1, 0, 1)])
+    report = daskcfa.verify(str(built.path))
+    assert [(p.kind, p.index) for p in report.problems] == [("stale-index", (1, 0, 1))]
+    assert "write the index again" in report.problems[0].message
+    assert main(["verify", str(built.path)]) == 1
+    assert "stale-index" in capsys.readouterr().out
+    daskcfa.index(str(built.path))
+    assert daskcfa.verify(str(built.path)).ok
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = daskcfa.from_cfa(str(built.path), "tas").compute()
+    assert_matches(got, expected)
+    assert stale_warnings(caught) == []
+
+
+def test_a_copied_archive_warns_once_and_reads_correctly(tmp_path):
+    n = 50
+    truth = make_truth((n, 4, 5), "f4", seed=22, masked=0.1)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, ((1,) * n, (4,), (5,)),
+                  frags=lambda i: Frag(storage={"zlib": True, "chunksizes": (1, 2, 5)}))
+    daskcfa.index(str(built.path))
+    subprocess.run(["cp", "-r", str(built.path.parent), str(tmp_path / "copy")], check=True, timeout=60)
+    copied = tmp_path / "copy" / built.path.name
+    assert (tmp_path / "copy" / index_file(built).name).exists()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = daskcfa.from_cfa(str(copied), "tas")
+        got = x.compute()
+    assert_matches(got, built.expected)
+    assert len(stale_warnings(caught)) == 1, len(stale_warnings(caught))
+    assert len(daskcfa.verify(str(copied)).problems) == n
+
+
+def test_objects_replaced_on_s3_warn_once_and_read_the_new_bytes(decoyed, s3_server, s3_bucket):
+    built, new, expected = decoyed
+    fs = s3_server.filesystem()
+    base = upload(fs, built.path.parent, s3_bucket, "ds")
+    url = f"{base}/{built.path.name}"
+    options = s3_server.storage_options
+    daskcfa.index(url, storage_options=options)
+    replacement = truth_with(expected, built, (1, 0, 0), new.parent / "g.nc")
+    for index, source in (((1, 0, 1), new), ((1, 0, 0), replacement)):
+        relative = built.fragment_files[index].relative_to(built.path.parent).as_posix()
+        assert fs.info(f"{s3_bucket}/ds/{relative}")["size"] == source.stat().st_size
+        fs.put(str(source), f"{s3_bucket}/ds/{relative}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        got, point = x.compute(), x[:, 1, 2:8].compute()
+    assert_matches(got, expected)
+    assert_matches(point, expected[:, 1, 2:8])
+    assert len(stale_warnings(caught)) == 1
+    report = daskcfa.verify(url, storage_options=options)
+    assert sorted(p.index for p in report.problems if p.kind == "stale-index") == [(1, 0, 0), (1, 0, 1)]
+
+
+def truth_with(expected, built, index, path):
+    """Fragment ``index`` of ``expected`` changed again, written decoy first at ``path``."""
+    where = tuple(slice(sum(r[:i]), sum(r[:i + 1])) for r, i in zip(SIZES, index))
+    expected[where] = np.ma.getdata(expected[where]) * 3 + 1
+    return with_decoy(path, np.ma.getdata(expected[where]), "decoy")
+
+
+def test_an_index_written_on_disk_and_served_over_http_warns_once(built, make_http_server):
+    """Served over HTTP, the fragments' versions are the server's ETags, not the files' identities
+    the index holds: every entry is stale, and the dataset still reads correctly, with one warning."""
+    daskcfa.index(str(built.path))
+    server = make_http_server(built.path.parent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = daskcfa.from_cfa(server.url_for(built.path.name), "tas")
+        got, point = x.compute(), x[:, 1, 6].compute()
+    assert_matches(got, built.expected, rtol=1e-5)
+    assert_matches(point, built.expected[:, 1, 6], rtol=1e-5)
+    assert len(stale_warnings(caught)) == 1

@@ -6,6 +6,9 @@ the S3 test server, as JSON and as Parquet; and the precise refusals where refer
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -275,3 +278,241 @@ def test_bad_arguments(tmp_path):
         daskcfa.to_references(str(built.path), format="parquet")
     with pytest.raises(ValueError, match="mode must be one of"):
         daskcfa.to_references(str(built.path), output=str(tmp_path / "r.json"), mode="r+")
+
+
+# ---------------------------------------------------------------------------
+# Archives daskcfa writes itself (issue #28): uneven last fragments and Zarr fragments,
+# read back by a process that never imports daskcfa
+# ---------------------------------------------------------------------------
+
+_PLAIN_READER = r"""
+import json, sys
+import numpy as np
+import xarray as xr
+for refs, out in json.loads(sys.argv[1]):
+    with xr.open_dataset("reference://", engine="zarr", chunks=None, backend_kwargs={
+            "storage_options": {"fo": refs}, "consolidated": False}) as ds:
+        values = ds["tas"].to_masked_array()
+        np.savez(out, data=np.ma.getdata(values), mask=np.ma.getmaskarray(values), time=ds["time"].values)
+assert "daskcfa" not in sys.modules, "the reader imported daskcfa"
+"""
+
+
+def read_without_daskcfa(tmp_path, archives):
+    """Export each archive's references to a JSON file, read them all with xarray's zarr engine in a
+    fresh Python that never imports daskcfa, and give back (values, time coordinate) per archive."""
+    jobs = []
+    for n, url in enumerate(archives):
+        refs = tmp_path / f"refs{n}.json"
+        daskcfa.to_references(url, output=str(refs))
+        jobs.append((str(refs), str(tmp_path / f"read{n}.npz")))
+    done = subprocess.run([sys.executable, "-c", _PLAIN_READER, json.dumps(jobs)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = []
+    for _, out in jobs:
+        with np.load(out) as f:
+            results.append((np.ma.MaskedArray(f["data"], mask=f["mask"]), f["time"]))
+    return results
+
+
+UNEVEN = (5, 4, 9)  # fragments of (2, 4, 4): the last along time holds 1 step, the last along lon 1 point
+UNEVEN_COORDS = {d: np.arange(n) * 1.5 + 10.0 for d, n in zip(DIMS, UNEVEN)}
+
+
+def write_uneven(path, truth_, **options):
+    coords = {d: UNEVEN_COORDS[d][:n] for d, n in zip(DIMS, truth_.shape)}
+    return daskcfa.to_cfa(truth_, str(path), variable="tas", dims=DIMS, coords=coords,
+                          attrs={"units": "K", "_FillValue": FILL}, fragment_shape=(2, 4, 4), **options)
+
+
+@pytest.mark.parametrize("fragment_format", ["NETCDF4", "NETCDF4_CLASSIC"])
+def test_uneven_last_fragments_share_the_chunk_grid(tmp_path, fragment_format):
+    """to_cfa stores the shorter last fragments with the chunk shape of the others (partial edge
+    chunks, along dimensions the fragment defines unlimited), so that the archive exports; netCDF4-python
+    reads those fragment files as written."""
+    t = make_truth(UNEVEN, "f4", seed=11, masked=0.2)
+    storages = {"contiguous": None, "zlib": "zlib", "chunked": {"zlib": True, "shuffle": True, "chunksizes": (1, 2, 2)}}
+    urls = [write_uneven(tmp_path / f"{name}.nc", t, compression=c, fragment_format=fragment_format)
+            for name, c in storages.items()]
+    for url in urls:
+        files = sorted((Path(url).parent / Path(url).stem).glob("g-*/*.nc"))
+        assert len(files) == 9
+        chunkings = set()
+        for f in files:
+            index = tuple(int(i) for i in f.name.split(".")[2:5])
+            where = tuple(slice(o, o + n) for o, n in zip((2 * index[0], 0, 4 * index[2]), (2, 4, 4)))
+            with netCDF4.Dataset(f) as nc:
+                assert_matches(nc["tas"][...], t[where])  # (netCDF4-python masks by _FillValue itself)
+                chunking = nc["tas"].chunking()
+                if fragment_format == "NETCDF4" or index != (2, 0, 2):
+                    chunkings.add("contiguous" if chunking == "contiguous" else tuple(chunking))
+        shorter = {c for c in chunkings if c != "contiguous"}
+        assert len(shorter) == 1, f"one chunk shape for every fragment, found {chunkings}"
+    if fragment_format == "NETCDF4_CLASSIC":  # the corner fragment is short along two dimensions: one unlimited
+        with pytest.raises(daskcfa.ReferencesError, match=r"variable '/tas', 1 fragment\(s\): fragment \(2, 0, 2\)"):
+            daskcfa.to_references(urls[0])
+        urls = [write_uneven(tmp_path / "rows.nc", t[:, :, :8], compression="zlib", fragment_format=fragment_format)]
+        t = t[:, :, :8]
+    for got, time in read_without_daskcfa(tmp_path, urls):
+        assert_matches(got, t)
+        np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
+
+
+def test_zarr_fragments_exported_by_reference(tmp_path):
+    """Zarr fragments (daskcfa's own, Zarr v2, uneven) become references to their chunk objects: the
+    store's codecs in the exported array, chunks never written (all missing) absent there too."""
+    t = make_truth(UNEVEN, "f4", seed=12, masked=0.2)
+    t[2:4, :, 4:8] = np.ma.masked  # a fragment all missing: zarr-python writes none of its chunks
+    urls = [write_uneven(tmp_path / f"z{n}.nc", t, fragment_format="zarr", compression=c)
+            for n, c in enumerate([None, {"zlib": True, "complevel": 6, "chunksizes": (1, 3, 2)}])]
+    for url in urls:
+        refs = daskcfa.to_references(url)
+        zarray = json.loads(refs["refs"]["tas/.zarray"])
+        targets = [refs["templates"][v[0].strip("{}")] for k, v in refs["refs"].items()
+                   if k.startswith("tas/") and isinstance(v, list)]
+        assert targets and all("/tas/" in u and ".zarr/tas/" in u for u in targets), "each chunk its own object"
+        assert all(v[1] == 0 for k, v in refs["refs"].items() if k.startswith("tas/") and isinstance(v, list))
+    assert zarray["chunks"] == [1, 3, 2] and zarray["compressor"] == {"id": "zlib", "level": 6}
+    assert not any(f"tas/{i}.{j}.{k}" in refs["refs"] for i in (2, 3) for j in (0, 1) for k in (2, 3))
+    assert zarray["filters"] == [{"id": "shuffle", "elementsize": 4}]
+    for got, _ in read_without_daskcfa(tmp_path, urls):
+        assert_matches(got, t)
+
+
+def _zarr_v3_fragment(path, values, time, codecs):
+    zarr = pytest.importorskip("zarr")
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.create_array("time", data=time, dimension_names=["time"], chunks=(2,))
+    for d in ("lat", "lon"):
+        group.create_array(d, data=UNEVEN_COORDS[d][: values.shape[DIMS.index(d)]], dimension_names=[d])
+    tas = group.create_array("tas", shape=values.shape, dtype="f4", chunks=(2, 2, 9), fill_value=FILL,
+                             dimension_names=list(DIMS), attributes={"units": "K", "_FillValue": float(FILL)}, **codecs)
+    tas[...] = np.ma.filled(values, FILL)
+    zarr.consolidate_metadata(group.store)
+
+
+def test_zarr_v3_fragments(tmp_path):
+    """Zarr v3 stores aggregated by daskcfa.aggregate: their bytes + gzip codecs as a v2 array's."""
+    numcodecs = pytest.importorskip("numcodecs")
+    import zarr.codecs
+
+    t = make_truth(UNEVEN, "f4", seed=13, masked=0.2)
+    paths = []
+    for n, (a, b) in enumerate([(0, 2), (2, 4), (4, 5)]):
+        paths.append(tmp_path / "src" / f"f{n}.zarr")
+        _zarr_v3_fragment(paths[-1], t[a:b], UNEVEN_COORDS["time"][a:b], {"compressors": zarr.codecs.GzipCodec(level=3)})
+    url = daskcfa.aggregate([str(p) for p in paths], str(tmp_path / "v3.nc"))
+    refs = daskcfa.to_references(url)
+    assert json.loads(refs["refs"]["tas/.zarray"])["compressor"] == {"id": "gzip", "level": 3}
+    assert numcodecs.get_codec({"id": "gzip", "level": 3})
+    (got, time), = read_without_daskcfa(tmp_path, [url])
+    assert_matches(got, t)
+    np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
+
+    # one store compressed otherwise: refused, naming it (one array has one pipeline)
+    _zarr_v3_fragment(paths[1], t[2:4], UNEVEN_COORDS["time"][2:4], {"compressors": zarr.codecs.ZstdCodec(level=1)})
+    with pytest.raises(daskcfa.ReferencesError, match=r"fragment \(1, 0, 0\) .*filters Zarr \[zstd\], fragment "
+                                                      r"\(0, 0, 0\) has Zarr \[gzip\]"):
+        daskcfa.to_references(url)
+    # a codec no Zarr v2 reader has: refused, saying which
+    _zarr_v3_fragment(paths[1], t[2:4], UNEVEN_COORDS["time"][2:4],
+                      {"compressors": None, "serializer": zarr.codecs.BytesCodec(),
+                       "filters": [zarr.codecs.TransposeCodec(order=(0, 1, 2))]})
+    with pytest.raises(daskcfa.ReferencesError, match=r"fragment \(1, 0, 0\) .*Zarr codecs \['transpose', 'bytes'\]"):
+        daskcfa.to_references(url)
+
+
+def test_old_archives_with_a_different_chunk_shape_refused(tmp_path):
+    """Archives written before (or by other tools) whose fragments do not share one chunk grid: refused,
+    naming the odd fragments only (the chunk shape most fragments have is the array's), saying why."""
+    odd = {"zlib": True, "chunksizes": (1, 2, 5)}
+    built = build_cf113(tmp_path, truth(), DIMS, REGULAR,
+                        frags=lambda i: Frag(fill_value=FILL, storage=odd if i == (0, 0, 0) else {"zlib": True}))
+    with pytest.raises(daskcfa.ReferencesError) as info:
+        daskcfa.to_references(str(built.path))
+    message = str(info.value)
+    assert "variable '/tas', 1 fragment(s): fragment (0, 0, 0)" in message
+    assert "HDF5 chunks of (1, 2, 5), fragment (0, 0, 1) has (2, 4, 5) (a Zarr array has one regular chunk grid)" \
+        in message and "refragment" in message
+    assert info.value.fragment == (0, 0, 0) and info.value.variable == "/tas"
+
+
+def test_zarr_fragments_on_s3(tmp_path, s3_server):
+    """Zarr fragments on S3: the store listed once, each chunk a reference to its object."""
+    t = make_truth(UNEVEN, "f4", seed=14, masked=0.2)
+    bucket = s3_server.new_bucket()
+    url = write_uneven(f"s3://{bucket}/z/w.nc", t, fragment_format="zarr", compression="zlib",
+                       storage_options=s3_server.storage_options)
+    refs = daskcfa.to_references(url, storage_options=s3_server.storage_options)
+    assert all(u.startswith(f"s3://{bucket}/z/w/") for u in refs["templates"].values())
+    with open_references(refs, s3_server.storage_options) as ds:
+        assert_matches(ds["tas"].to_masked_array(), t)
+
+
+def test_dataset_written_uneven_archive(tmp_path):
+    """daskcfa.Dataset (netCDF4-python's API) along a growing time: the last fragment, shorter, shares
+    the others' chunks (given larger than a fragment: clipped to a full-size one)."""
+    t = make_truth(UNEVEN, "f4", seed=15, masked=0.2)
+    url = str(tmp_path / "d.nc")
+    with daskcfa.Dataset(url, "w") as ds:
+        for d, n in zip(DIMS, (None, 4, 9)):
+            ds.createDimension(d, n)
+            ds.createVariable(d, "f8", (d,))[:] = UNEVEN_COORDS[d]
+        tas = ds.createVariable("tas", "f4", DIMS, fill_value=FILL, zlib=True, chunksizes=(2, 4, 8),
+                                subarray_shape=[2, 4, 4])
+        tas.units = "K"
+        tas[0:5] = t
+    (got, time), = read_without_daskcfa(tmp_path, [url])
+    assert_matches(got, t)
+    np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
+
+
+def _nczarr_fragment(path, values, start, shuffle):
+    """A store netCDF-C writes (NCZarr), along an unlimited time when shorter than its chunks."""
+    with netCDF4.Dataset(f"file://{path}#mode=nczarr,file", "w") as nc:
+        for d, n in zip(DIMS, values.shape):
+            nc.createDimension(d, None if d == "time" and n < 2 else n)
+            nc.createVariable(d, "f8", (d,))[:] = UNEVEN_COORDS[d][start:start + n] if d == "time" else \
+                UNEVEN_COORDS[d][:n]
+        tas = nc.createVariable("tas", "f4", DIMS, fill_value=FILL, zlib=True, shuffle=shuffle, chunksizes=(2, 2, 9))
+        tas.units = "K"
+        tas[:] = values
+
+
+def test_nczarr_fragments(tmp_path):
+    """NCZarr stores (netCDF-C's Zarr v2) aggregated by daskcfa.aggregate export; with shuffle they are
+    refused: netCDF-C records its shuffle with elementsize 0, which Zarr readers take as no shuffle."""
+    t = make_truth(UNEVEN, "f4", seed=16, masked=0.2)
+    paths = [tmp_path / "src" / f"f{n}.zarr" for n in range(3)]
+    paths[0].parent.mkdir()
+    for path, (a, b) in zip(paths, [(0, 2), (2, 4), (4, 5)]):
+        _nczarr_fragment(path, t[a:b], a, shuffle=False)
+    url = daskcfa.aggregate([str(p) for p in paths], str(tmp_path / "ncz.nc"))
+    (got, time), = read_without_daskcfa(tmp_path, [url])
+    assert_matches(got, t)
+    np.testing.assert_array_equal(time, UNEVEN_COORDS["time"])
+    shutil.rmtree(paths[2])
+    _nczarr_fragment(paths[2], t[4:5], 4, shuffle=True)
+    with pytest.raises(daskcfa.ReferencesError, match=r"fragment \(2, 0, 0\) .*shuffle of elementsize 0"):
+        daskcfa.to_references(url)
+
+
+HOSTILE_ZARRAY = {
+    "compressor not an object": ({"compressor": "zlib"}, "is not a codec's configuration"),
+    "shape not sizes": ({"shape": "x"}, "shape 'x' is not a list of sizes"),
+    "fill value not a number": ({"fill_value": "abc"}, "fill_value 'abc' is not a float32"),
+    "a lossy codec": ({"filters": [{"id": "quantize", "digits": 2, "dtype": "<f4"}]}, "codec 'quantize' is not exported"),
+    "chunks of zero": ({"chunks": [0, 4, 4]}, r"Zarr chunks \(0, 4, 4\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ZARRAY))
+def test_hostile_zarr_metadata_refused(tmp_path, case):
+    """A Zarr fragment's metadata is untrusted input: whatever it holds, a ReferencesError naming the fragment."""
+    change, reason = HOSTILE_ZARRAY[case]
+    url = write_uneven(tmp_path / "h.nc", make_truth(UNEVEN, "f4", seed=17), fragment_format="zarr")
+    zarray = next((tmp_path / "h").glob("g-*/h.tas.1.0.1.zarr")) / "tas" / ".zarray"
+    zarray.write_text(json.dumps({**json.loads(zarray.read_text()), **change}))
+    with pytest.raises(daskcfa.ReferencesError, match=r"1 fragment\(s\): fragment \(1, 0, 1\) .*" + reason):
+        daskcfa.to_references(url)

@@ -715,3 +715,14 @@ def test_commits_are_logged_with_fragments_written_and_resumed(tmp_path, caplog)
     assert len(commits) == 2 and all(m.startswith(f"committed aggregation file {url} (generation g-") for m in commits)
     assert "4 fragments written, 0 resumed" in commits[0] and "0 fragments written, 4 resumed" in commits[1]
     assert "mode 'w-')" in commits[0] and "mode 'w')" in commits[1]
+
+
+@pytest.mark.parametrize("compression", [{"compression": "bogus"}, {"zlib": True, "complevel": "x"}])
+def test_compression_netcdf_c_refuses_is_refused_before_writing(tmp_path, compression):
+    """The fragments' shared chunk shape is asked of netCDF-C when the graph is built: settings it
+    refuses are an ArgumentError then, naming the variable, before any fragment is written."""
+    with pytest.raises(daskcfa.ArgumentError, match=r"compression .* is refused by netCDF4-python/netCDF-C") as info:
+        daskcfa.to_cfa(np.ones((5, 4), "f4"), str(tmp_path / "b.nc"), variable="v", dims=("t", "x"),
+                       fragment_shape=(2, 4), compression=compression)
+    assert info.value.variable == "/v"
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.nc").exists()

@@ -159,3 +159,62 @@ def test_lease_requests_on_s3_are_retried(s3_server, caplog):
         lease.release()
     retries = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.retry"]
     assert len(retries) == 1 and retries[0].startswith(f"storage attempt 1 of 4 on s3://{bucket}/d/.t.nca.lease")
+
+
+# ---------------------------------------------------------------------------
+# Issue #27, attack 5: garbage lease records
+# ---------------------------------------------------------------------------
+_HERE = socket.gethostname()
+_GARBAGE = {
+    "pid-text": {"host": _HERE, "pid": "abc"},
+    "expiry-text": {"expires": "soon"},
+    "expiry-nan": {"expires": float("nan")},
+    "expiry-infinite": {"expires": float("inf")},
+    "pid-2**80": {"host": _HERE, "pid": 2**80},
+    "pid-0": {"host": _HERE, "pid": 0},  # os.kill(0, 0) signals our own process group: it "lived"
+    "pid-minus-1": {"host": _HERE, "pid": -1},
+    "pid-true": {"host": _HERE, "pid": True},
+    "owner-list": {"owner": ["someone"]},
+    "far-future-other-host": {"expires": time.time() + 10**12},
+    "far-future-declared": {"expires": time.time() + 10**12, "seconds": 10**12},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GARBAGE) + ["a-list", "not-json", "nested-100000"])
+def test_malformed_or_forged_lease_records_are_stale(place, name, caplog):
+    """Every one of these is taken over (with the warning naming the lease), not a bare ValueError,
+    TypeError or OverflowError, nor a target blocked until someone deletes the lease."""
+    caplog.set_level(logging.WARNING, logger="daskcfa")
+    if name == "a-list":
+        place.write(b"[1]")
+    elif name == "not-json":
+        place.write(b"\xff\xfe garbage")
+    elif name == "nested-100000":
+        place.write(b"[" * 100000 + b"]" * 100000)
+    else:
+        place.plant(**_GARBAGE[name])
+    lease = Lease.new(place.url, place.profile, "g-7777777777777777").acquire()
+    assert json.loads(place.read())["owner"] == lease.owner
+    taken = [r.getMessage() for r in caplog.records if r.name == "daskcfa.storage.lease"]
+    assert len(taken) == 1 and taken[0].startswith(f"took over the stale write lease {lease_uri(place.url)}")
+    lease.confirm(force=True)
+    lease.release()
+
+
+def test_a_longer_lease_of_another_writer_is_not_forged(place):
+    """A writer configured with a longer lease (declared in its record) still excludes the others,
+    up to the longest lease the configuration allows."""
+    place.plant(expires=time.time() + 3000, seconds=3600)
+    with pytest.raises(WriteConflictError, match="another writer holds the target"):
+        Lease.new(place.url, place.profile, "g-8888888888888888").acquire()
+    place.plant(expires=time.time() + 600 + 200)  # (another host's clock a little ahead)
+    with pytest.raises(WriteConflictError, match="another writer holds the target"):
+        Lease.new(place.url, place.profile, "g-8888888888888888").acquire()
+
+
+def test_a_garbled_record_of_our_own_lease_is_a_lost_lease(place):
+    lease = Lease.new(place.url, place.profile, "g-9999999999999999").acquire()
+    place.plant(owner=lease.owner, expires="soon")
+    with pytest.raises(WriteConflictError, match="lost its lease on the target \\(now held by a malformed lease"):
+        lease.confirm(force=True)
+    lease.release()  # (never raises)

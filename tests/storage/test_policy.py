@@ -548,9 +548,10 @@ def test_distributed_client_created_before_from_cfa(tmp_path, s3_server, s3_buck
 
 
 def test_distributed_cluster_created_after_from_cfa(tmp_path, s3_server, s3_bucket, s3fs_fs, debug_logs):
-    """The options never travel through dask config: a cluster created after
-    from_cfa() does not know them (a clear error saying what to do) until they
-    are shared with it (from_cfa() again, or the plugin registered by hand)."""
+    """The options never travel through dask config: a cluster created after from_cfa() gets them
+    from the plugin its client registers as it starts (distributed's client preload, which dask
+    config names, and nothing more). With that preload taken out of dask config, the cluster does
+    not know them (a clear error saying what to do) until they are shared by hand."""
     from distributed import Client
 
     built, url = _s3_dataset(tmp_path, s3fs_fs, s3_bucket)
@@ -559,6 +560,11 @@ def test_distributed_cluster_created_after_from_cfa(tmp_path, s3_server, s3_buck
     x = daskcfa.from_cfa(url, "tas", storage_options=options)
     name = next(iter(_profile_names(x)))
     with _cluster() as cluster, Client(cluster) as client:
+        known = client.run(_worker_knows, name)
+        assert all(k["plugin"] and not k["config"] for k in known.values()), known
+        client.run(_worker_start_capture)
+        _check_distributed_run(client, x, built, secret, debug_logs)
+    with dask.config.set({"distributed.client.preload": []}), _cluster() as cluster, Client(cluster) as client:
         known = client.run(_worker_knows, name)
         assert not any(k["config"] or k["plugin"] for k in known.values()), known
         with pytest.raises(daskcfa.StorageError, match="StorageProfiles.from_options") as info:

@@ -58,7 +58,9 @@ def test_each_attempt_is_one_connection(caplog, retries):
     """Counted by a real TCP server answering every request "503" (botocore alone would retry that
     four times, s3fs each of those five times): botocore and s3fs add no attempt."""
     caplog.set_level(logging.WARNING, logger="daskcfa")
-    with FailingProxy() as server, dask.config.set({"daskcfa.storage.retries": retries}):
+    # (a deadline no busy machine reaches: this counts attempts, and the deadline has a test of its own)
+    with FailingProxy() as server, dask.config.set({"daskcfa.storage.retries": retries,
+                                                    "daskcfa.storage.retry-deadline": 600}):
         with pytest.raises(daskcfa.StorageError) as info:
             storage.read_bytes("s3://bucket/x.nc", storage.register(_options(server.endpoint_url), protocol="s3"))
         assert server.connections == retries + 1
