@@ -11,6 +11,7 @@ import netCDF4
 
 from . import config, storage
 from .netcdf4 import Dataset
+from .arguments import nearest
 from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
@@ -42,9 +43,11 @@ def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVa
         )
     var = find_variable(ds, variable if variable.startswith("/") else "/" + variable)
     if var is None or dialect_of(var) is None:
-        names = ", ".join(sorted(aggregated_variables(ds, url))) or "none"
+        found = sorted(aggregated_variables(ds, url))
         what = "is not an aggregated variable" if var is not None else "does not exist"
-        raise VariableNotFoundError(f"variable {variable!r} {what}; aggregated variables: {names}", file=url)
+        hint = nearest(variable.lstrip("/"), [n.lstrip("/") for n in found])
+        raise VariableNotFoundError(f"variable {variable!r} {what}{hint}; aggregated variables: "
+                                    f"{', '.join(found) or 'none'}", file=url)
     return parse_variable(var, url)
 
 
@@ -131,7 +134,7 @@ def to_cfa(
     attrs: Mapping[str, Any] | None = None,
     coords: Mapping[str, Any] | None = None,
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
-    max_fragment_size: int | str = "50MB",
+    max_fragment_size: int | str | None = None,
     format: str | None = None,
     fragment_format: str = "NETCDF4",
     compression: str | Mapping[str, Any] | None = None,
@@ -185,9 +188,12 @@ def to_cfa(
     fragment_shape, max_fragment_size
         The fragment plan, from :func:`plan_fragments`: an exact fragment
         shape (a size per dimension, or a mapping dimension -> size), else
-        fragments of at most ``max_fragment_size`` bytes split the balanced
-        S3netCDF4 way. Dask chunks not aligned with the plan are rechunked to
-        it; chunks finer than the fragments but aligned are kept.
+        fragments of at most ``max_fragment_size`` bytes (default 50 MB) split
+        the balanced S3netCDF4 way. Dask chunks not aligned with the plan are
+        rechunked to it; chunks finer than the fragments but aligned are kept.
+        With neither given, a :class:`daskcfa.Dataset` (an aggregation:
+        ``to_cfa(open_cfa(src), out, format="CFA-0.4")`` converts it) keeps
+        each variable's own fragment grid.
     format
         The aggregation dialect: ``"CF-1.13"`` (default for new files),
         ``"CFA-0.6.2"``, ``"CFA-0.5"`` or ``"CFA-0.4"``; ``r+`` and ``a``

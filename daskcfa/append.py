@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from .lazy import dask_array as da
 import numpy as np
 
-from .decode import STORAGE_ATTRS, Encoding
+from .decode import STORAGE_ATTRS, Encoding, same_value
 from .errors import ArgumentError
 from .fragments.write import encode_values
 from .graph.write import WriteRequest, WriteSource
@@ -243,7 +243,8 @@ def _check_piece(path: str, piece: _Piece, target: Any, dimension: Dimension, ur
                             f"{shape} (only {dims[axis]!r} may differ)", file=url, variable=path)
     stored_attrs = target.attrs
     for key in _BINDING_ATTRS:
-        if key in piece.attrs and key in stored_attrs and not _same(piece.attrs[key], stored_attrs[key]):
+        if key in piece.attrs and key in stored_attrs and \
+                not same_value(piece.attrs[key], stored_attrs[key], target.dtype):
             raise ArgumentError(f"{path}: the data's {key} {piece.attrs[key]!r} differs from the aggregation file's "
                                 f"{stored_attrs[key]!r}", file=url, variable=path)
     if piece.encoded:
@@ -265,13 +266,6 @@ def _check_kind(path: str, given: np.dtype, target: Any, url: str) -> None:
             given.kind in "biuf" and not np.can_cast(given, decoded, "same_kind")):
         raise ArgumentError(f"{path}: the data have dtype {given}, which the aggregation file's variable "
                             f"({decoded}) cannot take", file=url, variable=path)
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
-    except (TypeError, ValueError):
-        return False
 
 
 def _extended(var: PlainVariable, piece: _Piece, axis: int) -> PlainVariable:

@@ -34,7 +34,9 @@ PROG = "daskcfa"
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser: its usage, not the top level's
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -172,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, run: Callable[[argparse.Namespace], int], help: str, description: str,
                 aliases: Sequence[str] = ()):
         sub = commands.add_parser(name, parents=[common], help=help, description=description, aliases=aliases)
-        sub.set_defaults(command=name, run=run)
+        sub.set_defaults(command=name, run=run, parser=sub)
         return sub
 
     formats = ", ".join(WRITE_FORMATS)

@@ -19,15 +19,16 @@ import netCDF4
 import numpy as np
 
 from . import storage
-from .decode import joined_dtype, text_encoding
+from .decode import Encoding, joined_dtype, text_encoding
 from .arguments import nearest
-from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, IndexingError, VariableNotFoundError
 from .formats import aggregated_variables, walk
-from .formats.netcdf import data_dtype, find_dimension, group_path
+from .formats.netcdf import OPEN_HINT_ATTR, data_dtype, find_dimension, group_path
 from .fragments.chunk_index import indexed
 from .fragments.manager import Budget
 from .graph.read import to_dask
 from .model import AggregatedVariable, Fragments
+from .netcdf4_read import ReadDataset, ReadVariable
 from .storage.access import Access
 
 __all__ = ["Dataset", "Group", "Variable", "Dimension"]
@@ -51,19 +52,22 @@ class FileVariableArray:
     so that dask arrays over it can be pickled to other processes)."""
 
     def __init__(self, url: str, path: str, shape: tuple[int, ...], dtype: np.dtype, *, mask: bool = True,
-                 profile: storage.ProfileRef = storage.NO_PROFILE, strings: bool = True) -> None:
+                 profile: storage.ProfileRef = storage.NO_PROFILE, strings: bool = True, scale: bool = True) -> None:
         self.url, self.path, self.shape, self.dtype, self.mask, self.profile = url, path, shape, dtype, mask, profile
+        self.scale = scale
         self.strings = strings  # False: characters, even with _Encoding
         self.ndim = len(shape)
 
     def __dask_tokenize__(self) -> tuple:
         # the file's version, not the profile's name (it differs between processes: resuming must not)
-        return (type(self).__name__, self.url, storage.version(self.url, self.profile), self.path, self.mask, self.strings)
+        return (type(self).__name__, self.url, storage.version(self.url, self.profile), self.path, self.mask,
+                self.scale, self.strings)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         with storage.netcdf_file(self.url, profile=self.profile) as ds:
             var = ds[self.path]
             var.set_auto_mask(self.mask)
+            var.set_auto_scale(self.scale)
             var.set_auto_chartostring(self.strings)
             data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
             return np.ma.asarray(data) if self.mask and np.ndim(data) else data
@@ -97,7 +101,7 @@ class _AttributeAccessors:
         return attrs[name]
 
 
-class Variable(_AttributeAccessors):
+class Variable(ReadVariable, _AttributeAccessors):
     """One variable, aggregated or not, like ``netCDF4.Variable``.
 
     ``dtype`` is the stored dtype (as netCDF4-python reports it); ``data``
@@ -156,16 +160,19 @@ class Variable(_AttributeAccessors):
 
     def _dask(self, *, strings: bool) -> da.Array:
         if self.aggregation is not None:
-            return to_dask(self.aggregation, access=self._access, strings=strings)
-        shape, dtype = self.shape, _decoded_dtype(self)
+            return to_dask(self.aggregation, access=self._access, strings=strings, mask=self.auto_mask,
+                           decode=self.auto_scale or not self._packed)
+        shape, dtype = self.shape, _decoded_dtype(self) if self.auto_scale else self.dtype
         try:
             text = text_encoding(self.attrs, self.dtype, self.ndim) if strings else None
         except ValueError as exc:
             raise CFAFormatError(str(exc), file=self._url, variable=self.path) from None
         if text:  # netCDF4-python joins the string length: strings, one dimension fewer
             shape, dtype = shape[:-1], joined_dtype(text, shape[-1])
-        array = FileVariableArray(self._url, self.path, shape, dtype, profile=self._access.profile, strings=strings)
-        meta = np.ma.MaskedArray(np.empty((0,) * len(shape), dtype=dtype))
+        array = FileVariableArray(self._url, self.path, shape, dtype, profile=self._access.profile, strings=strings,
+                                  mask=self.auto_mask, scale=self.auto_scale)
+        meta = np.empty((0,) * len(shape), dtype=dtype)
+        meta = np.ma.MaskedArray(meta) if self.auto_mask else meta
         return da.from_array(array, chunks=shape or (), asarray=False, meta=meta,
                              name=f"cfa-file-{self.name}-{da.core.tokenize(array)}")
 
@@ -175,10 +182,22 @@ class Variable(_AttributeAccessors):
             return attrs[name]
         raise AttributeError(name)
 
+    @property
+    def _packed(self) -> bool:
+        return self.dtype.kind in "biuf" and Encoding.from_attrs(self.attrs, self.dtype).is_packed
+
     def __getitem__(self, key: Any) -> np.ndarray:
+        self.check_open()
+        if self.auto_mask and not self.auto_scale and self._packed:
+            raise ArgumentError("masking without unpacking is not supported: set_auto_maskandscale(False) "
+                                "reads the stored values", file=self._url or None, variable=self.path)
         from .graph.masked import plain_masked  # (with dask.array's dispatch: not for metadata-only work)
 
-        return plain_masked(_result(orthogonal(self.data, key)))
+        try:
+            selected = orthogonal(self.data, key)
+        except CFAError as exc:
+            raise exc.located(file=self._url or None, variable=self.path)
+        return plain_masked(_result(selected))
 
     def getValue(self) -> Any:
         """netCDF4-python's way to read a scalar variable."""
@@ -203,7 +222,17 @@ def orthogonal(x: da.Array, key: Any) -> da.Array:
     """``x[key]`` by netCDF4-python's index rules: integer and boolean sequences select along their own
     dimension each (orthogonally: numpy's rule pairs them, and dask refuses two), a 0-d integer array is
     an integer, and a scalar takes any one index."""
-    key = key if isinstance(key, tuple) else (key,)
+    try:
+        return _orthogonal(x, key if isinstance(key, tuple) else (key,))
+    except CFAError:
+        raise
+    except IndexError as exc:  # (dask's, as numpy's)
+        raise IndexingError(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise ArgumentError(f"unusable index: {exc}") from None
+
+
+def _orthogonal(x: da.Array, key: tuple) -> da.Array:
     if x.ndim == 0:
         if len(key) > 1:
             raise ArgumentError(f"too many indices ({len(key)}) for a scalar variable")
@@ -263,8 +292,6 @@ def _memory_map(directory: str, shape: tuple[int, ...], dtype: np.dtype) -> np.m
 
 
 def _decoded_dtype(var: Variable) -> np.dtype:
-    from .decode import Encoding
-
     if var.dtype.kind not in "biuf":
         return var.dtype
     return Encoding.from_attrs(var.attrs, var.dtype).decoded_dtype
@@ -334,7 +361,7 @@ class Group(_AttributeAccessors):
             yield from group.walk()
 
 
-class Dataset(Group):
+class Dataset(ReadDataset, Group):
     """An opened aggregation file (see :func:`daskcfa.open_cfa`)."""
 
     url: str = ""
@@ -356,9 +383,6 @@ class Dataset(Group):
                 for var in group.variables.values():
                     var._access = access
         return root
-
-    def close(self) -> None:
-        """Nothing stays open between reads; kept for netCDF4-python familiarity."""
 
     def __enter__(self) -> "Dataset":
         return self
@@ -396,12 +420,14 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
             continue
         if parent is None:
             group = cls.__new__(cls)  # (daskcfa.netcdf4.Dataset's constructor opens files: build field by field)
-            Group.__init__(group, name="/", path="/", attrs=_attrs(nc_group))
+            attrs = _attrs(nc_group)
+            attrs.pop(OPEN_HINT_ATTR, None)  # (of the file, not of the data: never copied on)
+            Group.__init__(group, name="/", path="/", attrs=attrs)
         else:
             group = Group(name=nc_group.name, path=path.rstrip("/"), attrs=_attrs(nc_group), parent=parent)
         if parent is None:
             root = group
-            group.url = url
+            group.url, group.file_format, group.data_model = url, ds.file_format, ds.data_model
         else:
             parent.groups[nc_group.name] = group
         groups[path] = group
@@ -419,6 +445,8 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
                 used_dims.update(id(d) for d in var.get_dims())
             group.variables[var.name] = Variable(var.name, var_path, dims, shape, data_dtype(var), attrs,
                                                  aggregation=agg, url=url, access=access)
+            if agg is None:
+                group.variables[var.name].stored = (var.chunking(), var.filters())
     for path, group in groups.items():
         nc_group = ds if path == "/" else ds[path.rstrip("/")]
         for name, dim in nc_group.dimensions.items():

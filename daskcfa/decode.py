@@ -20,7 +20,7 @@ import netCDF4
 import numpy as np
 
 __all__ = ["Encoding", "PACKING_ATTRS", "STORAGE_ATTRS", "chars_to_strings", "default_fill_value", "join_chars",
-           "joined_dtype", "strings_to_chars", "text_encoding"]
+           "joined_dtype", "same_value", "strings_to_chars", "text_encoding"]
 
 #: Attributes that make values mean something else than what is stored (CF packing).
 PACKING_ATTRS = ("scale_factor", "add_offset")
@@ -40,6 +40,45 @@ def _default_fill_value(dtype: np.dtype) -> Any:
     if key not in netCDF4.default_fillvals:
         return None
     return np.array(netCDF4.default_fillvals[key]).astype(dtype)[()]
+
+
+def same_value(a: Any, b: Any, dtype: Any = None) -> bool:
+    """Whether two attribute values (fill values, ``missing_value``, units...) are the same.
+
+    The one rule for comparing attributes: element by element, NaN equal to
+    NaN (xarray writes ``_FillValue = NaN``, and NaN never ``==`` NaN), numbers
+    by value whatever their width, text as text (bytes as UTF-8). With
+    ``dtype`` (a variable's stored type) numbers are first stored as it (floats
+    rounded to its precision, others only when exact): ``1e20`` and
+    ``float32(1e20)`` are the same fill value of a float32 variable.
+    """
+    x, y = (_comparable(v, dtype) for v in (a, b))
+    if x.shape != y.shape:
+        return False
+    if x.dtype.kind in "biufc" and y.dtype.kind in "biufc":
+        both_inexact = x.dtype.kind in "fc" and y.dtype.kind in "fc"
+        return bool(np.array_equal(x, y, equal_nan=both_inexact))
+    if x.dtype.kind in "biufc" or y.dtype.kind in "biufc":
+        return False  # a number is not its text
+    try:
+        return bool(np.array_equal(x.astype(object), y.astype(object)))
+    except (TypeError, ValueError):
+        return False
+
+
+def _comparable(value: Any, dtype: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype.kind == "S":
+        return np.char.decode(arr, "utf-8", "replace").astype(object)
+    if arr.dtype.kind == "U":
+        return arr.astype(object)
+    if dtype is None or arr.dtype.kind not in "biuf" or np.dtype(dtype).kind not in "biuf":
+        return arr
+    if arr.dtype.kind == "f" and np.dtype(dtype).kind == "f":  # rounded to the stored precision
+        with np.errstate(all="ignore"):
+            return arr.astype(dtype)
+    cast = _safe_cast(arr, np.dtype(dtype))  # (a fraction never becomes an integer fill value)
+    return arr if cast is None else cast
 
 
 def chars_to_strings(chars: np.ndarray) -> np.ndarray:
@@ -144,9 +183,12 @@ def _fill_as(fill_value: Any, dtype: np.dtype) -> Any:
         return np.asarray(fill_value).astype(dtype)[()]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Encoding:
-    """How stored values become data: missing values and packing."""
+    """How stored values become data: missing values and packing.
+
+    Two encodings are equal when every field is the same value (:func:`same_value`:
+    a NaN fill value equals a NaN fill value)."""
 
     dtype: np.dtype
     fill_value: Any = None
@@ -198,6 +240,15 @@ class Encoding:
             add_offset=_scalar(attrs.get("add_offset")),
             unsigned=unsigned,
         )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Encoding):
+            return NotImplemented
+        return self.dtype == other.dtype and all(
+            _same_field(getattr(self, f), getattr(other, f)) for f in _ENCODING_VALUES)
+
+    def __hash__(self) -> int:  # (NaN-free fields only: equal encodings hash alike)
+        return hash((self.dtype, self.explicit_fill, self.unsigned))
 
     @property
     def is_packed(self) -> bool:
@@ -292,3 +343,14 @@ class Encoding:
         if self.dtype.kind == "O":
             return ""
         return np.zeros((), self.stored_dtype)[()]
+
+
+#: The fields of :class:`Encoding` that hold values (compared with :func:`same_value`).
+_ENCODING_VALUES = ("fill_value", "explicit_fill", "missing_values", "valid_min", "valid_max", "scale_factor",
+                    "add_offset", "unsigned")
+
+
+def _same_field(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return same_value(a, b)

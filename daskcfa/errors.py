@@ -29,6 +29,9 @@ __all__ = [
     "ConfigError",
     "ArgumentError",
     "ReferencesError",
+    "TargetExistsError",
+    "IndexingError",
+    "ClosedError",
     "CFAWarning",
     "redact",
 ]
@@ -169,6 +172,22 @@ class ReferencesError(CFAError, ValueError):
     """An aggregated variable cannot be presented exactly as a Zarr array of byte-range references
     (fragments stored unlike one another, or off one regular chunk grid): see
     :func:`daskcfa.to_references`."""
+
+
+class TargetExistsError(CFAError, FileExistsError):
+    """A write's target exists and the mode says not to replace it (``mode="w-"``, ``clobber=False``).
+
+    Also a :class:`FileExistsError`, which such errors were before."""
+
+
+class IndexingError(CFAError, IndexError):
+    """An index that does not fit the array (out of bounds, too many indices, an unsupported kind).
+
+    Also an :class:`IndexError`, as numpy and netCDF4-python raise."""
+
+
+class ClosedError(CFAError, RuntimeError):
+    """A read through a dataset that was closed (netCDF4-python raises a :class:`RuntimeError`)."""
 
 
 class CFAWarning(UserWarning):

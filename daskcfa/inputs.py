@@ -77,9 +77,11 @@ def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | No
 
 
 def request_from_dataset(ds: Any) -> WriteRequest:
-    """A :class:`daskcfa.Dataset`: aggregated variables re-fragmented, ordinary ones copied."""
+    """A :class:`daskcfa.Dataset`: aggregated variables on their own fragment grids (unless the
+    write asks for another plan), ordinary ones copied."""
     model, aggregated = dataset_model(ds)
-    sources = [WriteSource(v.path, v.characters, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)) for v in aggregated]
+    sources = [WriteSource(v.path, v.characters, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs),
+                           grid=v.aggregation.fragments.grid) for v in aggregated]
     return WriteRequest(model, sources)
 
 

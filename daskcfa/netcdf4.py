@@ -43,6 +43,7 @@ import re
 import shutil
 import tempfile
 import uuid
+import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -56,7 +57,7 @@ from dask.utils import parse_bytes
 
 from . import config, dataset, storage
 from .decode import Encoding
-from .errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
+from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, TargetExistsError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
@@ -126,6 +127,14 @@ def _existing_format(url: str, storage_options: Mapping[str, Any] | None) -> tup
     return ("CFA4", "0.5") if dialect == "CFA-0.5" else (dialect, None)
 
 
+def _warn_default_format() -> None:
+    """A new dataset without ``format=``: a migrating script would change dialect silently
+    (docs/guide/migration.md)."""
+    warnings.warn("daskcfa.Dataset(url, 'w') without format= writes a CF-1.13 aggregation, where S3netCDF4 "
+                  "writes CFA-0.5 (format='CFA4') and netCDF4-python a plain netCDF-4 file (format='NETCDF4'): "
+                  "pass format= to choose (format='CF-1.13' keeps this default)", CFAWarning, stacklevel=3)
+
+
 class Dataset(dataset.Dataset):
     """A netCDF dataset, netCDF4-python style: ``Dataset(url, mode="r", format=...)``.
 
@@ -151,6 +160,8 @@ class Dataset(dataset.Dataset):
             raise ArgumentError(f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
         if mode in ("a", "r+") and format is None:
             format, cfa_version = _existing_format(os.fspath(url), storage_options)
+        elif mode in ("w", "x") and format is None:
+            _warn_default_format()
         kinds = None if mode == "r" else _formats(format, cfa_version)
         if kinds is not None:  # S3netCDF4 takes these for aggregations; the aggregation is always written at close
             options.pop("diskless", None)
@@ -224,7 +235,7 @@ class PlainWriter(_PlainGroup):
         profile = storage.register(storage_options, protocol=storage.scheme_of(url))
         exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
-            raise FileExistsError(f"{url} exists (clobber=False)")
+            raise TargetExistsError("the file exists (clobber=False)", file=url)
         if mode in ("a", "r+") and not exists:
             raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=url)
         local = storage.is_local(url)
@@ -890,7 +901,7 @@ class AggregationWriter(_Definitions, Dataset):
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
         exists = storage.exists(url, profile)
         if mode == "w" and exists and not clobber:
-            raise FileExistsError(f"{url} exists (clobber=False, or mode 'x')")
+            raise TargetExistsError("the aggregation exists (clobber=False, or mode 'x')", file=url)
         if mode in ("a", "r+") and not exists:
             raise NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
         lease = Lease.new(url, profile, generation_name(uuid.uuid4().hex))

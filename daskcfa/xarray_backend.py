@@ -29,6 +29,7 @@ from xarray.core import indexing
 from .api import open_cfa
 from .dataset import Dataset, FileVariableArray, Group, Variable
 from .decode import Encoding, default_fill_value
+from .arguments import check_names
 from .errors import VariableNotFoundError
 from .graph.read import AggregatedArray
 from .model import is_coordinate_variable
@@ -151,6 +152,7 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
                      **decoders: Any) -> XrDataset:
         from xarray.conventions import decode_cf
 
+        _check_keywords(decoders, decode_cf)
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
                       missing=missing)
         return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables, decoders.get("mask_and_scale", True)),
@@ -163,6 +165,7 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         """Every group under ``group`` (default: the root), by path relative to it: "/", "/grp", ..."""
         from xarray.conventions import decode_cf
 
+        _check_keywords(decoders, decode_cf)
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
                       missing=missing)
         top = _group(ds, group)
@@ -178,6 +181,17 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         # (``netcdf_engine_order``): netcdf4 claims every local netCDF/HDF5 file and every remote URL, so no
         # answer here would be consulted for them. Ask for engine="daskcfa".
         return False
+
+
+def _check_keywords(decoders: Mapping[str, Any], decode_cf: Any) -> None:
+    """A keyword neither the engine nor xarray's CF decoding takes is refused before anything is
+    opened, naming the keyword and the valid ones (not the internal function it would reach)."""
+    import inspect
+
+    engine = inspect.signature(DaskCFABackendEntrypoint.open_dataset).parameters
+    decoding = [n for n in inspect.signature(decode_cf).parameters if n not in ("obj", "drop_variables")]
+    valid = [n for n, p in engine.items() if p.kind is p.KEYWORD_ONLY] + decoding
+    check_names("xarray.open_dataset(engine='daskcfa')", decoders, valid, what="keyword")
 
 
 def _relative(path: str, top: str) -> str:

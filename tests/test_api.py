@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -52,3 +54,54 @@ def test_to_cfa_writes_the_chunk_index(tmp_path):
     np.testing.assert_array_equal(got[:, 3].compute(), x[:, 3])
     with pytest.raises(daskcfa.ArgumentError, match="needs compute=True"):
         daskcfa.to_cfa(x, str(tmp_path / "j.nc"), variable="v", dims=("t", "x"), chunk_index=True, compute=False)
+
+
+# ---------------------------------------------------------------------------
+# Every error is a CFAError, and still the builtin it was (issue 28 item 5)
+# ---------------------------------------------------------------------------
+def _written(directory):
+    directory.mkdir(exist_ok=True)
+    url = str(directory / "t.nc")
+    daskcfa.to_cfa(X, url, variable="tas", dims=("t", "y"))
+    return url
+
+
+@pytest.mark.parametrize("call, builtin, cls", [
+    (lambda url, d: daskcfa.to_cfa(X, url, variable="x", dims=("a", "b")), FileExistsError, "TargetExistsError"),
+    (lambda url, d: daskcfa.to_cfa(X, f"{d}/n.nc", variable="x", dims=("a", "b"), format="CF-9"), ValueError,
+     "ArgumentError"),
+    (lambda url, d: daskcfa.to_cfa(X, f"{d}/n.nc", variable="x", dims=("a", "b"), mode="q"), ValueError,
+     "ArgumentError"),
+    (lambda url, d: daskcfa.to_cfa(X, f"{d}/n.nc", variable="x", dims=("a", "b"), uris="odd"), ValueError,
+     "ArgumentError"),
+    (lambda url, d: daskcfa.to_cfa(X, f"{d}/n.nc", variable="x", dims=("a", "b"), max_fragment_size="lots"),
+     ValueError, "ArgumentError"),
+    (lambda url, d: daskcfa.to_cfa(X, f"{d}/n.nc", variable="x", dims=("a", "b"), fragment_shape=(0, 6)),
+     ValueError, "ArgumentError"),
+    (lambda url, d: daskcfa.from_cfa(url, missing="skip"), ValueError, "ArgumentError"),
+    (lambda url, d: daskcfa.open_cfa(url, missing="skip"), ValueError, "ArgumentError"),
+    (lambda url, d: daskcfa.relocate(url, {}, target=_written(Path(d, "o")), uris="absolute"), FileExistsError,
+     "TargetExistsError"),
+    (lambda url, d: daskcfa.refragment(url, url), FileExistsError, "TargetExistsError"),
+    (lambda url, d: daskcfa.Dataset(url, "w", clobber=False), FileExistsError, "TargetExistsError"),
+    (lambda url, d: daskcfa.open_cfa(url)["tas"][9, 0], IndexError, "IndexingError"),
+])
+def test_every_error_is_a_cfa_error_and_still_its_builtin(tmp_path, call, builtin, cls):
+    url = _written(tmp_path)
+    with pytest.raises(builtin) as info:
+        call(url, str(tmp_path))
+    assert isinstance(info.value, daskcfa.CFAError), type(info.value)
+    assert type(info.value) is getattr(daskcfa, cls)
+
+
+def test_a_target_that_exists_is_named_in_the_error(tmp_path):
+    url = _written(tmp_path)
+    with pytest.raises(daskcfa.TargetExistsError) as info:
+        daskcfa.to_cfa(X, url, variable="x", dims=("a", "b"))
+    assert info.value.file == url and "mode='w'" in str(info.value)
+
+
+def test_a_misspelt_variable_gets_a_did_you_mean(tmp_path):
+    url = _written(tmp_path)
+    with pytest.raises(daskcfa.VariableNotFoundError, match=r"'tass' does not exist \(did you mean 'tas'\?\)"):
+        daskcfa.from_cfa(url, "tass")

@@ -215,3 +215,28 @@ def test_append_on_s3(tmp_path, s3_server, s3_bucket):
         parts.append(new)
         t += n
     check(url, np.ma.concatenate(parts), storage_options=options)
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8"])
+@pytest.mark.parametrize("with_coords", [False, True])
+@pytest.mark.parametrize("no_fill_on_piece", [False, True])
+def test_append_to_an_xarray_written_archive_with_nan_fill_values(tmp_path, dtype, with_coords, no_fill_on_piece):
+    """xarray writes ``_FillValue = NaN`` for floats: appending the next step (to_zarr's
+    workflow) must not refuse it because NaN != NaN (issue 28 item 1)."""
+    import xarray as xr
+
+    url = str(tmp_path / "a.nc")
+    first = np.arange(12, dtype=dtype).reshape(4, 3)
+    first[1, 1] = np.nan
+    coords = (lambda t: {"t": np.arange(t, t + 4 if t == 0 else t + 2, dtype=float)}) if with_coords else (lambda t: {})
+    daskcfa.to_cfa(xr.Dataset({"a": (("t", "y"), first)}, coords=coords(0)), url)
+    nxt = xr.Dataset({"a": (("t", "y"), np.full((2, 3), 7, dtype))}, coords=coords(4))
+    if no_fill_on_piece:
+        nxt["a"].encoding["_FillValue"] = None
+    daskcfa.to_cfa(nxt, url, mode="a", append_dim="t")
+    with xr.open_dataset(url, engine="daskcfa") as back:
+        expected = np.concatenate([first, np.full((2, 3), 7, dtype)])
+        np.testing.assert_array_equal(back["a"].values, expected)
+        assert back["a"].dtype == np.dtype(dtype)
+        if with_coords:
+            np.testing.assert_array_equal(back["t"].values, np.arange(6.0))

@@ -354,3 +354,19 @@ def test_rebuild(tmp_path):
     assert proc.stdout.strip() == str(tmp_path / "rebuilt.nc")
     assert_matches(daskcfa.from_cfa(str(tmp_path / "rebuilt.nc"), "tas").compute(), truth(), rtol=0)
     assert run("verify", tmp_path / "rebuilt.nc", "--deep").returncode == 0
+
+
+def test_a_misspelt_option_gets_the_commands_usage(capsys):
+    """``daskcfa info --jsn``: the error and usage of ``info``, not of the top level (issue 28 item 5).
+    (In-process: the entry point's subprocess imports whichever daskcfa is installed.)"""
+    from daskcfa.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["info", "--jsn", "x.nc"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: daskcfa info ") and "--json" in err
+    assert "daskcfa info: error: unrecognized arguments: --jsn" in err
+    with pytest.raises(SystemExit):
+        main(["--bogus"])
+    assert capsys.readouterr().err.startswith("usage: daskcfa [-h]")

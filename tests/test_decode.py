@@ -120,3 +120,37 @@ def test_char_masking_like_netcdf4(tmp_path, fill):
     got = Encoding.from_attrs(attrs, np.dtype("S1")).decode(chars)
     np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
     np.testing.assert_array_equal(np.ma.filled(got), np.ma.filled(expected))
+
+
+@pytest.mark.parametrize("a, b, dtype, same", [
+    (np.float32("nan"), np.float32("nan"), None, True),
+    (np.float64("nan"), np.float32("nan"), "f4", True),
+    (np.array([1.0, np.nan]), np.array([1.0, np.nan], "f4"), "f4", True),
+    (np.array([1.0, np.nan]), np.array([np.nan, 1.0]), None, False),
+    (1e20, np.float32(1e20), "f4", True),
+    (1e20, np.float32(1e20), None, False),  # not the same number until stored as float32
+    (np.int16(-999), -999.0, "i2", True),
+    (np.int16(-999), -998, "i2", False),
+    (b"K", "K", None, True),
+    ("1", 1, None, False),
+    (np.array([1, 2]), np.array([1, 2, 3]), None, False),
+])
+def test_same_value_is_the_one_rule_for_attribute_values(a, b, dtype, same):
+    from daskcfa.decode import same_value
+
+    assert same_value(a, b, dtype) is same
+    assert same_value(b, a, dtype) is same
+
+
+def test_encodings_with_nan_fill_values_are_equal(tmp_path):
+    """Two variables written by xarray (``_FillValue = NaN``) decode alike: their encodings are
+    equal, so a fragment's masking is left to the aggregation's (issue 28 item 1)."""
+    path = tmp_path / "nan.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 2)
+        for name in ("a", "b"):
+            ds.createVariable(name, "f4", ("x",), fill_value=np.float32("nan"))
+    with netCDF4.Dataset(path) as ds:
+        a, b = (Encoding.from_attrs(ds[n].__dict__, ds[n].dtype) for n in ("a", "b"))
+    assert a == b and hash(a) == hash(b)
+    assert a != Encoding.from_attrs({"_FillValue": np.float32(0)}, np.dtype("f4"))

@@ -267,3 +267,64 @@ def test_other_libraries_spellings_of_s3_options_are_named(tmp_path):
     assert "very-secret" not in str(info.value)
     proc = run("info", "s3://bucket/x.nc", "--storage-options", '{"anonymous": true}')
     assert proc.returncode == 1 and "--storage-options for s3:// use s3fs's names: 'anonymous' -> anon" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Issue 28 item 4: silent traps
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["CFA-0.4", "CFA-0.5", "CFA-0.6.2", "CF-1.13"])
+def test_converting_an_aggregation_to_another_dialect_keeps_its_fragments(tmp_path, fmt):
+    """``to_cfa(open_cfa(src), out, format=...)`` once merged 10 fragments into 1 (its default 50 MB plan)."""
+    src = write(tmp_path / "src.nc", shape=(10, 4, 6), fragment_shape=(1, 2, 6))
+    out = daskcfa.to_cfa(daskcfa.open_cfa(src), str(tmp_path / "out.nc"), format=fmt)
+    converted, original = daskcfa.from_cfa(out), daskcfa.from_cfa(src)
+    assert converted.chunks == original.chunks == ((1,) * 10, (2, 2), (6,))
+    np.testing.assert_array_equal(converted.compute(), original.compute())
+    assert len(list((tmp_path / "out").rglob("*.nc"))) == 20  # (chunks are fragments)
+    # a plan asked for is a plan
+    merged = daskcfa.to_cfa(daskcfa.open_cfa(src), str(tmp_path / "merged.nc"), format=fmt, max_fragment_size="50MB")
+    assert daskcfa.from_cfa(merged).chunks == ((10,), (4,), (6,))
+    shaped = daskcfa.to_cfa(daskcfa.open_cfa(src), str(tmp_path / "shaped.nc"), format=fmt, fragment_shape=(5, 4, 6))
+    assert daskcfa.from_cfa(shaped).chunks == ((5, 5), (4,), (6,))
+
+
+@pytest.mark.parametrize("fmt", ["CFA-0.4", "CFA-0.5", "CFA-0.6.2", "CF-1.13"])
+def test_aggregation_files_say_how_to_open_them(tmp_path, fmt):
+    """``xr.open_dataset(agg)`` without ``engine="daskcfa"`` shows the instructions: the file says how to open it,
+    where ncdump and xarray's netCDF engines show it; daskcfa's readers leave it out of the data's attributes."""
+    import xarray as xr
+
+    url = write(tmp_path / "t.nc", format=fmt)
+    with netCDF4.Dataset(url) as nc:
+        hint = nc.getncattr("daskcfa_how_to_open")
+    assert "daskcfa.from_cfa(url)" in hint and "engine='daskcfa'" in hint
+    with xr.open_dataset(url, engine="netcdf4") as plain:
+        assert plain.attrs["daskcfa_how_to_open"] == hint
+    with daskcfa.open_cfa(url) as ds:
+        assert "daskcfa_how_to_open" not in ds.attrs
+    with xr.open_dataset(url, engine="daskcfa") as ds:
+        assert "daskcfa_how_to_open" not in ds.attrs
+        np.testing.assert_array_equal(ds["tas"].values, daskcfa.from_cfa(url).compute())
+        ds.to_netcdf(tmp_path / "copy.nc")  # a plain copy of the data: no hint carried into it
+    with netCDF4.Dataset(tmp_path / "copy.nc") as nc:
+        assert "daskcfa_how_to_open" not in nc.ncattrs()
+    again = daskcfa.to_cfa(daskcfa.open_cfa(url), str(tmp_path / "again.nc"), format=fmt)
+    with netCDF4.Dataset(again) as nc:
+        assert nc.getncattr("daskcfa_how_to_open") == hint
+
+
+def test_plain_files_written_by_daskcfa_have_no_hint(tmp_path):
+    with daskcfa.Dataset(str(tmp_path / "plain.nc"), "w", format="NETCDF4") as ds:
+        ds.createDimension("x", 2)
+        ds.createVariable("v", "f4", ("x",))[:] = [1, 2]
+    with netCDF4.Dataset(tmp_path / "plain.nc") as nc:
+        assert "daskcfa_how_to_open" not in nc.ncattrs()
+
+
+def test_cfdm_reads_an_aggregation_with_the_hint(tmp_path):
+    cfdm = pytest.importorskip("cfdm")
+    url = daskcfa.to_cfa(np.arange(24.0).reshape(4, 6), str(tmp_path / "t.nc"), variable="tas", dims=("y", "x"),
+                         attrs={"units": "K"}, fragment_shape=(2, 6), uris="absolute")
+    fields = cfdm.read(url)
+    assert len(fields) == 1
+    np.testing.assert_array_equal(fields[0].array, np.arange(24.0).reshape(4, 6))

@@ -708,3 +708,102 @@ def test_chunk_index_written_at_close(tmp_path):
         v[:] = np.arange(48.0).reshape(8, 6)
     assert os.path.exists(index_uri(url).removeprefix("file://"))
     same(daskcfa.from_cfa(url, "v", chunk_index=True)[:, 2].compute(), np.arange(48.0).reshape(8, 6)[:, 2])
+
+
+# ---------------------------------------------------------------------------
+# Issue 28 item 4: netCDF4-python's read side, side by side with netCDF4-python on the same file
+# ---------------------------------------------------------------------------
+def _packed_archive(tmp_path):
+    """An aggregation (packed int16 with a fill value, a coordinate, a string variable) written by daskcfa."""
+    url = str(tmp_path / "p.nc")
+    with Dataset(url, "w", format="CF-1.13") as ds:
+        ds.createDimension("time", 4)
+        ds.createDimension("x", 3)
+        t = ds.createVariable("time", "f8", ("time",))
+        t[:] = np.arange(4.0)
+        v = ds.createVariable("tas", "i2", ("time", "x"), fill_value=np.int16(-999), subarray_shape=(2, 3),
+                              zlib=True)
+        v.scale_factor, v.add_offset = 0.5, 100.0
+        v[:] = np.ma.masked_values(np.array([[1, 2, -999], [4, 5, 6], [7, -999, 9], [10, 11, 12]]) * 0.5 + 100.0,
+                                   -999 * 0.5 + 100.0)
+        p = ds.createVariable("p", "i2", ("x",), fill_value=np.int16(-1), aggregate=False)  # packed, ordinary
+        p.scale_factor = 0.25
+        p[:] = np.ma.masked_values([1.0, -0.25, 2.0], -0.25)
+    return url
+
+
+def test_read_side_methods_are_netcdf4_pythons(tmp_path):
+    url = _packed_archive(tmp_path)
+    with netCDF4.Dataset(url) as nc:
+        ours = Dataset(url)
+        assert (ours.file_format, ours.data_model, ours.filepath(), ours.isopen()) == (
+            nc.file_format, nc.data_model, nc.filepath(), nc.isopen())
+        mine, theirs = ours["time"], nc["time"]  # an ordinary variable of the aggregation file: the very same
+        assert (mine.datatype, mine.chunking(), mine.filters()) == (theirs.datatype, theirs.chunking(), theirs.filters())
+        tas = ours["tas"]  # aggregated: the aggregation variable's type, its fragments' storage
+        assert tas.datatype == nc["tas"].datatype and tas.chunking() == [2, 3]
+        fragment = sorted(p for p in (tmp_path / "p").rglob("*.nc"))[0]
+        with netCDF4.Dataset(fragment) as frag:
+            assert tas.filters() == frag["tas"].filters() and tas.filters()["zlib"] is True
+    ours.close()
+    assert not ours.isopen()
+
+
+def test_auto_mask_and_scale_switches_are_netcdf4_pythons(tmp_path):
+    """Ordinary variables (one packed) side by side with netCDF4-python on the aggregation file; the aggregated
+    one by the aggregation's own encoding: unmasked, a missing point holds its ``_FillValue``."""
+    url = _packed_archive(tmp_path)
+    ours = Dataset(url)
+    truth = ours["tas"][:]
+    fill = ours["tas"].attrs["_FillValue"]
+    for name, flag in [("set_auto_mask", False), ("set_auto_maskandscale", False), ("set_auto_maskandscale", True),
+                       ("set_auto_mask", True)]:
+        for var in ("p", "time"):
+            with netCDF4.Dataset(url) as nc:
+                getattr(nc[var], name)(flag)
+                expected = nc[var][:]
+            getattr(ours[var], name)(flag)
+            got = ours[var][:]
+            assert type(got) is type(expected) and got.dtype == expected.dtype, (var, name, flag)
+            np.testing.assert_array_equal(np.ma.getdata(got), np.ma.getdata(expected))
+            np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+        getattr(ours["tas"], name)(flag)
+        got = ours["tas"][:]
+        if ours["tas"].auto_mask:
+            assert type(got) is np.ma.MaskedArray
+            np.testing.assert_array_equal(got.mask, truth.mask)
+        else:
+            assert type(got) is np.ndarray
+            np.testing.assert_array_equal(got, truth.filled(fill))
+
+
+def test_reading_after_close_raises_as_netcdf4_python(tmp_path):
+    url = _packed_archive(tmp_path)
+    with netCDF4.Dataset(url) as nc:
+        theirs = nc["time"]
+    with pytest.raises(RuntimeError):
+        theirs[:]
+    with Dataset(url) as ds:
+        tas, time = ds["tas"], ds["time"]
+        data = tas.data
+    for var in (tas, time):
+        with pytest.raises(daskcfa.ClosedError, match="closed") as info:
+            var[:]
+        assert isinstance(info.value, RuntimeError) and info.value.variable == var.path
+    assert data.compute().shape == (4, 3)  # a dask array taken before close() keeps working
+
+
+def test_a_new_dataset_without_format_warns_of_its_dialect(tmp_path):
+    """S3netCDF4 writes CFA-0.5 by default, netCDF4-python a plain file: no silent change (migration.md)."""
+    with pytest.warns(daskcfa.CFAWarning, match="without format= writes a CF-1.13 aggregation"):
+        with Dataset(str(tmp_path / "a.nc"), "w") as ds:
+            ds.createDimension("x", 2)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fmt in ("CF-1.13", "CFA4", "NETCDF4"):
+            with Dataset(str(tmp_path / f"{fmt}.nc"), "w", format=fmt) as ds:
+                ds.createDimension("x", 2)
+        with Dataset(str(tmp_path / "a.nc"), "a") as ds:  # an update keeps the file's own format: no warning
+            ds.title = "kept"

@@ -151,3 +151,70 @@ def test_package_inits_only_re_export() -> None:
                 continue  # __all__, __version__, aliases
             offences.append(f"{name}:{node.lineno}")
     assert offences == []
+
+
+# ---------------------------------------------------------------------------
+# Every error daskcfa raises is a CFAError (issue 28 item 5)
+# ---------------------------------------------------------------------------
+import builtins  # noqa: E402
+
+#: Builtin exceptions, which daskcfa raises only where Python's protocols or a translating caller expect them.
+BUILTIN_ERRORS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+
+#: Where the builtin is what callers expect: Python's protocols (``hasattr``, ``len``; the package's lazy
+#: ``__getattr__`` is ``exports.load``), netCDF4-python's ``getncattr``, a lock released by another thread (as
+#: ``threading``), abstract methods, an optional dependency absent, the ``python -m`` exit, an unreachable line.
+PROTOCOL_RAISES = {("__getattr__", "AttributeError"), ("__setattr__", "AttributeError"), ("load", "AttributeError"),
+                   ("getncattr", "AttributeError"), ("__len__", "TypeError"), ("release", "RuntimeError"),
+                   ("__iter__", "NotImplementedError"), ("fragment_values", "NotImplementedError"),
+                   ("plot_layout", "ImportError"), ("<module>", "SystemExit"), ("with_retries", "AssertionError")}
+
+#: Modules below the fragment layer whose errors never reach users as they are: ``fragments/canonical.py``
+#: (``_LIBRARY_ERRORS``), ``archive/scan.py`` and ``formats/netcdf.py`` turn them into located CFAErrors,
+#: ``storage/s3nc.py`` into a warning about its configuration, ``decode.py``'s callers into CFAFormatError.
+TRANSLATED_BY_CALLERS = {
+    "daskcfa.fragments.codecs", "daskcfa.fragments.hdf5_filters", "daskcfa.fragments.hdf5",
+    "daskcfa.fragments.hdf5_netcdf", "daskcfa.fragments.netcdf", "daskcfa.fragments.netcdf3",
+    "daskcfa.fragments.zarr", "daskcfa.fragments.chunk_index", "daskcfa.storage.local", "daskcfa.storage.s3nc",
+    "daskcfa.decode", "daskcfa.archive.scan",
+}
+
+
+def _builtin_raises(name: str) -> list[tuple[str, int, str, str]]:
+    """``(module, line, function, exception)`` for every ``raise Builtin(...)`` / ``raise Builtin`` in ``name``."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, child.name)
+                continue
+            if isinstance(child, ast.Raise) and child.exc is not None:
+                exc = child.exc.func if isinstance(child.exc, ast.Call) else child.exc
+                if isinstance(exc, ast.Name) and exc.id in BUILTIN_ERRORS:
+                    found.append((name, child.lineno, function, exc.id))
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def _bare_builtin_raises(names=None) -> list[tuple[str, int, str, str]]:
+    return [r for name in (MODULES if names is None else names) if name not in TRANSLATED_BY_CALLERS
+            for r in _builtin_raises(name) if (r[2], r[3]) not in PROTOCOL_RAISES]
+
+
+def test_every_error_raised_is_a_cfa_error() -> None:
+    """No ``raise ValueError(...)``, ``raise FileExistsError(...)``... outside the readers whose callers
+    translate them: the user gets a CFAError subclass that is also that builtin (errors.py)."""
+    assert _bare_builtin_raises() == []
+
+
+def test_the_raise_walk_finds_bare_builtins(tmp_path, monkeypatch) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(x):\n    if x:\n        raise ValueError('bad')\n    raise FileExistsError\n"
+                      "def __getattr__(n):\n    raise AttributeError(n)\n")
+    monkeypatch.setitem(MODULES, "daskcfa.fake", module)
+    assert _bare_builtin_raises(["daskcfa.fake"]) == [("daskcfa.fake", 3, "f", "ValueError"), ("daskcfa.fake", 4, "f",
+                                                                                 "FileExistsError")]

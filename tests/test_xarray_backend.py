@@ -305,3 +305,16 @@ def test_says_what_xarray_says_of_the_same_file(tmp_path, case):
         return sorted(str(w.message) for w in caught if issubclass(w.category, xr.SerializationWarning))
 
     assert said(agg, "daskcfa") == said(whole, "netcdf4")
+
+
+def test_a_misspelt_keyword_is_named_with_the_valid_ones(tmp_path):
+    """Not ``decode_cf() got an unexpected keyword argument`` (issue 28 item 5)."""
+    url = daskcfa.to_cfa(np.zeros((4, 3), "f4"), str(tmp_path / "t.nc"), variable="tas", dims=("t", "y"))
+    with pytest.raises(daskcfa.ArgumentError, match=r"'decode_tims' \(did you mean 'decode_times'\?\)") as info:
+        xr.open_dataset(url, engine="daskcfa", decode_tims=False)
+    assert isinstance(info.value, TypeError) and "decode_cf" not in str(info.value)
+    assert "storage_options" in str(info.value)
+    with pytest.raises(daskcfa.ArgumentError, match="'grup'"):
+        xr.open_datatree(url, engine="daskcfa", grup="/")
+    with xr.open_dataset(url, engine="daskcfa", decode_times=False, use_cftime=None) as ds:
+        assert ds["tas"].shape == (4, 3)

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import numpy as np
 
 from .. import config, storage
+from ..decode import same_value
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
@@ -27,7 +28,7 @@ from ..storage.lease import generation_of
 from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, PlainVariable,
                      is_coordinate_variable)
 from ..storage.uri import absolute as absolute_uri, check_uri_style
-from .aggregation_plan import FileInfo, same_values
+from .aggregation_plan import FileInfo
 from .scan import plan_aggregation, scan, scan_files
 from .sources import expand_sources, sources_profile
 
@@ -267,7 +268,7 @@ def _in_group(model: AggregationDataset, group: str) -> AggregationDataset:
 def _merge(models: list[AggregationDataset]) -> AggregationDataset:
     """One aggregation from the per-variable ones: shared dimensions and coordinates must agree."""
     merged = AggregationDataset(attrs={k: v for k, v in models[0].attrs.items()
-                                       if all(k in m.attrs and same_values(m.attrs[k], v) for m in models)})
+                                       if all(k in m.attrs and same_value(m.attrs[k], v) for m in models)})
     dims: dict[str, Dimension] = {}
     plain: dict[str, PlainVariable] = {}
     for model in models:
@@ -278,7 +279,7 @@ def _merge(models: list[AggregationDataset]) -> AggregationDataset:
                                        f"{_names(model)} but {known.size} in others")
         for var in model.variables:
             known_var = plain.setdefault(var.name, var)
-            if known_var is not var and not same_values(known_var.data, var.data):
+            if known_var is not var and not same_value(known_var.data, var.data):
                 raise AggregationError(f"variable {var.name!r} differs between the fragments of {_names(model)} "
                                        "and of other variables", variable=var.name)
         merged.aggregated += model.aggregated

@@ -25,13 +25,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import cftime
 import numpy as np
 
-from ..decode import STORAGE_ATTRS, Encoding, default_fill_value
+from ..decode import STORAGE_ATTRS, Encoding, default_fill_value, same_value
 from ..errors import AggregationError, CFAWarning, redact
 from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments,
                      PlainVariable, is_coordinate_variable)
 from ..units import Unit
 
-__all__ = ["VariableInfo", "FileInfo", "PlainReads", "Planner", "digest", "same_values", "FILES_NAMED"]
+__all__ = ["VariableInfo", "FileInfo", "PlainReads", "Planner", "digest", "FILES_NAMED"]
 
 #: Files named in one error message before "and N more".
 FILES_NAMED = 6
@@ -269,7 +269,7 @@ class Planner:
                                        f"{_names(odd)}, but {sizes[0]} in {self.infos[0].uri} (and it is not "
                                        "concatenated)", file=odd[0])
             if dim in self.coords:
-                odd = [self.infos[i].uri for i, v in enumerate(self.coords[dim]) if not same_values(v, self.coords[dim][0])]
+                odd = [self.infos[i].uri for i, v in enumerate(self.coords[dim]) if not same_value(v, self.coords[dim][0])]
                 if odd:
                     raise AggregationError(f"coordinate {dim!r} has different values in {_names(odd)} than in "
                                            f"{self.infos[0].uri} (and it is not concatenated)", variable=dim,
@@ -284,7 +284,7 @@ class Planner:
         if any(i.dims[dim] != self.infos[0].dims[dim] for i in self.infos):
             return True
         values = self.coords.get(dim)
-        return values is not None and any(not same_values(v, values[0]) for v in values)
+        return values is not None and any(not same_value(v, values[0]) for v in values)
 
     def _index(self, uri: str) -> int:
         return next(n for n, i in enumerate(self.infos) if i.uri == uri)
@@ -585,20 +585,11 @@ def _aggregated_encoding(fragments: list[VariableInfo], ref: VariableInfo) -> tu
 def _common_attrs(all_attrs: list[dict[str, Any]]) -> dict[str, Any]:
     """Global attributes every file has with the same value (history, creation dates... differ: dropped)."""
     first = all_attrs[0]
-    return {k: v for k, v in first.items() if all(k in a and same_values(a[k], v) for a in all_attrs[1:])}
+    return {k: v for k, v in first.items() if all(k in a and same_value(a[k], v) for a in all_attrs[1:])}
 
 
 def _same_attrs(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
-
-
-def same_values(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
-        return bool(np.array_equal(a, b, equal_nan=True))
-    return bool(np.array_equal(a, b))
+    return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
 
 
 def _is_time(units: Any) -> bool:

@@ -34,6 +34,7 @@ from ..choices import ZARR_FRAGMENTS
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
+from ..fragments.stored import first_stored
 from ..fragments.zarr import is_zarr
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
@@ -451,33 +452,12 @@ def _source_compression(aggregation: AggregatedVariable, access: Access) -> tupl
     ``({}, None)`` when that fragment cannot be opened (reading reports it
     properly) or holds no compressed variable.
     """
-    ref = next((r for r in aggregation.fragments if r.uris), None)
-    if ref is None:
+    stored = first_stored(aggregation, access)
+    if stored is None:
         return {}, None
-    uri = storage.resolve(ref.uris[0], aggregation.source)
-    try:
-        access.policy.check(uri)
-        nbytes = storage.size(uri, access.profile, policy=access.policy)
-        with storage.netcdf_file(uri, profile=access.profile) as ds:
-            names = [n for n in ref.variable_names(aggregation.basename) if _has_variable(ds, n)]
-            if not names:
-                return {}, None
-            var = ds[names[0]]
-            filters = var.filters() or {}
-            held = int(np.prod(var.shape, dtype=np.int64)) * var.dtype.itemsize if var.dtype != str else 0
-    except (CFAError, OSError):
-        return {}, None
-    keywords = _create_keywords(filters)
-    ratio = min(1.0, nbytes / held) if keywords and held else None
+    keywords = _create_keywords(stored.filters)
+    ratio = min(1.0, stored.nbytes / stored.held) if keywords and stored.held else None
     return keywords, ratio
-
-
-def _has_variable(ds: Any, path: str) -> bool:
-    try:
-        ds[path]
-    except (KeyError, IndexError):
-        return False
-    return True
 
 
 def _create_keywords(filters: Mapping[str, Any]) -> dict[str, Any]:

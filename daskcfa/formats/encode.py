@@ -55,11 +55,11 @@ import numpy as np
 
 from ..choices import WRITE_FORMATS
 from ..decode import default_fill_value
-from ..errors import CFAFormatError
+from ..errors import ArgumentError, CFAFormatError
 from ..locks import HDF5_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable, ancestry
 from ..storage.uri import absolute, is_local, normalise
-from .netcdf import INSTRUCTION_ATTRS, Where, partition_grid
+from .netcdf import INSTRUCTION_ATTRS, OPEN_HINT, OPEN_HINT_ATTR, Where, partition_grid
 
 __all__ = ["WRITE_FORMATS", "FILE_FORMATS", "WRITABLE_DIALECTS", "encode_aggregation", "fragment_conventions",
            "absolute_reference", "common_format"]
@@ -129,9 +129,9 @@ class _Layout:
     def of(cls, dataset: AggregationDataset, format: str, file_format: str) -> "_Layout":
         """Check the request and build the whole flat dataset (nothing is written yet)."""
         if format not in WRITE_FORMATS:
-            raise ValueError(f"unknown aggregation format {format!r}; choose one of {', '.join(WRITE_FORMATS)}")
+            raise ArgumentError(f"unknown aggregation format {format!r}; choose one of {', '.join(WRITE_FORMATS)}")
         if file_format not in FILE_FORMATS:
-            raise ValueError(f"unknown netCDF file format {file_format!r}; choose one of {', '.join(FILE_FORMATS)}")
+            raise ArgumentError(f"unknown netCDF file format {file_format!r}; choose one of {', '.join(FILE_FORMATS)}")
         if format == "CFA-0.5" and file_format != "NETCDF4":
             raise CFAFormatError(f"CFA-0.5 keeps its partition matrices in groups: it needs NETCDF4, not {file_format}")
         layout = cls(dataset, format, file_format)
@@ -146,6 +146,8 @@ class _Layout:
             layout.check_dimensions(av)
             encoder(layout, av)
         layout.flat.attrs["Conventions"] = _conventions(dataset.attrs.get("Conventions"), format)
+        if dataset.aggregated:
+            layout.flat.attrs[OPEN_HINT_ATTR] = OPEN_HINT
         return layout
 
     @staticmethod

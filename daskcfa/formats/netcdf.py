@@ -44,6 +44,13 @@ INSTRUCTION_ATTRS = frozenset(
     }
 )
 
+#: The global attribute daskcfa writes into aggregation files for whoever opens one with a netCDF tool
+#: (ncdump, xarray's netCDF engines), which shows the instructions, not the aggregated data. It says
+#: something of the file, not of the data: readers leave it out of the dataset's attributes.
+OPEN_HINT_ATTR = "daskcfa_how_to_open"
+OPEN_HINT = ("this file aggregates fragment files (CFA): for the aggregated variables open it with "
+             "daskcfa.from_cfa(url) or xarray.open_dataset(url, engine='daskcfa')")
+
 
 def group_path(group: netCDF4.Group) -> str:
     path = group.path

@@ -133,13 +133,32 @@ def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.Masked
         except _LIBRARY_ERRORS as exc:  # a damaged file can upset the libraries below in many ways
             raise FragmentReadError(f"cannot read the fragment ({redact(f'{type(exc).__name__}: {exc}')[:300]})",
                                     file=uri, variable=target.variable, fragment=ref.index) from None
-    tried = "" if len(candidates) == 1 else f" (alternatives tried: {redact(', '.join(candidates))})"
+    raise MissingFragmentError(_not_found(candidates, target), file=candidates[0], variable=target.variable,
+                               fragment=ref.index)
+
+
+def _not_found(candidates: Sequence[str], target: Target) -> str:
+    """What is true of a fragment found at none of its URIs: where it was looked for, a directory
+    that does not exist at all, and -- only when the dataset's manifest names a newer write that no
+    longer lists it -- that the dataset was rewritten since it was opened. (Not worked out when
+    missing fragments are to read as missing data: that costs a request per fragment.)"""
+    message = f"fragment file not found at {redact(candidates[0])}"
+    if len(candidates) > 1:
+        message += f" nor at its alternatives {redact(', '.join(candidates[1:]))}"
+    if target.missing == "fill":
+        return message
     generation = generation_of(candidates[0])
-    replaced = "" if generation is None else (
-        f"; its write generation {generation} is gone: the dataset {redact(target.source)} was most likely "
-        "overwritten or updated since it was opened (reopen it to read the current data)")
-    raise MissingFragmentError(f"fragment file not found{tried}{replaced}", file=candidates[0],
-                               variable=target.variable, fragment=ref.index)
+    newer = None if generation is None else storage.replacing_generation(candidates[0], target.source, generation,
+                                                                         target.profile)
+    if newer is not None:
+        return (f"{message}; the dataset {redact(target.source)} was overwritten or updated since it was opened (its "
+                f"manifest names write generation {newer}, which no longer lists this fragment): reopen it to read the "
+                "current data")
+    gone = [d for d in dict.fromkeys(storage.missing_directory(u, target.profile) for u in candidates) if d]
+    if gone:
+        message += (f"; nothing is stored under {' or '.join(map(redact, gone))} either (moved, or relocated to a "
+                    "prefix that does not exist)")
+    return message
 
 
 def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy | None,

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import dask.config
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError, redact
+from ..errors import CFAError, ConfigError, FragmentReadError, NotFoundError, StorageError, redact
 from ..logs import logger
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
@@ -50,7 +50,7 @@ log = logger(__name__)
 def _engine() -> str:
     engine = dask.config.get("daskcfa.io.engine", "auto")
     if engine not in ("auto", "netcdf4", "direct"):
-        raise ValueError(f"daskcfa.io.engine must be 'auto', 'netcdf4' or 'direct', not {engine!r}")
+        raise ConfigError(f"daskcfa.io.engine must be 'auto', 'netcdf4' or 'direct', not {engine!r}")
     return engine
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable, Iterator
 import dask.config
 from dask.utils import parse_bytes
 
-from ..errors import BudgetError
+from ..errors import ArgumentError, BudgetError
 
 __all__ = ["FileManager", "manager", "Budget"]
 
@@ -64,7 +64,7 @@ class Budget:
         handles = int(filehandles)
         nbytes = _bytes(memory) if isinstance(memory, str) else int(memory)
         if handles < 1 or nbytes < 1:
-            raise ValueError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
+            raise ArgumentError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
         return cls(handles, nbytes)
 
 

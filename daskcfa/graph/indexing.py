@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import IndexingError
 from ..model import FragmentGrid
 
 
@@ -42,15 +43,15 @@ def expand_key(key: Any, ndim: int) -> tuple:
     if not isinstance(key, tuple):
         key = (key,)
     if any(k is None for k in key):
-        raise IndexError("np.newaxis is not supported when reading fragments; index the dask array instead")
+        raise IndexingError("np.newaxis is not supported when reading fragments; index the dask array instead")
     n_ellipsis = sum(1 for k in key if k is Ellipsis)
     if n_ellipsis > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+        raise IndexingError("an index can only have a single ellipsis ('...')")
     if n_ellipsis:
         i = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (ndim - len(key) + 1) + key[i + 1 :]
     if len(key) > ndim:
-        raise IndexError(f"too many indices for array: array is {ndim}-dimensional, but {len(key)} were indexed")
+        raise IndexingError(f"too many indices for array: array is {ndim}-dimensional, but {len(key)} were indexed")
     return key + (slice(None),) * (ndim - len(key))
 
 
@@ -80,13 +81,13 @@ def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
         arr = np.asarray(index)
         if arr.dtype == bool:
             if arr.shape != (size,):
-                raise IndexError(f"boolean index of shape {arr.shape} does not match dimension of size {size}")
+                raise IndexingError(f"boolean index of shape {arr.shape} does not match dimension of size {size}")
             arr = np.flatnonzero(arr)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise IndexError("only 1-D integer or boolean arrays are supported as indices")
+            raise IndexingError("only 1-D integer or boolean arrays are supported as indices")
         arr = arr.astype(np.int64)
         if arr.size and (arr.max() >= size or arr.min() < -size):
-            raise IndexError(f"index out of bounds for dimension of size {size}")
+            raise IndexingError(f"index out of bounds for dimension of size {size}")
         arr = np.where(arr < 0, arr + size, arr)
         frags = np.searchsorted(np.asarray(offsets), arr, side="right") - 1
         pieces = []
@@ -99,9 +100,9 @@ def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
     try:
         i = operator.index(index)
     except TypeError:
-        raise IndexError(f"unsupported index {index!r}") from None
+        raise IndexingError(f"unsupported index {index!r}") from None
     if not -size <= i < size:
-        raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+        raise IndexingError(f"index {i} is out of bounds for dimension {dim} with size {size}")
     i %= size if size else 1
     frag = grid.fragment_at(dim, i)
     return DimIndex((Piece(frag, i - offsets[frag], None),), None)
@@ -114,7 +115,7 @@ def _is_array(index: Any) -> bool:
 def split_key(grid: FragmentGrid, key: Any) -> list[DimIndex]:
     key = expand_key(key, grid.ndim)
     if sum(1 for k in key if _is_array(k)) > 1:
-        raise IndexError("only one array index per read is supported (use dask's vindex for point-wise selection)")
+        raise IndexingError("only one array index per read is supported (use dask's vindex for point-wise selection)")
     return [split_dimension(grid, d, k) for d, k in enumerate(key)]
 
 

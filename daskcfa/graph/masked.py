@@ -18,13 +18,24 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from dask.array.dispatch import numel_lookup
+from dask.array.dispatch import concatenate_lookup, numel_lookup
 
-__all__ = ["MaskedChunk", "masked_chunk", "plain_masked"]
+__all__ = ["MaskedChunk", "plain_masked"]
 
 
 class MaskedChunk(np.ma.MaskedArray):
-    """A masked array that dask counts, fills, subtracts and squares cheaply (see the module's docstring)."""
+    """A masked array that dask counts, fills, subtracts and squares cheaply (see the module's docstring).
+
+    Never handed to users: what dask returns from ``compute()`` is a lone chunk's
+    :meth:`copy` or the chunks joined by :func:`_joined`, both numpy's own masked
+    array, and a pickled chunk loads as one (without daskcfa)."""
+
+    def copy(self, order: str = "C") -> np.ma.MaskedArray:
+        """numpy's own masked array (dask's result of a one-chunk array is its chunk's copy)."""
+        return super().copy(order).view(np.ma.MaskedArray)
+
+    def __reduce__(self) -> Any:
+        return self.view(np.ma.MaskedArray).__reduce__()
 
     def filled(self, fill_value: Any = None) -> np.ndarray:
         """numpy.ma's ``filled``, in one pass (``np.where``) for a C-contiguous array of numbers."""
@@ -121,15 +132,17 @@ def _power(a: MaskedChunk, b: Any) -> Any:
     return result
 
 
-def masked_chunk(values: np.ma.MaskedArray) -> MaskedChunk:
-    """``values`` (data and mask shared, not copied) as a :class:`MaskedChunk`."""
-    return values.view(MaskedChunk)
-
-
 def plain_masked(values: Any) -> Any:
     """``values`` with a :class:`MaskedChunk` shown as numpy's own masked array (the same data and
     mask), for results handed to users as netCDF4-python hands them; anything else unchanged."""
     return values.view(np.ma.MaskedArray) if isinstance(values, MaskedChunk) else values
+
+
+@concatenate_lookup.register(MaskedChunk)
+def _joined(arrays: Any, axis: int = 0) -> np.ma.MaskedArray:
+    """Chunks joined as dask joins masked arrays, as numpy's own masked array (a computed result;
+    chunks joined inside a graph, by a rechunk, then reduce at numpy.ma's pace)."""
+    return plain_masked(concatenate_lookup.dispatch(np.ma.MaskedArray)(arrays, axis=axis))
 
 
 @numel_lookup.register(MaskedChunk)

@@ -25,11 +25,16 @@ import numpy as np
 from dask.utils import format_bytes, parse_bytes
 from numpy.typing import DTypeLike
 
+from ..errors import ArgumentError
 from ..model import FragmentGrid
 
-__all__ = ["plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
+__all__ = ["MAX_FRAGMENT_SIZE", "plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
 
 _AXIS_CLASSES = ("T", "Z", "Y", "X", "N")
+
+
+#: The default bound on a fragment's bytes (S3netCDF4's ``max_subarray_size`` default).
+MAX_FRAGMENT_SIZE = "50MB"
 
 
 def plan_fragments(
@@ -38,7 +43,7 @@ def plan_fragments(
     dims: Sequence[str],
     *,
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
-    max_fragment_size: int | str = "50MB",
+    max_fragment_size: int | str = MAX_FRAGMENT_SIZE,
     axes: Mapping[str, str] | None = None,
 ) -> FragmentGrid:
     """Choose the fragment grid for writing an array of ``shape`` and ``dtype``.
@@ -105,15 +110,15 @@ def plan_fragments(
     shape = _validate_shape(shape)
     dims = tuple(dims)
     if len(dims) != len(shape):
-        raise ValueError(f"got {len(dims)} dimension names {dims!r} for an array of shape {shape}")
+        raise ArgumentError(f"got {len(dims)} dimension names {dims!r} for an array of shape {shape}")
     if len(set(dims)) != len(dims):
-        raise ValueError(f"dimension names must be unique, got {dims!r}")
+        raise ArgumentError(f"dimension names must be unique, got {dims!r}")
     if fragment_shape is not None:
         lengths = _validate_fragment_shape(fragment_shape, shape, dims)
     else:
         itemsize = np.dtype(dtype).itemsize
         if itemsize == 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"dtype {np.dtype(dtype)!r} has no fixed item size, so a byte limit cannot be "
                 "applied; pass fragment_shape instead"
             )
@@ -135,7 +140,7 @@ def classify_axes(dims: Sequence[str], axes: Mapping[str, str] | None = None) ->
     for dim, axis in (axes or {}).items():
         code = str(axis).upper()
         if code not in _AXIS_CLASSES:
-            raise ValueError(f"axis for dimension {dim!r} must be one of T, Z, Y, X, N, got {axis!r}")
+            raise ArgumentError(f"axis for dimension {dim!r} must be one of T, Z, Y, X, N, got {axis!r}")
         given[dim] = code
     return tuple(given[d] if d in given else _axis_from_name(d) for d in dims)
 
@@ -153,7 +158,7 @@ def aligned_chunks(grid: FragmentGrid, chunks: tuple[tuple[int, ...], ...]) -> b
     chunks = tuple(tuple(int(c) for c in row) for row in chunks)
     chunk_shape = tuple(sum(row) for row in chunks)
     if chunk_shape != grid.shape:
-        raise ValueError(f"chunks describe shape {chunk_shape}, the fragment grid shape {grid.shape}")
+        raise ArgumentError(f"chunks describe shape {chunk_shape}, the fragment grid shape {grid.shape}")
     for row, fragment_offsets in zip(chunks, grid.offsets):
         chunk_offsets = set(itertools.accumulate(row, initial=0))
         if not chunk_offsets.issuperset(fragment_offsets):
@@ -199,17 +204,17 @@ def _axis_from_name(name: str) -> str:
 def _as_int(value: object, what: str) -> int:
     """``value`` as a Python int; bools and non-integers are refused."""
     if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{what} must be an integer, got {value!r}")
+        raise ArgumentError(f"{what} must be an integer, got {value!r}")
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        raise ValueError(f"{what} must be an integer, got {value!r}") from None
+        raise ArgumentError(f"{what} must be an integer, got {value!r}") from None
 
 
 def _validate_shape(shape: Sequence[int]) -> tuple[int, ...]:
     out = tuple(_as_int(n, "every entry of shape") for n in shape)
     if any(n < 0 for n in out):
-        raise ValueError(f"shape must not have negative sizes, got {out}")
+        raise ArgumentError(f"shape must not have negative sizes, got {out}")
     return out
 
 
@@ -220,14 +225,14 @@ def _validate_fragment_shape(
     if isinstance(fragment_shape, Mapping):
         unknown = sorted(set(fragment_shape) - set(dims), key=str)
         if unknown:
-            raise ValueError(f"fragment_shape names unknown dimensions {unknown}; dimensions are {dims!r}")
+            raise ArgumentError(f"fragment_shape names unknown dimensions {unknown}; dimensions are {dims!r}")
         requested = tuple(fragment_shape.get(d, max(n, 1)) for d, n in zip(dims, shape))
     else:
         if isinstance(fragment_shape, (str, bytes)):
-            raise ValueError(f"fragment_shape must be a sequence of ints or a mapping, got {fragment_shape!r}")
+            raise ArgumentError(f"fragment_shape must be a sequence of ints or a mapping, got {fragment_shape!r}")
         requested = tuple(fragment_shape)
         if len(requested) != len(shape):
-            raise ValueError(
+            raise ArgumentError(
                 f"fragment_shape {requested} has {len(requested)} entries, the array has {len(shape)} "
                 f"dimensions {dims!r}"
             )
@@ -235,7 +240,7 @@ def _validate_fragment_shape(
     for dim, n, size in zip(dims, shape, requested):
         size = _as_int(size, f"fragment size along {dim!r}")
         if size < 1:
-            raise ValueError(f"fragment size along {dim!r} must be positive, got {size}")
+            raise ArgumentError(f"fragment size along {dim!r} must be positive, got {size}")
         lengths.append(min(size, n))
     return tuple(lengths)
 
@@ -245,11 +250,11 @@ def _parse_limit(max_fragment_size: int | str) -> int:
         try:
             limit = parse_bytes(max_fragment_size)
         except ValueError as exc:
-            raise ValueError(f"cannot read max_fragment_size {max_fragment_size!r} as bytes: {exc}") from None
+            raise ArgumentError(f"cannot read max_fragment_size {max_fragment_size!r} as bytes: {exc}") from None
     else:
         limit = _as_int(max_fragment_size, "max_fragment_size")
     if limit < 1:
-        raise ValueError(f"max_fragment_size must be at least 1 byte, got {max_fragment_size!r}")
+        raise ArgumentError(f"max_fragment_size must be at least 1 byte, got {max_fragment_size!r}")
     return limit
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from ..decode import Encoding, join_chars, joined_dtype, text_encoding
-from ..errors import CFAFormatError, FragmentReadError
+from ..errors import ArgumentError, CFAFormatError, FragmentReadError
 from .. import storage
 from ..fragments import chunk_index, readahead
 from ..fragments.chunk_index import IndexEntry
@@ -55,7 +55,7 @@ class AggregatedArray:
         self.encoding = Encoding.from_attrs(variable.attrs, variable.dtype)
         if nan_where is not None and (decode or self.encoding.stored_dtype.kind != "f"
                                       or nan_where.dtype != self.encoding.stored_dtype or nan_where.is_packed):
-            raise ValueError("nan_where: stored values of a float variable only, by an unpacked encoding of its type")
+            raise ArgumentError("nan_where: stored values of a float variable only, by an unpacked encoding of its type")
         #: with ``decode=False``, a float variable's masking done here (by ``nan_where.missing_mask``, which
         #: then passes on a fragment stored with that encoding as it is stored): NaN where it marks stored
         #: values and at every missing point, for xarray, which masks such a variable so and does no more
@@ -371,13 +371,13 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
             access: Access | None = None, strings: bool = True, decode: bool = True) -> da.Array:
     """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
     ``decode``: see :class:`AggregatedArray`; stored values are never masked)."""
-    from .masked import masked_chunk  # (registers masked chunks with dask.array)
+    from . import masked  # noqa: F401  (registers masked chunks' dispatch with dask.array)
 
     mask = mask and decode
     array = AggregatedArray(variable, mask=mask, access=access, strings=strings, decode=decode)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
-        meta = np.ma.MaskedArray(meta) if array.text else masked_chunk(np.ma.MaskedArray(meta))
+        meta = np.ma.MaskedArray(meta)  # (the chunks are MaskedChunks: numpy.ma.MaskedArray to dask and users)
     name = f"cfa-{variable.basename}-{dask.base.tokenize(array, chunks)}"
     return da.from_array(
         array,

@@ -37,7 +37,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
-from ..errors import CFAError, FragmentError, NotFoundError
+from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
 from ..fragments.write import Slabs, encode_values
 from ..model import FragmentGrid
 from .read import AggregatedArray
@@ -195,7 +195,7 @@ class SplitSource(FragmentSource):
 
     def fragment_values(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
         if grid.sizes != self.plan.target.sizes:
-            raise ValueError(f"{self.plan.variable}: the writer planned fragments {grid.sizes}, the split plan "
+            raise ArgumentError(f"{self.plan.variable}: the writer planned fragments {grid.sizes}, the split plan "
                              f"{self.plan.target.sizes}")
         frag = grid.fragment_slices(index)
         origin = tuple(s.start for s in frag)

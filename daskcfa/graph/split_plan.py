@@ -38,7 +38,7 @@ from typing import Literal, Sequence
 
 from dask.utils import format_bytes, parse_bytes
 
-from ..errors import BudgetError
+from ..errors import ArgumentError, BudgetError
 from ..model import FragmentGrid
 from .plan import merged_chunks
 
@@ -174,7 +174,7 @@ def refine(*grids: FragmentGrid) -> FragmentGrid:
     """The coarsest grid whose boundaries include every boundary of ``grids`` (same shape)."""
     shapes = {g.shape for g in grids}
     if len(shapes) != 1:
-        raise ValueError(f"grids of different shapes cannot be refined together: {sorted(shapes)}")
+        raise ArgumentError(f"grids of different shapes cannot be refined together: {sorted(shapes)}")
     sizes = []
     for d in range(grids[0].ndim):
         cuts = sorted(set().union(*(g.offsets[d] for g in grids)))
@@ -332,12 +332,12 @@ def plan_split(variable: str, source: SourceLayout, target: FragmentGrid, itemsi
     :class:`~daskcfa.errors.BudgetError` when no task can fit ``max_mem``.
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        raise ArgumentError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     max_mem = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)
     if source.grid.shape != target.shape:
-        raise ValueError(f"{variable}: source shape {source.grid.shape} differs from target shape {target.shape}")
+        raise ArgumentError(f"{variable}: source shape {source.grid.shape} differs from target shape {target.shape}")
     if source.storage_chunks is not None and len(source.storage_chunks) != source.grid.ndim:
-        raise ValueError(f"{variable}: storage chunks {source.storage_chunks} do not match {source.grid.ndim} dims")
+        raise ArgumentError(f"{variable}: storage chunks {source.storage_chunks} do not match {source.grid.ndim} dims")
     needed = math.prod(target.shape) * itemsize
     direct = _direct(variable, source, target, itemsize, max_mem)
     staged = _staged(variable, source, target, itemsize, max_mem)

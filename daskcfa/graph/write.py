@@ -59,7 +59,7 @@ from ..storage.uri import check_uri_style
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 from ..storage.lease import (Lease, generation_name, generation_of, in_generation, marker_of, own_generations, retire,
                              schedule)
-from .plan import aligned_chunks, plan_fragments
+from .plan import MAX_FRAGMENT_SIZE, aligned_chunks, plan_fragments
 
 __all__ = [
     "WriteRequest",
@@ -113,6 +113,8 @@ class WriteSource:
     region: dict[str, slice] = field(default_factory=dict)
     #: this variable's ``createVariable`` compression keywords (None: the write's ``compression``)
     compression: dict[str, Any] | None = None
+    #: the fragment grid of the aggregation the data come from: kept unless a fragment plan is asked for
+    grid: FragmentGrid | None = None
 
     @property
     def group(self) -> str:
@@ -136,7 +138,7 @@ class WriteRequest:
 @dataclass(frozen=True)
 class _Options:
     fragment_shape: Any
-    max_fragment_size: int | str
+    max_fragment_size: int | str | None
     format: str
     fragment_format: str
     compression: dict[str, Any]
@@ -185,7 +187,8 @@ def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None, max_fragment_size: int | str = "50MB",
+def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
+                max_fragment_size: int | str | None = None,
                 format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
                 fragment_name: str = DEFAULT_FRAGMENT_NAME, mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
@@ -256,7 +259,7 @@ def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_fo
     root = posixpath.join(posixpath.splitext(posixpath.basename(url.rstrip("/")))[0], ".daskcfa")
     return _Commit(
         url=url, payload=payload, mode=mode, profile=profile,
-        manifest=storage.resolve(posixpath.join(root, "manifest.json"), url),
+        manifest=storage.manifest_uri(url),
         header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
                 "generation": generation},
         variables=tuple(variables),
@@ -380,13 +383,18 @@ def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, op
 
 
 def fragment_grid(source: WriteSource, model: AggregationDataset, fragment_shape: Any,
-                  max_fragment_size: int | str) -> FragmentGrid:
-    """The fragment grid ``source`` is written on: the existing one (``r+``), else the plan."""
+                  max_fragment_size: int | str | None) -> FragmentGrid:
+    """The fragment grid ``source`` is written on: the existing one (``r+``), the source
+    aggregation's when no plan is asked for (a conversion to another dialect keeps the
+    fragments), else the plan (``max_fragment_size`` None: :data:`MAX_FRAGMENT_SIZE`)."""
     if source.existing is not None:
         return source.existing.fragments.grid
+    if source.grid is not None and fragment_shape is None and max_fragment_size is None:
+        return source.grid
     full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
     return plan_fragments(full, source.dtype, source.dims, fragment_shape=_shape_for(fragment_shape, source),
-                          max_fragment_size=max_fragment_size, axes=_axes(model, source))
+                          max_fragment_size=MAX_FRAGMENT_SIZE if max_fragment_size is None else max_fragment_size,
+                          axes=_axes(model, source))
 
 
 def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str, Any]]:

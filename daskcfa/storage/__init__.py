@@ -17,6 +17,7 @@ from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
 from .blocks import Blocks
 from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local
+from .manifest import manifest_uri, missing_directory, replacing_generation
 from .netcdf import netcdf_file, open_netcdf
 from .objects import (
     BLOCKS_CACHED,
@@ -62,6 +63,9 @@ from .uri import is_local, normalise, resolve, scheme_of, split_mode, to_local_p
 __all__ = [
     "ProfileRef",
     "NO_PROFILE",
+    "manifest_uri",
+    "missing_directory",
+    "replacing_generation",
     "register",
     "cache_location",
     "normalise",

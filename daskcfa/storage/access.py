@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .. import config
+from ..errors import ArgumentError
 from .policy import LocationPolicy
 from .profiles import ProfileRef, register, split_url_credentials
 from .uri import normalise, scheme_of
@@ -59,4 +60,4 @@ def open_aggregation(url: str, storage_options: Mapping[str, Any] | None = None,
 
 def _check_missing(missing: str) -> None:
     if missing not in MISSING_CHOICES:
-        raise ValueError(f"missing must be one of {', '.join(map(repr, MISSING_CHOICES))}, got {missing!r}")
+        raise ArgumentError(f"missing must be one of {', '.join(map(repr, MISSING_CHOICES))}, got {missing!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import redact
+from ..errors import ArgumentError, TargetExistsError, redact
 from ..logs import logger
 from .atomic import put_atomic
 from .lease import Lease
@@ -32,15 +32,15 @@ WHOLE_FILE_MODES = ("w-", "w")
 def check_mode(mode: str, allowed: Sequence[str] = WRITE_MODES) -> str:
     """``mode`` if it is one of ``allowed``; ValueError otherwise."""
     if mode not in allowed:
-        raise ValueError(f"mode must be one of {', '.join(allowed)}, got {mode!r}")
+        raise ArgumentError(f"mode must be one of {', '.join(allowed)}, got {mode!r}")
     return mode
 
 
 def refuse_existing(url: str, mode: str, profile: ProfileRef, hint: str = "mode='w-' never overwrites") -> bool:
-    """Whether ``url`` exists; FileExistsError (saying ``hint``) if it does and ``mode`` is ``"w-"``."""
+    """Whether ``url`` exists; :class:`TargetExistsError` (saying ``hint``) if it does and ``mode`` is ``"w-"``."""
     found = exists(url, profile)
     if found and mode == "w-":
-        raise FileExistsError(f"{redact(url)} exists; {hint}")
+        raise TargetExistsError(f"the target exists; {hint}", file=url)
     return found
 
 

@@ -17,6 +17,7 @@ import re
 from urllib.parse import quote, unquote, urlsplit
 
 from ..choices import URI_STYLES
+from ..errors import ArgumentError
 from .s3nc import s3nc_config
 
 __all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "absolute", "URI_STYLES",
@@ -48,7 +49,7 @@ def to_local_path(uri: str) -> str:
     if uri.startswith("file://"):
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"file URI with a remote host is not supported: {uri!r}")
+            raise ArgumentError(f"file URI with a remote host is not supported: {uri!r}")
         return unquote(parts.path)
     return uri
 
@@ -84,7 +85,7 @@ def absolute(uri: str) -> str:
 def check_uri_style(uris: str) -> str:
     """``uris`` if it is one of :data:`URI_STYLES`; ValueError otherwise."""
     if uris not in URI_STYLES:
-        raise ValueError(f"uris must be one of {', '.join(map(repr, URI_STYLES))}, not {uris!r}")
+        raise ArgumentError(f"uris must be one of {', '.join(map(repr, URI_STYLES))}, not {uris!r}")
     return uris
 
 

@@ -219,3 +219,59 @@ def test_wrong_credentials_are_storage_problems_without_secrets(tmp_path, s3_ser
     assert len(report.problems) == 8
     assert {p.kind for p in report.problems} <= {"storage", "missing"}
     assert "not-the-secret" not in str(report)
+
+
+# ---------------------------------------------------------------------------
+# What a missing fragment's message says (issue 28 item 2): the truth, never "overwritten"
+# ---------------------------------------------------------------------------
+def test_a_deleted_fragment_is_named_not_blamed_on_an_overwrite(archive):
+    gone = fragment(archive, (2, 1, 0))
+    gone.unlink()
+    report = daskcfa.verify(str(archive / "t.nc"))
+    assert kinds(report) == {(2, 1, 0): "missing"}
+    message = report.problems[0].message
+    assert f"not found at {gone}" in message
+    with pytest.raises(daskcfa.MissingFragmentError) as caught:
+        daskcfa.from_cfa(str(archive / "t.nc")).compute()
+    for text in (message, str(caught.value)):
+        assert "overwritten" not in text and "reopen" not in text and "generation" not in text
+    assert f"not found at {gone}" in str(caught.value) and caught.value.fragment == (2, 1, 0)
+
+
+def test_relocation_to_a_missing_prefix_says_nothing_is_there(archive, tmp_path):
+    moved = daskcfa.relocate(str(archive / "t.nc"), {f"{archive}/t/": f"{tmp_path}/nowhere/"},
+                             target=str(archive / "moved.nc"))
+    report = daskcfa.verify(moved)
+    assert kinds(report) == dict.fromkeys([(i, j, 0) for i in range(4) for j in range(2)], "missing")
+    with pytest.raises(daskcfa.MissingFragmentError) as caught:
+        daskcfa.from_cfa(moved).compute()
+    for text in (report.problems[0].message, str(caught.value)):
+        assert f"not found at {tmp_path}/nowhere/" in text
+        assert f"nothing is stored under {tmp_path}/nowhere/" in text
+        assert "overwritten" not in text and "reopen" not in text
+
+
+def test_a_fragment_of_a_replaced_write_says_the_dataset_was_overwritten(archive):
+    old = daskcfa.from_cfa(str(archive / "t.nc"))
+    daskcfa.to_cfa(make_truth(SHAPE, "f4", seed=4), str(archive / "t.nc"), variable="tas", dims=DIMS, mode="w",
+                   fragment_shape=(4, 6, 10))
+    with pytest.raises(daskcfa.MissingFragmentError, match="overwritten or updated since it was opened") as caught:
+        old.compute()
+    new_generation = generation_dir(archive / "t").name
+    assert f"generation {new_generation}" in str(caught.value) and "reopen it" in str(caught.value)
+
+
+def test_a_deleted_fragment_on_s3(s3_server, s3_bucket, s3fs_fs):
+    options = s3_server.storage_options
+    url = write(f"s3://{s3_bucket}/del/t.nc", storage_options=options)
+    generation = next(p for p in s3fs_fs.find(f"{s3_bucket}/del/t") if p.endswith(".nc")).rsplit("/", 1)[0]
+    s3fs_fs.rm(f"{generation}/t.tas.1.0.0.nc")
+    with pytest.raises(daskcfa.MissingFragmentError) as caught:
+        daskcfa.from_cfa(url, storage_options=options).compute()
+    text = str(caught.value)
+    assert f"not found at s3://{generation}/t.tas.1.0.0.nc" in text
+    assert "overwritten" not in text and "nothing is stored" not in text
+    moved = daskcfa.relocate(url, {f"s3://{s3_bucket}/del/t/": f"s3://{s3_bucket}/nowhere/"},
+                             target=f"s3://{s3_bucket}/del/moved.nc", storage_options=options)
+    with pytest.raises(daskcfa.MissingFragmentError, match=f"nothing is stored under s3://{s3_bucket}/nowhere/"):
+        daskcfa.from_cfa(moved, storage_options=options).compute()

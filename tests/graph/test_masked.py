@@ -9,7 +9,7 @@ import pytest
 from dask.array.dispatch import numel_lookup
 
 import daskcfa
-from daskcfa.graph.masked import MaskedChunk, masked_chunk
+from daskcfa.graph.masked import MaskedChunk
 
 from builders import build_cf113, make_truth
 
@@ -80,7 +80,7 @@ def test_count_agrees_with_dasks_own_count_of_masked_arrays(kwargs, mask):
         values = np.ma.MaskedArray(data)
     else:
         values = np.ma.MaskedArray(data, mask=(data % 7 == 0) if mask == "some" else True)
-    ours = numel_lookup(masked_chunk(values), **kwargs)
+    ours = numel_lookup(values.view(MaskedChunk), **kwargs)
     dasks = numel_lookup.dispatch(np.ma.MaskedArray)(values, **kwargs)
     np.testing.assert_array_equal(np.ma.filled(ours, -1), np.ma.filled(dasks, -1))
     assert np.shape(ours) == np.shape(dasks)
@@ -99,7 +99,7 @@ def test_dataset_variables_read_numpys_own_masked_arrays(built):
 
 def test_masked_chunk_shares_data_and_mask():
     values = np.ma.MaskedArray(np.arange(4.0), mask=[0, 1, 0, 0])
-    chunk = masked_chunk(values)
+    chunk = values.view(MaskedChunk)
     assert isinstance(chunk, MaskedChunk) and np.shares_memory(chunk.data, values.data)
     np.testing.assert_array_equal(chunk.mask, values.mask)
 
@@ -167,7 +167,7 @@ ELEMENTWISE = {"square": lambda a: a**2, "log": lambda a: np.log(a), "divide-by-
 
 
 def _assert_identical(actual, expected):
-    assert isinstance(actual, np.ma.MaskedArray) == isinstance(expected, np.ma.MaskedArray), (actual, expected)
+    assert type(actual) is type(expected), (type(actual), type(expected))  # numpy's own, never a MaskedChunk
     assert (actual is np.ma.masked) == (expected is np.ma.masked)
     assert np.asarray(actual).dtype == np.asarray(expected).dtype
     np.testing.assert_array_equal(np.ma.getmaskarray(actual), np.ma.getmaskarray(expected))
@@ -203,7 +203,7 @@ def _chunk(missing: bool) -> MaskedChunk:
     data = np.random.default_rng(0).standard_normal((4, 64, 64)).astype("f4")
     mask = np.zeros(data.shape, bool)
     mask[1, :10] = True
-    return masked_chunk(np.ma.MaskedArray(data, mask=mask if missing else np.ma.nomask))
+    return np.ma.MaskedArray(data, mask=mask if missing else np.ma.nomask).view(MaskedChunk)
 
 
 def test_dasks_moments_of_an_unmasked_chunk_make_no_more_arrays_than_of_its_data():
@@ -253,10 +253,37 @@ def test_squares_whose_sum_overflows_warn_of_nothing_numpy_ma_does_not():
     neither warn nor mask, as numpy.ma's power does not."""
     import warnings
 
-    values = masked_chunk(np.ma.MaskedArray(np.full(64, 1e154)))  # squares 1e308 < float64's max; their sum is not
+    values = np.ma.MaskedArray(np.full(64, 1e154)).view(MaskedChunk)  # squares 1e308 < float64's max; their sum is not
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         squared = values**2
     expected = np.ma.power(values.view(np.ma.MaskedArray), 2)
     np.testing.assert_array_equal(np.ma.getdata(squared), np.ma.getdata(expected))
     np.testing.assert_array_equal(np.ma.getmaskarray(squared), np.ma.getmaskarray(expected))
+
+
+def test_users_get_numpys_masked_array_and_chunks_stay_masked_chunks(tmp_path):
+    """compute(), one chunk or many, a slice, a reduction, pickling: numpy.ma.MaskedArray, and the
+    dask meta says so; only the chunks inside the graph are MaskedChunks (issue 28 item 5)."""
+    import pickle
+    import subprocess
+    import sys
+
+    truth = _truth("some")
+    url = daskcfa.to_cfa(truth, str(tmp_path / "t.nc"), variable="tas", dims=DIMS, fragment_shape=(3, 4, 5))
+    x = daskcfa.from_cfa(url)
+    assert type(x._meta) is np.ma.MaskedArray and "chunktype=numpy.MaskedArray" in repr(x)
+    assert type(x.blocks[0, 0, 0].compute()) is np.ma.MaskedArray  # a lone chunk
+    assert x.map_blocks(lambda b: np.full((1, 1, 1), type(b) is MaskedChunk), chunks=(1,) * 3).compute().all()
+    for result in (x.compute(), x[:2].compute(), x.rechunk((8, 8, 5)).compute(), x.sum(axis=0).compute(),
+                   (x - x.mean(axis=0)).compute()):
+        assert type(result) is np.ma.MaskedArray
+    result = x.compute()
+    np.testing.assert_array_equal(result.mask, np.ma.getmaskarray(truth))
+    pickled = tmp_path / "r.pkl"
+    pickled.write_bytes(pickle.dumps(result))
+    script = ("import pickle, sys; r = pickle.load(open(sys.argv[1], 'rb')); "
+              "print(type(r).__module__, type(r).__name__, 'daskcfa' in sys.modules, int(r.mask.sum()))")
+    out = subprocess.run([sys.executable, "-c", script, str(pickled)], capture_output=True, text=True, cwd=tmp_path,
+                         check=True).stdout.split()
+    assert out == ["numpy.ma", "MaskedArray", "False", str(int(np.ma.getmaskarray(truth).sum()))]
