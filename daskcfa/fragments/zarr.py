@@ -43,7 +43,6 @@ from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
 from .reference_sets import open_reference_set
-from .zarr_chunks import BoundedStore, ReferenceStore
 
 __all__ = ["is_zarr", "is_reference_set", "store_uri", "stored_size", "netcdf_attributes", "ZarrFile", "ZarrVariable",
            "ZARR_COMPRESSION_KEYS", "CONSOLIDATED", "check_zarr_compression", "StoreWriter", "store_state"]
@@ -90,6 +89,8 @@ class ZarrFile:
                  policy: LocationPolicy | None = None) -> None:
         try:
             import zarr
+
+            from .zarr_chunks import BoundedStore, ReferenceStore  # (zarr-python's store classes: optional)
         except ImportError:
             raise FragmentReadError("a Zarr fragment needs zarr-python (pip install 'daskcfa[zarr]')",
                                     file=uri) from None
