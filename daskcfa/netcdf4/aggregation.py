@@ -208,11 +208,12 @@ class AggregationWriter(Definitions, dataset.Group):
         return tuple(b - a for a, b in (self.state_of(var).layout.span(d, i) for d, i in enumerate(index)))
 
     def _buffer(self, var: WritableVariable, index: tuple[int, ...]) -> Buffer:
-        buffer = self.state_of(var).buffers.get(index)
+        state = self.state_of(var)
+        buffer = state.buffers.get(index)
         if buffer is None:
-            buffer = self.state_of(var).buffers[index] = Buffer(self._capacity(var, index), var.dtype)
-            if index in self.state_of(var).stored:  # written earlier: what was assigned then is in the file
-                bits = self.state_of(var).stored.pop(index)
+            buffer = state.buffers[index] = Buffer(self._capacity(var, index), var.dtype)
+            if index in state.stored:  # written earlier: what was assigned then is in the file
+                bits = state.stored.pop(index)
                 stored = self._read_back(var, index)
                 cut = tuple(slice(0, n) for n in stored.shape)
                 buffer.put(cut, stored)
@@ -237,8 +238,9 @@ class AggregationWriter(Definitions, dataset.Group):
                assigned: np.ndarray | None = None) -> None:
         """Hand one fragment's stored values to the writing threads (after any earlier write of it
         finished); ``assigned``: the elements assigned when it is written incomplete."""
-        self.state_of(var).buffers.pop(index, None)
-        self.state_of(var).stored[index] = None if assigned is None else np.packbits(assigned)
+        state = self.state_of(var)
+        state.buffers.pop(index, None)
+        state.stored[index] = None if assigned is None else np.packbits(assigned)
         earlier = self._inflight.pop((var.path, index), None)
         if earlier is not None:
             self._collect((var.path, index), earlier)
@@ -281,7 +283,8 @@ class AggregationWriter(Definitions, dataset.Group):
 
     def _spec(self, var: WritableVariable, index: tuple[int, ...], shape: tuple[int, ...]) -> tuple[Any, list]:
         """The fragment's description, with the coordinates known over its whole extent sliced into it."""
-        where = tuple(slice(self.state_of(var).layout.span(d, i)[0], self.state_of(var).layout.span(d, i)[0] + n)
+        state = self.state_of(var)
+        where = tuple(slice(state.layout.span(d, i)[0], state.layout.span(d, i)[0] + n)
                       for d, (i, n) in enumerate(zip(index, shape)))
         model = AggregationDataset(attrs=dict(self.attrs))
         for group in self.walk():
@@ -295,10 +298,10 @@ class AggregationWriter(Definitions, dataset.Group):
                     continue
                 model.variables.append(PlainVariable(other.path, other.dims, other.dtype, dict(other.attrs),
                                                      plain.array(other.shape)))
-        spec, sliced, _, _ = fragment_spec(self._source(var, self.state_of(var).compression or None), model, self.url,
+        spec, sliced, _, _ = fragment_spec(self._source(var, state.compression or None), model, self.url,
                                            format=self._dialect, fragment_format=self._fragment_format,
                                            compression={}, profile=self._profile)
-        spec = shared_chunks(spec, [stop - start for start, stop in (self.state_of(var).layout.span(d, 0) for d in range(len(var.dims)))])
+        spec = shared_chunks(spec, [b - a for a, b in (state.layout.span(d, 0) for d in range(len(var.dims)))])
         values = []
         for plain, full in sliced:
             cut = tuple(where[var.dims.index(d)] if d in var.dims else slice(None) for d in plain.dims)
@@ -360,18 +363,19 @@ class AggregationWriter(Definitions, dataset.Group):
             self._abandon()
 
     def _finish(self, var: WritableVariable) -> None:
-        grid = self.state_of(var).layout.grid(var.shape)
+        state = self.state_of(var)
+        grid = state.layout.grid(var.shape)
         never = []
         for index in grid.indices():
             shape = grid.fragment_shape(index)
-            buffer = self.state_of(var).buffers.get(index)
-            if buffer is None and index in self.state_of(var).stored:
+            buffer = state.buffers.get(index)
+            if buffer is None and index in state.stored:
                 if tuple(self._capacity(var, index)) == shape:
                     continue  # stored as it should be
                 buffer = self._buffer(var, index)
             elif buffer is None and self._kept(var, index, shape):
                 continue
-            elif buffer is None and self.state_of(var).previous is not None and index in self.state_of(var).previous.kept:
+            elif buffer is None and state.previous is not None and index in state.previous.kept:
                 buffer = Buffer(self._capacity(var, index), var.dtype)  # grown: rewritten, merged
             elif buffer is None:
                 never.append(index)
@@ -419,13 +423,14 @@ class AggregationWriter(Definitions, dataset.Group):
         """A fragment's stored values: those assigned, and elsewhere what the previous aggregation
         stores there, bit for bit (as ``to_cfa(mode="r+")`` merges), or missing values."""
         cut = tuple(slice(0, n) for n in shape)
-        previous = self.state_of(var).previous
+        state = self.state_of(var)
+        previous = state.previous
         if buffer.complete():
             return buffer.values[cut]
         if previous is None or index not in previous.kept:
             return np.ma.getdata(buffer.array(shape, self._missing(var, index, shape)))
         slices = tuple(slice(a, a + n) for a, n in
-                       ((self.state_of(var).layout.span(d, i)[0], n) for d, (i, n) in enumerate(zip(index, shape))))
+                       ((state.layout.span(d, i)[0], n) for d, (i, n) in enumerate(zip(index, shape))))
         inside = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(slices, previous.variable.shape))
         held = tuple(slice(0, s.stop - s.start) for s in inside)
         underneath = np.empty(shape, var.dtype) if held == cut else self._missing(var, index, shape)
@@ -472,8 +477,8 @@ class AggregationWriter(Definitions, dataset.Group):
     def _fragments(self, var: WritableVariable, written: dict[tuple[int, ...], str]) -> Fragments:
         """The fragment columns: those written now, those of the previous aggregation kept (as
         ``to_cfa(mode="r+")`` keeps them, unique values too), the rest missing."""
-        grid = self.state_of(var).layout.grid(var.shape)
-        previous = self.state_of(var).previous
+        state = self.state_of(var)
+        grid, previous = state.layout.grid(var.shape), state.previous
         existing = None
         if previous is not None:  # the previous fragments on the grid grown since
             old = previous.variable.aggregation
@@ -530,8 +535,9 @@ class AggregationWriter(Definitions, dataset.Group):
 
 
 def _known_over(other: WritableVariable, plain: Buffer, var: WritableVariable, where: tuple[slice, ...]) -> bool:
-    """Whether every value of the ordinary variable ``other`` (its values ``plain``) that a fragment of ``var`` at ``where`` carries
-    has been assigned (coordinates assigned after the data are in the aggregation file only)."""
+    """Whether every value of the ordinary variable ``other`` (its values ``plain``) that a fragment of
+    ``var`` at ``where`` carries has been assigned (coordinates assigned after the data are in the
+    aggregation file only)."""
     cut = []
     for d, n in zip(other.dims, other.shape):
         if d in var.dims:
