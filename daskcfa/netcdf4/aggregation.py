@@ -53,6 +53,10 @@ __all__ = ["AggregationWriter"]
 _SPARSE_DIALECTS = ("CFA-0.6.2", "CFA-0.5", "CFA-0.4")
 
 
+def _nothing_to_update(mode: str, url: str) -> NotFoundError:
+    return NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
+
+
 def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
     """Stop a writer's threads and give its lease back (at close, or when it is dropped unclosed)."""
     pool.shutdown(wait=True, cancel_futures=True)
@@ -97,7 +101,7 @@ class AggregationWriter(Definitions, dataset.Group):
         if mode == "w" and exists and not clobber:
             raise TargetExistsError("the aggregation exists (clobber=False, or mode 'x')", file=url)
         if mode in ("a", "r+") and not exists:
-            raise NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
+            raise _nothing_to_update(mode, url)
         lease = Lease.new(url, profile, generation_name(uuid.uuid4().hex))
         lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait")) if mode in ("a", "r+") else 0.0)
         workers = max_concurrent_uploads or (2 if storage.is_local(url) else 4)
@@ -109,8 +113,8 @@ class AggregationWriter(Definitions, dataset.Group):
             if mode in ("a", "r+"):
                 if existing is None or existing.dataset is None or storage.stat(url, profile) != existing.expected:
                     existing = read_existing(*open_aggregation(url, storage_options), plain_too=True)
-                if existing is None:
-                    raise NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
+                if existing is None:  # (removed before the lease was held)
+                    raise _nothing_to_update(mode, url)
                 d["_expected"] = existing.expected
                 self._load(existing)
         except BaseException:
