@@ -31,7 +31,7 @@ from .model import AggregatedVariable, Fragments
 from .netcdf4_read import ReadDataset, ReadVariable
 from .storage.access import Access
 
-__all__ = ["Dataset", "Group", "Variable", "Dimension"]
+__all__ = ["Dataset", "Group", "Variable", "Dimension", "ordinary_values"]
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,16 @@ class FileVariableArray:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         with storage.netcdf_file(self.url, profile=self.profile) as ds:
-            var = ds[self.path]
-            var.set_auto_mask(self.mask)
-            var.set_auto_scale(self.scale)
-            var.set_auto_chartostring(self.strings)
-            data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
-            return np.ma.asarray(data) if self.mask and np.ndim(data) else data
+            return self.read(ds, key)
+
+    def read(self, ds: netCDF4.Dataset, key: Any = Ellipsis) -> np.ndarray:
+        """``key`` of the variable, from its file ``ds`` already open (under the lock)."""
+        var = ds[self.path]
+        var.set_auto_mask(self.mask)
+        var.set_auto_scale(self.scale)
+        var.set_auto_chartostring(self.strings)
+        data = var.getValue() if var.ndim == 0 and key in ((), Ellipsis) else var[key]
+        return np.ma.asarray(data) if self.mask and np.ndim(data) else data
 
 
 class _AttributeAccessors:
@@ -216,6 +220,14 @@ class Variable(ReadVariable, _AttributeAccessors):
         kind = f"aggregated, {len(self.fragments)} fragments in a {self.fragments.shape} grid" if self.fragments else "ordinary"
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
         return f"<daskcfa.Variable {self.path} ({dims}) {self.dtype} [{kind}]>"
+
+
+def ordinary_values(var: Variable, ds: netCDF4.Dataset) -> np.ndarray:
+    """An ordinary variable's values (masked, unpacked; a char variable's characters) read from its
+    aggregation file ``ds``, open already (under the lock): a writer taking a dataset over reads the
+    file once, not once more per variable."""
+    array = FileVariableArray(var._url, var.path, var.shape, var.dtype, profile=var._access.profile, strings=False)
+    return array.read(ds)
 
 
 def orthogonal(x: da.Array, key: Any) -> da.Array:
@@ -371,18 +383,23 @@ class Dataset(ReadDataset, Group):
         """The dataset of the aggregation file at ``url``; its variables read with ``access`` and,
         as ``chunk_index`` asks (see :func:`daskcfa.from_cfa`), the chunk index beside the file."""
         with storage.netcdf_file(url, profile=access.profile) as ds:
-            try:
-                root = _build(cls, ds, url, access)
-            except CFAError:
-                raise
-            except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
-                raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
+            root = cls.from_netcdf(ds, url, access)
         if chunk_index is not False and root.aggregated_variables:  # (once the file is read, outside the lock)
             access = indexed(url, access, chunk_index)
             for group in root.walk():
                 for var in group.variables.values():
                     var._access = access
         return root
+
+    @classmethod
+    def from_netcdf(cls, ds: netCDF4.Dataset, url: str, access: Access) -> "Dataset":
+        """The dataset of the aggregation file ``ds`` at ``url``, open already (under the lock)."""
+        try:
+            return _build(cls, ds, url, access)
+        except CFAError:
+            raise
+        except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
+            raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
 
     def __enter__(self) -> "Dataset":
         return self

@@ -3,8 +3,8 @@
 scaling switched off and on, ``datatype``, ``chunking()``, ``filters()``, ``file_format``,
 ``data_model``, ``filepath()``, ``isopen()``, and reads refused once the dataset is closed.
 
-Kept apart from the writers (``netcdf4.py``): mixins of :class:`daskcfa.dataset.Variable` and
-:class:`daskcfa.dataset.Dataset`.
+Mixins of :class:`daskcfa.dataset.Variable` and :class:`daskcfa.dataset.Dataset`, kept apart from
+the writers (the ``netcdf4`` package, which builds on the reading classes, so cannot hold them).
 """
 
 from __future__ import annotations

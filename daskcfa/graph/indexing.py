@@ -4,6 +4,18 @@ An index into the aggregated array becomes, per dimension, a list of
 *pieces*: which fragment, what to read from it, and where the values go in
 the output. The cartesian product of the pieces is the list of fragment
 reads. Lookups are O(log n) per dimension (bisection on fragment offsets).
+
+What numpy takes and this takes, with numpy's result: integers (negative
+from the end), slices with any step, ``Ellipsis``, and one 1-D integer or
+boolean array (numpy's rule for where its dimension goes included). What
+numpy takes and this refuses, with an :class:`~daskcfa.IndexingError`:
+``np.newaxis`` (``None``), integer or boolean arrays of other than one
+dimension, a boolean scalar (``True``: numpy adds a dimension), and more
+than one array in an index.
+Those are selections of a result, not reads of fragments: dask makes
+most of them on the array :func:`daskcfa.from_cfa` gives (``None``, a 2-D
+boolean mask, ``.vindex`` for arrays point-wise), which hands this module
+only slices; numpy makes the others on computed values.
 """
 
 from __future__ import annotations
@@ -38,12 +50,18 @@ class DimIndex:
     reverse: bool = False  #: the output must be reversed (negative step)
 
 
+#: what every refusal says (see the module's docstring)
+REFUSED = ("np.newaxis, boolean scalars, arrays of other than one dimension and more than one array per index "
+           "are not read from fragments: select them from what was read, e.g. index the dask array "
+           "(daskcfa.from_cfa(...)[index], .vindex[...] for point-wise arrays) or its computed values")
+
+
 def expand_key(key: Any, ndim: int) -> tuple:
     """Expand Ellipsis and pad with full slices; reject what numpy would reject."""
     if not isinstance(key, tuple):
         key = (key,)
     if any(k is None for k in key):
-        raise IndexingError("np.newaxis is not supported when reading fragments; index the dask array instead")
+        raise IndexingError(f"np.newaxis in {key!r}: {REFUSED}")
     n_ellipsis = sum(1 for k in key if k is Ellipsis)
     if n_ellipsis > 1:
         raise IndexingError("an index can only have a single ellipsis ('...')")
@@ -79,12 +97,14 @@ def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
         return DimIndex(tuple(pieces), count, reverse)
     if _is_array(index):
         arr = np.asarray(index)
+        if arr.ndim != 1:
+            raise IndexingError(f"an index array of shape {arr.shape}: {REFUSED}")
         if arr.dtype == bool:
             if arr.shape != (size,):
                 raise IndexingError(f"boolean index of shape {arr.shape} does not match dimension of size {size}")
             arr = np.flatnonzero(arr)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise IndexingError("only 1-D integer or boolean arrays are supported as indices")
+        if arr.size and arr.dtype.kind not in "iu":
+            raise IndexingError(f"index arrays must hold integers or booleans, not {arr.dtype} (as numpy's)")
         arr = arr.astype(np.int64)
         if arr.size and (arr.max() >= size or arr.min() < -size):
             raise IndexingError(f"index out of bounds for dimension of size {size}")
@@ -97,6 +117,8 @@ def split_dimension(grid: FragmentGrid, dim: int, index: Any) -> DimIndex:
             lo = int(local.min())
             pieces.append(Piece(int(frag), slice(lo, int(local.max()) + 1, 1), positions, local - lo))
         return DimIndex(tuple(pieces), int(arr.size))
+    if isinstance(index, (bool, np.bool_)):  # (numpy's boolean scalar adds a dimension; operator.index takes 1)
+        raise IndexingError(f"the boolean index {index!r}: {REFUSED}")
     try:
         i = operator.index(index)
     except TypeError:
@@ -115,7 +137,7 @@ def _is_array(index: Any) -> bool:
 def split_key(grid: FragmentGrid, key: Any) -> list[DimIndex]:
     key = expand_key(key, grid.ndim)
     if sum(1 for k in key if _is_array(k)) > 1:
-        raise IndexingError("only one array index per read is supported (use dask's vindex for point-wise selection)")
+        raise IndexingError(f"{sum(1 for k in key if _is_array(k))} index arrays: {REFUSED}")
     return [split_dimension(grid, d, k) for d, k in enumerate(key)]
 
 

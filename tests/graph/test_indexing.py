@@ -76,3 +76,46 @@ def test_ellipsis_and_boolean():
     np.testing.assert_array_equal(assemble(truth, grid, (Ellipsis, 1)), truth[..., 1])
     mask = np.array([True, False, True, True])
     np.testing.assert_array_equal(assemble(truth, grid, (mask,)), truth[mask])
+
+
+# numpy's indices that are selections of a result, not reads of fragments: refused, saying where to make them
+NUMPY_ONLY = {
+    "newaxis": (np.newaxis, slice(None)),
+    "2-D integer array": np.array([[0, 4], [1, 3]]),
+    "2-D boolean array": np.arange(20).reshape(5, 4) % 3 == 0,
+    "two arrays": ([0, 2, 4], [1, 3, 0]),
+    "boolean scalar": True,
+}
+
+
+@pytest.mark.parametrize("key", NUMPY_ONLY.values(), ids=NUMPY_ONLY.keys())
+def test_numpy_indices_fragments_refuse_say_so_and_dask_takes_them(tmp_path, key):
+    """What graph/indexing.py's docstring says it refuses: numpy takes each, the fragment split raises an
+    IndexingError saying where to select it (not a bare error, nor ``True`` read as row 1), and where dask
+    takes it (not a 2-D integer array; ``True``, which dask 2026.8 reads as row 1), the dask array from_cfa gives
+    it numpy's result."""
+    import warnings
+
+    import daskcfa
+    from daskcfa.netcdf4 import Dataset
+
+    truth = np.arange(20, dtype="f8").reshape(5, 4)
+    grid = FragmentGrid.from_sizes([[2, 3], [1, 3]])
+    expected = truth[key]  # numpy takes it
+    with pytest.raises(daskcfa.IndexingError, match=r"select them from what was read"):
+        split_key(grid, key)
+    if key is True or np.ndim(key) == 2 and np.asarray(key).dtype.kind == "i":
+        return
+    url = str(tmp_path / "a.nc")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Dataset(url, "w", format="CF-1.13") as ds:
+            ds.createDimension("y", 5)
+            ds.createDimension("x", 4)
+            ds.createVariable("v", "f8", ("y", "x"), subarray_shape=[2, 3])[:] = truth
+    got = daskcfa.from_cfa(url, "v")
+    if isinstance(key, tuple) and all(isinstance(k, list) for k in key):
+        got = got.vindex[key]  # (dask's point-wise selection: numpy's rule for two arrays)
+    else:
+        got = got[key]
+    np.testing.assert_array_equal(np.asarray(got.compute()), expected)
