@@ -321,3 +321,16 @@ def test_a_stem_directory_that_is_a_link_is_never_retired_into(tmp_path):
     assert _ignored(caught, r"ignored \d+ entries")
     assert_matches(daskcfa.from_cfa(str(tmp_path / "other" / "t.nc")).compute(), truth(seed=1))
     assert_matches(daskcfa.from_cfa(str(tmp_path / "ds" / "t.nc")).compute(), truth(seed=2))
+
+
+def test_a_retired_list_that_is_a_directory_costs_space_not_the_write(tmp_path):
+    """``<stem>/.daskcfa/retired.json`` planted as a directory: the overwrite failed with a bare
+    IsADirectoryError (moving the new list into place). A list that cannot be stored costs space
+    only: the write succeeds, the old generation stays, no temporary is left."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    old = generation_dir(tmp_path / "t")
+    (tmp_path / "t" / ".daskcfa" / "retired.json").mkdir()
+    write(truth(seed=2), tmp_path / "t.nc", mode="w")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
+    assert old.is_dir() and (tmp_path / "t" / ".daskcfa" / "retired.json").is_dir()
+    assert not [p for p in (tmp_path / "t" / ".daskcfa").iterdir() if p.name.endswith(".part")]
