@@ -288,7 +288,7 @@ def test_a_value_packing_to_the_fill_value_is_refused_by_both_front_ends(tmp_pat
     via_to_cfa, via_dataset, truth = copies(tmp_path, packed_archive)
     new = make_truth((1, 3, 4), "f8", masked=0.0, seed=7, lo=-10, hi=60)
     new[0, 1, 2] = value
-    with pytest.raises(daskcfa.ArgumentError, match="1 values pack to stored values read back as missing"):
+    with pytest.raises(daskcfa.ArgumentError, match="1 values pack to stored values read back as missing.*variable '/tas'"):
         daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": slice(1, 2)})
     with pytest.raises(daskcfa.ArgumentError, match="read back as missing.*'/tas'"):
         with Dataset(via_dataset, "a") as ds:
@@ -299,3 +299,13 @@ def test_a_value_packing_to_the_fill_value_is_refused_by_both_front_ends(tmp_pat
     new[0, 1, 2] = np.ma.masked  # masked, it is stored as the fill, as before
     daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": slice(1, 2)})
     assert np.ma.is_masked(daskcfa.from_cfa(via_to_cfa).compute()[1, 1, 2])
+
+
+def test_packed_values_outside_the_stored_type_name_the_variable_through_to_cfa(tmp_path):
+    """The refusal of values the packed type cannot hold named no variable through to_cfa (the
+    encoding step of the graph did not locate it); through Dataset it did."""
+    url, _ = packed_archive(tmp_path / "a")
+    new = make_truth((1, 3, 4), "f8", masked=0.0, seed=7, lo=-10, hi=60)
+    new[0, 0, 0] = 1e6
+    with pytest.raises(daskcfa.ArgumentError, match="outside the range of int16.*variable '/tas'"):
+        daskcfa.to_cfa(new, str(url), mode="r+", region={"time": slice(1, 2)})

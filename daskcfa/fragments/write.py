@@ -151,7 +151,15 @@ def _holds_nul(text: np.ndarray) -> bool:
                for s in text.reshape(-1).tolist())
 
 
-def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
+def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype, variable: str | None = None) -> np.ndarray:
+    """:func:`_encode`, its refusals naming ``variable`` (a task of a graph knows no more of its values)."""
+    try:
+        return _encode(values, attrs, dtype)
+    except CFAError as exc:
+        raise exc.located(variable=variable) from None
+
+
+def _encode(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
     """Data values as they are stored: packed, missing points set to the fill value, in ``dtype``.
 
     The inverse of :meth:`daskcfa.decode.Encoding.decode`, with netCDF4-python's
