@@ -338,7 +338,7 @@ def _changing(path: str) -> Iterator[None]:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     lock = f"{path}.lock"
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # (no file made through a planted link)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # (per open file: threads of one process exclude each other too)
             try:

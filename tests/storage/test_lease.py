@@ -276,3 +276,17 @@ def test_a_local_lease_that_is_not_a_regular_file(tmp_path, kind):
     assert stat.S_ISREG(os.lstat(path).st_mode) and json.loads(open(path, "rb").read())["owner"] == lease.owner
     assert stat.S_ISFIFO(os.stat(pipe).st_mode) and record.read_bytes() == planted  # (the link replaced, not its target)
     lease.release()
+
+
+def test_a_link_planted_as_the_lease_lock_creates_nothing_elsewhere(tmp_path):
+    """``.<name>.lease.lock`` planted as a link to a path that does not exist: taking the lease
+    created that file (O_CREAT follows links), wherever the link pointed. Now the link is refused
+    (a StorageError naming the lease), nothing created."""
+    (tmp_path / "ds").mkdir()
+    url = str(tmp_path / "ds" / "t.nca")
+    elsewhere = tmp_path / "elsewhere" / "created"
+    elsewhere.parent.mkdir()
+    os.symlink(elsewhere, lease_uri(url) + ".lock")
+    with pytest.raises(StorageError, match="cannot take the write lease"):
+        Lease.new(url, register(None, protocol="file"), "g-5555555555555555").acquire()
+    assert not os.path.lexists(elsewhere)
