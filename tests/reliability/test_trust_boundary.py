@@ -334,3 +334,24 @@ def test_a_retired_list_that_is_a_directory_costs_space_not_the_write(tmp_path):
     assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
     assert old.is_dir() and (tmp_path / "t" / ".daskcfa" / "retired.json").is_dir()
     assert not [p for p in (tmp_path / "t" / ".daskcfa").iterdir() if p.name.endswith(".part")]
+
+
+def test_a_link_planted_as_a_resume_marker_overwrites_nothing_outside(tmp_path):
+    """A fragment's resume marker has a predictable name (``<stem>/g-.../.daskcfa/<fragment>.json``):
+    a link planted there, for a fragment the rerun of a write must store again, made the writer
+    overwrite the file it named, outside the dataset, with the marker's JSON. Now the marker is
+    never written through a link: the write fails with a CFAError naming the fragment."""
+    precious = tmp_path / "elsewhere" / "precious.txt"
+    precious.parent.mkdir()
+    precious.write_text("precious data")
+    write(truth(seed=1), tmp_path / "t.nc")
+    ours = generation_dir(tmp_path / "t")
+    fragment = sorted(ours.glob("*.nc"))[0]
+    marker = ours / ".daskcfa" / (fragment.name + ".json")
+    fragment.unlink()
+    marker.unlink()
+    marker.symlink_to(precious)
+    with pytest.raises(daskcfa.CFAError, match="symbolic link") as failed:
+        write(truth(seed=1), tmp_path / "t.nc", mode="w")  # (the very same call: it resumes that generation)
+    assert failed.value.fragment is not None and failed.value.variable is not None
+    assert precious.read_text() == "precious data" and marker.is_symlink()
