@@ -21,7 +21,7 @@ import numpy as np
 from . import storage
 from .decode import joined_dtype, text_encoding
 from .arguments import nearest
-from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError, redact
 from .formats import aggregated_variables, walk
 from .formats.netcdf import data_dtype, find_dimension, group_path
 from .fragments.chunk_index import indexed
@@ -366,7 +366,7 @@ class Dataset(Group):
         self.close()
 
     def __repr__(self) -> str:
-        lines = [f"<daskcfa.Dataset {self.url}>"]
+        lines = [f"<daskcfa.Dataset {redact(self.url)}>"]
         for group in self.walk():
             for var in group.variables.values():
                 lines.append(f"  {var!r}")

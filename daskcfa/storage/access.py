@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .. import config
+from . import redaction
 from .policy import LocationPolicy
 from .profiles import ProfileRef, register, split_url_credentials
 from .uri import normalise, scheme_of
@@ -53,6 +54,7 @@ def open_aggregation(url: str, storage_options: Mapping[str, Any] | None = None,
     it), and the :class:`Access` to read it and its fragments with."""
     config.check()
     url, storage_options = split_url_credentials(url, storage_options)
+    redaction.remember(None, url)  # (a signed query stays in the URL: fsspec and aiohttp log it)
     url = normalise(url)
     return url, Access.for_aggregation(url, storage_options, allowed_locations, missing)
 

@@ -320,3 +320,25 @@ def test_password_in_a_fragment_uri_stays_out_of_the_graph(tmp_path, make_http_s
     assert_matches(x.compute(scheduler="threads"), built.expected)  # (the login is used)
     assert password not in repr(x)
     assert password.encode() not in _graph_blob(x)
+
+
+def test_signed_query_of_the_aggregation_url_stays_out_of_reprs_and_logs(tmp_path, make_http_server, caplog):
+    """A presigned aggregation URL (``?X-Amz-Signature=...``) is its own address, so it is read with
+    it; but ``repr`` of the dataset and of ``describe``'s summary printed it, and so did fsspec's
+    DEBUG log records (redaction knew only credentials given as options)."""
+    from builders import build
+
+    from .conftest import DIMS, SIZES
+
+    caplog.set_level(logging.DEBUG)
+    signature = f"sig-{secrets.token_hex(12)}"
+    (tmp_path / "www").mkdir()
+    built = build("CF-1.13", tmp_path / "www" / "ds", truth(seed=73), DIMS, SIZES)
+    server = make_http_server(tmp_path / "www")
+    url = server.url_for("ds/" + built.path.name) + f"?X-Amz-Signature={signature}"
+    ds = daskcfa.open_cfa(url)
+    assert_matches(ds["tas"].data.compute(scheduler="threads"), built.expected)
+    texts = [repr(ds), repr(daskcfa.describe(url)), str(daskcfa.describe(url))]
+    texts += [record.getMessage() for record in caplog.records]
+    assert any("X-Amz-Signature=" in text for text in texts)  # (the URL is shown, redacted)
+    assert not [text for text in texts if signature in text]
