@@ -155,9 +155,15 @@ def _holder(record: Any) -> _Holder | None:
         return None
     if not (type(pid) is int and 0 < pid < 2**31):  # (pid_t; 0 and -1 would signal process groups)
         return None
-    if not all(type(v) in (int, float) and math.isfinite(v) for v in (expires, seconds)):
+    if not (_finite(expires) and _finite(seconds)):
         return None
     return _Holder(owner, host, pid, generation, float(expires), float(seconds))
+
+
+def _finite(value: Any) -> bool:
+    """A JSON number that is a finite float: not a bool, NaN or an infinity, nor an integer past a
+    float's range (JSON integers have no bound: ``float(10**400)`` raises OverflowError)."""
+    return (type(value) is float and math.isfinite(value)) or (type(value) is int and abs(value) < 1e308)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -464,7 +470,7 @@ def _listed(record: str, profile: ProfileRef) -> dict[str, float]:
     directory, unchecked: :func:`retire` checks each) and when each is due."""
     try:
         listed = json.loads(read_bytes(record, profile)).get("retired", {})
-        return {r: float(t) for r, t in listed.items() if isinstance(r, str) and type(t) in (int, float)}
+        return {r: float(t) for r, t in listed.items() if isinstance(r, str) and _finite(t)}
     except (CFAError, ValueError, AttributeError, TypeError, RecursionError):
         return {}
 

@@ -355,3 +355,14 @@ def test_a_link_planted_as_a_resume_marker_overwrites_nothing_outside(tmp_path):
         write(truth(seed=1), tmp_path / "t.nc", mode="w")  # (the very same call: it resumes that generation)
     assert failed.value.fragment is not None and failed.value.variable is not None
     assert precious.read_text() == "precious data" and marker.is_symlink()
+
+
+def test_a_retired_entry_due_at_a_huge_integer_is_no_bare_error(tmp_path):
+    """A JSON integer has no bound: an entry due at 10**400 made every overwrite fail with a bare
+    OverflowError (converting it to a float). Such an entry is dropped; the others still count."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    retired = tmp_path / "t" / ".daskcfa" / "retired.json"
+    retired.write_text('{"retired": {"t/%s/x.nc": 1%s}}' % (FORGED, "0" * 400))
+    write(truth(seed=2), tmp_path / "t.nc", mode="w")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
+    assert len([p for p in (tmp_path / "t").iterdir() if p.name.startswith("g-")]) == 1  # the old one retired

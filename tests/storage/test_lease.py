@@ -179,6 +179,8 @@ _GARBAGE = {
     "owner-list": {"owner": ["someone"]},
     "far-future-other-host": {"expires": time.time() + 10**12},
     "far-future-declared": {"expires": time.time() + 10**12, "seconds": 10**12},
+    "expiry-10**400": {"expires": 10**400},  # (a JSON integer past a float: bare OverflowError)
+    "seconds-10**400": {"seconds": -10**400},
 }
 
 
