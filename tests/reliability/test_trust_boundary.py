@@ -366,3 +366,15 @@ def test_a_retired_entry_due_at_a_huge_integer_is_no_bare_error(tmp_path):
     write(truth(seed=2), tmp_path / "t.nc", mode="w")
     assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
     assert len([p for p in (tmp_path / "t").iterdir() if p.name.startswith("g-")]) == 1  # the old one retired
+
+
+def test_a_deeply_nested_resume_marker_is_rewritten(tmp_path):
+    """A resume marker of 100,000 nested brackets made the rerun of a write fail (RecursionError,
+    wrapped as a FragmentError), every time; like any other unreadable marker, it is rewritten."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    ours = generation_dir(tmp_path / "t")
+    fragment = sorted(ours.glob("*.nc"))[0]
+    (ours / ".daskcfa" / (fragment.name + ".json")).write_text("[" * 100000 + "]" * 100000)
+    write(truth(seed=1), tmp_path / "t.nc", mode="w")  # (the very same call: it resumes that generation)
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=1))
+    assert json.loads((ours / ".daskcfa" / (fragment.name + ".json")).read_text())["uri"].endswith(fragment.name)
