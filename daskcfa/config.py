@@ -207,11 +207,14 @@ def _bound(schema: Mapping[str, Any], name: str) -> float | None:
 
 
 def _parse_size(text: str, s3nc: bool) -> int | None:
-    """Bytes in dask's units (``16MiB``), or also S3netCDF4's (``2 YB``) if ``s3nc``; None if neither."""
+    """Bytes in dask's units (``16MiB``), or also S3netCDF4's (``2 YB``) if ``s3nc``; None if neither
+    (nor if the number overflows a float: ``parse_bytes("1e400")`` raises OverflowError)."""
     from dask.utils import parse_bytes
 
     try:
         return parse_bytes(text)
+    except OverflowError:
+        return None
     except ValueError:
         if not s3nc:
             return None

@@ -21,7 +21,7 @@ import numpy as np
 from . import storage
 from .decode import Encoding, joined_dtype, text_encoding
 from .arguments import nearest
-from .errors import ArgumentError, CFAError, CFAFormatError, IndexingError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, IndexingError, VariableNotFoundError, redact
 from .formats import aggregated_variables, walk
 from .formats.netcdf import OPEN_HINT_ATTR, data_dtype, find_dimension, group_path
 from .fragments.chunk_index import indexed
@@ -408,7 +408,7 @@ class Dataset(ReadDataset, Group):
         self.close()
 
     def __repr__(self) -> str:
-        lines = [f"<daskcfa.Dataset {self.url}>"]
+        lines = [f"<daskcfa.Dataset {redact(self.url)}>"]
         for group in self.walk():
             for var in group.variables.values():
                 lines.append(f"  {var!r}")

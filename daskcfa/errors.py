@@ -34,6 +34,7 @@ __all__ = [
     "ClosedError",
     "CFAWarning",
     "redact",
+    "uri_secrets",
 ]
 
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
@@ -47,6 +48,16 @@ def redact(text: str) -> str:
     """Remove credentials that may be embedded in a URI (``user:pw@`` or signed queries)."""
     text = _USERINFO.sub(r"\g<scheme>***@", text)
     return _SECRET_QUERY.sub(r"\1***", text)
+
+
+def uri_secrets(text: str) -> set[str]:
+    """The credentials :func:`redact` removes from ``text`` (the values of signed queries and the
+    ``user:pw`` before an ``@``): what log records, which other libraries write, must not show."""
+    found = {m.group(0)[len(m.group(1)):] for m in _SECRET_QUERY.finditer(text)}
+    for m in _USERINFO.finditer(text):
+        login = m.group(0)[len(m.group("scheme")):-1]
+        found |= {login, login.partition(":")[2]}
+    return {s for s in found if s}
 
 
 class CFAError(Exception):

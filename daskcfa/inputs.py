@@ -136,8 +136,8 @@ def _merged(source: WriteSource, target: Any) -> WriteSource:
         return source
     merged = stored_values(target)[tuple(slice(a, b) for a, b in outer)].copy()
     new = source.data if isinstance(source.data, da.Array) else da.from_array(source.data, asarray=False)
-    new = new.map_blocks(partial(encode_values, attrs=source.attrs, dtype=source.dtype), dtype=source.dtype,
-                         meta=np.empty((0,) * new.ndim, source.dtype))
+    new = new.map_blocks(partial(encode_values, attrs=source.attrs, dtype=source.dtype, variable=source.name),
+                         dtype=source.dtype, meta=np.empty((0,) * new.ndim, source.dtype))
     merged[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))] = new
     region = {dim: slice(a, b) for dim, (a, b) in zip(source.dims, outer)}
     return replace(source, data=merged, encoded=True, region=region)

@@ -112,6 +112,9 @@ def test_bad_engine_is_an_error_at_open_not_at_compute(archive):
     ("daskcfa.storage.retries", -1, "at least 0"),
     ("daskcfa.refragment.strategy", "fastest", "'auto', 'direct', 'staged'"),
     ("daskcfa.budget.memory", "lots", "S3netCDF4's '2 YB'"),
+    # a profile's prefixes: anything else was a bare TypeError from the first S3 read
+    ("daskcfa.storage.profiles", {"p": {"match": 5}}, r"profiles\.p\.match' must be a string or a list, not 5"),
+    ("daskcfa.storage.profiles", {"p": {"match": ["s3://a/", None]}}, r"profiles\.p\.match\[1\]' must be a string"),
 ])
 def test_bad_values(archive, key, value, message):
     with dask.config.set({key: value}), pytest.raises(daskcfa.ConfigError, match=message):
@@ -151,6 +154,8 @@ def test_open_ended_sections_and_s3netcdf4_sizes_are_accepted(archive):
     ("daskcfa.budget.wait-timeout", float("nan"), "finite"),
     ("daskcfa.budget.memory", "1001 YB", "at most 1000 YB"),
     ("daskcfa.limits.max-group-depth", 10**6, "at most 1000"),
+    ("daskcfa.write.buffer-memory", "1e400", "a size such as"),  # (a float overflowing: bare OverflowError)
+    ("daskcfa.budget.memory", "9" * 400, "a size such as"),  # (the same, through the S3netCDF4 units' key)
 ])
 def test_absurd_values_are_refused_naming_key_and_range(tmp_path, key, value, message):
     """Issue #27, attack 6: NaN, infinities and absurd numbers are a ConfigError naming the key and its
@@ -186,4 +191,6 @@ def test_the_writer_checks_its_buffer_size_argument(tmp_path):
         daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13", buffer_size="lots")
     with pytest.raises(daskcfa.ArgumentError, match="buffer_size: the value must be a finite number, at least 1"):
         daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13", buffer_size=0)
+    with pytest.raises(daskcfa.ArgumentError, match="buffer_size: the value must be a size such as"):
+        daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13", buffer_size="1e400")  # (was OverflowError)
     assert not any(tmp_path.iterdir())

@@ -278,3 +278,34 @@ def test_update_converting_fragments_in_their_own_units_is_the_same_through_both
     for url in (via_to_cfa, via_dataset):
         assert_matches(daskcfa.from_cfa(url).compute(), expected)
     assert_same_archives(via_to_cfa, via_dataset)
+
+
+@pytest.mark.parametrize("value", [OFFSET + SCALE * int(FILL), OFFSET + SCALE * (int(FILL) + 0.4)],
+                         ids=["exactly", "rounded"])
+def test_a_value_packing_to_the_fill_value_is_refused_by_both_front_ends(tmp_path, value):
+    """A valid (unmasked) value whose packed form is the _FillValue would read back as missing:
+    it was stored so, silently, through both front ends. Now refused, the archive unchanged."""
+    via_to_cfa, via_dataset, truth = copies(tmp_path, packed_archive)
+    new = make_truth((1, 3, 4), "f8", masked=0.0, seed=7, lo=-10, hi=60)
+    new[0, 1, 2] = value
+    with pytest.raises(daskcfa.ArgumentError, match="1 values pack to stored values read back as missing.*variable '/tas'"):
+        daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": slice(1, 2)})
+    with pytest.raises(daskcfa.ArgumentError, match="read back as missing.*'/tas'"):
+        with Dataset(via_dataset, "a") as ds:
+            ds["tas"][1] = new[0]
+    for url in (via_to_cfa, via_dataset):
+        assert_same_archives(str(tmp_path / "src" / url.rpartition("/")[2]), url)
+        assert_matches(daskcfa.from_cfa(url).compute(), truth)
+    new[0, 1, 2] = np.ma.masked  # masked, it is stored as the fill, as before
+    daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": slice(1, 2)})
+    assert np.ma.is_masked(daskcfa.from_cfa(via_to_cfa).compute()[1, 1, 2])
+
+
+def test_packed_values_outside_the_stored_type_name_the_variable_through_to_cfa(tmp_path):
+    """The refusal of values the packed type cannot hold named no variable through to_cfa (the
+    encoding step of the graph did not locate it); through Dataset it did."""
+    url, _ = packed_archive(tmp_path / "a")
+    new = make_truth((1, 3, 4), "f8", masked=0.0, seed=7, lo=-10, hi=60)
+    new[0, 0, 0] = 1e6
+    with pytest.raises(daskcfa.ArgumentError, match="outside the range of int16.*variable '/tas'"):
+        daskcfa.to_cfa(new, str(url), mode="r+", region={"time": slice(1, 2)})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
@@ -100,6 +100,11 @@ class DatasetSummary:
     #: bytes of the fragment files on storage, and files not found (storage_size=True only)
     stored_bytes: int | None = None
     missing_files: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        """The fields, any credential in a URI taken out (a summary is printed and pasted)."""
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return redact(f"{type(self).__name__}({shown})")
 
     @property
     def aggregated(self) -> tuple[VariableSummary, ...]:

@@ -151,7 +151,15 @@ def _holds_nul(text: np.ndarray) -> bool:
                for s in text.reshape(-1).tolist())
 
 
-def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
+def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype, variable: str | None = None) -> np.ndarray:
+    """:func:`_encode`, its refusals naming ``variable`` (a task of a graph knows no more of its values)."""
+    try:
+        return _encode(values, attrs, dtype)
+    except CFAError as exc:
+        raise exc.located(variable=variable) from None
+
+
+def _encode(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
     """Data values as they are stored: packed, missing points set to the fill value, in ``dtype``.
 
     The inverse of :meth:`daskcfa.decode.Encoding.decode`, with netCDF4-python's
@@ -190,6 +198,7 @@ def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.nda
             mask = nan if mask is np.ma.nomask else (mask | nan)
     if encoding.is_packed and encoding.stored_dtype.kind in "iu":
         _check_range(data, mask, encoding.stored_dtype)
+        _check_not_missing(data, mask, encoding)
     if mask is not np.ma.nomask and mask.any():
         if encoding.unsigned and not encoding.explicit_fill:
             raise FragmentError("masked values of an _Unsigned variable without _FillValue cannot be stored: "
@@ -282,6 +291,22 @@ def _check_range(packed: np.ndarray, mask: Any, dtype: np.dtype) -> None:
                             "(scale_factor and add_offset cannot bring them into it)")
 
 
+def _check_not_missing(packed: np.ndarray, mask: Any, encoding: Encoding) -> None:
+    """Refuse values whose packed form reads back as missing (the _FillValue, a missing_value, outside
+    the valid range): a valid value that rounds to the fill would otherwise be lost without a word."""
+    with np.errstate(invalid="ignore"):  # (masked points may hold NaN)
+        stored = np.asarray(packed).astype(encoding.stored_dtype)
+    missing = encoding.missing_mask(stored)
+    if missing is None:
+        return
+    lost = missing & ~np.ma.getmaskarray(np.ma.MaskedArray(stored, mask=mask))
+    if lost.any():
+        first = np.asarray(stored)[lost].reshape(-1)[0]
+        raise ArgumentError(f"{int(lost.sum()):,} values pack to stored values read back as missing (the first "
+                            f"packs to {first}: the _FillValue, a missing_value or outside the valid range); "
+                            "mask them, or choose scale_factor, add_offset or _FillValue so that they do not")
+
+
 def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, sliced: Sequence[np.ndarray],
                    semaphore: Any = None, lease: Lease | None = None) -> FragmentRecord:
     """Write one fragment unless an identical one is already stored; return its record.
@@ -334,7 +359,7 @@ def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | No
         if marker.get("token") != target.token:
             return None
         nbytes, version = _stored(spec, target.uri)
-    except (NotFoundError, ValueError, AttributeError):
+    except (NotFoundError, ValueError, AttributeError, RecursionError):  # (a planted marker: rewritten)
         return None
     if nbytes != marker.get("nbytes") or version != marker.get("version"):
         return None

@@ -125,7 +125,7 @@ def read_block(array: AggregatedArray, cell: tuple[tuple[int, int], ...],
         try:
             if json.loads(storage.read_bytes(marker, profile)).get("token") == token:
                 return token
-        except (NotFoundError, ValueError, AttributeError):
+        except (NotFoundError, ValueError, AttributeError, RecursionError):
             pass
         values = encode_values(array[tuple(slice(a, b) for a, b in cell)], attrs, dtype)
         corner = tuple(a for a, _ in cell)

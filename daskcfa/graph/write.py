@@ -441,7 +441,7 @@ def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Arra
         x = x.rechunk(sizes)
     if source.encoded:
         return x.astype(source.dtype, copy=False)
-    encode = partial(encode_values, attrs=source.attrs, dtype=source.dtype)
+    encode = partial(encode_values, attrs=source.attrs, dtype=source.dtype, variable=source.name)
     return x.map_blocks(encode, dtype=source.dtype, meta=np.empty((0,) * x.ndim, source.dtype))
 
 

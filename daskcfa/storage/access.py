@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from .. import config
 from ..errors import ArgumentError
+from . import redaction
 from .policy import LocationPolicy
 from .profiles import ProfileRef, register, split_url_credentials
 from .uri import normalise, scheme_of
@@ -54,6 +55,7 @@ def open_aggregation(url: str, storage_options: Mapping[str, Any] | None = None,
     it), and the :class:`Access` to read it and its fragments with."""
     config.check()
     url, storage_options = split_url_credentials(url, storage_options)
+    redaction.remember(None, url)  # (a signed query stays in the URL: fsspec and aiohttp log it)
     url = normalise(url)
     return url, Access.for_aggregation(url, storage_options, allowed_locations, missing)
 

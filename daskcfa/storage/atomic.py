@@ -24,7 +24,8 @@ def commit(temporary: str, final: str, profile: ProfileRef = NO_PROFILE) -> None
     fs, src = filesystem(temporary, profile)
     _, dst = filesystem(final, profile)
     if is_local(final):
-        os.replace(src, dst)
+        with translated(final):  # (a directory planted at ``final``: a StorageError naming it)
+            os.replace(src, dst)
         return
     with_retries(final, fs.copy, src, dst)
     with_retries(temporary, fs.rm_file, src)

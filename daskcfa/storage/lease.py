@@ -21,7 +21,8 @@ successors race for it. It records the owner (a random id per write), the host a
 started the write, the generation and an expiry that fragment tasks extend
 as they go. A lease whose process is gone (same host) or whose expiry has
 passed is stale: a successor takes it over, and one successor only. So is a
-record that is malformed (any field of the wrong type, NaN, a pid <= 0) or
+record that is malformed (any field of the wrong type, NaN, a pid <= 0; longer
+than 64 KiB; locally, a FIFO or a link, read without blocking or following it) or
 forged (an expiry further ahead than any lease lasts, plus clock skew).
 
 **Retirement.** The fragments of the previous aggregation that the new one
@@ -154,9 +155,15 @@ def _holder(record: Any) -> _Holder | None:
         return None
     if not (type(pid) is int and 0 < pid < 2**31):  # (pid_t; 0 and -1 would signal process groups)
         return None
-    if not all(type(v) in (int, float) and math.isfinite(v) for v in (expires, seconds)):
+    if not (_finite(expires) and _finite(seconds)):
         return None
     return _Holder(owner, host, pid, generation, float(expires), float(seconds))
+
+
+def _finite(value: Any) -> bool:
+    """A JSON number that is a finite float: not a bool, NaN or an infinity, nor an integer past a
+    float's range (JSON integers have no bound: ``float(10**400)`` raises OverflowError)."""
+    return (type(value) is float and math.isfinite(value)) or (type(value) is int and abs(value) < 1e308)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -300,10 +307,9 @@ def _read(uri: str, profile: ProfileRef) -> tuple[_Holder | None, Any] | None:
     """The lease record (None if malformed) and its tag (the bytes locally, the ETag on S3), or
     None if there is none."""
     if is_local(uri):
-        try:
-            with open(local_path(uri), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+        with translated(uri):
+            data = _local_current(local_path(uri))
+        if data is None:
             return None
         tag: Any = data
     else:
@@ -311,7 +317,7 @@ def _read(uri: str, profile: ProfileRef) -> tuple[_Holder | None, Any] | None:
         bucket, key, _ = fs.split_path(path)
 
         def get() -> tuple[bytes, Any]:
-            response = fs.call_s3("get_object", Bucket=bucket, Key=key)
+            response = fs.call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{_RECORD_BYTES}")
             body = response["Body"]
             try:
                 return fsspec.asyn.sync(fs.loop, body.read), response.get("ETag")
@@ -338,7 +344,7 @@ def _changing(path: str) -> Iterator[None]:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     lock = f"{path}.lock"
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # (no file made through a planted link)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # (per open file: threads of one process exclude each other too)
             try:
@@ -357,20 +363,45 @@ def _changing(path: str) -> Iterator[None]:
         os.close(fd)  # (releases the flock)
 
 
+#: A lease record is a few hundred bytes: a longer one is malformed, read no further (a planted
+#: huge object must not cost its size in memory).
+_RECORD_BYTES = 65536
+
+#: What a local lease that is not a regular file reads as: a malformed record (stale, replaced).
+_NOT_A_FILE = b"\x00not a regular file"
+
+
 def _local_current(path: str) -> bytes | None:
+    """The local lease record's first bytes (None if absent), opened without following a link or
+    waiting for a writer: a FIFO, a link (to ``/dev/zero``, say) or a directory planted there is
+    :data:`_NOT_A_FILE`, never a read that blocks or never ends."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return _NOT_A_FILE
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return _NOT_A_FILE
+        return os.read(fd, _RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def _local_put(path: str, data: bytes) -> None:
     """The record at ``path`` replaced whole (readers see the old one or the new one)."""
     temporary = f"{path}.{uuid.uuid4().hex}"
-    with open(temporary, "wb") as f:
-        f.write(data)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:  # (a directory planted at ``path``: no temporary left beside it)
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 def _create(uri: str, data: bytes, profile: ProfileRef) -> bool:
@@ -439,7 +470,7 @@ def _listed(record: str, profile: ProfileRef) -> dict[str, float]:
     directory, unchecked: :func:`retire` checks each) and when each is due."""
     try:
         listed = json.loads(read_bytes(record, profile)).get("retired", {})
-        return {r: float(t) for r, t in listed.items() if isinstance(r, str) and type(t) in (int, float)}
+        return {r: float(t) for r, t in listed.items() if isinstance(r, str) and _finite(t)}
     except (CFAError, ValueError, AttributeError, TypeError, RecursionError):
         return {}
 

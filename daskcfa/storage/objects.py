@@ -509,9 +509,10 @@ def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: Locatio
 
 
 def put_bytes(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
-    fs, path = filesystem(uri, profile)
     if is_local(uri):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        put_stream(uri, lambda f: f.write(data), profile)
+        return
+    fs, path = filesystem(uri, profile)
     with_retries(uri, fs.pipe_file, path, data, **_upload_options(uri))
 
 
@@ -553,8 +554,13 @@ def put_stream(uri: str, write: Callable[[IO[bytes]], None], profile: ProfileRef
     if is_local(uri):
         path = local_path(uri)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with translated(uri), open(path, "wb") as f:
-            write(f)
+        with translated(uri):
+            # never through a link planted at the name (it would overwrite whatever it names: a
+            # marker of a predictable fragment name, say), nor waiting for a FIFO's reader
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o666)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
         return
     buffer = io.BytesIO()
     write(buffer)

@@ -17,6 +17,8 @@ import logging
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
+from ..errors import uri_secrets
+
 __all__ = ["remember", "credential_values"]
 
 #: Option names whose values are credentials (fsspec, s3fs, botocore, aiohttp).
@@ -68,10 +70,11 @@ def _forms(value: str) -> set[str]:
     return forms
 
 
-def remember(options: Any) -> None:
-    """Redact the credentials in ``options`` from this process's log records from now on."""
+def remember(options: Any, uri: str = "") -> None:
+    """Redact the credentials in ``options`` (and those a ``uri`` holds: a signed query) from this
+    process's log records from now on."""
     global _SECRETS
-    values = credential_values(options)
+    values = credential_values(options) | {v for v in uri_secrets(uri) if len(v) >= _MIN_LENGTH}
     if values <= set(_SECRETS):
         return
     with _LOCK:

@@ -321,3 +321,60 @@ def test_a_stem_directory_that_is_a_link_is_never_retired_into(tmp_path):
     assert _ignored(caught, r"ignored \d+ entries")
     assert_matches(daskcfa.from_cfa(str(tmp_path / "other" / "t.nc")).compute(), truth(seed=1))
     assert_matches(daskcfa.from_cfa(str(tmp_path / "ds" / "t.nc")).compute(), truth(seed=2))
+
+
+def test_a_retired_list_that_is_a_directory_costs_space_not_the_write(tmp_path):
+    """``<stem>/.daskcfa/retired.json`` planted as a directory: the overwrite failed with a bare
+    IsADirectoryError (moving the new list into place). A list that cannot be stored costs space
+    only: the write succeeds, the old generation stays, no temporary is left."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    old = generation_dir(tmp_path / "t")
+    (tmp_path / "t" / ".daskcfa" / "retired.json").mkdir()
+    write(truth(seed=2), tmp_path / "t.nc", mode="w")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
+    assert old.is_dir() and (tmp_path / "t" / ".daskcfa" / "retired.json").is_dir()
+    assert not [p for p in (tmp_path / "t" / ".daskcfa").iterdir() if p.name.endswith(".part")]
+
+
+def test_a_link_planted_as_a_resume_marker_overwrites_nothing_outside(tmp_path):
+    """A fragment's resume marker has a predictable name (``<stem>/g-.../.daskcfa/<fragment>.json``):
+    a link planted there, for a fragment the rerun of a write must store again, made the writer
+    overwrite the file it named, outside the dataset, with the marker's JSON. Now the marker is
+    never written through a link: the write fails with a CFAError naming the fragment."""
+    precious = tmp_path / "elsewhere" / "precious.txt"
+    precious.parent.mkdir()
+    precious.write_text("precious data")
+    write(truth(seed=1), tmp_path / "t.nc")
+    ours = generation_dir(tmp_path / "t")
+    fragment = sorted(ours.glob("*.nc"))[0]
+    marker = ours / ".daskcfa" / (fragment.name + ".json")
+    fragment.unlink()
+    marker.unlink()
+    marker.symlink_to(precious)
+    with pytest.raises(daskcfa.CFAError, match="symbolic link") as failed:
+        write(truth(seed=1), tmp_path / "t.nc", mode="w")  # (the very same call: it resumes that generation)
+    assert failed.value.fragment is not None and failed.value.variable is not None
+    assert precious.read_text() == "precious data" and marker.is_symlink()
+
+
+def test_a_retired_entry_due_at_a_huge_integer_is_no_bare_error(tmp_path):
+    """A JSON integer has no bound: an entry due at 10**400 made every overwrite fail with a bare
+    OverflowError (converting it to a float). Such an entry is dropped; the others still count."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    retired = tmp_path / "t" / ".daskcfa" / "retired.json"
+    retired.write_text('{"retired": {"t/%s/x.nc": 1%s}}' % (FORGED, "0" * 400))
+    write(truth(seed=2), tmp_path / "t.nc", mode="w")
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
+    assert len([p for p in (tmp_path / "t").iterdir() if p.name.startswith("g-")]) == 1  # the old one retired
+
+
+def test_a_deeply_nested_resume_marker_is_rewritten(tmp_path):
+    """A resume marker of 100,000 nested brackets made the rerun of a write fail (RecursionError,
+    wrapped as a FragmentError), every time; like any other unreadable marker, it is rewritten."""
+    write(truth(seed=1), tmp_path / "t.nc")
+    ours = generation_dir(tmp_path / "t")
+    fragment = sorted(ours.glob("*.nc"))[0]
+    (ours / ".daskcfa" / (fragment.name + ".json")).write_text("[" * 100000 + "]" * 100000)
+    write(truth(seed=1), tmp_path / "t.nc", mode="w")  # (the very same call: it resumes that generation)
+    assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=1))
+    assert json.loads((ours / ".daskcfa" / (fragment.name + ".json")).read_text())["uri"].endswith(fragment.name)

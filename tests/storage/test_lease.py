@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -19,7 +21,7 @@ import botocore.exceptions
 import dask
 import pytest
 
-from daskcfa import WriteConflictError
+from daskcfa import StorageError, WriteConflictError
 from daskcfa.storage import register
 from daskcfa.storage.lease import GENERATION, Lease, generation_name, in_generation, lease_uri, marker_of
 from daskcfa.storage.uri import is_local
@@ -177,10 +179,12 @@ _GARBAGE = {
     "owner-list": {"owner": ["someone"]},
     "far-future-other-host": {"expires": time.time() + 10**12},
     "far-future-declared": {"expires": time.time() + 10**12, "seconds": 10**12},
+    "expiry-10**400": {"expires": 10**400},  # (a JSON integer past a float: bare OverflowError)
+    "seconds-10**400": {"seconds": -10**400},
 }
 
 
-@pytest.mark.parametrize("name", sorted(_GARBAGE) + ["a-list", "not-json", "nested-100000"])
+@pytest.mark.parametrize("name", sorted(_GARBAGE) + ["a-list", "not-json", "nested-100000", "huge"])
 def test_malformed_or_forged_lease_records_are_stale(place, name, caplog):
     """Every one of these is taken over (with the warning naming the lease), not a bare ValueError,
     TypeError or OverflowError, nor a target blocked until someone deletes the lease."""
@@ -191,6 +195,9 @@ def test_malformed_or_forged_lease_records_are_stale(place, name, caplog):
         place.write(b"\xff\xfe garbage")
     elif name == "nested-100000":
         place.write(b"[" * 100000 + b"]" * 100000)
+    elif name == "huge":  # a live-looking record padded to 1 MiB: read no further than a record can be long
+        place.write(b" " * 2**20 + json.dumps({"owner": "someone", "host": "elsewhere", "pid": 1, "generation": "g",
+                                                "expires": time.time() + 600}).encode())
     else:
         place.plant(**_GARBAGE[name])
     lease = Lease.new(place.url, place.profile, "g-7777777777777777").acquire()
@@ -218,3 +225,70 @@ def test_a_garbled_record_of_our_own_lease_is_a_lost_lease(place):
     with pytest.raises(WriteConflictError, match="lost its lease on the target \\(now held by a malformed lease"):
         lease.confirm(force=True)
     lease.release()  # (never raises)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "link-to-a-record", "directory"])
+def test_a_local_lease_that_is_not_a_regular_file(tmp_path, kind):
+    """A FIFO planted as the lease blocked every writer of the target forever (reading it waited for
+    a writer), a link was followed (to a FIFO: the same; to a live-looking record elsewhere: the
+    target blocked), a directory was a bare IsADirectoryError. Now a FIFO or link is a malformed
+    record, taken over (the link replaced, never what it points to); a directory a StorageError
+    naming the lease, no temporary left."""
+    url = str(tmp_path / "ds" / "t.nca")
+    path = lease_uri(url)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (tmp_path / "ds").mkdir()
+    pipe, record = outside / "pipe", outside / "record"
+    os.mkfifo(pipe)
+    record.write_text(json.dumps({"owner": "someone", "host": "elsewhere", "pid": 1, "generation": "g",
+                                  "expires": time.time() + 600}))
+    planted = record.read_bytes()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    else:
+        os.symlink(pipe if kind == "link-to-fifo" else record, path)
+    outcome = {}
+
+    def take():
+        try:
+            outcome["lease"] = Lease.new(url, register(None, protocol="file"), "g-6666666666666666").acquire()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive():
+        for fifo in (path, pipe):  # (let the blocked read end)
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        thread.join(10)
+        pytest.fail("acquire() blocked on the planted lease")
+    if kind == "directory":
+        assert isinstance(outcome.get("error"), StorageError), outcome
+        assert "cannot take the write lease" in str(outcome["error"]) and ".t.nca.lease" in str(outcome["error"])
+        assert sorted(os.listdir(tmp_path / "ds")) == [".t.nca.lease", ".t.nca.lease.lock"]  # no temporary left
+        return
+    lease = outcome["lease"]
+    assert stat.S_ISREG(os.lstat(path).st_mode) and json.loads(open(path, "rb").read())["owner"] == lease.owner
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode) and record.read_bytes() == planted  # (the link replaced, not its target)
+    lease.release()
+
+
+def test_a_link_planted_as_the_lease_lock_creates_nothing_elsewhere(tmp_path):
+    """``.<name>.lease.lock`` planted as a link to a path that does not exist: taking the lease
+    created that file (O_CREAT follows links), wherever the link pointed. Now the link is refused
+    (a StorageError naming the lease), nothing created."""
+    (tmp_path / "ds").mkdir()
+    url = str(tmp_path / "ds" / "t.nca")
+    elsewhere = tmp_path / "elsewhere" / "created"
+    elsewhere.parent.mkdir()
+    os.symlink(elsewhere, lease_uri(url) + ".lock")
+    with pytest.raises(StorageError, match="cannot take the write lease"):
+        Lease.new(url, register(None, protocol="file"), "g-5555555555555555").acquire()
+    assert not os.path.lexists(elsewhere)
