@@ -49,7 +49,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
-import dask
 from .lazy import dask_array as da
 import netCDF4
 import numpy as np
@@ -57,7 +56,7 @@ from dask.utils import parse_bytes
 
 from . import config, dataset, storage
 from .decode import Encoding
-from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, TargetExistsError, redact
+from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
@@ -71,6 +70,7 @@ from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGr
 from .locks import HDF5_LOCK
 from .storage.access import open_aggregation
 from .storage.lease import Lease, generation_name, in_generation
+from .write.target import WriteTarget
 
 __all__ = ["Dataset", "AggregationWriter", "PlainWriter", "Dimension", "AGGREGATION_FORMATS", "PLAIN_FORMATS"]
 
@@ -231,13 +231,8 @@ class PlainWriter(_PlainGroup):
 
     def __init__(self, url: str, mode: str, clobber: bool, format: str,
                  storage_options: Mapping[str, Any] | None, **options: Any) -> None:
-        url = storage.normalise(url)
-        profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-        exists = storage.exists(url, profile)
-        if mode == "w" and exists and not clobber:
-            raise TargetExistsError("the file exists (clobber=False)", file=url)
-        if mode in ("a", "r+") and not exists:
-            raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=url)
+        target = WriteTarget.for_netcdf4(url, storage_options, mode, clobber)
+        url, profile = target.url, target.profile
         local = storage.is_local(url)
         if local:
             final = storage.local_path(url)
@@ -887,11 +882,10 @@ class AggregationWriter(_Definitions, Dataset):
                fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
                max_concurrent_uploads: int | None = None, keep_previous: float = 0.0,
                chunk_index: bool = False) -> "AggregationWriter":
-        config.check()
+        target = WriteTarget.for_netcdf4(url, storage_options, mode, clobber)
+        url, profile = target.url, target.profile
         self = object.__new__(cls)
         d = self.__dict__
-        url = storage.normalise(url)
-        profile = storage.register(storage_options, protocol=storage.scheme_of(url))
         dataset.Group.__init__(self, name="/", path="/")
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
@@ -899,13 +893,7 @@ class AggregationWriter(_Definitions, Dataset):
         d["_budget"] = config.size("daskcfa.write.buffer-memory", buffer_size, "buffer_size")
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
-        exists = storage.exists(url, profile)
-        if mode == "w" and exists and not clobber:
-            raise TargetExistsError("the aggregation exists (clobber=False, or mode 'x')", file=url)
-        if mode in ("a", "r+") and not exists:
-            raise NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
-        lease = Lease.new(url, profile, generation_name(uuid.uuid4().hex))
-        lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait")) if mode in ("a", "r+") else 0.0)
+        lease = target.lease(generation_name(uuid.uuid4().hex), acquire=True)
         workers = max_concurrent_uploads or (2 if storage.is_local(url) else 4)
         d["_lease"] = lease
         d["_pool"] = ThreadPoolExecutor(max_workers=int(workers), thread_name_prefix="daskcfa-dataset")
@@ -914,7 +902,7 @@ class AggregationWriter(_Definitions, Dataset):
         try:
             if mode in ("a", "r+"):
                 d["_expected"] = storage.stat(url, profile)
-                self._load(Dataset.open(url, access=open_aggregation(url, storage_options)[1]))
+                self._load(Dataset.open(url, access=target.access))
         except BaseException:
             self._end()
             raise

@@ -1,0 +1,1 @@
+"""The write machinery that is not a task graph: preparing a write's target (``target.py``)."""
