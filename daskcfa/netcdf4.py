@@ -60,6 +60,7 @@ from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFound
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from .archive.chunk_index import index as write_chunk_index
 from .formats import aggregated_variables
+from .formats.capabilities import dialects_that
 from .formats.encode import common_format
 from .formats.limits import max_elements
 from .graph.plan import plan_fragments
@@ -83,7 +84,7 @@ AGGREGATION_FORMATS = {
 }
 PLAIN_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA")
 #: dialects that can record a fragment as missing (never written: it reads as missing values)
-_SPARSE_DIALECTS = ("CFA-0.6.2", "CFA-0.5", "CFA-0.4")
+_SPARSE_DIALECTS = dialects_that("missing_fragments")
 _MODES = ("r", "w", "x", "a", "r+")
 #: netCDF4-python's ``Dataset`` options that have no meaning here, with the value that means "not used"
 _INERT_OPTIONS = {"diskless": False, "persist": False, "keepweakref": False, "memory": None, "encoding": None,

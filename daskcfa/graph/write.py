@@ -39,6 +39,7 @@ from ..arguments import check_fragment_shape
 from ..decode import PACKING_ATTRS, STORAGE_ATTRS, Encoding, default_fill_value
 from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, WriteConflictError
 from ..formats import aggregated_variables
+from ..formats.capabilities import can, dialects_that, listed
 from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
 from ..choices import ZARR_FRAGMENTS
 from ..fragments.zarr import check_zarr_compression
@@ -244,11 +245,6 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
     return Delayed(name, graph)
 
 
-#: Dialects whose reference writer (S3netCDF4) puts a variable in a group at the same group
-#: path of each fragment file; readers of the others expect it at the root.
-_S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
-
-
 def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_format: str, generation: str,
                 variables: list[str], mode: str, profile: storage.ProfileRef, keep_previous: float = 0.0,
                 expected: tuple[int, str] | None = None, file_format: str = "NETCDF4") -> _Commit:
@@ -332,7 +328,7 @@ def fragment_spec(source: WriteSource, model: AggregationDataset, url: str, *, f
         global_attrs=global_attrs, file_format=fragment_format,
         compression=compression if source.compression is None else compression_keywords(source.compression, fragment_format),
         aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=profile,
-        group=source.group if format in _S3NETCDF4_FORMATS else "/",
+        group=source.group if can(format, "s3netcdf4") else "/",  # (readers of the others expect the root)
     )
     return spec, sliced, dtype, attrs
 
@@ -588,9 +584,9 @@ def _named_for(template: str, fragment_format: str, format: str) -> str:
     readers know them), in CF-1.13 aggregations (which name fragments by URI alone)."""
     if fragment_format != ZARR_FRAGMENTS:
         return template
-    if format != "CF-1.13":
-        raise ArgumentError(f"Zarr fragments are written for CF-1.13 aggregations, not {format} (whose readers "
-                            "expect netCDF fragments)")
+    if not can(format, "zarr_fragments"):
+        raise ArgumentError(f"Zarr fragments are written for {listed(dialects_that('zarr_fragments'))} "
+                            f"aggregations, not {format} (whose readers expect netCDF fragments)")
     if template == DEFAULT_FRAGMENT_NAME:
         return template[: -len(".nc")] + ".zarr"
     if not template.endswith(".zarr"):
