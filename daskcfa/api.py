@@ -18,7 +18,9 @@ from .formats.netcdf import find_variable
 from . import append, inputs
 from .formats.encode import common_format
 from .archive.chunk_index import index
-from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
+from .graph.write import write_graph
+from .write.request import WriteRequest
+from .write.spec import DEFAULT_FRAGMENT_NAME
 from .graph.plan import plan_fragments
 from .fragments.chunk_index import indexed
 from .graph.read import to_dask

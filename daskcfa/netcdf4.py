@@ -64,8 +64,9 @@ from .formats.capabilities import dialects_that
 from .formats.encode import common_format
 from .formats.limits import max_elements
 from .graph.plan import plan_fragments
-from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
-                          fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)
+from .write.commit import commit_aggregation, plan_commit
+from .write.request import WriteSource
+from .write.spec import DEFAULT_FRAGMENT_NAME, fragment_columns, fragment_name, fragment_spec, settle_unlimited
 from .inputs import stored_values
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .locks import HDF5_LOCK

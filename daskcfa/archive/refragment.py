@@ -39,7 +39,8 @@ from ..fragments.zarr import is_zarr
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
-from ..graph.write import WriteRequest, WriteSource, fragment_grid, write_graph
+from ..graph.write import fragment_grid, write_graph
+from ..write.request import WriteRequest, WriteSource
 from ..inputs import dataset_model
 from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
