@@ -12,20 +12,22 @@ import netCDF4
 from . import config, storage
 from .netcdf4 import Dataset
 from .arguments import nearest
-from .errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, VariableNotFoundError
+from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
 from . import append, inputs
 from .formats.encode import common_format
 from .archive.chunk_index import index
-from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
+from .graph.write import write_graph
+from .write.request import WriteRequest
+from .write.spec import DEFAULT_FRAGMENT_NAME
 from .graph.plan import plan_fragments
 from .fragments.chunk_index import indexed
 from .graph.read import to_dask
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
-from .storage.lease import Lease
-from .storage.publish import UPDATE_MODES, check_mode, refuse_existing
+from .storage.publish import UPDATE_MODES, check_mode
+from .write.target import WriteTarget
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
 
@@ -315,26 +317,21 @@ def to_cfa(
     if chunk_index and not compute:
         raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True "
                             "(or run daskcfa.index(url) after computing the write)")
-    url = storage.normalise(url)
-    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    exists = refuse_existing(url, mode, profile, "use mode='w' to overwrite it, mode='r+' to update it or mode='a' "
-                                                 "to grow it")
     if append_dim is not None and mode != "a":
         raise ArgumentError(f"append_dim= appends to an existing aggregation: it needs mode='a', not {mode!r}")
-    if mode == "a" and not exists:
+    target = WriteTarget.open(url, storage_options, mode,
+                              hint="use mode='w' to overwrite it, mode='r+' to update it or mode='a' to grow it")
+    url, profile = target.url, target.profile
+    if mode == "a" and not target.exists:
         mode = "w-"  # growing nothing: a new aggregation (a writer creating it meanwhile wins, and this one fails)
-    if mode == "r+":
-        if not exists:
-            raise NotFoundError("mode='r+' updates an aggregation file, and there is none", file=url)
-        if isinstance(data, Dataset) or inputs.is_xarray(data):
-            raise ArgumentError("mode='r+' writes an array into an existing aggregation")
-    lease = Lease.new(url, profile)
-    if mode in UPDATE_MODES and compute:  # read, modify and write under one lease: concurrent updates queue up
-        lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait", 600)))
+    if mode == "r+" and (isinstance(data, Dataset) or inputs.is_xarray(data)):
+        raise ArgumentError("mode='r+' writes an array into an existing aggregation")
+    # read, modify and write under one lease: concurrent updates queue up
+    lease = target.lease(acquire=mode in UPDATE_MODES and compute)
     try:
         if mode in UPDATE_MODES:
             version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
-            existing = open_cfa(url, storage_options=storage_options)
+            existing = Dataset.open(url, access=target.access, chunk_index=None)
             if mode == "r+":
                 request = inputs.request_for_update(existing, url, version, data, variable, region)
             elif append_dim is not None:

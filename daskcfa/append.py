@@ -5,7 +5,7 @@ aggregated variables get new fragments after their last one (the existing
 fragments are referenced unchanged), ordinary variables of the aggregation
 file along it (the coordinate variable, its bounds) are extended in the file.
 Without it the data add new variables beside the existing ones. Either way the
-result is a :class:`~daskcfa.graph.write.WriteRequest` of the whole new
+result is a :class:`~daskcfa.write.request.WriteRequest` of the whole new
 aggregation, whose existing fragments the write graph references as ``r+``
 updates do. New values are stored with the existing variables' encoding
 (packing, fill value, time units), so they read back like the old ones.
@@ -23,7 +23,7 @@ import numpy as np
 from .decode import STORAGE_ATTRS, Encoding, same_value
 from .errors import ArgumentError
 from .fragments.write import encode_values
-from .graph.write import WriteRequest, WriteSource
+from .write.request import WriteRequest, WriteSource
 from .dataset import Dataset
 from .inputs import as_array, dataset_model, is_xarray, values_and_attrs
 from .model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable, ancestry

@@ -4,7 +4,7 @@ A numpy or dask array with its name, dimensions and coordinates, a
 :class:`daskcfa.Dataset` (every aggregated variable re-fragmented, ordinary
 variables copied), an xarray object (encoded by xarray's own CF encoder), or
 new values for a region of an existing aggregation (``mode="r+"``) all become
-a :class:`~daskcfa.graph.write.WriteRequest`: the dialect-independent
+a :class:`~daskcfa.write.request.WriteRequest`: the dialect-independent
 :class:`~daskcfa.model.AggregationDataset` with its ordinary variables, plus
 the values of each variable to aggregate. Kept apart from the graph builder,
 which only builds graphs from a request.
@@ -25,7 +25,8 @@ from .decode import PACKING_ATTRS, default_fill_value
 from .errors import ArgumentError, VariableNotFoundError
 from .fragments.write import encode_values
 from .graph.read import to_dask
-from .graph.write import WriteRequest, WriteSource, region_bounds
+from .graph.write import region_bounds
+from .write.request import WriteRequest, WriteSource
 from .model import AggregationDataset, Dimension, PlainVariable
 
 __all__ = ["request_from_array", "request_from_dataset", "request_for_update", "request_from_xarray",

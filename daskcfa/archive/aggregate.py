@@ -19,11 +19,11 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .. import config, storage
+from .. import storage
 from ..decode import same_value
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
-from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
+from ..storage.publish import WHOLE_FILE_MODES, put_aggregation
 from ..storage.lease import generation_of
 from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, PlainVariable,
                      is_coordinate_variable)
@@ -31,6 +31,7 @@ from ..storage.uri import absolute as absolute_uri, check_uri_style
 from .aggregation_plan import FileInfo
 from .scan import plan_aggregation, scan, scan_files
 from .sources import expand_sources, sources_profile
+from ..write.target import WriteTarget
 
 __all__ = ["scan", "aggregate", "rebuild"]
 
@@ -63,7 +64,8 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     written under a temporary name and moved into place. Returns its URL.
     """
     check_uri_style(uris)
-    url, profile = prepare_target(target, storage_options, mode)
+    written = WriteTarget.open(target, storage_options, mode, modes=WHOLE_FILE_MODES)
+    url, profile = written.url, written.profile
     model = scan(sources, concat_dims=concat_dims, variables=variables, storage_options=storage_options)
     return _write(model, url, profile, format=format, uris=uris, mode=mode)
 
@@ -87,7 +89,8 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
     cannot be recovered. ``uris``: as for :func:`aggregate`.
     """
     check_uri_style(uris)
-    url, profile = prepare_target(target, storage_options, mode)
+    written = WriteTarget.open(target, storage_options, mode, modes=WHOLE_FILE_MODES)
+    url, profile = written.url, written.profile
     source_profile = sources_profile(fragments, storage_options)
     infos = scan_files(expand_sources(fragments, source_profile, recursive=True), source_profile)
     models = []
@@ -101,17 +104,6 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.
 # --------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------
-
-
-def prepare_target(target: str, storage_options: Mapping[str, Any] | None, mode: str
-                   ) -> tuple[str, storage.ProfileRef]:
-    """The normalised target URL and its storage profile; ``mode`` checked, an existing target refused for "w-"."""
-    config.check()
-    check_mode(mode, WHOLE_FILE_MODES)
-    url = storage.normalise(target)
-    profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-    refuse_existing(url, mode, profile, "use mode='w' to overwrite it")
-    return url, profile
 
 
 def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, format: str, uris: str,

@@ -56,7 +56,8 @@ from ..fragments.zarr import is_reference_set, is_zarr
 from ..graph.read import AggregatedArray
 from ..model import AggregatedVariable, FragmentRef
 from ..storage.access import Access, open_aggregation
-from ..storage.publish import WHOLE_FILE_MODES, check_mode, refuse_existing
+from ..storage.publish import WHOLE_FILE_MODES
+from ..write.target import WriteTarget
 from .verify import MAX_TASKS, select_aggregated
 from .zarr_layout import ZarrLayout, zarr_layout
 
@@ -121,28 +122,24 @@ def to_references(
     and the reasons.
     """
     fmt = _format(format, output)
-    if output is not None:
-        check_mode(mode, WHOLE_FILE_MODES)
+    written = None if output is None else WriteTarget.open(output, storage_options, mode, modes=WHOLE_FILE_MODES)
     if int(record_size) < 1:
         raise ArgumentError(f"record_size must be at least 1, got {record_size!r}")
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    if output is not None:
-        output = storage.normalise(output)
-        refuse_existing(output, mode, access.profile, "use mode='w' to overwrite it")
     dataset = Dataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
     references = _metadata(dataset, url, access)
     references.update(_aggregated(chosen, url, access))
-    if output is None:
+    if written is None:
         if fmt == "parquet":
             raise ArgumentError("format='parquet' writes a directory: give output=")
         return _as_json(references)
     if fmt == "json":
-        storage.put_atomic(output, json.dumps(_as_json(references)).encode(), access.profile)
+        storage.put_atomic(written.url, json.dumps(_as_json(references)).encode(), written.profile)
     else:
-        _put_parquet(references, output, access, record_size)
-    return output
+        _put_parquet(references, written.url, written.access, record_size)
+    return written.url
 
 
 def _format(format: str | None, output: str | None) -> str:

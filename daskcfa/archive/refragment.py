@@ -39,13 +39,14 @@ from ..fragments.zarr import is_zarr
 from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
-from ..graph.write import WriteRequest, WriteSource, fragment_grid, write_graph
+from ..graph.write import fragment_grid, write_graph
+from ..write.request import WriteRequest, WriteSource
 from ..inputs import dataset_model
-from ..storage.lease import Lease
+from ..storage.publish import WHOLE_FILE_MODES
+from ..write.target import WriteTarget
 from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid, is_coordinate_variable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
-from .aggregate import prepare_target
 from .chunk_index import index
 
 __all__ = ["refragment", "split", "plan_refragment", "RefragmentPlan", "OutputEstimate"]
@@ -225,7 +226,8 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     """
     if chunk_index and not compute:
         raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True")
-    url, profile = prepare_target(target, storage_options, mode)
+    written = WriteTarget.open(target, storage_options, mode, modes=WHOLE_FILE_MODES)
+    url, profile = written.url, written.profile
     plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options,
                                    compression, fragment_format)
     root = staging_root(url, dask.config.get("daskcfa.refragment.staging", None))
@@ -237,7 +239,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
         if var.plan.strategy == "staged":
             staged.append(var.source.data.staging)
     request = WriteRequest(model, [v.source for v in chosen])
-    lease = Lease.new(url, profile)
+    lease = written.lease()
     try:
         result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
                              format=format, fragment_format=fragment_format, mode=mode,

@@ -48,14 +48,15 @@ from urllib.parse import quote
 import dask.config
 import numpy as np
 
-from .. import config, storage
+from .. import storage
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
 from ..inputs import dataset_model
-from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation, refuse_existing
+from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation
+from ..write.target import WriteTarget
 from ..model import AggregatedVariable
-from ..storage.access import Access
+from ..storage.access import Access, open_aggregation
 from ..storage.policy import LocationPolicy
 from ..storage.uri import check_uri_style
 from .aggregate import reference
@@ -88,17 +89,15 @@ def relocate(
     absolute (for readers that resolve relative ones against their working
     directory); ``mapping`` may then be empty, to convert an archive in place.
     """
-    config.check()
     check_mode(mode, WHOLE_FILE_MODES)
     absolute = check_uri_style(uris) == "absolute"
     rules = _PrefixRules(mapping, empty_ok=absolute)
-    url = storage.normalise(url)
-    new_url = storage.normalise(target) if target else url
-    in_place = new_url == url
-    access = Access.for_aggregation(url, storage_options)
-    out_profile = storage.register(storage_options, protocol=storage.scheme_of(new_url))
-    if not in_place:
-        refuse_existing(new_url, mode, out_profile, "relocate with mode='w' to overwrite it")
+    url, access = open_aggregation(url, storage_options)
+    in_place = not target or open_aggregation(target, storage_options)[0] == url
+    # (in place, the file is rewritten whatever the mode: it is the source)
+    out = WriteTarget.open(url if in_place else target, storage_options, "w" if in_place else mode,
+                           modes=WHOLE_FILE_MODES, hint="relocate with mode='w' to overwrite it")
+    new_url, out_profile = out.url, out.profile
     with _local_copy(url, access) as local:
         with storage.netcdf_file(local) as nc:
             data_model = nc.data_model
@@ -115,7 +114,7 @@ def relocate(
     _warn_unsafe(model.aggregated, new_url)
     file_format = data_model if data_model in FILE_FORMATS else "NETCDF4"
     payload = encode_aggregation(model, format=format, file_format=file_format)
-    put_aggregation(new_url, payload, "w" if in_place else mode, out_profile, detail=f"{model.nfragments} fragments referenced")
+    put_aggregation(new_url, payload, out.mode, out_profile, detail=f"{model.nfragments} fragments referenced")
     return new_url
 
 

@@ -54,6 +54,7 @@ import netCDF4
 import numpy as np
 
 from ..choices import WRITE_FORMATS
+from .capabilities import CAPABILITIES, can, dialects_that, listed
 from ..decode import default_fill_value
 from ..errors import ArgumentError, CFAFormatError
 from ..locks import HDF5_LOCK
@@ -70,6 +71,8 @@ FILE_FORMATS = ("NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_
 #: and CFA-0.4 append to whatever the dataset declares (S3netCDF4); CF-1.13 and
 #: CFA-0.6.2 replace any CF or CFA version (cfdm, cf-python).
 _CONVENTIONS = {"CF-1.13": ("CF-1.13",), "CFA-0.6.2": ("CF-1.11", "CFA-0.6.2")}
+#: The formats that give a fragment several URIs (what an error names to use instead).
+_ALTERNATIVES = listed(dialects_that("alternatives"))
 _VERSION_WORD = re.compile(r"CFA?-\S*$")
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -285,12 +288,12 @@ def _encode_cf113(layout: _Layout, av: AggregatedVariable) -> None:
         raise _error(av, "CF-1.13 cannot mix unique-valued fragments with fragments in files")
     else:
         if uris.shape[-1] > 1:
-            raise _error(av, "CF-1.13 allows one URI per fragment; alternative URIs need CFA-0.6.2",
+            raise _error(av, f"CF-1.13 allows one URI per fragment; alternative URIs need {_ALTERNATIVES}",
                          _first_where(uris[..., 1] != ""))
         missing = uris[..., 0] == ""
         if missing.any():
             raise _error(av, "CF-1.13 cannot describe a wholly missing fragment among fragments in files "
-                         "(CFA-0.6.2, CFA-0.5 and CFA-0.4 can)", _first_where(missing))
+                         f"({listed(dialects_that('missing_fragments'))} can)", _first_where(missing))
         dims = layout.grid_dimensions(group, av)
         terms["uris"] = layout.instruction(group, f"{base}_uris", dims, object, uris[..., 0])
         ids, id_dims = _identifiers(av, dims, ~missing)
@@ -439,7 +442,8 @@ class _Partitions:
         _check_no_values(av)
         uris = _uri_table(av)
         if uris.shape[-1] > 1:
-            raise _error(av, "CFA-0.5 and CFA-0.4 allow one file per partition; alternative URIs need CFA-0.6.2",
+            raise _error(av, f"{listed(dialects_that('s3netcdf4'))} allow one file per partition; alternative "
+                         f"URIs need {_ALTERNATIVES}",
                          _first_where(uris[..., 1] != ""))
         grid = av.fragments.grid
         present = uris[..., 0] != ""
@@ -539,7 +543,7 @@ def _check_plain(av: AggregatedVariable) -> None:
 def _check_no_values(av: AggregatedVariable) -> None:
     values = av.fragments.unique_values
     if values is not None and not np.ma.getmaskarray(values).all():
-        raise _error(av, "unique-valued fragments can only be written as CF-1.13")
+        raise _error(av, f"unique-valued fragments can only be written as {listed(dialects_that('unique_values'))}")
 
 
 # --------------------------------------------------------------------------
@@ -597,7 +601,7 @@ def _conventions(existing: Any, format: str) -> str:
 
 
 #: The model's dialect names -> the format the encoder writes them in.
-WRITABLE_DIALECTS = {"CF-1.13": "CF-1.13", "CFA-0.6": "CFA-0.6.2", "CFA-0.5": "CFA-0.5", "CFA-0.4": "CFA-0.4"}
+WRITABLE_DIALECTS = {capabilities.read_as: name for name, capabilities in CAPABILITIES.items()}
 
 
 def common_format(variables: Sequence[AggregatedVariable], url: str, action: str) -> str:
@@ -619,7 +623,7 @@ def absolute_reference(uri: str, format: str) -> str:
     """How an aggregation file in ``format`` names the fragment at ``uri`` absolutely: a
     ``file://`` URI for a local file, except in S3netCDF4's dialects (CFA-0.5, CFA-0.4), where
     it is the plain path (S3netCDF4 takes ``file://`` for the name of an S3 host)."""
-    if format in ("CFA-0.5", "CFA-0.4") and is_local(uri):
+    if can(format, "s3netcdf4") and is_local(uri):
         return normalise(uri)
     return absolute(uri)
 

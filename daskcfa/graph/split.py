@@ -4,7 +4,7 @@ The writer's graph (:mod:`daskcfa.graph.write`) stays as it is: one
 :func:`~daskcfa.fragments.write.write_fragment` task per target fragment
 (markers, resume, atomic commit of the aggregation file last). What changes
 is where a fragment's values come from. :class:`SplitSource` is the
-:class:`~daskcfa.graph.write.FragmentSource` handed to the writer instead of a
+:class:`~daskcfa.write.request.FragmentSource` handed to the writer instead of a
 dask array; it gives every fragment task :class:`~daskcfa.fragments.write.Slabs`
 that produce the fragment slab by slab, on the worker, when the fragment file
 is already open:
@@ -42,7 +42,7 @@ from ..fragments.write import Slabs, encode_values
 from ..model import FragmentGrid
 from .read import AggregatedArray
 from .split_plan import VariablePlan
-from .write import FragmentSource
+from ..write.request import FragmentSource
 
 __all__ = ["SplitSource", "RegionSlabs", "PieceSlabs", "read_block", "remove_staging", "staging_root"]
 

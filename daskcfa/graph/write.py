@@ -1,6 +1,6 @@
 """The write graph behind :func:`daskcfa.to_cfa`: one task per fragment, then one commit.
 
-What to write arrives as a :class:`WriteRequest` (:mod:`daskcfa.inputs`
+What to write arrives as a :class:`~daskcfa.write.request.WriteRequest` (:mod:`daskcfa.inputs`
 makes one of whatever ``to_cfa`` was given): the dialect-independent
 :class:`~daskcfa.model.AggregationDataset` with its ordinary variables, plus
 the lazily computed values of each variable to aggregate. Per variable,
@@ -10,7 +10,7 @@ finer aligned chunks are assembled by the fragment task itself).
 
 The graph holds one :func:`~daskcfa.fragments.write.write_fragment` task per
 fragment, each returning a tiny :class:`~daskcfa.fragments.write.FragmentRecord`,
-and one commit task depending on all of them. The aggregation file's bytes are
+and one commit task (:mod:`daskcfa.write.commit`) depending on all of them. The aggregation file's bytes are
 encoded here, on the client, before anything is written: the fragment URIs
 are known in advance, so every rule of the chosen dialect is checked before
 the first fragment is written, and the commit task only has to put the file in
@@ -21,10 +21,9 @@ markers show them stored and unchanged are not written again.
 
 from __future__ import annotations
 
-import json
 import operator
 import posixpath
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Mapping
 
@@ -36,103 +35,20 @@ from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
 from ..arguments import check_fragment_shape
-from ..decode import PACKING_ATTRS, STORAGE_ATTRS, Encoding, default_fill_value
-from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, WriteConflictError
-from ..formats import aggregated_variables
-from ..formats.encode import absolute_reference, encode_aggregation, fragment_conventions
-from ..choices import ZARR_FRAGMENTS
-from ..fragments.zarr import check_zarr_compression
-from ..fragments.write import (
-    COMPRESSION_KEYS,
-    FRAGMENT_FORMATS,
-    FragmentRecord,
-    FragmentSpec,
-    FragmentTarget,
-    SlicedVariable,
-    encode_values,
-    shared_chunks,
-    write_fragment,
-)
-from ..model import (AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable,
-                     is_coordinate_variable)
+from ..errors import ArgumentError
+from ..formats.encode import absolute_reference
+from ..fragments.write import FRAGMENT_FORMATS, FragmentSpec, FragmentTarget, encode_values, shared_chunks, write_fragment
+from ..model import AggregatedVariable, AggregationDataset, FragmentGrid, is_coordinate_variable
 from ..storage.uri import check_uri_style
-from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
-from ..storage.lease import (Lease, generation_name, generation_of, in_generation, marker_of, own_generations, retire,
-                             schedule)
+from ..storage.publish import refuse_existing
+from ..storage.lease import Lease, generation_name, in_generation, marker_of
+from ..write.commit import commit_aggregation, plan_commit
+from ..write.request import FragmentSource, WriteRequest, WriteSource
+from ..write.spec import (DEFAULT_FRAGMENT_NAME, check_apart, check_template, compression_keywords, dimension_size,
+                          fragment_columns, fragment_name, fragment_spec, named_for, settle_unlimited)
 from .plan import MAX_FRAGMENT_SIZE, aligned_chunks, plan_fragments
 
-__all__ = [
-    "WriteRequest",
-    "WriteSource",
-    "FragmentSource",
-    "fragment_grid",
-    "write_graph",
-    "commit_aggregation",
-    "plan_commit",
-    "fragment_spec",
-    "compression_keywords",
-    "settle_unlimited",
-    "fragment_name",
-    "region_bounds",
-    "fragment_columns",
-]
-
-
-#: Fragments' names: S3netCDF4's layout (``.zarr`` instead of ``.nc`` for Zarr fragments).
-DEFAULT_FRAGMENT_NAME = "{stem}/{stem}.{var}.{index}.nc"
-
-
-class FragmentSource:
-    """Data that produce each fragment's values themselves, instead of dask chunks.
-
-    The split graph (:mod:`daskcfa.graph.split`) reads each target fragment's
-    region straight from the source, slab by slab. It is a dask collection
-    (its graph holds any tasks the fragment tasks depend on) whose
-    :meth:`fragment_values` gives the ``values`` argument of one fragment task.
-    """
-
-    name: str  #: identifies the data (part of the fragments' resume tokens)
-
-    def fragment_values(self, grid: FragmentGrid, index: tuple[int, ...]) -> Any:
-        raise NotImplementedError
-
-
-@dataclass
-class WriteSource:
-    """One variable to aggregate."""
-
-    name: str  #: path, e.g. ``"/tas"``
-    #: dask or numpy array of the values (decoded, or stored when ``encoded``), or a FragmentSource
-    data: Any
-    dims: tuple[str, ...]
-    dtype: np.dtype  #: stored dtype
-    attrs: dict[str, Any]
-    encoded: bool = False  #: ``data`` already holds stored values (xarray encodes its own)
-    #: r+: the variable as the existing aggregation file describes it
-    existing: AggregatedVariable | None = None
-    region: dict[str, slice] = field(default_factory=dict)
-    #: this variable's ``createVariable`` compression keywords (None: the write's ``compression``)
-    compression: dict[str, Any] | None = None
-    #: the fragment grid of the aggregation the data come from: kept unless a fragment plan is asked for
-    grid: FragmentGrid | None = None
-
-    @property
-    def group(self) -> str:
-        return posixpath.dirname(self.name) or "/"
-
-    @property
-    def basename(self) -> str:
-        return posixpath.basename(self.name)
-
-
-@dataclass
-class WriteRequest:
-    """What to write: the aggregation file's contents minus fragments, and the sources."""
-
-    model: AggregationDataset
-    sources: list[WriteSource]
-    #: r+: the existing aggregation file's (size, version) when it was read; the commit checks it is unchanged
-    version: tuple[int, str] | None = None
+__all__ = ["write_graph", "fragment_grid", "region_bounds"]
 
 
 @dataclass(frozen=True)
@@ -147,39 +63,6 @@ class _Options:
     profile: storage.ProfileRef
     semaphore: Any
     uris: str = "relative"
-
-
-@dataclass(frozen=True)
-class _Commit:
-    """What the commit task needs: the encoded aggregation file and where it goes."""
-
-    url: str
-    payload: bytes
-    mode: str
-    manifest: str  #: URI of the manifest
-    header: dict[str, Any]  #: the manifest's description of the write
-    variables: tuple[str, ...]  #: variable paths, in the order of the records
-    profile: storage.ProfileRef
-    retired: str  #: URI of the record of retired fragments kept for a grace period
-    keep_previous: float  #: seconds the previous generation's fragments are kept after the commit
-    expected: tuple[int, str] | None  #: r+: the aggregation file as the update found it
-    references: frozenset[str]  #: every fragment URI the new aggregation file references
-
-
-def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
-    """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types;
-    Zarr fragments hold numbers only (what their reader reads)."""
-    if file_format == ZARR_FRAGMENTS and dtype.kind not in "biuf":
-        raise ArgumentError(f"{name!r} has dtype {dtype}; Zarr fragments hold numbers only (use NETCDF4 fragments)")
-    if file_format in ("NETCDF4", ZARR_FRAGMENTS):
-        return
-    if dtype.kind in "OU" or (dtype.kind == "S" and dtype.itemsize > 1):
-        raise ArgumentError(f"{name!r} holds strings, which only NETCDF4 fragments store (vlen strings)")
-    if file_format == "NETCDF3_64BIT_DATA":
-        return
-    if dtype.str[1:] not in ("i1", "i2", "i4", "f4", "f8", "S1"):
-        raise ArgumentError(f"{name!r} has dtype {dtype}, which {file_format} fragments cannot hold "
-                        "(use NETCDF4 or NETCDF3_64BIT_DATA, or cast the data)")
 
 
 # --------------------------------------------------------------------------
@@ -210,13 +93,13 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
     if keep_previous < 0:
         raise ArgumentError(f"keep_previous must be a number of seconds >= 0, got {keep_previous!r}")
     check_fragment_shape(fragment_shape, [d for s in request.sources for d in s.dims], file=url)
-    fragment_name = _named_for(fragment_name, fragment_format, format)
+    fragment_name = named_for(fragment_name, fragment_format, format)
     options = _Options(fragment_shape, max_fragment_size, format, fragment_format,
                        compression_keywords(compression, fragment_format), fragment_name, mode, profile, semaphore,
                        check_uri_style(uris))
-    _check_template(fragment_name, len(request.sources))
+    check_template(fragment_name, len(request.sources))
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
-    _check_apart(url, stem)
+    check_apart(url, stem)
     settle_unlimited(request.model)
 
     planned = [_plan_variable(source, request.model, url, options) for source in request.sources]
@@ -242,31 +125,6 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
     layers[name] = (commit_aggregation, commit, record_keys, begin)
     graph = HighLevelGraph.from_collections(name, layers, dependencies=dependencies)
     return Delayed(name, graph)
-
-
-#: Dialects whose reference writer (S3netCDF4) puts a variable in a group at the same group
-#: path of each fragment file; readers of the others expect it at the root.
-_S3NETCDF4_FORMATS = ("CFA-0.5", "CFA-0.4")
-
-
-def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_format: str, generation: str,
-                variables: list[str], mode: str, profile: storage.ProfileRef, keep_previous: float = 0.0,
-                expected: tuple[int, str] | None = None, file_format: str = "NETCDF4") -> _Commit:
-    """What :func:`commit_aggregation` puts in place: the aggregation file of ``model`` (its fragments
-    complete), encoded now, which checks every rule of ``format``, and its manifest's description.
-    ``variables`` are the paths of the aggregated variables whose fragment records the commit gets."""
-    payload = encode_aggregation(model, format=format, file_format=file_format)
-    root = posixpath.join(posixpath.splitext(posixpath.basename(url.rstrip("/")))[0], ".daskcfa")
-    return _Commit(
-        url=url, payload=payload, mode=mode, profile=profile,
-        manifest=storage.manifest_uri(url),
-        header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
-                "generation": generation},
-        variables=tuple(variables),
-        retired=storage.resolve(posixpath.join(root, "retired.json"), url), keep_previous=float(keep_previous),
-        expected=expected,
-        references=frozenset(storage.resolve(u, url) for av in model.aggregated for u in av.fragments.locations()),
-    )
 
 
 def _begin(lease: Lease, mode: str, held: bool) -> Lease:
@@ -300,7 +158,7 @@ class _Planned:
 
 
 def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, options: _Options) -> _Planned:
-    full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
+    full = tuple(dimension_size(model, source.group, d) for d in source.dims)
     grid = fragment_grid(source, model, options.fragment_shape, options.max_fragment_size)
     start, stop = _bounds(source, full, grid)
     positions = [grid.fragments_between(d, a, b) for d, (a, b) in enumerate(zip(start, stop))]
@@ -315,26 +173,6 @@ def _plan_variable(source: WriteSource, model: AggregationDataset, url: str, opt
     token = tokenize(x.name, grid.sizes, start, replace(spec, profile=storage.NO_PROFILE),
                      [values for _, values in sliced], options.fragment_name)
     return _Planned(grid, start, positions, x, sliced, spec, dtype, attrs, token)
-
-
-def fragment_spec(source: WriteSource, model: AggregationDataset, url: str, *, format: str, fragment_format: str,
-                  compression: dict[str, Any], profile: storage.ProfileRef
-                  ) -> tuple[FragmentSpec, list[tuple[SlicedVariable, np.ndarray]], np.dtype, dict[str, Any]]:
-    """What every fragment of ``source`` shares (its :class:`FragmentSpec`), the ordinary variables
-    sliced into each with their values, and the aggregation variable's dtype and attributes."""
-    sliced, extra_dims = _sliced_variables(model, source)
-    for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
-        _check_classic(name, dt, fragment_format)
-    dtype, attrs, fragment_attrs = _encodings(source)
-    global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
-    spec = FragmentSpec(
-        variable=source.name, identifier=source.basename, dims=source.dims, dtype=source.dtype, attrs=fragment_attrs,
-        global_attrs=global_attrs, file_format=fragment_format,
-        compression=compression if source.compression is None else compression_keywords(source.compression, fragment_format),
-        aggregation=url, sliced=tuple(s for s, _ in sliced), extra_dims=extra_dims, profile=profile,
-        group=source.group if format in _S3NETCDF4_FORMATS else "/",
-    )
-    return spec, sliced, dtype, attrs
 
 
 def _variable_layer(source: WriteSource, plan: _Planned, url: str, stem: str, options: _Options, generation: str,
@@ -391,36 +229,10 @@ def fragment_grid(source: WriteSource, model: AggregationDataset, fragment_shape
         return source.existing.fragments.grid
     if source.grid is not None and fragment_shape is None and max_fragment_size is None:
         return source.grid
-    full = tuple(_dimension_size(model, source.group, d) for d in source.dims)
+    full = tuple(dimension_size(model, source.group, d) for d in source.dims)
     return plan_fragments(full, source.dtype, source.dims, fragment_shape=_shape_for(fragment_shape, source),
                           max_fragment_size=MAX_FRAGMENT_SIZE if max_fragment_size is None else max_fragment_size,
                           axes=_axes(model, source))
-
-
-def _encodings(source: WriteSource) -> tuple[np.dtype, dict[str, Any], dict[str, Any]]:
-    """The aggregation variable's dtype and attributes, and the fragments' attributes.
-
-    A reader unpacks every fragment *before* aggregating (the canonical form
-    of CF aggregation), then applies the aggregation variable's own packing.
-    So packed values are written as packed fragments that carry the packing
-    attributes (self-describing), and the aggregation variable describes the
-    unpacked data: the unpacked dtype, without the attributes of the packed
-    storage. An existing aggregation (``r+``) keeps its own description: its
-    packing stays on the aggregation variable and new fragments hold the
-    stored values without it, as its other fragments do.
-    """
-    encoding = Encoding.from_attrs(source.attrs, source.dtype)
-    if not encoding.is_packed:
-        return source.dtype, source.attrs, source.attrs
-    if source.existing is not None:
-        return source.dtype, source.attrs, {k: v for k, v in source.attrs.items() if k not in PACKING_ATTRS}
-    # The fragments' fill value, in the unpacked type, as the aggregation's _FillValue: CFAPyX
-    # leaves that very number at the points the fragments mark missing (it fills its masked
-    # reads with the fragment's fill value), and masks them only when the aggregation says so.
-    attrs = {k: v for k, v in source.attrs.items() if k not in STORAGE_ATTRS}
-    fill = encoding.fill_value if encoding.fill_value is not None else default_fill_value(encoding.stored_dtype)
-    attrs["_FillValue"] = np.asarray(fill).astype(encoding.decoded_dtype)[()]
-    return encoding.decoded_dtype, attrs, source.attrs
 
 
 def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Array:
@@ -445,206 +257,9 @@ def _aligned(source: WriteSource, sizes: tuple[tuple[int, ...], ...]) -> da.Arra
     return x.map_blocks(encode, dtype=source.dtype, meta=np.empty((0,) * x.ndim, source.dtype))
 
 
-def fragment_columns(source: WriteSource, grid: FragmentGrid, written: dict[tuple[int, ...], str]) -> Fragments:
-    """The variable's fragment columns: the fragments written now, and (r+) the others as they were
-    (``source.existing`` on ``grid``: references, identifiers, unique values)."""
-    existing = source.existing.fragments if source.existing is not None else None
-    width = existing.uris.shape[-1] if existing is not None and existing.uris is not None else 1
-    uris = np.full(grid.grid_shape + (width,), "", dtype=object)
-    ids = np.full(grid.grid_shape, source.basename, dtype=object)
-    values = None
-    if existing is not None:
-        if existing.uris is not None:
-            uris[...] = np.where(existing.uris == None, "", existing.uris)  # noqa: E711 (element-wise)
-        if existing.identifiers is not None:
-            names = np.asarray(existing.identifiers, dtype=object)
-            if names.ndim == grid.ndim + 1:  # one per alternative URI (CFA-0.6.2)
-                ids = np.full(grid.grid_shape + names.shape[-1:], source.basename, dtype=object)
-            ids[...] = np.broadcast_to(names, ids.shape)
-        if existing.unique_values is not None:
-            values = np.ma.array(existing.unique_values, copy=True)
-    for index, reference in written.items():
-        uris[index] = ""
-        uris[index + (0,)] = reference
-        ids[index] = source.basename
-        if values is not None:
-            values[index] = np.ma.masked
-    if len(set(ids.ravel().tolist())) == 1:
-        ids = np.array(ids.ravel()[0], dtype=object)
-    # how the kept fragments lie in their files (NCA): kept, so that a dialect which cannot say so refuses them
-    lying = {}
-    for name in ("axes", "reversed", "parts"):
-        column = getattr(existing, name) if existing is not None else None
-        if column is not None:
-            column = lying[name] = np.array(column, dtype=object)
-            for index in written:
-                column[index] = None
-    return Fragments(grid, uris=uris, identifiers=ids, unique_values=values, **lying)
-
-
-def commit_aggregation(commit: _Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
-    """Put the aggregation file in place (every fragment has succeeded), then the manifest;
-    then retire what the previous aggregation referenced and this one does not.
-
-    Temporary files that writers killed mid-fragment left beside these
-    fragments are removed first: every fragment is now in place, and the
-    lease keeps any other writer out.
-    """
-    try:
-        lease.confirm(force=True)
-        if commit.expected is not None and storage.stat(commit.url, commit.profile) != commit.expected:
-            raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
-                                     "run the update again", file=commit.url)
-        new = {storage.resolve(rec.uri, commit.url) for recs in records for rec in recs}
-        earlier = _read_manifest(commit)
-        previous = _previous_fragments(commit, earlier)
-        listed = schedule(previous, commit.references, commit.url, commit.retired, commit.profile,
-                          commit.keep_previous)
-        generations = own_generations(earlier, previous, commit.references, listed, commit.url,
-                                      commit.header["generation"])
-        storage.remove_stale_temporaries([commit.url, *new], commit.profile)
-        resumed = sum(rec.resumed for recs in records for rec in recs)
-        put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease,
-                        detail=f"generation {commit.header['generation']}: "
-                               f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
-        fragments: dict[str, dict[str, Any]] = {}
-        if commit.mode in UPDATE_MODES:  # the fragments written earlier are still part of the aggregation
-            fragments = earlier["fragments"]
-        for variable, recs in zip(commit.variables, records):
-            entries = fragments.setdefault(variable, {})
-            for rec in recs:
-                entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
-        manifest = {**commit.header, "generations": generations, "fragments": fragments}
-        storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
-        retire(commit.references, commit.url, commit.retired, commit.profile, generations)
-    finally:
-        lease.release()
-    return commit.url
-
-
-def _read_manifest(commit: _Commit) -> dict[str, Any]:
-    """The manifest of the previous write, its malformed parts left out (it lies beside the data,
-    and anyone who can write there can plant one: never a bare error, never trusted further
-    than :func:`daskcfa.storage.lease.own_generations` checks)."""
-    try:
-        manifest = json.loads(storage.read_bytes(commit.manifest, commit.profile))
-    except (NotFoundError, ValueError, RecursionError):
-        manifest = {}
-    if not isinstance(manifest, dict):
-        manifest = {}
-    fragments = manifest.get("fragments")
-    manifest["fragments"] = {
-        variable: {i: e for i, e in entries.items() if isinstance(e, dict) and isinstance(e.get("uri"), str)}
-        for variable, entries in (fragments.items() if isinstance(fragments, dict) else ())
-        if isinstance(entries, dict)}
-    return manifest
-
-
-def _previous_fragments(commit: _Commit, manifest: dict[str, Any]) -> set[str]:
-    """Fragments the aggregation file about to be replaced references that a daskcfa writer
-    made (in a generation directory, or listed in its manifest): what the commit may retire."""
-    if commit.mode == "w-" or not storage.exists(commit.url, commit.profile):
-        return set()
-    listed = {storage.resolve(e["uri"], commit.url) for entries in manifest["fragments"].values()
-              for e in entries.values()}
-    try:
-        with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
-            found = aggregated_variables(ds, commit.url)
-        uris = {storage.resolve(u, commit.url) for v in found.values() for u in v.fragments.locations()}
-    except (CFAError, ValueError):
-        return set()  # not an aggregation we can read: nothing of it is touched
-    return {u for u in uris if generation_of(u) is not None or u in listed}
-
-
 # --------------------------------------------------------------------------
 # Planning helpers
 # --------------------------------------------------------------------------
-
-
-def fragment_name(template: str, *, stem: str, variable: str, index: tuple[int, ...]) -> str:
-    """A fragment's URI reference from the ``fragment_name`` template.
-
-    ``{var}`` is the variable's path with group names joined by dots
-    (``/grp/tas`` -> ``grp.tas``, so S3netCDF4's layout puts the group after
-    the stem); ``{index}`` is the fragment index joined by dots (``0`` for
-    scalar data).
-    """
-    var = ".".join(part for part in variable.split("/") if part)
-    return template.format(stem=stem, var=var, index=".".join(map(str, index)) or "0")
-
-
-def _check_template(template: str, nvariables: int) -> None:
-    try:
-        fragment_name(template, stem="s", variable="v", index=(0,))
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ArgumentError(f"fragment_name {template!r} may only use {{stem}}, {{var}} and {{index}} ({exc})") from None
-    if "{index}" not in template or (nvariables > 1 and "{var}" not in template):
-        raise ArgumentError(f"fragment_name {template!r} must contain {{index}} (and {{var}} for several variables), "
-                         "so that every fragment gets its own name")
-
-
-def _named_for(template: str, fragment_format: str, format: str) -> str:
-    """The fragment name template for ``fragment_format``: Zarr stores end in ``.zarr`` (how
-    readers know them), in CF-1.13 aggregations (which name fragments by URI alone)."""
-    if fragment_format != ZARR_FRAGMENTS:
-        return template
-    if format != "CF-1.13":
-        raise ArgumentError(f"Zarr fragments are written for CF-1.13 aggregations, not {format} (whose readers "
-                            "expect netCDF fragments)")
-    if template == DEFAULT_FRAGMENT_NAME:
-        return template[: -len(".nc")] + ".zarr"
-    if not template.endswith(".zarr"):
-        raise ArgumentError(f"fragment_name {template!r} must end in '.zarr' for Zarr fragments (how readers "
-                            "recognise a store)")
-    return template
-
-
-def _check_apart(url: str, stem: str) -> None:
-    """Refuse, before anything is written, an aggregation file named as its fragments' directory
-    (``to_cfa(x, "myarchive")``: fragments and write markers would go to ``myarchive/``, where the file must go)."""
-    name = posixpath.basename(url.rstrip("/"))
-    if name == stem:
-        raise ArgumentError(f"the aggregation file {name!r} would share its name with its fragments' directory "
-                            f"{name + '/'!r}; give it a suffix, such as {name + '.nc'!r}", file=url)
-
-
-def compression_keywords(compression: Any, fragment_format: str) -> dict[str, Any]:
-    """``createVariable`` keywords: ``None``, ``"zlib"`` (netCDF4's defaults), or a dict of them."""
-    if compression is None:
-        return {}
-    if isinstance(compression, str):
-        compression = {"compression": compression}
-    if not isinstance(compression, Mapping):
-        raise ArgumentError(f"compression must be None, a name such as 'zlib', or a dict, got {compression!r}")
-    unknown = sorted(set(compression) - COMPRESSION_KEYS)
-    if unknown:
-        raise ArgumentError(f"unknown compression settings {unknown}; known: {', '.join(sorted(COMPRESSION_KEYS))}")
-    if fragment_format.startswith("NETCDF3"):
-        raise ArgumentError(f"{fragment_format} fragments cannot be compressed (use NETCDF4 or NETCDF4_CLASSIC)")
-    if fragment_format == ZARR_FRAGMENTS:
-        return check_zarr_compression(compression)
-    return dict(compression)
-
-
-def settle_unlimited(model: AggregationDataset) -> None:
-    """A dimension stays unlimited only if an ordinary variable spans it: aggregated
-    variables are scalars in the aggregation file, so nothing else would give it a length."""
-
-    def spanned(dim: Dimension) -> bool:
-        group, name = posixpath.split(dim.name)
-        inside = group.rstrip("/") + "/"
-        return any(name in v.dims and (posixpath.dirname(v.name).rstrip("/") + "/").startswith(inside)
-                   for v in model.variables)
-
-    model.dimensions = [replace(d, unlimited=d.unlimited and spanned(d)) for d in model.dimensions]
-
-
-def _dimension_size(model: AggregationDataset, group: str, name: str) -> int:
-    """The size of dimension ``name`` as seen from ``group``; an error when none is visible there."""
-    size = model.dimension_size(group, name)
-    if size is None:
-        raise CFAFormatError(f"dimension {name!r} is not defined in group {group!r} or above")
-    return size
 
 
 def _axes(model: AggregationDataset, source: WriteSource) -> dict[str, str]:
@@ -716,33 +331,3 @@ def _fragment_position(grid: FragmentGrid, dims: tuple[str, ...], dim: str, wher
     return grid.fragment_at(dims.index(dim), where.start)
 
 
-def _sliced_variables(model: AggregationDataset, source: WriteSource) -> tuple[list, dict[str, int]]:
-    """The ordinary variables every fragment carries, sliced to its sub-domain.
-
-    Coordinate variables of the variable's dimensions, the variables named by
-    its ``coordinates`` attribute, and the ``bounds`` of those. Dimensions they
-    have beyond the variable's (e.g. a bounds dimension) are copied whole.
-    """
-    wanted = list(source.dims) + str(source.attrs.get("coordinates", "")).split()
-    chosen: dict[str, PlainVariable] = {}
-    for name in wanted:
-        var = model.find_variable(source.group, name)
-        if var is None or var.name in chosen or posixpath.basename(var.name) == source.basename:
-            continue
-        chosen[var.name] = var
-        bounds = var.attrs.get("bounds")
-        bvar = model.find_variable(source.group, str(bounds)) if bounds is not None else None
-        if bvar is not None:
-            chosen.setdefault(bvar.name, bvar)
-    sliced, extra, seen = [], {}, set()
-    for var in chosen.values():
-        base = posixpath.basename(var.name)
-        if base in seen:
-            continue
-        seen.add(base)
-        for dim in var.dims:
-            if dim not in source.dims:
-                extra[dim] = _dimension_size(model, posixpath.dirname(var.name) or "/", dim)
-        values = np.ma.filled(var.data) if np.ma.isMaskedArray(var.data) else np.asarray(var.data)
-        sliced.append((SlicedVariable(base, tuple(var.dims), np.dtype(var.dtype), dict(var.attrs)), values))
-    return sliced, extra

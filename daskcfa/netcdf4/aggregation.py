@@ -27,19 +27,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Mapping
 
-import dask
 import numpy as np
 
 from .. import config, dataset, storage
 from ..archive.chunk_index import index as write_chunk_index
-from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError, TargetExistsError, redact
+from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
-from ..graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
-                           fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)
+from ..formats.capabilities import dialects_that
+from ..write.commit import commit_aggregation, plan_commit
+from ..write.request import WriteSource
+from ..write.spec import DEFAULT_FRAGMENT_NAME, fragment_columns, fragment_name, fragment_spec, settle_unlimited
+from ..write.target import WriteTarget
 from ..inputs import stored_values
 from ..lazy import dask_array as da
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
-from ..storage.access import open_aggregation
 from ..storage.lease import Lease, generation_name, in_generation
 from .existing import Existing, read_existing
 from .groups import Definitions
@@ -50,7 +51,7 @@ from .variables import PreviousVariable, VariableState, WritableVariable
 __all__ = ["AggregationWriter"]
 
 #: dialects that can record a fragment as missing (never written: it reads as missing values)
-_SPARSE_DIALECTS = ("CFA-0.6.2", "CFA-0.5", "CFA-0.4")
+_SPARSE_DIALECTS = dialects_that("missing_fragments")
 
 
 def _nothing_to_update(mode: str, url: str) -> NotFoundError:
@@ -84,11 +85,10 @@ class AggregationWriter(Definitions, dataset.Group):
                chunk_index: bool = False, existing: Existing | None = None) -> "AggregationWriter":
         """``existing``: an update's dataset as the constructor read it (read again if it has changed
         since, once this writer holds the lease)."""
-        config.check()
+        target = WriteTarget.for_netcdf4(url, storage_options, mode, clobber)
+        url, profile = target.url, target.profile
         self = object.__new__(cls)
         d = self.__dict__
-        url = storage.normalise(url)
-        profile = storage.register(storage_options, protocol=storage.scheme_of(url))
         dataset.Group.__init__(self, name="/", path="/")
         d.update(url=url, _writer=self, _mode=mode, _profile=profile, _closed=False, _failed=None,
                  _dialect=kinds[0], _file_format=kinds[1], _fragment_format=kinds[2], _template=fragment_name,
@@ -97,13 +97,7 @@ class AggregationWriter(Definitions, dataset.Group):
         d["_budget"] = config.size("daskcfa.write.buffer-memory", buffer_size, "buffer_size")
         d["_stem"] = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
         d["_index_options"] = dict(storage_options or {}) if chunk_index else None  # (never shown: no repr has it)
-        exists = storage.exists(url, profile)
-        if mode == "w" and exists and not clobber:
-            raise TargetExistsError("the aggregation exists (clobber=False, or mode 'x')", file=url)
-        if mode in ("a", "r+") and not exists:
-            raise _nothing_to_update(mode, url)
-        lease = Lease.new(url, profile, generation_name(uuid.uuid4().hex))
-        lease.acquire(wait=float(dask.config.get("daskcfa.write.lease-wait")) if mode in ("a", "r+") else 0.0)
+        lease = target.lease(generation_name(uuid.uuid4().hex), acquire=True)
         workers = max_concurrent_uploads or (2 if storage.is_local(url) else 4)
         d["_lease"] = lease
         d["_pool"] = ThreadPoolExecutor(max_workers=int(workers), thread_name_prefix="daskcfa-dataset")
@@ -112,7 +106,7 @@ class AggregationWriter(Definitions, dataset.Group):
         try:
             if mode in ("a", "r+"):
                 if existing is None or existing.dataset is None or storage.stat(url, profile) != existing.expected:
-                    existing = read_existing(*open_aggregation(url, storage_options), plain_too=True)
+                    existing = read_existing(url, target.access, plain_too=True)
                 if existing is None:  # (removed before the lease was held)
                     raise _nothing_to_update(mode, url)
                 d["_expected"] = existing.expected

@@ -11,8 +11,9 @@ from typing import Any, Mapping
 import netCDF4
 
 from .. import storage
-from ..errors import NotFoundError, TargetExistsError, redact
+from ..errors import redact
 from ..locks import HDF5_LOCK
+from ..write.target import WriteTarget
 
 __all__ = ["PLAIN_FORMATS", "PlainWriter"]
 
@@ -57,13 +58,8 @@ class PlainWriter(_PlainGroup):
 
     def __init__(self, url: str, mode: str, clobber: bool, format: str,
                  storage_options: Mapping[str, Any] | None, **options: Any) -> None:
-        url = storage.normalise(url)
-        profile = storage.register(storage_options, protocol=storage.scheme_of(url))
-        exists = storage.exists(url, profile)
-        if mode == "w" and exists and not clobber:
-            raise TargetExistsError("the file exists (clobber=False)", file=url)
-        if mode in ("a", "r+") and not exists:
-            raise NotFoundError(f"mode={mode!r} updates a file, and there is none", file=url)
+        target = WriteTarget.for_netcdf4(url, storage_options, mode, clobber)
+        url, profile = target.url, target.profile
         local = storage.is_local(url)
         if local:
             final = storage.local_path(url)
