@@ -17,7 +17,7 @@ from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
 from . import append, inputs
 from .formats.encode import common_format
-from .archive.chunk_index import index
+from .index_writer import index
 from .graph.write import DEFAULT_FRAGMENT_NAME, WriteRequest, write_graph
 from .graph.plan import plan_fragments
 from .fragments.chunk_index import indexed

@@ -137,7 +137,7 @@ def _references(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    from .archive.chunk_index import index
+    from .index_writer import index
 
     _print(str(index(args.url, args.variables, storage_options=args.storage_options)))
     return 0

@@ -59,10 +59,10 @@ from . import config, dataset, storage
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, TargetExistsError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
-from .archive.chunk_index import index as write_chunk_index
+from .index_writer import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
-from .formats.limits import max_elements
+from .limits import max_elements
 from .graph.plan import plan_fragments
 from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
                           fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)

@@ -1,4 +1,4 @@
-"""The package's structure: imports without cycles, private names kept private,
+"""The package's structure: imports down the layers and without cycles, private names kept private,
 package ``__init__`` files that only re-export.
 
 Read from the source with :mod:`ast` (nothing is imported), so that a cycle
@@ -97,6 +97,64 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+#: The layers, bottom to top, each a set of top-level names of the package (a module, or a subpackage with
+#: everything in it; "" is the package itself). A module imports only from its own layer or the ones below.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("base", frozenset({"errors", "choices", "logs", "lazy", "locks", "units", "arguments", "config", "limits",
+                        "model", "decode"})),
+    ("storage", frozenset({"storage"})),
+    ("formats", frozenset({"formats"})),
+    ("fragments", frozenset({"fragments"})),
+    ("write", frozenset({"write"})),
+    ("graph", frozenset({"graph"})),
+    ("api", frozenset({"api", "dataset", "netcdf4", "netcdf4_read", "inputs", "append", "index_writer",
+                       "plugins"})),
+    ("archive", frozenset({"archive"})),
+    ("front ends", frozenset({"cli", "__main__", "progress", "xarray_backend", "xarray_accessor", "sample_data",
+                              "exports", ""})),
+)
+
+
+def _layer(module: str) -> int | None:
+    """The position in :data:`LAYERS` of a dotted module name (None: in no layer)."""
+    top = module.split(".")[1] if "." in module else ""
+    return next((i for i, (_, names) in enumerate(LAYERS) if top in names), None)
+
+
+def _upward(names=None) -> list[str]:
+    """Every import of a daskcfa module from a higher layer, as ``importer (layer) -> imported (layer)``."""
+    offences = []
+    for name in sorted(MODULES if names is None else names):
+        for module, imported in _imports(name):
+            target = _targets(module, imported)[0]
+            if target in MODULES and _layer(target) > _layer(name):
+                offences.append(f"{name} ({LAYERS[_layer(name)][0]}) -> {target} ({LAYERS[_layer(target)][0]})")
+    return sorted(set(offences))
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [name for name in MODULES if _layer(name) is None] == []
+
+
+def test_every_import_is_of_a_module_that_exists() -> None:
+    """(An import of a moved module would be in no layer, and escape the layer test.)"""
+    assert [f"{name} -> {module}" for name in MODULES for module, imported in _imports(name)
+            if _targets(module, imported)[0] not in MODULES] == []
+
+
+def test_imports_go_down_the_layers() -> None:
+    """docs/architecture.md, "Layers and rules": every import (module level or inside a function) is of a
+    module in the importer's own layer or one below it."""
+    assert _upward() == []
+
+
+def test_the_layer_walk_finds_upward_imports(tmp_path, monkeypatch) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from ..errors import CFAError\n\ndef f():\n    from ..graph.read import to_dask\n")
+    monkeypatch.setitem(MODULES, "daskcfa.storage.fake", module)
+    assert _upward(["daskcfa.storage.fake"]) == ["daskcfa.storage.fake (storage) -> daskcfa.graph.read (graph)"]
 
 
 def _private(name: str) -> bool:

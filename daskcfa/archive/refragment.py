@@ -46,7 +46,7 @@ from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentG
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
 from .aggregate import prepare_target
-from .chunk_index import index
+from ..index_writer import index
 
 __all__ = ["refragment", "split", "plan_refragment", "RefragmentPlan", "OutputEstimate"]
 
