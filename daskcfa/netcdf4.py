@@ -63,12 +63,12 @@ from .index_writer import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
 from .limits import max_elements
-from .graph.plan import plan_fragments
+from .graph.plan import MAX_FRAGMENT_SIZE, plan_fragments
 from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
                           fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)
 from .inputs import stored_values
 from .model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
-from .locks import HDF5_LOCK
+from .locks import NETCDF_LOCK
 from .storage.access import open_aggregation
 from .storage.lease import Lease, generation_name, in_generation
 
@@ -213,11 +213,11 @@ class _PlainGroup:
     def createVariable(self, varname: str, datatype: Any, dimensions: Any = (), **options: Any) -> Any:
         for name in _FRAGMENT_KEYWORDS:
             options.pop(name, None)
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             return self._nc.createVariable(varname, datatype, dimensions, **options)
 
     def createGroup(self, groupname: str) -> "_PlainGroup":
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             return _PlainGroup(self._nc.createGroup(groupname))
 
 
@@ -252,7 +252,7 @@ class PlainWriter(_PlainGroup):
             else:
                 with open(scratch, "wb") as f:
                     f.write(storage.read_bytes(url, profile))
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             nc = netCDF4.Dataset(scratch, "a" if mode in ("a", "r+") else "w", format=format, **options)
         super().__init__(nc)
         self.__dict__.update(_url=url, _profile=profile, _scratch=scratch, _closed=False)
@@ -266,7 +266,7 @@ class PlainWriter(_PlainGroup):
             return
         self.__dict__["_closed"] = True
         try:
-            with HDF5_LOCK:
+            with NETCDF_LOCK:
                 self._nc.close()
             if not commit:
                 return
@@ -803,7 +803,7 @@ class _FragmentLayout:
     @classmethod
     def plan(cls, var: WritableVariable, fragment_shape: Any, max_fragment_size: int | str | None) -> "_FragmentLayout":
         unlimited = [d.unlimited for d in var._dimensions]
-        size = max_fragment_size if max_fragment_size is not None else "50MB"
+        size = max_fragment_size if max_fragment_size is not None else MAX_FRAGMENT_SIZE
         if fragment_shape is not None:
             wanted = [int(n) for n in np.asarray(fragment_shape).reshape(-1)]
             if len(wanted) != len(var.dims) or min(wanted, default=1) < 1:

@@ -157,6 +157,48 @@ def test_the_layer_walk_finds_upward_imports(tmp_path, monkeypatch) -> None:
     assert _upward(["daskcfa.storage.fake"]) == ["daskcfa.storage.fake (storage) -> daskcfa.graph.read (graph)"]
 
 
+#: Defaults with one home, ``daskcfa/choices.py``: no function's parameter, dataclass field or command line
+#: option writes one of them again as a literal (``"50MB"`` was written in six places).
+SHARED_DEFAULTS = ("MAX_FRAGMENT_SIZE", "MAX_MEM")
+
+
+def _copied_defaults(names=None) -> list[str]:
+    """``module:line value`` for each default (parameter, ``default=`` keyword, class field) that is a literal
+    equal to one of :data:`SHARED_DEFAULTS`, outside their home."""
+    from daskcfa import choices
+
+    values = {getattr(choices, name) for name in SHARED_DEFAULTS}
+    found = []
+    for name in MODULES if names is None else names:
+        if name == "daskcfa.choices":
+            continue
+        for node in ast.walk(ast.parse(MODULES[name].read_text(), str(MODULES[name]))):
+            if isinstance(node, ast.arguments):
+                defaults = [*node.defaults, *node.kw_defaults]
+            elif isinstance(node, ast.keyword) and node.arg == "default":
+                defaults = [node.value]
+            elif isinstance(node, ast.ClassDef):
+                defaults = [n.value for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+            else:
+                continue
+            found += [f"{name}:{d.lineno} {d.value!r}" for d in defaults
+                      if isinstance(d, ast.Constant) and isinstance(d.value, str) and d.value in values]
+    return sorted(found)
+
+
+def test_shared_defaults_have_one_home() -> None:
+    assert _copied_defaults() == []
+
+
+def test_the_defaults_walk_finds_copies(tmp_path, monkeypatch) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(x, size='50MB', *, mem='1GiB'):\n    pass\n\nclass C:\n    size: str = '50MB'\n"
+                      "p.add_argument('--max-mem', default='1GiB')\n")
+    monkeypatch.setitem(MODULES, "daskcfa.fake", module)
+    assert _copied_defaults(["daskcfa.fake"]) == ["daskcfa.fake:1 '1GiB'", "daskcfa.fake:1 '50MB'",
+                                                  "daskcfa.fake:5 '50MB'", "daskcfa.fake:6 '1GiB'"]
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
