@@ -1,8 +1,9 @@
 """The ``daskcfa`` command line: a thin shell over the archive operations.
 
 Every subcommand parses its arguments, calls one function of the API
-(:mod:`daskcfa.archive`) and prints what it returns; nothing else happens
-here but choosing the dask scheduler and showing progress. argparse (the
+(:mod:`daskcfa.archive`, or :func:`daskcfa.index`) and prints what it
+returns; nothing else happens here but choosing the dask scheduler and
+showing progress. argparse (the
 standard library) rather than click: the interface is a handful of
 subcommands with plain options, which argparse covers without adding a
 dependency to every installation.

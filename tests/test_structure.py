@@ -117,6 +117,13 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 )
 
 
+def _fake_module(tmp_path, monkeypatch, name: str, text: str) -> None:
+    """A module ``name`` of the package holding ``text``, for the walks' own tests."""
+    module = tmp_path / "m.py"
+    module.write_text(text)
+    monkeypatch.setitem(MODULES, name, module)
+
+
 def _layer(module: str) -> int | None:
     """The position in :data:`LAYERS` of a dotted module name (None: in no layer)."""
     top = module.split(".")[1] if "." in module else ""
@@ -151,20 +158,19 @@ def test_imports_go_down_the_layers() -> None:
 
 
 def test_the_layer_walk_finds_upward_imports(tmp_path, monkeypatch) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("from ..errors import CFAError\n\ndef f():\n    from ..graph.read import to_dask\n")
-    monkeypatch.setitem(MODULES, "daskcfa.storage.fake", module)
+    _fake_module(tmp_path, monkeypatch, "daskcfa.storage.fake",
+                 "from ..errors import CFAError\n\ndef f():\n    from ..graph.read import to_dask\n")
     assert _upward(["daskcfa.storage.fake"]) == ["daskcfa.storage.fake (storage) -> daskcfa.graph.read (graph)"]
 
 
-#: Defaults with one home, ``daskcfa/choices.py``: no function's parameter, dataclass field or command line
-#: option writes one of them again as a literal (``"50MB"`` was written in six places).
+#: Defaults with one home, ``daskcfa/choices.py``: no other module writes one of them again as a literal
+#: (``"50MB"`` was written in six places; docstrings may quote them).
 SHARED_DEFAULTS = ("MAX_FRAGMENT_SIZE", "MAX_MEM")
 
 
 def _copied_defaults(names=None) -> list[str]:
-    """``module:line value`` for each default (parameter, ``default=`` keyword, class field) that is a literal
-    equal to one of :data:`SHARED_DEFAULTS`, outside their home."""
+    """``module:line value`` for each string literal equal to one of :data:`SHARED_DEFAULTS` outside their
+    home, docstrings and other bare strings aside."""
     from daskcfa import choices
 
     values = {getattr(choices, name) for name in SHARED_DEFAULTS}
@@ -172,17 +178,11 @@ def _copied_defaults(names=None) -> list[str]:
     for name in MODULES if names is None else names:
         if name == "daskcfa.choices":
             continue
-        for node in ast.walk(ast.parse(MODULES[name].read_text(), str(MODULES[name]))):
-            if isinstance(node, ast.arguments):
-                defaults = [*node.defaults, *node.kw_defaults]
-            elif isinstance(node, ast.keyword) and node.arg == "default":
-                defaults = [node.value]
-            elif isinstance(node, ast.ClassDef):
-                defaults = [n.value for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
-            else:
-                continue
-            found += [f"{name}:{d.lineno} {d.value!r}" for d in defaults
-                      if isinstance(d, ast.Constant) and isinstance(d.value, str) and d.value in values]
+        tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+        bare = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        found += [f"{name}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values
+                  and id(node) not in bare]
     return sorted(found)
 
 
@@ -191,12 +191,12 @@ def test_shared_defaults_have_one_home() -> None:
 
 
 def test_the_defaults_walk_finds_copies(tmp_path, monkeypatch) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("def f(x, size='50MB', *, mem='1GiB'):\n    pass\n\nclass C:\n    size: str = '50MB'\n"
-                      "p.add_argument('--max-mem', default='1GiB')\n")
-    monkeypatch.setitem(MODULES, "daskcfa.fake", module)
+    _fake_module(tmp_path, monkeypatch, "daskcfa.fake", "def f(x, size='50MB', *, mem='1GiB'):\n    '''50MB'''\n\n"
+                 "class C:\n    size: str = '50MB'\np.add_argument('--max-mem', default='1GiB')\n"
+                 "s = x if x is not None else '50MB'\n")
     assert _copied_defaults(["daskcfa.fake"]) == ["daskcfa.fake:1 '1GiB'", "daskcfa.fake:1 '50MB'",
-                                                  "daskcfa.fake:5 '50MB'", "daskcfa.fake:6 '1GiB'"]
+                                                  "daskcfa.fake:5 '50MB'", "daskcfa.fake:6 '1GiB'",
+                                                  "daskcfa.fake:7 '50MB'"]
 
 
 def _private(name: str) -> bool:
@@ -312,9 +312,7 @@ def test_every_error_raised_is_a_cfa_error() -> None:
 
 
 def test_the_raise_walk_finds_bare_builtins(tmp_path, monkeypatch) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("def f(x):\n    if x:\n        raise ValueError('bad')\n    raise FileExistsError\n"
-                      "def __getattr__(n):\n    raise AttributeError(n)\n")
-    monkeypatch.setitem(MODULES, "daskcfa.fake", module)
+    _fake_module(tmp_path, monkeypatch, "daskcfa.fake", "def f(x):\n    if x:\n        raise ValueError('bad')\n"
+                 "    raise FileExistsError\ndef __getattr__(n):\n    raise AttributeError(n)\n")
     assert _bare_builtin_raises(["daskcfa.fake"]) == [("daskcfa.fake", 3, "f", "ValueError"), ("daskcfa.fake", 4, "f",
                                                                                  "FileExistsError")]
