@@ -56,6 +56,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from . import config, dataset, storage
+from .choices import MAX_FRAGMENT_SIZE
 from .decode import Encoding
 from .errors import ArgumentError, CFAError, CFAWarning, FragmentError, NotFoundError, TargetExistsError, redact
 from .fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
@@ -63,7 +64,7 @@ from .index_writer import index as write_chunk_index
 from .formats import aggregated_variables
 from .formats.encode import common_format
 from .limits import max_elements
-from .graph.plan import MAX_FRAGMENT_SIZE, plan_fragments
+from .graph.plan import plan_fragments
 from .graph.write import (DEFAULT_FRAGMENT_NAME, WriteSource, commit_aggregation,
                           fragment_columns, fragment_name, fragment_spec, plan_commit, settle_unlimited)
 from .inputs import stored_values

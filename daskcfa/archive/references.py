@@ -36,9 +36,8 @@ import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-import dask
 import numpy as np
 
 from .. import storage

@@ -59,7 +59,8 @@ from ..storage.uri import check_uri_style
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 from ..storage.lease import (Lease, generation_name, generation_of, in_generation, marker_of, own_generations, retire,
                              schedule)
-from .plan import MAX_FRAGMENT_SIZE, aligned_chunks, plan_fragments
+from ..choices import MAX_FRAGMENT_SIZE
+from .plan import aligned_chunks, plan_fragments
 
 __all__ = [
     "WriteRequest",
