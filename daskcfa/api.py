@@ -12,12 +12,13 @@ import netCDF4
 from . import config, storage
 from .netcdf4 import Dataset
 from .arguments import nearest
+from .choices import DEFAULT_FORMAT, DEFAULT_FRAGMENT_FORMAT, DEFAULT_URIS
 from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
 from . import append, inputs
 from .formats.encode import common_format
-from .archive.chunk_index import index
+from .index_writer import index
 from .graph.write import write_graph
 from .write.request import WriteRequest
 from .write.spec import DEFAULT_FRAGMENT_NAME
@@ -138,7 +139,7 @@ def to_cfa(
     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
     max_fragment_size: int | str | None = None,
     format: str | None = None,
-    fragment_format: str = "NETCDF4",
+    fragment_format: str = DEFAULT_FRAGMENT_FORMAT,
     compression: str | Mapping[str, Any] | None = None,
     fragment_name: str = DEFAULT_FRAGMENT_NAME,
     storage_options: Mapping[str, Any] | None = None,
@@ -148,7 +149,7 @@ def to_cfa(
     append_dim: str | None = None,
     max_concurrent_uploads: int | None = None,
     keep_previous: float = 0.0,
-    uris: str = "relative",
+    uris: str = DEFAULT_URIS,
     chunk_index: bool = False,
 ) -> str | Delayed:
     """Write an array or a dataset as a CFA-netCDF aggregation (fragment files plus an aggregation file),
@@ -349,7 +350,7 @@ def to_cfa(
             request = _request(data, variable, dims, attrs, coords, region)
         delayed = write_graph(
             request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
-            format=format or "CF-1.13", fragment_format=fragment_format, compression=compression,
+            format=format or DEFAULT_FORMAT, fragment_format=fragment_format, compression=compression,
             fragment_name=fragment_name, mode=mode, profile=profile,
             semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,

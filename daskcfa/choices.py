@@ -1,11 +1,13 @@
-"""The fixed sets of names the API and the command line accept.
+"""The fixed sets of names the API and the command line accept, and the defaults they share.
 
 Kept apart from the modules that use them, with no imports, so that building
 the command line's parser (``daskcfa --help``) does not import netCDF4,
-h5py or dask.array.
+h5py or dask.array; one home for each default, so that a function of the API
+and the subcommand over it cannot drift apart.
 """
 
-__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "ZARR_FRAGMENTS", "URI_STYLES", "REFERENCE_FORMATS"]
+__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "ZARR_FRAGMENTS", "URI_STYLES", "REFERENCE_FORMATS",
+           "DEFAULT_FORMAT", "DEFAULT_FRAGMENT_FORMAT", "DEFAULT_URIS", "MAX_FRAGMENT_SIZE", "MAX_MEM"]
 
 #: Aggregation dialects daskcfa writes.
 WRITE_FORMATS = ("CF-1.13", "CFA-0.6.2", "CFA-0.5", "CFA-0.4")
@@ -24,3 +26,19 @@ URI_STYLES = ("relative", "absolute")
 
 #: Reference-set formats ``to_references`` writes: fsspec's JSON (version 1, with templates) and its Parquet directory.
 REFERENCE_FORMATS = ("json", "parquet")
+
+#: The dialect of new aggregation files.
+DEFAULT_FORMAT = WRITE_FORMATS[0]
+
+#: The format of new fragments.
+DEFAULT_FRAGMENT_FORMAT = FRAGMENT_FORMATS[0]
+
+#: How new aggregation files refer to their fragments.
+DEFAULT_URIS = URI_STYLES[0]
+
+#: The default bound on a new fragment's bytes (S3netCDF4's ``max_subarray_size`` default), where no
+#: fragment shape is given.
+MAX_FRAGMENT_SIZE = "50MB"
+
+#: The default memory budget of each task re-fragmenting (``refragment``, ``daskcfa split``).
+MAX_MEM = "1GiB"

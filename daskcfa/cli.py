@@ -1,8 +1,9 @@
 """The ``daskcfa`` command line: a thin shell over the archive operations.
 
 Every subcommand parses its arguments, calls one function of the API
-(:mod:`daskcfa.archive`) and prints what it returns; nothing else happens
-here but choosing the dask scheduler and showing progress. argparse (the
+(:mod:`daskcfa.archive`, or :func:`daskcfa.index`) and prints what it
+returns; nothing else happens here but choosing the dask scheduler and
+showing progress. argparse (the
 standard library) rather than click: the interface is a handful of
 subcommands with plain options, which argparse covers without adding a
 dependency to every installation.
@@ -137,7 +138,7 @@ def _references(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    from .archive.chunk_index import index
+    from .index_writer import index
 
     _print(str(index(args.url, args.variables, storage_options=args.storage_options)))
     return 0
@@ -150,7 +151,8 @@ def _index(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .choices import FRAGMENT_FORMATS, REFERENCE_FORMATS, WRITE_FORMATS
+    from .choices import (DEFAULT_FRAGMENT_FORMAT, FRAGMENT_FORMATS, MAX_FRAGMENT_SIZE, MAX_MEM, REFERENCE_FORMATS,
+                          WRITE_FORMATS)
 
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("common options")
@@ -202,15 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("target", metavar="TARGET", help="the new aggregation file")
     split.add_argument("--fragment-shape", metavar="SHAPE", type=_fragment_shape,
                        help="target fragment shape: DIM=N,... (e.g. time=1000,lat=45) or N,N,...")
-    split.add_argument("--max-fragment-size", default="50MB", metavar="SIZE",
+    split.add_argument("--max-fragment-size", default=MAX_FRAGMENT_SIZE, metavar="SIZE",
                        help="largest fragment when --fragment-shape is not given (default: %(default)s)")
-    split.add_argument("--max-mem", default="1GiB", metavar="SIZE",
+    split.add_argument("--max-mem", default=MAX_MEM, metavar="SIZE",
                        help="memory budget of every task (default: %(default)s)")
     split.add_argument("--plan-only", action="store_true",
                        help="print the plan (stages, tasks, memory, read amplification) and write nothing")
     _variables_option(split)
     _format_option(split, formats)
-    split.add_argument("--fragment-format", default="NETCDF4", choices=FRAGMENT_FORMATS,
+    split.add_argument("--fragment-format", default=DEFAULT_FRAGMENT_FORMAT, choices=FRAGMENT_FORMATS,
                        help="netCDF format of the new fragments (default: %(default)s)")
     split.add_argument("--compression", type=_compression, metavar="zlib|JSON",
                        help='compression of the new fragments (default: as the source\'s): none, a name (zlib) or '
@@ -292,14 +294,16 @@ def _variables_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _format_option(parser: argparse.ArgumentParser, formats: str) -> None:
-    parser.add_argument("--format", default="CF-1.13", metavar="DIALECT",
+    from .choices import DEFAULT_FORMAT
+
+    parser.add_argument("--format", default=DEFAULT_FORMAT, metavar="DIALECT",
                         help=f"aggregation dialect: {formats} (default: %(default)s)")
 
 
 def _uris_option(parser: argparse.ArgumentParser) -> None:
-    from .choices import URI_STYLES
+    from .choices import DEFAULT_URIS, URI_STYLES
 
-    parser.add_argument("--uris", choices=URI_STYLES, default="relative",
+    parser.add_argument("--uris", choices=URI_STYLES, default=DEFAULT_URIS,
                         help="fragment URIs relative to the aggregation file (default) or absolute, for tools that "
                              "resolve relative ones against their working directory (cfdm, CFAPyX, S3netCDF4)")
 

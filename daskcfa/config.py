@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import sys
 import threading
 import warnings
@@ -36,7 +37,7 @@ import yaml
 
 from .errors import ArgumentError, CFAWarning, ConfigError
 
-__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size", "maximum"]
+__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size", "maximum", "parse_size", "to_bytes"]
 
 _HERE = os.path.dirname(__file__)
 
@@ -109,7 +110,7 @@ def size(key: str, given: Any = None, argument: str = "") -> int:
         if given is None:
             raise
         raise ArgumentError(f"{argument}: {exc.reason.replace(f'dask config {key!r}', 'the value')}") from None
-    number = _parse_size(value, s3nc=schema.get("format") == "size") if isinstance(value, str) else value
+    number = to_bytes(value, s3nc=schema.get("format") == "size") if isinstance(value, str) else value
     return int(number)
 
 
@@ -173,7 +174,7 @@ def _check_value(value: Any, schema: Mapping[str, Any], key: str) -> None:
                               f"not {value!r}")
     number = value
     if schema.get("format") in ("bytes", "size") and isinstance(value, str):
-        number = _parse_size(value, s3nc=schema["format"] == "size")
+        number = to_bytes(value, s3nc=schema["format"] == "size")
         if number is None:
             units = "'16MiB', '2GB'" + (" or S3netCDF4's '2 YB'" if schema["format"] == "size" else "")
             raise ConfigError(f"dask config {key!r} must be a size such as {units}, or an integer, "
@@ -202,13 +203,15 @@ def _bound(schema: Mapping[str, Any], name: str) -> float | None:
     """A schema's ``minimum`` or ``maximum``, which a size key may write as a size (``5GiB``)."""
     bound = schema.get(name)
     if isinstance(bound, str):
-        return _parse_size(bound, s3nc=True)
+        return to_bytes(bound)
     return bound
 
 
-def _parse_size(text: str, s3nc: bool) -> int | None:
+def to_bytes(text: str, s3nc: bool = True) -> int | None:
     """Bytes in dask's units (``16MiB``), or also S3netCDF4's (``2 YB``) if ``s3nc``; None if neither
-    (nor if the number overflows a float: ``parse_bytes("1e400")`` raises OverflowError)."""
+    (nor if the number overflows a float: ``parse_bytes("1e400")`` raises OverflowError).
+
+    The one reading of a size string: the schema's ``bytes`` and ``size`` formats, and budgets."""
     from dask.utils import parse_bytes
 
     try:
@@ -218,12 +221,32 @@ def _parse_size(text: str, s3nc: bool) -> int | None:
     except ValueError:
         if not s3nc:
             return None
-    from .storage.s3nc import parse_size
-
     try:
         return parse_size(text)
-    except ValueError:
+    except ConfigError:
         return None
+
+
+#: S3netCDF4's size suffixes: decimal units, up to yottabytes.
+_SIZE_UNITS = {"": 1, "B": 1, **{f"{p}B": 1000 ** (i + 1) for i, p in enumerate("KMGTPEZY")}}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes in an S3netCDF4 size: a number, or one suffixed ``B``, ``kB``, ``MB`` ... ``YB`` (decimal).
+
+    Exact integer arithmetic (no float rounding), as S3netCDF4's configuration files mean them."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{value!r} is not a size")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    unit = match.group(2).upper() if match else None
+    if unit not in _SIZE_UNITS:
+        raise ConfigError(f"{value!r} is not a size (a number with B, kB, MB, GB, TB, PB, EB, ZB or YB)")
+    number = match.group(1)
+    whole, _, fraction = number.partition(".")
+    return (int(whole or 0) * 10 ** len(fraction) + int(fraction or 0)) * _SIZE_UNITS[unit] // 10 ** len(fraction)
 
 
 def _describe(name: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import dask
 from .lazy import dask_array as da
@@ -31,7 +31,7 @@ from .model import AggregatedVariable, Fragments
 from .netcdf4_read import ReadDataset, ReadVariable
 from .storage.access import Access
 
-__all__ = ["Dataset", "Group", "Variable", "Dimension", "ordinary_values"]
+__all__ = ["Dataset", "Group", "Variable", "Dimension", "ordinary_values", "select_aggregated"]
 
 
 @dataclass(frozen=True)
@@ -413,6 +413,22 @@ class Dataset(ReadDataset, Group):
             for var in group.variables.values():
                 lines.append(f"  {var!r}")
         return "\n".join(lines)
+
+
+def select_aggregated(ds: Dataset, variables: Sequence[str] | None, url: str) -> list[AggregatedVariable]:
+    """The aggregated variables of ``ds`` named in ``variables`` (``tas`` or ``/grp/tas``; None: all): the
+    one reading of the ``variables`` argument of the operations over fragments (index, verify, references)."""
+    found = {path: var.aggregation for path, var in ds.aggregated_variables.items()}
+    if variables is None:
+        return list(found.values())
+    chosen = []
+    for name in variables:
+        path = name if name.startswith("/") else f"/{name}"
+        if path not in found:
+            raise VariableNotFoundError(f"{name!r} is not an aggregated variable; aggregated variables: "
+                                        f"{', '.join(sorted(found)) or 'none'}", file=url)
+        chosen.append(found[path])
+    return chosen
 
 
 def _attrs(obj: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ LAZY = {
     "relocate": ".archive.relocate",
     "verify": ".archive.verify",
     "to_references": ".archive.references",
-    "index": ".archive.chunk_index",
+    "index": ".index_writer",
     "sample": ".sample_data",
 }
 

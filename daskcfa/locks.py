@@ -1,7 +1,7 @@
-"""The process-wide lock around the netCDF-C/HDF5 libraries.
+"""The process-wide lock around netCDF-C (and the libhdf5 it links): :data:`NETCDF_LOCK`.
 
-netCDF-C and HDF5 are not thread-safe: every call into them in a process goes
-through this one lock. Code holding it does as little as possible (open,
+netCDF-C and HDF5 are not thread-safe: every call into netCDF-C (netCDF4-python)
+in a process goes through this one lock. Code holding it does as little as possible (open,
 locate, read bytes); decoding, unit conversion and assembly run outside.
 
 A lock protects the library only if *every* caller in the process takes it.
@@ -18,7 +18,7 @@ else) so that the import ends only after any daskcfa section in progress:
 from then on every section takes xarray's locks as well, before xarray can
 make its first netCDF-C call.
 
-Despite its name (xarray's), it guards the libhdf5 that netCDF-C links, not
+It guards (with xarray's ``HDF5_LOCK``) the libhdf5 that netCDF-C links, not
 h5py's: the direct HDF5 engine's h5py calls take h5py's own lock instead. That
 is safe because the PyPI wheels of h5py and netCDF4 each load their own copy
 of libhdf5 (``h5py.libs``, ``netcdf4.libs``), which share no state; a build
@@ -35,7 +35,7 @@ import threading
 from types import ModuleType
 from typing import Any, Protocol
 
-__all__ = ["HDF5_LOCK"]
+__all__ = ["NETCDF_LOCK"]
 
 #: the module that holds xarray's netCDF-C and HDF5 locks
 XARRAY_LOCKS = "xarray.backends.locks"
@@ -109,14 +109,14 @@ class _ProcessLock:
         self.release()
 
     def __reduce__(self) -> str:
-        return "HDF5_LOCK"
+        return "NETCDF_LOCK"
 
     def __repr__(self) -> str:
-        return "<daskcfa.locks.HDF5_LOCK" + (" with xarray's locks>" if self._xarray else ">")
+        return "<daskcfa.locks.NETCDF_LOCK" + (" with xarray's locks>" if self._xarray else ">")
 
 
 class _AdoptingLoader(importlib.abc.Loader):
-    """xarray's lock module, loaded by its own loader, then adopted by :data:`HDF5_LOCK`."""
+    """xarray's lock module, loaded by its own loader, then adopted by :data:`NETCDF_LOCK`."""
 
     def __init__(self, loader: importlib.abc.Loader) -> None:
         self._loader = loader
@@ -126,7 +126,7 @@ class _AdoptingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
-        HDF5_LOCK.adopt(module)
+        NETCDF_LOCK.adopt(module)
 
     def __getattr__(self, name: str) -> Any:  # (get_source for tracebacks, resource readers)
         return getattr(self._loader, name)
@@ -145,8 +145,8 @@ class _XarrayLocksFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-HDF5_LOCK = _ProcessLock()
+NETCDF_LOCK = _ProcessLock()
 if XARRAY_LOCKS in sys.modules:
-    HDF5_LOCK.adopt(sys.modules[XARRAY_LOCKS])
+    NETCDF_LOCK.adopt(sys.modules[XARRAY_LOCKS])
 else:
     sys.meta_path.insert(0, _XarrayLocksFinder())

@@ -194,3 +194,18 @@ def test_the_writer_checks_its_buffer_size_argument(tmp_path):
     with pytest.raises(daskcfa.ArgumentError, match="buffer_size: the value must be a size such as"):
         daskcfa.Dataset(str(tmp_path / "n.nc"), "w", format="CF-1.13", buffer_size="1e400")  # (was OverflowError)
     assert not any(tmp_path.iterdir())
+
+
+# S3netCDF4's sizes (its configuration file; format: size keys): one reader, config.parse_size
+@pytest.mark.parametrize("text, expected", [
+    ("50MB", 50 * 10**6), ("1GB", 10**9), ("10 kB", 10**4), ("1.5GB", 1_500_000_000), ("2TB", 2 * 10**12),
+    ("3PB", 3 * 10**15), ("1EB", 10**18), ("1ZB", 10**21), ("1YB", 10**24), ("512", 512), (4096, 4096), ("7B", 7),
+])
+def test_sizes_in_decimal_units_up_to_yottabytes(text, expected):
+    assert config.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MB", "1XB", "1.2.3GB", "-1MB", True, None, 1.5, "{{ memory }}", "1e3MB"])
+def test_sizes_that_are_not(text):
+    with pytest.raises(daskcfa.errors.ConfigError):
+        config.parse_size(text)

@@ -167,3 +167,12 @@ def test_oversized_fragment_is_a_clear_error(cluster, s3_server, s3_bucket, tmp_
         x.compute()
     assert "memory budget" in str(info.value) and "s3://" in str(info.value)
     client.unregister_worker_plugin("budget-tiny")
+
+
+def test_a_budget_that_is_not_a_size_is_an_argument_error():
+    """Sizes read as dask (``1GiB``) or S3netCDF4 (``2 GB``) read them, by config.py's one reader; anything
+    else is a daskcfa error naming the argument, not the parser's bare ValueError."""
+    assert daskcfa.FragmentBudget(memory="2 GB", filehandles=4).budget.memory == 2 * 10**9
+    assert daskcfa.FragmentBudget(memory="1GiB", filehandles=4).budget.memory == 2**30
+    with pytest.raises(daskcfa.ArgumentError, match="memory='lots' is not a size"):
+        daskcfa.FragmentBudget(memory="lots", filehandles=4)

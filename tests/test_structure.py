@@ -1,4 +1,4 @@
-"""The package's structure: imports without cycles, private names kept private,
+"""The package's structure: imports down the layers and without cycles, private names kept private,
 package ``__init__`` files that only re-export.
 
 Read from the source with :mod:`ast` (nothing is imported), so that a cycle
@@ -97,6 +97,106 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+#: The layers, bottom to top, each a set of top-level names of the package (a module, or a subpackage with
+#: everything in it; "" is the package itself). A module imports only from its own layer or the ones below.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("base", frozenset({"errors", "choices", "logs", "lazy", "locks", "units", "arguments", "config", "limits",
+                        "model", "decode"})),
+    ("storage", frozenset({"storage"})),
+    ("formats", frozenset({"formats"})),
+    ("fragments", frozenset({"fragments"})),
+    ("write", frozenset({"write"})),
+    ("graph", frozenset({"graph"})),
+    ("api", frozenset({"api", "dataset", "netcdf4", "netcdf4_read", "inputs", "append", "index_writer",
+                       "plugins"})),
+    ("archive", frozenset({"archive"})),
+    ("front ends", frozenset({"cli", "__main__", "progress", "xarray_backend", "xarray_accessor", "sample_data",
+                              "exports", ""})),
+)
+
+
+def _fake_module(tmp_path, monkeypatch, name: str, text: str) -> None:
+    """A module ``name`` of the package holding ``text``, for the walks' own tests."""
+    module = tmp_path / "m.py"
+    module.write_text(text)
+    monkeypatch.setitem(MODULES, name, module)
+
+
+def _layer(module: str) -> int | None:
+    """The position in :data:`LAYERS` of a dotted module name (None: in no layer)."""
+    top = module.split(".")[1] if "." in module else ""
+    return next((i for i, (_, names) in enumerate(LAYERS) if top in names), None)
+
+
+def _upward(names=None) -> list[str]:
+    """Every import of a daskcfa module from a higher layer, as ``importer (layer) -> imported (layer)``."""
+    offences = []
+    for name in sorted(MODULES if names is None else names):
+        for module, imported in _imports(name):
+            target = _targets(module, imported)[0]
+            if target in MODULES and _layer(target) > _layer(name):
+                offences.append(f"{name} ({LAYERS[_layer(name)][0]}) -> {target} ({LAYERS[_layer(target)][0]})")
+    return sorted(set(offences))
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [name for name in MODULES if _layer(name) is None] == []
+
+
+def test_every_import_is_of_a_module_that_exists() -> None:
+    """(An import of a moved module would be in no layer, and escape the layer test.)"""
+    assert [f"{name} -> {module}" for name in MODULES for module, imported in _imports(name)
+            if _targets(module, imported)[0] not in MODULES] == []
+
+
+def test_imports_go_down_the_layers() -> None:
+    """docs/architecture.md, "Layers and rules": every import (module level or inside a function) is of a
+    module in the importer's own layer or one below it."""
+    assert _upward() == []
+
+
+def test_the_layer_walk_finds_upward_imports(tmp_path, monkeypatch) -> None:
+    _fake_module(tmp_path, monkeypatch, "daskcfa.storage.fake",
+                 "from ..errors import CFAError\n\ndef f():\n    from ..graph.read import to_dask\n")
+    assert _upward(["daskcfa.storage.fake"]) == ["daskcfa.storage.fake (storage) -> daskcfa.graph.read (graph)"]
+
+
+#: Defaults with one home, ``daskcfa/choices.py``: no other module writes one of them again as a literal
+#: (``"50MB"`` was written in six places; docstrings may quote them).
+SHARED_DEFAULTS = ("MAX_FRAGMENT_SIZE", "MAX_MEM")
+
+
+def _copied_defaults(names=None) -> list[str]:
+    """``module:line value`` for each string literal equal to one of :data:`SHARED_DEFAULTS` outside their
+    home, docstrings and other bare strings aside."""
+    from daskcfa import choices
+
+    values = {getattr(choices, name) for name in SHARED_DEFAULTS}
+    found = []
+    for name in MODULES if names is None else names:
+        if name == "daskcfa.choices":
+            continue
+        tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+        bare = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        found += [f"{name}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values
+                  and id(node) not in bare]
+    return sorted(found)
+
+
+def test_shared_defaults_have_one_home() -> None:
+    assert _copied_defaults() == []
+
+
+def test_the_defaults_walk_finds_copies(tmp_path, monkeypatch) -> None:
+    _fake_module(tmp_path, monkeypatch, "daskcfa.fake", "def f(x, size='50MB', *, mem='1GiB'):\n    '''50MB'''\n\n"
+                 "class C:\n    size: str = '50MB'\np.add_argument('--max-mem', default='1GiB')\n"
+                 "s = x if x is not None else '50MB'\n")
+    assert _copied_defaults(["daskcfa.fake"]) == ["daskcfa.fake:1 '1GiB'", "daskcfa.fake:1 '50MB'",
+                                                  "daskcfa.fake:5 '50MB'", "daskcfa.fake:6 '1GiB'",
+                                                  "daskcfa.fake:7 '50MB'"]
 
 
 def _private(name: str) -> bool:
@@ -217,9 +317,7 @@ def test_every_error_raised_is_a_cfa_error() -> None:
 
 
 def test_the_raise_walk_finds_bare_builtins(tmp_path, monkeypatch) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("def f(x):\n    if x:\n        raise ValueError('bad')\n    raise FileExistsError\n"
-                      "def __getattr__(n):\n    raise AttributeError(n)\n")
-    monkeypatch.setitem(MODULES, "daskcfa.fake", module)
+    _fake_module(tmp_path, monkeypatch, "daskcfa.fake", "def f(x):\n    if x:\n        raise ValueError('bad')\n"
+                 "    raise FileExistsError\ndef __getattr__(n):\n    raise AttributeError(n)\n")
     assert _bare_builtin_raises(["daskcfa.fake"]) == [("daskcfa.fake", 3, "f", "ValueError"), ("daskcfa.fake", 4, "f",
                                                                                  "FileExistsError")]

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import numpy as np
 
 from .. import storage
+from ..choices import DEFAULT_FORMAT, DEFAULT_URIS
 from ..decode import same_value
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
@@ -36,7 +37,7 @@ from ..write.target import WriteTarget
 __all__ = ["scan", "aggregate", "rebuild"]
 
 def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequence[str] | None = None,
-              variables: Sequence[str] | None = None, format: str = "CF-1.13", uris: str = "relative",
+              variables: Sequence[str] | None = None, format: str = DEFAULT_FORMAT, uris: str = DEFAULT_URIS,
               storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
     """Write an aggregation file at ``target`` over existing netCDF files (no data are copied).
 
@@ -70,7 +71,7 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     return _write(model, url, profile, format=format, uris=uris, mode=mode)
 
 
-def rebuild(fragments: str | Sequence[str], target: str, *, format: str = "CF-1.13", uris: str = "relative",
+def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAULT_FORMAT, uris: str = DEFAULT_URIS,
             storage_options: Mapping[str, Any] | None = None, mode: str = "w-") -> str:
     """Reconstruct a lost aggregation file from the self-describing fragments ``to_cfa`` wrote.
 

@@ -24,13 +24,12 @@ from dask.utils import format_bytes
 
 from ..arguments import check_names
 from .. import storage
-from ..dataset import Dataset
+from ..dataset import Dataset, select_aggregated
 from ..errors import ArgumentError, CFAError, NotFoundError, VariableNotFoundError, redact
 from ..fragments.canonical import allowed_uris
 from ..fragments.zarr import is_zarr, stored_size
 from ..model import AggregatedVariable
 from ..storage.access import Access, open_aggregation
-from .verify import select_aggregated
 
 __all__ = ["VariableSummary", "DatasetSummary", "describe", "plot_layout"]
 

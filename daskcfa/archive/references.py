@@ -36,14 +36,13 @@ import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-import dask
 import numpy as np
 
 from .. import storage
 from ..choices import REFERENCE_FORMATS
-from ..dataset import Dataset, Variable
+from ..dataset import Dataset, Variable, select_aggregated
 from ..decode import Encoding
 from ..errors import ArgumentError, CFAError, NotFoundError, ReferencesError, redact
 from ..formats.netcdf import INSTRUCTION_ATTRS
@@ -53,15 +52,14 @@ from ..fragments.files import open_fragment
 from ..fragments.hdf5_filters import DEFLATE, FLETCHER32, SHUFFLE
 from ..fragments.layout import StoredLayout
 from ..fragments.zarr import is_reference_set, is_zarr
-from ..graph.read import AggregatedArray
+from ..graph.batches import in_batches
 from ..model import AggregatedVariable, FragmentRef
 from ..storage.access import Access, open_aggregation
 from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
-from .verify import MAX_TASKS, select_aggregated
 from .zarr_layout import ZarrLayout, zarr_layout
 
-__all__ = ["to_references", "scan_fragments", "in_batches"]
+__all__ = ["to_references", "scan_fragments"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -227,28 +225,6 @@ def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> d
     if refused:
         raise _refusal(refused, [av.name for av in chosen], url)
     return refs
-
-
-def in_batches(chosen: Sequence[AggregatedVariable], url: str, access: Access,
-               function: Callable[[Sequence[FragmentRef], Target], list[Any]], label: str) -> dict[str, list[Any]]:
-    """``function(fragments, target)`` over every fragment of the ``chosen`` variables, one dask
-    task per batch (at most ``MAX_TASKS`` in all) on the current scheduler: its results, per variable,
-    in fragment order."""
-    total = sum(len(av.fragments) for av in chosen)
-    per_task = max(1, math.ceil(total / MAX_TASKS))
-    tasks = []
-    for av in chosen:
-        target = AggregatedArray(av, access=access).target
-        refs = list(av.fragments)
-        for start in range(0, len(refs), per_task):
-            batch = refs[start:start + per_task]
-            key = f"{label}-{av.basename}-{dask.base.tokenize(url, av.name, batch, target)}"
-            tasks.append((av.name, dask.delayed(function, pure=True)(batch, target, dask_key_name=key)))
-    results = dask.compute(*(task for _, task in tasks))
-    found: dict[str, list[Any]] = {av.name: [] for av in chosen}
-    for (name, _), batch in zip(tasks, results):
-        found[name] += batch
-    return found
 
 
 def scan_fragments(refs: Sequence[FragmentRef], target: Target) -> list[_Scanned]:

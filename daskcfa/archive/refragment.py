@@ -30,7 +30,8 @@ from dask.utils import format_bytes, parse_bytes
 
 from .. import config, storage
 from ..arguments import check_fragment_shape
-from ..choices import ZARR_FRAGMENTS
+from ..choices import (DEFAULT_FORMAT, DEFAULT_FRAGMENT_FORMAT, DEFAULT_URIS, MAX_FRAGMENT_SIZE, MAX_MEM,
+                       ZARR_FRAGMENTS)
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
@@ -47,7 +48,7 @@ from ..write.target import WriteTarget
 from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid, is_coordinate_variable
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy
-from .chunk_index import index
+from ..index_writer import index
 
 __all__ = ["refragment", "split", "plan_refragment", "RefragmentPlan", "OutputEstimate"]
 
@@ -143,8 +144,9 @@ class _Refragmented:
 
 def plan_refragment(source: Any, *, variables: Sequence[str] | None = None,
                     fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
-                    max_fragment_size: int | str = "50MB", max_mem: int | str = "1GiB", format: str = "CF-1.13",
-                    fragment_format: str = "NETCDF4", compression: str | Mapping[str, Any] | None = None,
+                    max_fragment_size: int | str = MAX_FRAGMENT_SIZE, max_mem: int | str = MAX_MEM,
+                    format: str = DEFAULT_FORMAT, fragment_format: str = DEFAULT_FRAGMENT_FORMAT,
+                    compression: str | Mapping[str, Any] | None = None,
                     storage_options: Mapping[str, Any] | None = None) -> RefragmentPlan:
     """Plan :func:`refragment` without writing anything (reads only metadata).
 
@@ -161,10 +163,11 @@ def plan_refragment(source: Any, *, variables: Sequence[str] | None = None,
 
 def refragment(source: Any, target: str, *, variables: Sequence[str] | None = None,
                fragment_shape: Sequence[int] | Mapping[str, int] | None = None,
-               max_fragment_size: int | str = "50MB", max_mem: int | str = "1GiB", format: str = "CF-1.13",
-               fragment_format: str = "NETCDF4", compression: str | Mapping[str, Any] | None = None,
-               storage_options: Mapping[str, Any] | None = None, mode: str = "w-",
-               compute: bool = True, uris: str = "relative", chunk_index: bool = False) -> str | Delayed:
+               max_fragment_size: int | str = MAX_FRAGMENT_SIZE, max_mem: int | str = MAX_MEM,
+               format: str = DEFAULT_FORMAT, fragment_format: str = DEFAULT_FRAGMENT_FORMAT,
+               compression: str | Mapping[str, Any] | None = None,
+               storage_options: Mapping[str, Any] | None = None, mode: str = "w-", compute: bool = True,
+               uris: str = DEFAULT_URIS, chunk_index: bool = False) -> str | Delayed:
     """Copy ``source`` into a new CFA dataset at ``target`` with a new fragment layout.
 
     Parameters
@@ -268,7 +271,8 @@ split = refragment
 
 def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, max_fragment_size: int | str,
              max_mem: int | str, storage_options: Mapping[str, Any] | None, compression: Any = None,
-             fragment_format: str = "NETCDF4") -> tuple[RefragmentPlan, AggregationDataset, list[_Refragmented]]:
+             fragment_format: str = DEFAULT_FRAGMENT_FORMAT
+             ) -> tuple[RefragmentPlan, AggregationDataset, list[_Refragmented]]:
     """The model to write, the variables to re-fragment, each planned."""
     config.check()
     budget = parse_bytes(max_mem) if isinstance(max_mem, str) else int(max_mem)

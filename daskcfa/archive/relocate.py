@@ -49,6 +49,7 @@ import dask.config
 import numpy as np
 
 from .. import storage
+from ..choices import DEFAULT_URIS
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
@@ -71,7 +72,7 @@ def relocate(
     format: str | None = None,
     mode: str = "w-",
     storage_options: Mapping[str, Any] | None = None,
-    uris: str = "relative",
+    uris: str = DEFAULT_URIS,
 ) -> str:
     """Rewrite the fragment URIs of the aggregation file ``url`` by prefix ``mapping``.
 

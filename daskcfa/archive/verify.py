@@ -29,7 +29,7 @@ import numpy as np
 from dask.delayed import Delayed
 
 from .. import storage
-from ..dataset import Dataset
+from ..dataset import Dataset, select_aggregated
 from ..errors import (
     BudgetError,
     CFAError,
@@ -40,11 +40,11 @@ from ..errors import (
     StorageError,
     UnitsError,
     UnsafeURIError,
-    VariableNotFoundError,
     redact,
 )
 from ..fragments.canonical import Target, read_fragment
 from ..fragments.chunk_index import VariableIndex, load_index
+from ..graph.batches import MAX_TASKS
 from ..graph.read import AggregatedArray
 from ..model import AggregatedVariable, FragmentRef
 from ..storage.access import open_aggregation
@@ -55,8 +55,6 @@ __all__ = ["Problem", "VerifyReport", "verify", "KINDS"]
 KINDS = ("missing", "unsafe", "unreadable", "shape", "units", "corrupt", "storage", "budget", "error",
          "stale-index")
 
-#: At most this many check tasks per verification (fragments are batched beyond it).
-MAX_TASKS = 10_000
 #: Deep checks read a fragment in slabs of at most this many bytes (bounded memory per task).
 SLAB_BYTES = 64 << 20
 
@@ -145,21 +143,6 @@ def verify(
                                                                     dask_key_name=_key(url, av, batch, deep, indexed)))
     report = dask.delayed(_report, pure=True)(url, deep, checked, tuple(av.name for av in chosen), *batches)
     return report.compute() if compute else report
-
-
-def select_aggregated(ds: Dataset, variables: Sequence[str] | None, url: str) -> list[AggregatedVariable]:
-    """The aggregated variables of ``ds`` named in ``variables`` (``tas`` or ``/grp/tas``; None: all)."""
-    found = {path: var.aggregation for path, var in ds.aggregated_variables.items()}
-    if variables is None:
-        return list(found.values())
-    chosen = []
-    for name in variables:
-        path = name if name.startswith("/") else f"/{name}"
-        if path not in found:
-            raise VariableNotFoundError(f"{name!r} is not an aggregated variable; aggregated variables: "
-                                        f"{', '.join(sorted(found)) or 'none'}", file=url)
-        chosen.append(found[path])
-    return chosen
 
 
 def _key(url: str, av: AggregatedVariable, batch: list[FragmentRef], deep: bool, indexed: Mapping[Any, Any]) -> str:

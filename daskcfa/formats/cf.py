@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CFAFormatError, CFAWarning
 from ..model import AggregatedVariable, FragmentGrid, Fragments
 from . import netcdf as nc
-from .limits import check_fragment_count
+from ..limits import check_fragment_count
 
 
 @dataclass(frozen=True)

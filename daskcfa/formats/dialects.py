@@ -16,7 +16,7 @@ from ..errors import CFAError, CFAFormatError
 from ..model import AggregatedVariable
 from . import netcdf as nc
 from . import cf
-from .limits import check_group_depth, parsing
+from ..limits import check_group_depth, parsing
 
 __all__ = ["dialect_of", "parse_variable", "aggregated_variables", "walk"]
 

@@ -53,11 +53,11 @@ from typing import Any, Sequence
 import netCDF4
 import numpy as np
 
-from ..choices import WRITE_FORMATS
+from ..choices import DEFAULT_FORMAT, WRITE_FORMATS
 from .capabilities import CAPABILITIES, can, dialects_that, listed
 from ..decode import default_fill_value
 from ..errors import ArgumentError, CFAFormatError
-from ..locks import HDF5_LOCK
+from ..locks import NETCDF_LOCK
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable, ancestry
 from ..storage.uri import absolute, is_local, normalise
 from .netcdf import INSTRUCTION_ATTRS, OPEN_HINT, OPEN_HINT_ATTR, Where, partition_grid
@@ -79,7 +79,7 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 
 def encode_aggregation(
-    dataset: AggregationDataset, *, format: str = "CF-1.13", file_format: str = "NETCDF4"
+    dataset: AggregationDataset, *, format: str = DEFAULT_FORMAT, file_format: str = "NETCDF4"
 ) -> bytes:
     """The bytes of the aggregation file of ``dataset`` (put in place by :mod:`daskcfa.storage.publish`).
 
@@ -96,7 +96,7 @@ def encode_aggregation(
 
 
 def _write_file(path: Path, layout: "_Layout", file_format: str) -> None:
-    with HDF5_LOCK:
+    with NETCDF_LOCK:
         nc = netCDF4.Dataset(str(path), "w", clobber=False, format=file_format)
         try:
             _emit(nc, layout.flat)
@@ -616,7 +616,7 @@ def common_format(variables: Sequence[AggregatedVariable], url: str, action: str
     formats = sorted({WRITABLE_DIALECTS[d] for d in dialects})
     if len(formats) > 1:
         raise CFAFormatError(f"the file mixes the dialects {', '.join(dialects)}; choose one with format=", file=url)
-    return formats[0] if formats else "CF-1.13"
+    return formats[0] if formats else DEFAULT_FORMAT
 
 
 def absolute_reference(uri: str, format: str) -> str:

@@ -49,7 +49,7 @@ from .netcdf import (
     variable_path,
     with_base,
 )
-from .limits import JSON_EXPANSION, charge
+from ..limits import JSON_EXPANSION, charge
 
 __all__ = ["parse_nca", "parse_json_partitions"]
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..decode import Encoding, chars_to_strings
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid
-from .limits import STRING_BYTES, charge, check_array_size, check_fragment_count, remaining
+from ..limits import STRING_BYTES, charge, check_array_size, check_fragment_count, remaining
 
 #: Longest string an instruction variable may hold (URIs are far shorter).
 MAX_STRING_LENGTH = 1 << 16

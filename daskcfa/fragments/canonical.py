@@ -22,7 +22,7 @@ import numpy as np
 from ..decode import Encoding, chars_to_strings, strings_to_chars
 from ..errors import (CFAError, CFAFormatError, CFAWarning, FragmentError, FragmentReadError, FragmentShapeError,
                       MissingFragmentError, NotFoundError, UnitsError, redact)
-from ..formats.limits import max_string_length
+from ..limits import max_string_length
 from ..logs import logger
 from ..model import FragmentRef
 from .. import storage

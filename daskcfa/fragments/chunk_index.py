@@ -1,6 +1,6 @@
 """The chunk index beside an aggregation file: where every HDF5 chunk of every fragment lies.
 
-``daskcfa index URL`` (:mod:`daskcfa.archive.chunk_index`) writes, beside the
+``daskcfa index URL`` (:mod:`daskcfa.index_writer`) writes, beside the
 aggregation file ``t.nc``, the JSON file ``.t.nc.chunks.json`` (:func:`index_uri`)::
 
     {"format": "daskcfa-chunk-index", "version": 2, "aggregation": "t.nc",
@@ -58,7 +58,7 @@ import numpy as np
 from .. import storage
 from ..decode import STORAGE_ATTRS
 from ..errors import ArgumentError, CFAError, CFAFormatError, CFAWarning, NotFoundError, redact
-from ..formats.limits import max_memory
+from ..limits import max_memory
 from ..logs import logger
 from ..storage.access import Access
 from ..storage.policy import LocationPolicy

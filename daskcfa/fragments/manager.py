@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator
 
 import dask.config
-from dask.utils import parse_bytes
 
+from ..config import to_bytes
 from ..errors import ArgumentError, BudgetError
 
 __all__ = ["FileManager", "manager", "Budget"]
@@ -62,20 +62,12 @@ class Budget:
     @classmethod
     def parse(cls, *, filehandles: Any, memory: Any) -> "Budget":
         handles = int(filehandles)
-        nbytes = _bytes(memory) if isinstance(memory, str) else int(memory)
+        nbytes = to_bytes(memory) if isinstance(memory, str) else int(memory)
+        if nbytes is None:
+            raise ArgumentError(f"memory={memory!r} is not a size such as '512MiB', '1GB' or S3netCDF4's '2 GB'")
         if handles < 1 or nbytes < 1:
             raise ArgumentError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
         return cls(handles, nbytes)
-
-
-def _bytes(text: str) -> int:
-    """dask's sizes (``512MiB``, ``1GB``), else S3netCDF4's (decimal units up to ``YB``)."""
-    from ..storage.s3nc import parse_size
-
-    try:
-        return parse_bytes(text)
-    except ValueError:
-        return parse_size(text)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import CFAFormatError, FragmentReadError
 from ..storage import netcdf_memory
 from ..storage.nesting import check_nesting
-from ..locks import HDF5_LOCK
+from ..locks import NETCDF_LOCK
 from .netcdf3 import check_netcdf3_length
 
 
@@ -35,7 +35,7 @@ class NetCDF4Variable:
     def read(self, key: tuple) -> np.ndarray:
         """Stored values: no masking, scaling or ``_Unsigned`` view; ``char`` arrays
         as characters (even with ``_Encoding``), vlen strings as ``object``."""
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             self._var.set_auto_maskandscale(False)
             self._var.set_always_mask(False)
             self._var.set_auto_chartostring(False)
@@ -59,7 +59,7 @@ class NetCDF4File:
         elif os.path.isfile(path):
             with open(path, "rb") as f:
                 check_netcdf3_length(f, os.fstat(f.fileno()).st_size)
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             try:
                 check_nesting(path if memory is None else memory, label=path)
             except CFAFormatError as exc:
@@ -70,7 +70,7 @@ class NetCDF4File:
                 self._ds = netCDF4.Dataset(path, "r", memory=memory)
 
     def variable(self, name: str) -> NetCDF4Variable:
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             group: Any = self._ds
             parts = [p for p in name.split("/") if p]
             for part in parts[:-1]:
@@ -80,7 +80,7 @@ class NetCDF4File:
             return NetCDF4Variable(group.variables[parts[-1]])
 
     def close(self) -> None:
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             if self._ds.isopen():
                 self._ds.close()
 

@@ -38,7 +38,7 @@ from typing import Any, Iterator, Mapping
 
 from .. import storage
 from ..errors import CFAError, FragmentReadError, redact
-from ..formats import limits
+from .. import limits
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 

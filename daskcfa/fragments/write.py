@@ -46,7 +46,7 @@ from ..choices import FRAGMENT_FORMATS, ZARR_FRAGMENTS
 from ..decode import Encoding
 from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
 from ..lazy import dask_array as da
-from ..locks import HDF5_LOCK
+from ..locks import NETCDF_LOCK
 from ..storage.lease import Lease
 from .zarr import CONSOLIDATED, StoreWriter, store_state
 
@@ -241,7 +241,7 @@ def shared_chunks(spec: FragmentSpec, regular: Sequence[int]) -> FragmentSpec:
 def _netcdf_chunks(spec: FragmentSpec, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """The chunk shape netCDF-C gives the variable in a fragment of ``shape`` (None: contiguous),
     asked of netCDF-C itself, in memory."""
-    with HDF5_LOCK:
+    with NETCDF_LOCK:
         nc = netCDF4.Dataset("chunks.nc", "w", format=spec.file_format, diskless=True, persist=False)
         try:
             dims = [f"d{i}" for i in range(len(shape))]
@@ -408,18 +408,18 @@ def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.
     if spec.file_format == ZARR_FRAGMENTS:
         _write_store(path, spec, target, data, sliced)
         return
-    with HDF5_LOCK:
+    with NETCDF_LOCK:
         nc = netCDF4.Dataset(path, "w", format=spec.file_format)
     try:
         slabs = isinstance(data, Slabs)
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             var = _fill(nc, spec, target, None if slabs else data, sliced)
         if slabs:
             for where, values in data:
-                with HDF5_LOCK:
+                with NETCDF_LOCK:
                     var[where] = values
     finally:
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             nc.close()
 
 

@@ -34,7 +34,7 @@ from zarr.storage import WrapperStore
 
 from .. import storage
 from ..errors import CFAError, FragmentReadError, redact
-from ..formats import limits
+from .. import limits
 from ..storage.profiles import ProfileRef
 from .codecs import COMPRESSORS
 from .reference_sets import METADATA_NAMES, ReferenceSet, Target, max_reference_bytes

@@ -25,16 +25,13 @@ import numpy as np
 from dask.utils import format_bytes, parse_bytes
 from numpy.typing import DTypeLike
 
+from ..choices import MAX_FRAGMENT_SIZE
 from ..errors import ArgumentError
 from ..model import FragmentGrid
 
-__all__ = ["MAX_FRAGMENT_SIZE", "plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
+__all__ = ["plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
 
 _AXIS_CLASSES = ("T", "Z", "Y", "X", "N")
-
-
-#: The default bound on a fragment's bytes (S3netCDF4's ``max_subarray_size`` default).
-MAX_FRAGMENT_SIZE = "50MB"
 
 
 def plan_fragments(

@@ -46,7 +46,8 @@ from ..write.commit import commit_aggregation, plan_commit
 from ..write.request import FragmentSource, WriteRequest, WriteSource
 from ..write.spec import (DEFAULT_FRAGMENT_NAME, check_apart, check_template, compression_keywords, dimension_size,
                           fragment_columns, fragment_name, fragment_spec, named_for, settle_unlimited)
-from .plan import MAX_FRAGMENT_SIZE, aligned_chunks, plan_fragments
+from ..choices import MAX_FRAGMENT_SIZE
+from .plan import aligned_chunks, plan_fragments
 
 __all__ = ["write_graph", "fragment_grid", "region_bounds"]
 

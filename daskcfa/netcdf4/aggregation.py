@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import config, dataset, storage
-from ..archive.chunk_index import index as write_chunk_index
+from ..index_writer import index as write_chunk_index
 from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from ..formats.capabilities import dialects_that

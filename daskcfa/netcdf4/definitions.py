@@ -10,7 +10,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..errors import ArgumentError
-from ..formats.limits import max_elements
+from ..limits import max_elements
 
 __all__ = ["Writer", "GrowingDimension", "NetCDFAttributes", "check_elements", "check_name", "stored_dtype"]
 

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 from dask.utils import parse_bytes
 
+from ..choices import MAX_FRAGMENT_SIZE
 from ..errors import ArgumentError
 from ..graph.plan import plan_fragments
 from ..model import FragmentGrid
@@ -76,7 +77,7 @@ class FragmentLayout:
         ``max_subarray_size`` bytes (default 50 MB)."""
         dims = tuple(d.name for d in dimensions)
         unlimited = [d.unlimited for d in dimensions]
-        size = max_fragment_size if max_fragment_size is not None else "50MB"
+        size = max_fragment_size if max_fragment_size is not None else MAX_FRAGMENT_SIZE
         if fragment_shape is not None:
             wanted = [int(n) for n in np.asarray(fragment_shape).reshape(-1)]
             if len(wanted) != len(dims) or min(wanted, default=1) < 1:

@@ -12,7 +12,7 @@ import netCDF4
 
 from .. import storage
 from ..errors import redact
-from ..locks import HDF5_LOCK
+from ..locks import NETCDF_LOCK
 from ..write.target import WriteTarget
 
 __all__ = ["PLAIN_FORMATS", "PlainWriter"]
@@ -40,11 +40,11 @@ class _PlainGroup:
     def createVariable(self, varname: str, datatype: Any, dimensions: Any = (), **options: Any) -> Any:
         for name in _FRAGMENT_KEYWORDS:
             options.pop(name, None)
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             return self._nc.createVariable(varname, datatype, dimensions, **options)
 
     def createGroup(self, groupname: str) -> "_PlainGroup":
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             return _PlainGroup(self._nc.createGroup(groupname))
 
 
@@ -74,7 +74,7 @@ class PlainWriter(_PlainGroup):
             else:
                 with open(scratch, "wb") as f:
                     f.write(storage.read_bytes(url, profile))
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             nc = netCDF4.Dataset(scratch, "a" if mode in ("a", "r+") else "w", format=format, **options)
         super().__init__(nc)
         self.__dict__.update(_url=url, _profile=profile, _scratch=scratch, _closed=False)
@@ -88,7 +88,7 @@ class PlainWriter(_PlainGroup):
             return
         self.__dict__["_closed"] = True
         try:
-            with HDF5_LOCK:
+            with NETCDF_LOCK:
                 self._nc.close()
             if not commit:
                 return

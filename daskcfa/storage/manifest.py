@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any
 
 from ..errors import CFAError
 from .objects import exists, read_bytes

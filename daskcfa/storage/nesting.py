@@ -16,7 +16,7 @@ from typing import Any
 
 import h5py
 
-from ..formats.limits import check_group_depth
+from ..limits import check_group_depth
 
 __all__ = ["check_nesting"]
 

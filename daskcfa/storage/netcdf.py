@@ -9,7 +9,7 @@ from typing import Any, Iterator, Mapping
 import netCDF4
 
 from ..errors import CFAError, StorageError, redact
-from ..locks import HDF5_LOCK
+from ..locks import NETCDF_LOCK
 from .local import local_path, local_stat
 from .nesting import check_nesting
 from .objects import is_opendap, memory_label, netcdf_memory, opendap_url, read_bytes
@@ -26,14 +26,14 @@ def open_netcdf(url: str, storage_options: Mapping[str, Any] | None = None, *,
     try:
         if is_local(url):
             local_stat(url)  # (a FIFO would block netCDF-C for ever)
-            with HDF5_LOCK:
+            with NETCDF_LOCK:
                 check_nesting(local_path(url), label=url)
                 return netCDF4.Dataset(local_path(url), "r")
         if is_opendap(url):
-            with HDF5_LOCK:
+            with NETCDF_LOCK:
                 return netCDF4.Dataset(opendap_url(url), "r")
         data = netcdf_memory(read_bytes(url, profile))
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             check_nesting(data, label=url)
             return netCDF4.Dataset(memory_label(url), "r", memory=data)
     except CFAError:
@@ -49,8 +49,8 @@ def netcdf_file(url: str, storage_options: Mapping[str, Any] | None = None, *,
     netCDF-C lock (netCDF4-python objects are only touched under it); closed after."""
     ds = open_netcdf(url, storage_options, profile=profile)
     try:
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             yield ds
     finally:
-        with HDF5_LOCK:
+        with NETCDF_LOCK:
             ds.close()

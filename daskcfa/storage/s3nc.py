@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping
 
+from ..config import parse_size
 from ..errors import CFAWarning, StorageError, redact
 from .identity import local_token
 
-__all__ = ["S3ncConfig", "Transfer", "s3nc_config", "parse_size", "cache_location"]
+__all__ = ["S3ncConfig", "Transfer", "s3nc_config", "cache_location"]
 
 #: 5 GiB, S3's largest single PUT: the part size that uploads an object in one request.
 SINGLE_PUT = 5 << 30
@@ -155,24 +156,6 @@ _S3NC_HOST_KEYS = {"alias", "url", "credentials", "api", "backend"}
 #: The backend a host uses when it names none (S3netCDF4's default).
 _DEFAULT_BACKEND = "s3aioFileObject"
 _S3NC_RESOURCE_KEYS = {"memory", "filehandles"}
-#: S3netCDF4's size suffixes: decimal units, up to yottabytes.
-_SIZE_UNITS = {"": 1, "B": 1, **{f"{p}B": 1000 ** (i + 1) for i, p in enumerate("KMGTPEZY")}}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(value: Any) -> int:
-    """Bytes in an S3netCDF4 size: a number, or one suffixed ``B``, ``kB``, ``MB`` ... ``YB`` (decimal)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a size")
-    if isinstance(value, int):
-        return value
-    match = _SIZE.match(value) if isinstance(value, str) else None
-    unit = match.group(2).upper() if match else None
-    if unit not in _SIZE_UNITS:
-        raise ValueError(f"{value!r} is not a size (a number with B, kB, MB, GB, TB, PB, EB, ZB or YB)")
-    number = match.group(1)
-    whole, _, fraction = number.partition(".")
-    return (int(whole or 0) * 10 ** len(fraction) + int(fraction or 0)) * _SIZE_UNITS[unit] // 10 ** len(fraction)
 
 
 @lru_cache(maxsize=4)

@@ -2,7 +2,7 @@
 S3 test server: each range fetched ahead by one GET carrying the version check, handed once to its read,
 never for an object that changed, never more in flight than the depth allows, not again once read.
 (Whole-object read-ahead along walks: tests/storage/test_remote_read.py; indexed walks and their GETs:
-tests/archive/test_chunk_index.py.)"""
+tests/test_index_writer.py.)"""
 
 from __future__ import annotations
 

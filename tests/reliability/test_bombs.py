@@ -226,7 +226,7 @@ def test_aggregation_file_bombs_are_refused_within_the_memory_limit(tmp_path, ca
 def test_the_memory_limit_leaves_genuine_files_alone(tmp_path):
     """Every dialect still opens under a small limit, and the fragment-count limit follows the
     memory limit unless set on its own."""
-    from daskcfa.formats import limits
+    from daskcfa import limits
 
     for dialect in ("CF-1.13", "CFA-0.6", "CFA-0.5", "CFA-0.4", "NCA"):
         built = build(dialect, tmp_path / dialect, truth(), DIMS, SIZES)

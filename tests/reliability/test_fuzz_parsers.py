@@ -272,7 +272,7 @@ def test_mutated_aggregations_fail_only_with_daskcfa_errors(pristine, case):
 
 def test_absurd_claims_are_refused_before_anything_is_allocated(tmp_path):
     """10**12 fragments, a 10**15-element dimension, an instruction variable of 10**12 values
-    declared but never written: refused up front (daskcfa/formats/limits.py), quickly, small."""
+    declared but never written: refused up front (daskcfa/limits.py), quickly, small."""
     base = build("CF-1.13", tmp_path / "ds", truth(), DIMS, SIZES)
 
     def variant(name, edit):

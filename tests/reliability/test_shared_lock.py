@@ -4,7 +4,7 @@ netCDF-C is not thread-safe. A threaded dask graph reading through xarray's
 netcdf4 engine and through daskcfa's netCDF4 engine at once crashed with
 SIGSEGV (or "NetCDF: HDF error") while each library took its own lock
 (observed before the fix: 5 of 20 child processes of five rounds each
-failed). ``daskcfa.locks.HDF5_LOCK`` is now built on xarray's own lock
+failed). ``daskcfa.locks.NETCDF_LOCK`` is now built on xarray's own lock
 objects. The test runs the 20 trials the issue asked for, as 10 child
 processes of two rounds each (a crash ends its process, so a round is a
 trial; it ran 20 x 5 = 100 rounds: 103 s of a CI run).
@@ -56,9 +56,9 @@ print("ok")
 
 def test_daskcfa_lock_is_xarrays_netcdf4_lock():
     """Holding daskcfa's lock holds both locks xarray's netcdf4 engine takes; reentrant; pickles to itself."""
-    with locks.HDF5_LOCK:
+    with locks.NETCDF_LOCK:
         assert xarray_locks.NETCDFC_LOCK.locked() and xarray_locks.HDF5_LOCK.locked()
-        with locks.HDF5_LOCK:  # daskcfa nests library calls
+        with locks.NETCDF_LOCK:  # daskcfa nests library calls
             pass
         assert xarray_locks.HDF5_LOCK.locked()
         taken = []
@@ -67,9 +67,9 @@ def test_daskcfa_lock_is_xarrays_netcdf4_lock():
         other.join()
         assert taken == [False]
     assert not xarray_locks.NETCDFC_LOCK.locked() and not xarray_locks.HDF5_LOCK.locked()
-    assert pickle.loads(pickle.dumps(locks.HDF5_LOCK)) is locks.HDF5_LOCK
+    assert pickle.loads(pickle.dumps(locks.NETCDF_LOCK)) is locks.NETCDF_LOCK
     with pytest.raises(RuntimeError):
-        locks.HDF5_LOCK.release()
+        locks.NETCDF_LOCK.release()
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +107,11 @@ def test_mixed_xarray_and_daskcfa_graph_never_crashes(mixed_files):
 #: A child process: daskcfa's lock first, xarray imported later, while another thread holds daskcfa's lock.
 LATE_XARRAY = """
 import sys, threading, time
-from daskcfa.locks import HDF5_LOCK
+from daskcfa.locks import NETCDF_LOCK
 assert "xarray" not in sys.modules, "daskcfa.locks imported xarray"
 holding, times = threading.Event(), {}
 def section():
-    with HDF5_LOCK:
+    with NETCDF_LOCK:
         holding.set()
         time.sleep(1.5)
         times["released"] = time.monotonic()
@@ -121,12 +121,12 @@ holding.wait()
 import xarray.backends.locks as xl
 times["imported"] = time.monotonic()
 thread.join()
-with HDF5_LOCK:
+with NETCDF_LOCK:
     held = xl.NETCDFC_LOCK.locked() and xl.HDF5_LOCK.locked()
-    with HDF5_LOCK:
+    with NETCDF_LOCK:
         pass
     still = xl.NETCDFC_LOCK.locked()
-print(times["imported"] >= times["released"], held, still, xl.NETCDFC_LOCK.locked(), HDF5_LOCK.locked())
+print(times["imported"] >= times["released"], held, still, xl.NETCDFC_LOCK.locked(), NETCDF_LOCK.locked())
 """
 
 

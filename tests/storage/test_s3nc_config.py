@@ -20,7 +20,7 @@ from daskcfa.storage import objects
 from builders import assert_matches, build
 from daskcfa.fragments.manager import Budget, manager
 from daskcfa.storage import s3nc
-from daskcfa.storage.s3nc import parse_size, s3nc_config
+from daskcfa.storage.s3nc import s3nc_config
 from remote_helpers import DIMS, SIZES, truth, upload
 
 #: S3netCDF4's config/.s3nc.json.template as its install step copies it (a jinja2 template, not JSON).
@@ -150,20 +150,6 @@ def test_an_unusable_alias_fails_only_when_used(tmp_path, s3nc_file, s3_server, 
     with pytest.raises(daskcfa.StorageError, match="alias 'broken' cannot be used") as info:
         daskcfa.from_cfa(f"s3://broken/{s3_bucket}/ds/{built.path.name}", "tas")
     assert "Broken-secret" not in str(info.value) and s3_server.secret not in str(info.value)
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("50MB", 50 * 10**6), ("1GB", 10**9), ("10 kB", 10**4), ("1.5GB", 1_500_000_000), ("2TB", 2 * 10**12),
-    ("3PB", 3 * 10**15), ("1EB", 10**18), ("1ZB", 10**21), ("1YB", 10**24), ("512", 512), (4096, 4096), ("7B", 7),
-])
-def test_sizes_in_decimal_units_up_to_yottabytes(text, expected):
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "MB", "1XB", "1.2.3GB", "-1MB", True, None, 1.5, "{{ memory }}", "1e3MB"])
-def test_sizes_that_are_not(text):
-    with pytest.raises(ValueError):
-        parse_size(text)
 
 
 # ---------------------------------------------------------------------------

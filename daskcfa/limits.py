@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 import dask.config
 from dask.utils import parse_bytes
 
-from ..errors import CFAFormatError
+from .errors import CFAFormatError
 
 #: 1 GiB: a million fragments with their URIs take about a quarter of it.
 DEFAULT_MAX_MEMORY = 1 << 30

@@ -1,11 +1,13 @@
-"""The chunk index of an aggregation: :func:`index` (``daskcfa index URL``).
+"""Writing the chunk index of an aggregation: :func:`index` (``daskcfa index URL``, and
+``to_cfa(chunk_index=True)`` and :class:`daskcfa.Dataset` once their fragments are written: so it
+sits with the API, below the archive operations).
 
 For every fragment of every aggregated variable it records the fragment
 object's size and version token (:func:`daskcfa.storage.stat`, the rule of
 :mod:`daskcfa.storage.identity`), the fragment
 variable's decoding attributes and where each of its chunks lies, with which
 filters (the direct readers' :class:`~daskcfa.fragments.layout.StoredLayout`,
-as :func:`~daskcfa.archive.references.to_references` finds it, one dask task
+as :func:`~daskcfa.to_references` finds it, one dask task
 per batch of fragments). Unlike a reference set, each fragment has its own
 entry: fragments may differ in chunk shape, filters, type or encoding. The
 file format and its reading: :mod:`daskcfa.fragments.chunk_index`.
@@ -21,18 +23,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .. import storage
-from ..errors import CFAError, CFAWarning, NotFoundError, redact
-from ..dataset import Dataset
-from ..fragments.canonical import Target, allowed_uris
-from ..fragments.chunk_index import INDEXED_ATTRS, entry_json, index_json, index_uri
-from ..fragments.files import open_fragment
-from ..fragments.zarr import is_zarr
-from ..logs import logger
-from ..model import FragmentRef
-from ..storage.access import open_aggregation
-from .references import in_batches
-from .verify import select_aggregated
+from . import storage
+from .dataset import Dataset, select_aggregated
+from .errors import CFAError, CFAWarning, NotFoundError, redact
+from .fragments.canonical import Target, allowed_uris
+from .fragments.chunk_index import INDEXED_ATTRS, entry_json, index_json, index_uri
+from .fragments.files import open_fragment
+from .fragments.zarr import is_zarr
+from .graph.batches import in_batches
+from .logs import logger
+from .model import FragmentRef
+from .storage.access import open_aggregation
 
 __all__ = ["index", "IndexReport", "index_fragments"]
 
