@@ -46,7 +46,7 @@ from ..write.commit import commit_aggregation, plan_commit
 from ..write.request import FragmentSource, WriteRequest, WriteSource
 from ..write.spec import (DEFAULT_FRAGMENT_NAME, check_apart, check_template, compression_keywords, dimension_size,
                           fragment_columns, fragment_name, fragment_spec, named_for, settle_unlimited)
-from ..choices import MAX_FRAGMENT_SIZE
+from ..choices import DEFAULT_FORMAT, DEFAULT_FRAGMENT_FORMAT, DEFAULT_URIS, MAX_FRAGMENT_SIZE
 from .plan import aligned_chunks, plan_fragments
 
 __all__ = ["write_graph", "fragment_grid", "region_bounds"]
@@ -63,7 +63,7 @@ class _Options:
     mode: str
     profile: storage.ProfileRef
     semaphore: Any
-    uris: str = "relative"
+    uris: str = DEFAULT_URIS
 
 
 # --------------------------------------------------------------------------
@@ -73,10 +73,10 @@ class _Options:
 
 def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
                 max_fragment_size: int | str | None = None,
-                format: str = "CF-1.13", fragment_format: str = "NETCDF4", compression: Any = None,
+                format: str = DEFAULT_FORMAT, fragment_format: str = DEFAULT_FRAGMENT_FORMAT, compression: Any = None,
                 fragment_name: str = DEFAULT_FRAGMENT_NAME, mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
-                hold: bool = False, keep_previous: float = 0.0, uris: str = "relative") -> Delayed:
+                hold: bool = False, keep_previous: float = 0.0, uris: str = DEFAULT_URIS) -> Delayed:
     """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`).
 
     Its first task takes ``lease`` (a new one if None) on the target, every

@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import config, dataset, storage
 from ..index_writer import index as write_chunk_index
+from ..choices import DEFAULT_URIS
 from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
 from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from ..formats.capabilities import dialects_that
@@ -80,7 +81,7 @@ class AggregationWriter(Definitions, dataset.Group):
     @classmethod
     def create(cls, url: str, mode: str, clobber: bool, kinds: tuple[str, str, str],
                storage_options: Mapping[str, Any] | None, *, buffer_size: int | str | None = None,
-               fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = "relative",
+               fragment_name: str = DEFAULT_FRAGMENT_NAME, uris: str = DEFAULT_URIS,
                max_concurrent_uploads: int | None = None, keep_previous: float = 0.0,
                chunk_index: bool = False, existing: Existing | None = None) -> "AggregationWriter":
         """``existing``: an update's dataset as the constructor read it (read again if it has changed

@@ -8,6 +8,7 @@ import warnings
 from typing import Any, Iterable, Mapping
 
 from .. import dataset
+from ..choices import DEFAULT_FORMAT
 from ..errors import ArgumentError, CFAWarning
 from ..storage.access import open_aggregation
 from .aggregation import AggregationWriter
@@ -31,7 +32,7 @@ _INERT_OPTIONS = {"diskless": False, "persist": False, "keepweakref": False, "me
 
 def _formats(format: str | None, cfa_version: str | None) -> tuple[str, str, str] | None:
     """(dialect, aggregation file format, fragment format) of an aggregation, None for a plain file."""
-    format = "CF-1.13" if format in (None, "DEFAULT") else str(format)
+    format = DEFAULT_FORMAT if format in (None, "DEFAULT") else str(format)
     if format in PLAIN_FORMATS:
         return None  # (S3netCDF4 takes and ignores a cfa_version here too)
     if format not in AGGREGATION_FORMATS:
