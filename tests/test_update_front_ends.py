@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import Frag, assert_matches, build_cf113, build_nca, make_truth
+from builders import Frag, assert_matches, build_cf113, build_nca, build_nca_virtual, make_truth
 from daskcfa.errors import CFAFormatError
 from daskcfa.netcdf4 import Dataset
 from daskcfa.storage import resolve
@@ -309,3 +309,25 @@ def test_packed_values_outside_the_stored_type_name_the_variable_through_to_cfa(
     new[0, 0, 0] = 1e6
     with pytest.raises(daskcfa.ArgumentError, match="outside the range of int16.*variable '/tas'"):
         daskcfa.to_cfa(new, str(url), mode="r+", region={"time": slice(1, 2)})
+
+
+@pytest.mark.parametrize("region", [slice(0, 3), slice(3, 6)], ids=["first-row", "second-row"])
+def test_update_of_nca_virtual_partitions_is_refused_alike_by_both_front_ends(tmp_path, region):
+    """NCA's virtual partitions (several partitions over parts of one file variable), with a
+    partition in its own units and extra dimension and one inside the NCA file, stored reversed:
+    an update converting the archive to CF-1.13 keeps partitions CF-1.13 cannot describe. Both
+    front ends refuse with the same error and leave every file as it was."""
+    built = build_nca_virtual(tmp_path / "v", make_truth((6, 4, 5), "f4", masked=0, seed=14))
+    url = str(built.path)
+    files = {p: p.read_bytes() for p in (tmp_path / "v").rglob("*") if p.is_file()}
+    messages = []
+    with pytest.raises(CFAFormatError) as via_to_cfa:
+        daskcfa.to_cfa(np.ones((3, 4, 5), "f4"), url, mode="r+", region={"time": region}, format="CF-1.13")
+    messages.append(str(via_to_cfa.value))
+    with pytest.raises(CFAFormatError) as via_dataset:
+        with Dataset(url, "a", format="CF-1.13") as ds:
+            ds["tas"][region] = np.ones((3, 4, 5), "f4")
+    messages.append(str(via_dataset.value))
+    assert messages[0] == messages[1] and "cannot be written" in messages[0]
+    assert_matches(daskcfa.from_cfa(url).compute(), built.expected)
+    assert all(p.read_bytes() == content for p, content in files.items())
