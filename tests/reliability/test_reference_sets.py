@@ -207,6 +207,8 @@ REFUSED_V2 = {
     "unknown-codec": (lambda m: m.update(compressor={"id": "evil-codec"}), "'evil-codec'"),
     "unknown-filter": (lambda m: m.update(filters=[{"id": "json2"}]), "'json2'"),
     "structured-dtype": (lambda m: m.update(dtype=[["a", "<f4"]]), "structured"),
+    "filter-a-string": (lambda m: m.update(filters=["shuffle"]), "'shuffle'"),
+    "shuffle-elementsize-a-string": (lambda m: m.update(filters=[{"id": "shuffle", "elementsize": "4"}]), "'4'"),
 }
 REFUSED_V3 = {
     "pickle": (lambda m: m["codecs"].append({"name": "numcodecs.pickle", "configuration": {}}), "'numcodecs.pickle'"),
