@@ -229,6 +229,25 @@ def test_codecs_and_types_outside_the_allow_list_are_refused_by_name(tmp_path, f
     assert info.value.file.endswith("f.zarr") and info.value.fragment == (0,), info.value
 
 
+#: metadata zarr-python refuses with a TypeError (a fill value or codec parameter of the wrong type)
+MISTYPED = {
+    (2, "fill-value-a-list"): lambda m: m.update(fill_value=[1, 2]),
+    (2, "fill-value-a-word"): lambda m: m.update(fill_value="abc"),
+    (2, "integer-fill-value-nan"): lambda m: m.update(fill_value="NaN", dtype="<i4"),
+    (2, "scale-a-word"): lambda m: m.update(filters=[{"id": "fixedscaleoffset", "scale": "x", "offset": 0,
+                                                      "dtype": "<f4"}]),
+    (3, "integer-fill-value-nan"): lambda m: m.update(fill_value="NaN", data_type="int32"),
+}
+
+
+@pytest.mark.parametrize("fmt,case", sorted(MISTYPED))
+def test_mistyped_zarr_metadata_is_a_fragment_error(tmp_path, fmt, case):
+    path = _zarr_store(tmp_path, MISTYPED[fmt, case], fmt)
+    with pytest.raises(daskcfa.FragmentReadError) as info:
+        _read(str(path))
+    assert info.value.file.endswith("f.zarr") and info.value.fragment == (0,), info.value
+
+
 def test_pickle_in_a_reference_set_is_refused_by_name(tmp_path):
     directory = tmp_path / "ds"
     refs = _refs(["data.bin", 0, 16])
