@@ -155,8 +155,10 @@ threads = [threading.Thread(target=opens) for _ in range(2)]
 
 
 @pytest.mark.xfail(strict=True, reason="two threads calling from_cfa on one local aggregation crash the process "
-                                       "(SIGSEGV inside netCDF4.Dataset(...) under HDF5_LOCK, every other thread "
-                                       "waiting on the lock); cause not found: see the attack2 report")
+                                       "(SIGSEGV inside netCDF4.Dataset(...) under HDF5_LOCK). netCDF4-python alone "
+                                       "crashes so (1.7.5, netCDF-C 4.10.1, HDF5 2.2.0): two threads each opening, "
+                                       "reading and closing the same file, every call under one lock; one thread "
+                                       "holding two Datasets of it, or two threads on two files, do not")
 def test_threads_opening_one_aggregation_at_once_never_crash(tmp_path):
     """A user's thread pool opening the same archive (a web service, a notebook's executor): each
     child process is two threads of 20 ``from_cfa`` calls; a crash ends the child with SIGSEGV."""
