@@ -105,3 +105,17 @@ def test_a_misspelt_variable_gets_a_did_you_mean(tmp_path):
     url = _written(tmp_path)
     with pytest.raises(daskcfa.VariableNotFoundError, match=r"'tass' does not exist \(did you mean 'tas'\?\)"):
         daskcfa.from_cfa(url, "tass")
+
+
+@pytest.mark.parametrize("call", ["from_cfa", "open_cfa", "describe", "verify"])
+def test_a_path_object_names_the_aggregation_as_its_string_does(tmp_path, call):
+    """``pathlib.Path``, as netCDF4-python and xarray take it (before: AttributeError from urllib)."""
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    args = (Path(url), "tas") if call == "from_cfa" else (Path(url),)
+    assert getattr(daskcfa, call)(*args) is not None
+
+
+@pytest.mark.parametrize("url", [None, 123, b"/tmp/x.nca"])
+def test_an_aggregation_url_of_another_type_is_an_argument_error(url):
+    with pytest.raises(daskcfa.ArgumentError, match="string or a path"):
+        daskcfa.from_cfa(url, "tas")

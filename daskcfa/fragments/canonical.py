@@ -36,9 +36,10 @@ log = logger(__name__)
 
 __all__ = ["Target", "read_fragment", "allowed_uris", "units_conversion"]
 
-#: What HDF5, netCDF-C, h5py and the decompressors raise on a damaged file.
+#: What HDF5, netCDF-C, h5py, zarr-python and the decompressors raise on a damaged file (zarr-python: a
+#: TypeError for a fill value or codec parameter of the wrong type).
 _LIBRARY_ERRORS = (OSError, ValueError, OverflowError, RuntimeError, IndexError, KeyError, EOFError, MemoryError,
-                   zlib.error)
+                   TypeError, zlib.error)
 
 
 @dataclass(frozen=True)

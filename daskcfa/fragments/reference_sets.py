@@ -308,7 +308,9 @@ class _ParquetSet(ReferenceSet):
         self._charge(size, f"Parquet reference file of {size:,} bytes")
         data = storage.read_bytes(uri, self._profile, known_size=size, policy=self.policy)
         try:
-            parquet = pq.ParquetFile(io.BytesIO(data))
+            # (strings kept dictionary-encoded as read: a repeated value is held once until charged)
+            stored = pq.ParquetFile(io.BytesIO(data)).schema_arrow.names
+            parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=[n for n in ("path", "raw") if n in stored])
             meta = parquet.metadata
             names = [n for n in _COLUMNS if n in parquet.schema_arrow.names]
             if meta.num_rows > self._record_size or "raw" not in names and not {"path", "offset", "size"} <= set(names):
@@ -317,11 +319,15 @@ class _ParquetSet(ReferenceSet):
             columns: dict[str, list[Any]] = {}
             for name in names:  # column by column, row group by row group, each charged before it is read
                 j = parquet.schema_arrow.names.index(name)
+                _check_column_type(name, parquet.schema_arrow.field(j).type,
+                                   lambda why: self._error(f"{redact(uri)}: {why}"))
                 held = sum(meta.row_group(g).column(j).total_uncompressed_size for g in range(meta.num_row_groups))
                 self._charge(held + limits.STRING_BYTES * meta.num_rows, f"column {name!r} of {redact(uri)}")
                 values: list[Any] = []
                 for g in range(meta.num_row_groups):
-                    values.extend(parquet.read_row_group(g, columns=[name]).column(0).to_pylist())
+                    column = parquet.read_row_group(g, columns=[name]).column(0)
+                    self._charge(_expanded_bytes(column), f"the values of column {name!r} of {redact(uri)}")
+                    values.extend(column.to_pylist())
                 columns[name] = values
         except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
             if isinstance(exc, CFAError):
@@ -332,6 +338,33 @@ class _ParquetSet(ReferenceSet):
         for name in ("path", "offset", "size"):
             columns.setdefault(name, [None] * meta.num_rows)
         return columns
+
+
+def _check_column_type(name: str, arrow_type: Any, error: Any) -> None:
+    """Refuse a column whose values are not what fsspec writes there (a ``raw`` column of
+    integers would become that many zero bytes: a chunk of zeros, silently)."""
+    import pyarrow as pa
+
+    value_type = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    strings = pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
+    binary = pa.types.is_binary(value_type) or pa.types.is_large_binary(value_type)
+    allowed = {"path": strings, "raw": strings or binary}.get(name, pa.types.is_integer(value_type))
+    if not (allowed or pa.types.is_null(value_type)):
+        raise error(f"column {name!r} holds {arrow_type}, not what a reference set stores there")
+
+
+def _expanded_bytes(column: Any) -> int:
+    """The bytes a column's dictionary-encoded strings take once each row holds its own: a few
+    kB of Parquet may repeat a megabyte-long string a million times."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type) and len(chunk.dictionary):
+            lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
+            total += int(pc.sum(lengths).as_py() or 0)
+    return total
 
 
 def open_reference_set(uri: str, profile: ProfileRef = storage.NO_PROFILE, *,

@@ -111,6 +111,16 @@ def _v2_type(spec: Any, array: str, what: str) -> np.dtype:
     return dtype
 
 
+def _shuffle(codec: dict[str, Any], stored: np.dtype, array: str) -> dict[str, Any]:
+    """A shuffle filter as numcodecs undoes it. netCDF-C's NCZarr records ``elementsize: 0`` and
+    shuffles by the stored type's size (numcodecs would unshuffle nothing: every value wrong)."""
+    size = codec.get("elementsize", 4)  # (numcodecs' default)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _refuse(array, f"shuffle elementsize {redact(str(size))[:40]!r} is not an integer >= 0, "
+                             "which daskcfa needs")
+    return {**codec, "elementsize": size or stored.itemsize}
+
+
 def _codec_id(codec: Any, array: str, key: str) -> str:
     name = codec.get(key) if isinstance(codec, dict) else codec if isinstance(codec, str) else None
     if not isinstance(name, str):
@@ -133,15 +143,19 @@ def _v2_array(meta: Any, array: str) -> tuple[dict[str, Any], ChunkPlan]:
                    if c is not None and _codec_id(c, array, "id") in COMPRESSORS]
     if len(compressors) > 1:  # (kerchunk lists HDF5's deflate as the last filter, the compressor then null)
         raise _refuse(array, "it is compressed twice (a compressor as its last filter and as its compressor)")
-    elementwise = filters[:-1] if compressors and meta.get("compressor") is None else filters
-    for codec in elementwise:
+    elementwise = list(filters[:-1] if compressors and meta.get("compressor") is None else filters)
+    for k, codec in enumerate(elementwise):
         name = _codec_id(codec, array, "id")
+        if not isinstance(codec, dict):
+            raise _refuse(array, f"filter {name!r} is not a codec object, as daskcfa reads filters")
         if name not in FILTERS:
             raise _refuse(array, f"filter {name!r} is not one daskcfa decodes (allowed before the compressor: "
                                  f"{', '.join(FILTERS)})")
         param = FILTERS[name]
         if param is not None and codec.get(param) is not None:
             stored = _v2_type(codec[param], array, f"{name} filter's {param}")
+        if name == "shuffle":
+            elementwise[k] = _shuffle(codec, stored, array)
     compressor = meta.get("compressor")
     name = None if compressor is None else _codec_id(compressor, array, "id")
     if name is not None and name not in COMPRESSORS:

@@ -3,6 +3,7 @@ and what to do with a fragment that cannot be read."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -48,12 +49,16 @@ class Access:
         return cls(profile, LocationPolicy.for_aggregation(url, allowed_locations, profile), missing)
 
 
-def open_aggregation(url: str, storage_options: Mapping[str, Any] | None = None,
+def open_aggregation(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None,
                      allowed_locations: Iterable[str] | None = None, missing: str = "raise") -> tuple[str, Access]:
-    """The aggregation file's normalised URL, any ``user:password@`` taken out of it
-    (into the storage profile, so that reprs, graphs and summaries never show
-    it), and the :class:`Access` to read it and its fragments with."""
+    """The aggregation file's normalised URL (a path object, as netCDF4-python and xarray take,
+    as its path), any ``user:password@`` taken out of it (into the storage profile, so that
+    reprs, graphs and summaries never show it), and the :class:`Access` to read it and its
+    fragments with."""
     config.check()
+    url = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(url, str):
+        raise ArgumentError(f"an aggregation's URL is a string or a path, not {type(url).__name__}")
     url, storage_options = split_url_credentials(url, storage_options)
     redaction.remember(None, url)  # (a signed query stays in the URL: fsspec and aiohttp log it)
     url = normalise(url)

@@ -193,6 +193,22 @@ def test_nczarr_written_by_netcdf_c_keeps_its_float32_fill(tmp_path):
     assert np.ma.getmaskarray(values).sum() == np.ma.getmaskarray(built.expected).sum() > 0
 
 
+@pytest.mark.parametrize("dtype", ["f8", "i2"])
+def test_nczarr_shuffled_by_netcdf_c_reads_exactly(tmp_path, dtype):
+    """netCDF-C records its shuffle filter with ``elementsize: 0`` and shuffles by the type's size:
+    read as numcodecs reads that (no unshuffle), every value was wrong, silently."""
+    from remote_helpers import write_cf113
+
+    truth = (np.arange(20) * 3 - 7).astype(dtype)
+    with netCDF4.Dataset(f"file://{tmp_path}/f.zarr#mode=nczarr,file", "w") as nc:
+        nc.createDimension("n", 20)
+        nc.createVariable("x", dtype, ("n",), zlib=True, shuffle=True, chunksizes=(8,))[:] = truth
+    assert json.loads((tmp_path / "f.zarr" / "x" / ".zarray").read_text())["filters"] == [
+        {"id": "shuffle", "elementsize": 0}]
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[20]], [["f.zarr#mode=nczarr,file"]], dtype=dtype)
+    np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(str(path), "x").compute()), truth)
+
+
 def test_zarr_chunk_larger_than_the_memory_budget_is_refused_before_decoding(tmp_path):
     """A store may declare one chunk of gigabytes (its bytes a few of zeros compressed): the chunk
     is counted against the memory budget before zarr decodes it, as HDF5 chunks are."""

@@ -207,6 +207,8 @@ REFUSED_V2 = {
     "unknown-codec": (lambda m: m.update(compressor={"id": "evil-codec"}), "'evil-codec'"),
     "unknown-filter": (lambda m: m.update(filters=[{"id": "json2"}]), "'json2'"),
     "structured-dtype": (lambda m: m.update(dtype=[["a", "<f4"]]), "structured"),
+    "filter-a-string": (lambda m: m.update(filters=["shuffle"]), "'shuffle'"),
+    "shuffle-elementsize-a-string": (lambda m: m.update(filters=[{"id": "shuffle", "elementsize": "4"}]), "'4'"),
 }
 REFUSED_V3 = {
     "pickle": (lambda m: m["codecs"].append({"name": "numcodecs.pickle", "configuration": {}}), "'numcodecs.pickle'"),
@@ -224,6 +226,25 @@ def test_codecs_and_types_outside_the_allow_list_are_refused_by_name(tmp_path, f
     with pytest.raises(daskcfa.FragmentReadError) as info:
         _read(str(path))
     assert named in info.value.reason and "daskcfa" in info.value.reason, info.value
+    assert info.value.file.endswith("f.zarr") and info.value.fragment == (0,), info.value
+
+
+#: metadata zarr-python refuses with a TypeError (a fill value or codec parameter of the wrong type)
+MISTYPED = {
+    (2, "fill-value-a-list"): lambda m: m.update(fill_value=[1, 2]),
+    (2, "fill-value-a-word"): lambda m: m.update(fill_value="abc"),
+    (2, "integer-fill-value-nan"): lambda m: m.update(fill_value="NaN", dtype="<i4"),
+    (2, "scale-a-word"): lambda m: m.update(filters=[{"id": "fixedscaleoffset", "scale": "x", "offset": 0,
+                                                      "dtype": "<f4"}]),
+    (3, "integer-fill-value-nan"): lambda m: m.update(fill_value="NaN", data_type="int32"),
+}
+
+
+@pytest.mark.parametrize("fmt,case", sorted(MISTYPED))
+def test_mistyped_zarr_metadata_is_a_fragment_error(tmp_path, fmt, case):
+    path = _zarr_store(tmp_path, MISTYPED[fmt, case], fmt)
+    with pytest.raises(daskcfa.FragmentReadError) as info:
+        _read(str(path))
     assert info.value.file.endswith("f.zarr") and info.value.fragment == (0,), info.value
 
 
@@ -322,6 +343,42 @@ def test_a_parquet_record_of_millions_of_references_is_charged_before_it_is_read
     with dask.config.set({"daskcfa.limits.max-memory": "64MiB"}), pytest.raises(daskcfa.CFAError) as info:
         daskcfa.from_cfa(str(path), "x")[:4].compute(scheduler="sync")
     assert "max-memory" in str(info.value) and "refs.parq" in str(info.value), info.value
+
+
+def test_a_parquet_string_repeated_by_its_dictionary_is_charged_before_it_is_expanded(tmp_path):
+    """One 1 MiB value in a column's dictionary, repeated by 64 rows: a Parquet file of a few kB
+    that pyarrow expands to 64 MiB of Python bytes. Under a 16 MiB ``max-memory`` it is refused
+    from the dictionary's lengths (before: expanded, then read as a chunk)."""
+    import dask
+    import pyarrow as pa
+
+    rows = 64
+    raw = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([b"\0" * (1 << 20)], pa.binary()))
+    path = _parquet_aggregation(tmp_path, 4 * rows, [{"raw": raw}], rows)
+    assert (tmp_path / "refs.parq" / "x" / "refs.0.parq").stat().st_size < 64 << 10
+    with dask.config.set({"daskcfa.limits.max-memory": "16MiB"}), pytest.raises(daskcfa.CFAError) as info:
+        daskcfa.from_cfa(str(path), "x")[:4].compute(scheduler="sync")
+    assert "max-memory" in str(info.value) and "refs.parq" in str(info.value), info.value
+
+
+#: Parquet columns of a type fsspec never writes there -> the type named in the refusal
+MISTYPED_COLUMNS = {
+    "raw-integers": ({"raw": [16]}, "int64"),  # (before: bytes(16), a chunk of zeros read silently)
+    "raw-floats": ({"raw": [1.5]}, "double"),
+    "offset-floats": ({"path": ["data.bin"], "offset": [0.0], "size": [16.0]}, "double"),
+    "path-integers": ({"path": [5], "offset": [0], "size": [16]}, "int64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTYPED_COLUMNS))
+def test_a_parquet_column_of_the_wrong_type_is_refused(tmp_path, case):
+    import pyarrow as pa
+
+    columns, named = MISTYPED_COLUMNS[case]
+    path = _parquet_aggregation(tmp_path, 4, [{k: pa.array(v) for k, v in columns.items()}], 1)
+    with pytest.raises(daskcfa.FragmentReadError, match=f"holds {named}") as info:
+        _read(str(path))
+    assert info.value.fragment == (0,) and info.value.file.endswith("refs.parq"), info.value
 
 
 MALFORMED = {

@@ -137,3 +137,32 @@ def test_xarray_imported_later_shares_the_lock():
     done = subprocess.run([sys.executable, "-c", LATE_XARRAY], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True", "True", "True", "False", "False"]
+
+
+#: One child process: two threads each open the same aggregation with from_cfa 20 times.
+CONCURRENT_OPENS = """
+import sys, threading, daskcfa
+url = sys.argv[1]
+start = threading.Barrier(2)
+def opens():
+    start.wait()
+    for _ in range(20):
+        daskcfa.from_cfa(url, "tas")
+threads = [threading.Thread(target=opens) for _ in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="two threads calling from_cfa on one local aggregation crash the process "
+                                       "(SIGSEGV inside netCDF4.Dataset(...) under HDF5_LOCK). netCDF4-python alone "
+                                       "crashes so (1.7.5, netCDF-C 4.10.1, HDF5 2.2.0): two threads each opening, "
+                                       "reading and closing the same file, every call under one lock; one thread "
+                                       "holding two Datasets of it, or two threads on two files, do not")
+def test_threads_opening_one_aggregation_at_once_never_crash(tmp_path):
+    """A user's thread pool opening the same archive (a web service, a notebook's executor): each
+    child process is two threads of 20 ``from_cfa`` calls; a crash ends the child with SIGSEGV."""
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    codes = [subprocess.run([sys.executable, "-W", "ignore", "-c", CONCURRENT_OPENS, url], capture_output=True,
+                            timeout=300).returncode for _ in range(3)]
+    assert codes == [0, 0, 0], codes
