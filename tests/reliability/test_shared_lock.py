@@ -155,7 +155,7 @@ threads = [threading.Thread(target=opens) for _ in range(2)]
 
 
 @pytest.mark.xfail(strict=True, reason="two threads calling from_cfa on one local aggregation crash the process "
-                                       "(SIGSEGV inside netCDF4.Dataset(...) under HDF5_LOCK). netCDF4-python alone "
+                                       "(SIGSEGV inside netCDF4.Dataset(...) under NETCDF_LOCK). netCDF4-python alone "
                                        "crashes so (1.7.5, netCDF-C 4.10.1, HDF5 2.2.0): two threads each opening, "
                                        "reading and closing the same file, every call under one lock; one thread "
                                        "holding two Datasets of it, or two threads on two files, do not")
