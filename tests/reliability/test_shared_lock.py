@@ -154,7 +154,8 @@ threads = [threading.Thread(target=opens) for _ in range(2)]
 """
 
 
-@pytest.mark.xfail(strict=True, reason="two threads calling from_cfa on one local aggregation crash the process "
+@pytest.mark.slow  # (the crash needs a loaded machine: a quiet one, or one xdist worker's luck, passes it)
+@pytest.mark.xfail(strict=False, reason="open bug: two threads calling from_cfa on one local aggregation crash the process "
                                        "(SIGSEGV inside netCDF4.Dataset(...) under NETCDF_LOCK). netCDF4-python alone "
                                        "crashes so (1.7.5, netCDF-C 4.10.1, HDF5 2.2.0): two threads each opening, "
                                        "reading and closing the same file, every call under one lock; one thread "
