@@ -57,6 +57,8 @@ def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVa
 def read_aggregation(url: str, variable: str | None = None, *, storage_options: Mapping[str, Any] | None = None,
                      access: Access | None = None) -> AggregatedVariable:
     """Parse one aggregated variable of the file at ``url`` into the model (no fragment I/O)."""
+    if variable is not None and not isinstance(variable, str):
+        raise ArgumentError(f"variable is a variable's name (a string), not {type(variable).__name__}")
     if access is None:
         url, access = open_aggregation(url, storage_options)
     else:

@@ -119,3 +119,20 @@ def test_a_path_object_names_the_aggregation_as_its_string_does(tmp_path, call):
 def test_an_aggregation_url_of_another_type_is_an_argument_error(url):
     with pytest.raises(daskcfa.ArgumentError, match="string or a path"):
         daskcfa.from_cfa(url, "tas")
+
+
+@pytest.mark.parametrize("call", [
+    lambda url: daskcfa.from_cfa(url, 5),
+    lambda url: daskcfa.from_cfa(url, "tas", chunks="bogus"),
+    lambda url: daskcfa.from_cfa(url, "tas", chunks=-3),
+    lambda url: daskcfa.from_cfa(url, "tas", chunks=(1, 2)),
+    lambda url: daskcfa.from_cfa(url, "tas", storage_options=[1]),
+    lambda url: daskcfa.open_cfa(url, storage_options="anon"),
+], ids=["variable-a-number", "chunks-a-word", "chunks-negative", "chunks-too-few", "options-a-list",
+        "options-a-string"])
+def test_plausible_argument_mistakes_are_argument_errors(tmp_path, call):
+    """Mistakes a user makes in the first hour: a daskcfa error saying what was expected (before: a bare
+    AttributeError, dask's ValueError, or a negative chunk size accepted silently)."""
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    with pytest.raises(daskcfa.ArgumentError):
+        call(url)

@@ -356,10 +356,18 @@ def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
         return _dask_chunks(grid.sizes)[: array.ndim]  # (joined strings: every fragment along their length)
     if isinstance(chunks, str) and chunks == "auto":
         chunks = dask.config.get("array.chunk-size")
-    if isinstance(chunks, (str, int)) and not isinstance(chunks, bool):
-        limit = parse_bytes(chunks) if isinstance(chunks, str) else int(chunks)
-        return _dask_chunks(merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit))[: array.ndim]
-    return chunks
+    wrong = f"chunks={chunks!r} is neither 'fragments', 'auto', a size nor dask's chunks for shape {array.shape}"
+    try:
+        if isinstance(chunks, (str, int)) and not isinstance(chunks, bool):
+            limit = parse_bytes(chunks) if isinstance(chunks, str) else int(chunks)
+            if limit < 1:
+                raise ArgumentError(f"{wrong} (a size is at least one byte)", variable=array.variable.name)
+            return _dask_chunks(merged_chunks(grid, array.encoding.stored_dtype.itemsize, limit))[: array.ndim]
+        return da.core.normalize_chunks(chunks, array.shape, dtype=array.dtype)
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, ArgumentError):
+            raise
+        raise ArgumentError(f"{wrong} ({exc})", variable=array.variable.name) from None
 
 
 def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:

@@ -59,6 +59,8 @@ def open_aggregation(url: str | os.PathLike[str], storage_options: Mapping[str, 
     url = os.fspath(url) if isinstance(url, os.PathLike) else url
     if not isinstance(url, str):
         raise ArgumentError(f"an aggregation's URL is a string or a path, not {type(url).__name__}")
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise ArgumentError(f"storage_options is a mapping of fsspec's options, not {type(storage_options).__name__}")
     url, storage_options = split_url_credentials(url, storage_options)
     redaction.remember(None, url)  # (a signed query stays in the URL: fsspec and aiohttp log it)
     url = normalise(url)
