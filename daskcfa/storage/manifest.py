@@ -1,19 +1,21 @@
 """A write's manifest, ``<stem>/.daskcfa/manifest.json``: the generation of the last write and every
-fragment of the aggregation it committed. Written by the commit (``graph/write.py``); read here to tell
-a fragment that was deleted or moved from one that a newer write replaced.
+fragment of the aggregation it committed. Written by the commit (``write/commit.py``); read here to tell
+a fragment that was deleted or moved from one that a newer write replaced, and by the commit,
+which merges and retires from what the previous write listed.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+from typing import Any
 
-from ..errors import CFAError
+from ..errors import CFAError, NotFoundError
 from .objects import exists, read_bytes
 from .profiles import ProfileRef
 from .uri import resolve, scheme_of
 
-__all__ = ["manifest_uri", "replacing_generation", "missing_directory"]
+__all__ = ["manifest_uri", "read_manifest", "listed_fragments", "replacing_generation", "missing_directory"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
 _LISTABLE = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")
@@ -25,22 +27,41 @@ def manifest_uri(url: str) -> str:
     return resolve(posixpath.join(stem, ".daskcfa", "manifest.json"), url)
 
 
+def read_manifest(url: str, profile: ProfileRef) -> dict[str, Any]:
+    """The manifest of the aggregation file ``url``, its malformed parts left out (empty if there is
+    none, or it is no JSON object): it lies beside the data, and anyone who can write there can plant
+    one, so it is never a bare error and never trusted further than its readers check."""
+    try:
+        manifest = json.loads(read_bytes(manifest_uri(url), profile))
+    except (NotFoundError, ValueError, RecursionError):
+        manifest = {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    fragments = manifest.get("fragments")
+    manifest["fragments"] = {
+        variable: {i: e for i, e in entries.items() if isinstance(e, dict) and isinstance(e.get("uri"), str)}
+        for variable, entries in (fragments.items() if isinstance(fragments, dict) else ())
+        if isinstance(entries, dict)}
+    return manifest
+
+
+def listed_fragments(manifest: dict[str, Any], url: str) -> set[str]:
+    """The fragments a manifest (of :func:`read_manifest`) lists, as absolute URIs."""
+    return {resolve(e["uri"], url) for entries in manifest["fragments"].values() for e in entries.values()}
+
+
 def replacing_generation(fragment: str, url: str, generation: str, profile: ProfileRef) -> str | None:
     """The generation of a newer write of ``url`` that no longer lists ``fragment`` (of ``generation``),
     or None: no manifest, the manifest is of that generation, or it still lists the fragment
     (then the fragment was deleted or moved, and reopening the dataset does not bring it back)."""
     try:
-        manifest = json.loads(read_bytes(manifest_uri(url), profile))
-    except (CFAError, ValueError, OSError):
-        return None
-    if not isinstance(manifest, dict):
+        manifest = read_manifest(url, profile)
+    except (CFAError, OSError):
         return None
     newer = manifest.get("generation")
     if not isinstance(newer, str) or newer == generation:
         return None
-    listed = {resolve(e["uri"], url) for entries in (manifest.get("fragments") or {}).values()
-              if isinstance(entries, dict) for e in entries.values() if isinstance(e, dict) and "uri" in e}
-    return None if fragment in listed else newer
+    return None if fragment in listed_fragments(manifest, url) else newer
 
 
 def missing_directory(uri: str, profile: ProfileRef) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
-from ..errors import CFAError, NotFoundError, WriteConflictError
+from ..errors import CFAError, WriteConflictError
 from ..formats import aggregated_variables
 from ..formats.encode import encode_aggregation
 from ..fragments.write import FragmentRecord
@@ -77,7 +77,7 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
             raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
                                      "run the update again", file=commit.url)
         new = {storage.resolve(rec.uri, commit.url) for recs in records for rec in recs}
-        earlier = _read_manifest(commit)
+        earlier = storage.read_manifest(commit.url, commit.profile)
         previous = _previous_fragments(commit, earlier)
         listed = schedule(previous, commit.references, commit.url, commit.retired, commit.profile,
                           commit.keep_previous)
@@ -103,31 +103,12 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
     return commit.url
 
 
-def _read_manifest(commit: Commit) -> dict[str, Any]:
-    """The manifest of the previous write, its malformed parts left out (it lies beside the data,
-    and anyone who can write there can plant one: never a bare error, never trusted further
-    than :func:`daskcfa.storage.lease.own_generations` checks)."""
-    try:
-        manifest = json.loads(storage.read_bytes(commit.manifest, commit.profile))
-    except (NotFoundError, ValueError, RecursionError):
-        manifest = {}
-    if not isinstance(manifest, dict):
-        manifest = {}
-    fragments = manifest.get("fragments")
-    manifest["fragments"] = {
-        variable: {i: e for i, e in entries.items() if isinstance(e, dict) and isinstance(e.get("uri"), str)}
-        for variable, entries in (fragments.items() if isinstance(fragments, dict) else ())
-        if isinstance(entries, dict)}
-    return manifest
-
-
 def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
     """Fragments the aggregation file about to be replaced references that a daskcfa writer
     made (in a generation directory, or listed in its manifest): what the commit may retire."""
     if commit.mode == "w-" or not storage.exists(commit.url, commit.profile):
         return set()
-    listed = {storage.resolve(e["uri"], commit.url) for entries in manifest["fragments"].values()
-              for e in entries.values()}
+    listed = storage.listed_fragments(manifest, commit.url)
     try:
         with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
             found = aggregated_variables(ds, commit.url)
