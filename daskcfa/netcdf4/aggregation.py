@@ -32,13 +32,13 @@ import numpy as np
 from .. import config, dataset, storage
 from ..index_writer import index as write_chunk_index
 from ..choices import DEFAULT_URIS
-from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError, redact
+from ..errors import ArgumentError, CFAError, FragmentError, redact
 from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from ..formats.capabilities import dialects_that
 from ..write.commit import commit_aggregation, plan_commit
 from ..write.request import WriteSource
 from ..write.spec import DEFAULT_FRAGMENT_NAME, fragment_columns, fragment_name, fragment_spec, settle_unlimited
-from ..write.target import WriteTarget
+from ..write.target import WriteTarget, nothing_to_update
 from ..inputs import stored_values
 from ..lazy import dask_array as da
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
@@ -53,10 +53,6 @@ __all__ = ["AggregationWriter"]
 
 #: dialects that can record a fragment as missing (never written: it reads as missing values)
 _SPARSE_DIALECTS = dialects_that("missing_fragments")
-
-
-def _nothing_to_update(mode: str, url: str) -> NotFoundError:
-    return NotFoundError(f"mode={mode!r} updates an aggregation, and there is none", file=url)
 
 
 def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
@@ -109,7 +105,7 @@ class AggregationWriter(Definitions, dataset.Group):
                 if existing is None or existing.dataset is None or storage.stat(url, profile) != existing.expected:
                     existing = read_existing(url, target.access, plain_too=True)
                 if existing is None:  # (removed before the lease was held)
-                    raise _nothing_to_update(mode, url)
+                    raise nothing_to_update(mode, url)
                 d["_expected"] = existing.expected
                 self._load(existing)
         except BaseException:

@@ -24,7 +24,12 @@ from ..storage.lease import Lease
 from ..storage.profiles import ProfileRef
 from ..storage.publish import UPDATE_MODES, WRITE_MODES, check_mode, refuse_existing
 
-__all__ = ["WriteTarget"]
+__all__ = ["WriteTarget", "nothing_to_update"]
+
+
+def nothing_to_update(mode: str, url: str) -> NotFoundError:
+    """The error of an update whose target is not there (or was removed before the lease was held)."""
+    return NotFoundError(f"mode={mode!r} updates an existing file, and there is none", file=url)
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class WriteTarget:
         url, access = open_aggregation(url, storage_options, allowed_locations)
         exists = refuse_existing(url, mode, access.profile, hint)
         if mode == "r+" and not exists:
-            raise NotFoundError(f"mode={asked or mode!r} updates an existing file, and there is none", file=url)
+            raise nothing_to_update(asked or mode, url)
         return cls(url, access, mode, exists)
 
     @classmethod
