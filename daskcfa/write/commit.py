@@ -83,7 +83,7 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
                           commit.keep_previous)
         generations = own_generations(earlier, previous, commit.references, listed, commit.url,
                                       commit.header["generation"])
-        storage.remove_stale_temporaries([commit.url, *new], commit.profile)
+        storage.remove_stale_temporaries([commit.url, commit.manifest, commit.retired, *new], commit.profile)
         resumed = sum(rec.resumed for recs in records for rec in recs)
         put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease,
                         detail=f"generation {commit.header['generation']}: "
