@@ -136,7 +136,11 @@ def _merged(source: WriteSource, target: Any) -> WriteSource:
     if inner == outer:
         return source
     merged = stored_values(target)[tuple(slice(a, b) for a, b in outer)].copy()
-    new = source.data if isinstance(source.data, da.Array) else da.from_array(source.data, asarray=False)
+    if not isinstance(source.data, da.Array):  # one chunk per fragment touched (dask sizes no strings itself)
+        cuts = [[a, *(o for o in grid.offsets[d] if a < o < b), b] for d, (a, b) in enumerate(inner)]
+        chunks = tuple(tuple(int(n) for n in np.diff(c)) for c in cuts)
+        source = replace(source, data=da.from_array(source.data, chunks=chunks, asarray=False))
+    new = source.data
     new = new.map_blocks(partial(encode_values, attrs=source.attrs, dtype=source.dtype, variable=source.name),
                          dtype=source.dtype, meta=np.empty((0,) * new.ndim, source.dtype))
     merged[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))] = new

@@ -331,3 +331,119 @@ def test_update_of_nca_virtual_partitions_is_refused_alike_by_both_front_ends(tm
     assert messages[0] == messages[1] and "cannot be written" in messages[0]
     assert_matches(daskcfa.from_cfa(url).compute(), built.expected)
     assert all(p.read_bytes() == content for p, content in files.items())
+
+
+# --------------------------------------------------------------------------
+# Strings: a vlen str variable aggregated, as netCDF4-python writes str variables
+# --------------------------------------------------------------------------
+
+def words(shape, seed):
+    """Strings of varied lengths (one empty), as numpy object arrays hold netCDF's vlen strings."""
+    rng = np.random.default_rng(seed)
+    out = np.array(["".join(rng.choice(list("abcdéx_"), rng.integers(0, 9))) for _ in range(int(np.prod(shape)))],
+                   dtype=object).reshape(shape)
+    out.flat[0] = ""
+    return out
+
+
+def string_archive(directory):
+    """A str variable aggregated by ``daskcfa.netcdf4.Dataset`` along an unlimited time, with its coordinate."""
+    truth = words(SHAPE, seed=20)
+    directory.mkdir(parents=True)
+    url = str(directory / "aggregation.nc")
+    with Dataset(url, "w", format="CF-1.13") as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("lat", 3)
+        ds.createDimension("lon", 4)
+        ds.createVariable("time", "f8", ("time",))[:] = np.arange(8.0)
+        tas = ds.createVariable("tas", str, DIMS, subarray_shape=(4, 3, 4), aggregate=True)
+        tas[:] = truth
+    return url, truth
+
+
+def to_cfa_string_archive(directory):
+    """A str variable aggregated by ``to_cfa`` from a numpy object array (before: its ``r+`` update failed
+    with dask's NotImplementedError, as dask cannot size object chunks)."""
+    truth = words(SHAPE, seed=20)
+    directory.mkdir(parents=True)
+    url = daskcfa.to_cfa(truth, str(directory / "aggregation.nc"), variable="tas", dims=DIMS, fragment_shape=(4, 3, 4))
+    return url, truth
+
+
+def assert_strings(url, expected):
+    got = daskcfa.from_cfa(url).compute()
+    assert got.dtype == object and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_string_archive_is_aggregated_by_the_dataset(tmp_path):
+    url, truth = string_archive(tmp_path / "s")
+    assert daskcfa.open_cfa(url)["tas"].is_aggregated
+    assert encoding(url) == (str, {})
+    assert {i: s[0] for i, s in stored(url).items()} == {(0, 0, 0): str, (1, 0, 0): str}
+    assert_strings(url, truth)
+
+
+@pytest.mark.parametrize("make", [string_archive, to_cfa_string_archive], ids=["by-dataset", "by-to_cfa"])
+@pytest.mark.parametrize("region", [slice(1, 3), slice(3, 6)], ids=["inside-one", "across-two"])
+@pytest.mark.parametrize("buffer_size", [None, 1], ids=["buffered", "spilled"])
+def test_string_region_update_is_the_same_through_both_front_ends(tmp_path, make, region, buffer_size):
+    via_to_cfa, via_dataset, truth = copies(tmp_path, make)
+    new = words((region.stop - region.start, 3, 4), seed=21)
+    daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": region})
+    with Dataset(via_dataset, "a", buffer_size=buffer_size) as ds:
+        for step, t in enumerate(range(region.start, region.stop)):
+            ds["tas"][t] = new[step]
+    expected = truth.copy()
+    expected[region] = new
+    for url in (via_to_cfa, via_dataset):
+        assert_strings(url, expected)
+    assert_same_archives(via_to_cfa, via_dataset)
+
+
+@pytest.mark.parametrize("added", [4, 2], ids=["whole-fragment", "part-fragment"])
+def test_string_append_is_the_same_through_both_front_ends(tmp_path, added):
+    via_to_cfa, via_dataset, truth = copies(tmp_path, string_archive)
+    new = words((added, 3, 4), seed=22)
+    times = np.arange(8.0, 8.0 + added)
+    daskcfa.to_cfa(new, via_to_cfa, mode="a", append_dim="time", coords={"time": times})
+    with Dataset(via_dataset, "a") as ds:
+        ds["tas"][8:8 + added] = new
+        ds["time"][8:8 + added] = times
+    for url in (via_to_cfa, via_dataset):
+        assert_strings(url, np.concatenate([truth, new]))
+    assert_same_archives(via_to_cfa, via_dataset)
+
+
+def test_strings_unassigned_in_a_new_fragment_are_empty_through_both_front_ends(tmp_path):
+    """netCDF has no missing string: netCDF4-python reads a string never written as "". A fragment
+    the Dataset writes only partly assigned holds "" elsewhere, as a region to_cfa fills does."""
+    url = str(tmp_path / "partial.nc")
+    with Dataset(url, "w", format="CF-1.13") as ds:
+        ds.createDimension("time", 8)
+        ds.createDimension("lat", 3)
+        ds.createDimension("lon", 4)
+        ds.createVariable("tas", str, DIMS, subarray_shape=(4, 3, 4), aggregate=True)[1:3] = words((2, 3, 4), 23)
+    expected = np.full(SHAPE, "", dtype=object)
+    expected[1:3] = words((2, 3, 4), 23)
+    assert_strings(url, expected)
+
+
+def test_a_dialect_whose_fragments_cannot_hold_strings_is_refused_alike_by_both_front_ends(tmp_path):
+    """S3netCDF4's CFA3 writes netCDF-3 fragments, which have no string type: both front ends refuse
+    to aggregate strings into them, with the same error, and write nothing."""
+    truth = words(SHAPE, seed=24)
+    messages = []
+    with pytest.raises(daskcfa.ArgumentError) as via_to_cfa:
+        daskcfa.to_cfa(truth, str(tmp_path / "a" / "t.nc"), variable="tas", dims=DIMS, format="CFA-0.4",
+                       fragment_format="NETCDF3_CLASSIC")
+    messages.append(str(via_to_cfa.value))
+    with pytest.raises(daskcfa.ArgumentError) as via_dataset:
+        with Dataset(str(tmp_path / "b" / "t.nc"), "w", format="CFA3") as ds:
+            ds.createDimension("time", 8)
+            ds.createDimension("lat", 3)
+            ds.createDimension("lon", 4)
+            ds.createVariable("tas", str, DIMS, aggregate=True)
+    messages.append(str(via_dataset.value))
+    assert messages[0] == messages[1] and "holds strings" in messages[0]
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))

@@ -37,7 +37,7 @@ from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, sha
 from ..formats.capabilities import dialects_that
 from ..write.commit import commit_aggregation, plan_commit
 from ..write.request import WriteSource
-from ..write.spec import DEFAULT_FRAGMENT_NAME, fragment_columns, fragment_name, fragment_spec, settle_unlimited
+from ..write.spec import DEFAULT_FRAGMENT_NAME, check_fragment_dtype, fragment_columns, fragment_name, fragment_spec, settle_unlimited
 from ..write.target import WriteTarget, nothing_to_update
 from ..inputs import stored_values
 from ..lazy import dask_array as da
@@ -125,6 +125,10 @@ class AggregationWriter(Definitions, dataset.Group):
         """Take the state of a variable just defined into this writer's keeping."""
         self._states[var.path] = state
 
+    def check_fragment_dtype(self, path: str, dtype: np.dtype) -> None:
+        """Refuse, when it is defined, a variable this writer's fragments cannot hold (to_cfa's refusal)."""
+        check_fragment_dtype(path, dtype, self._fragment_format)
+
     def state_of(self, var: WritableVariable) -> VariableState:
         """Where the values of ``var`` (a variable of this dataset) are until they are written."""
         return self._states[var.path]
@@ -196,8 +200,8 @@ class AggregationWriter(Definitions, dataset.Group):
             raise self._failed from None
 
     def _missing(self, var: WritableVariable, index: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-        """Stored values of ``shape`` all missing: the variable's fill value."""
-        return self._encoded(var, index, np.ma.masked_all(shape, var.value_dtype))
+        """Stored values of ``shape`` never assigned: the variable's fill value (strings: ``""``)."""
+        return self._encoded(var, index, _unassigned(np.ma.masked_all(shape, var.value_dtype)))
 
     def _capacity(self, var: WritableVariable, index: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(b - a for a, b in (self.state_of(var).layout.span(d, i) for d, i in enumerate(index)))
@@ -444,9 +448,7 @@ class AggregationWriter(Definitions, dataset.Group):
             for var in group.variables.values():
                 state = self.state_of(var)
                 if not state.aggregated:
-                    values = state.plain_to(var.shape, var.value_dtype).array(var.shape)
-                    if var.dtype.kind in "OU":  # strings never assigned are empty (netCDF has no missing string)
-                        values = values.filled("")
+                    values = _unassigned(state.plain_to(var.shape, var.value_dtype).array(var.shape))
                     model.variables.append(PlainVariable(var.path, var.dims, var.dtype, dict(var.attrs),
                                                          encode_values(values, var.attrs, var.dtype)))
         for var in self._aggregated():
@@ -527,6 +529,12 @@ class AggregationWriter(Definitions, dataset.Group):
         node.variables[old.name] = WritableVariable(old.name, old.path, dims, found, np.dtype(old.dtype), attrs, self,
                                                     VariableState(True, {}, FragmentLayout(offsets, steps),
                                                                   previous=previous))
+
+
+def _unassigned(values: np.ma.MaskedArray) -> np.ma.MaskedArray:
+    """Values whose unassigned elements are masked, as stored: strings never assigned are empty
+    (netCDF has no missing string; netCDF4-python reads one never written as ``""``)."""
+    return values.filled("") if values.dtype.kind in "OU" else values
 
 
 def _known_over(other: WritableVariable, plain: Buffer, var: WritableVariable, where: tuple[slice, ...]) -> bool:

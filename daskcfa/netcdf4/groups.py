@@ -62,7 +62,9 @@ class Definitions(NetCDFAttributes):
         ``max_subarray_size`` bytes (default 50 MB; along an unlimited
         dimension, fragments span the other dimensions whole when a step fits
         and grow along it). ``aggregate=False`` keeps a variable in the
-        aggregation file; ``aggregate=True`` insists.
+        aggregation file; ``aggregate=True`` insists, and aggregates a string
+        (``str``) variable too, in fragments of netCDF-4 vlen strings (kept in
+        the aggregation file by default, as before).
         """
         self._writer.check_open()
         check_name(varname, self.variables, "variable", self.path)
@@ -79,11 +81,14 @@ class Definitions(NetCDFAttributes):
         if least_significant_digit is not None:
             attrs["least_significant_digit"] = least_significant_digit
         coordinate = len(dims) == 1 and dims[0] == varname
-        aggregable = bool(dims) and not coordinate and dtype.kind in "biuf"
+        aggregable = bool(dims) and not coordinate and dtype.kind in "biufO"
         if aggregate and not aggregable:
             raise ArgumentError(f"{varname!r} cannot be aggregated: only variables with dimensions that hold numbers "
-                                "and are not coordinate variables are")
-        aggregated = aggregable if aggregate is None else aggregate
+                                "or strings (str) and are not coordinate variables are")
+        path = posixpath.join(self.path, varname)
+        if aggregate:
+            self._writer.check_fragment_dtype(path, dtype)
+        aggregated = aggregable and dtype.kind != "O" if aggregate is None else aggregate
         keywords = dict(compression_options)
         if zlib or compression:
             keywords.update(compression=compression or "zlib", complevel=complevel, shuffle=shuffle)
@@ -92,7 +97,6 @@ class Definitions(NetCDFAttributes):
         if chunksizes is not None and not contiguous:
             keywords["chunksizes"] = tuple(int(c) for c in chunksizes)
         check_elements(f"variable {varname!r}", [len(d) for d in found], self._writer.url)
-        path = posixpath.join(self.path, varname)
         layout = FragmentLayout.plan(path, found, dtype, subarray_shape, max_subarray_size) if aggregated else None
         var = WritableVariable(varname, path, dims, found, dtype, attrs, self._writer,
                                VariableState(aggregated, keywords, layout))

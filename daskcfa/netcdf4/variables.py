@@ -89,6 +89,9 @@ class VariableOwner(Writer, Protocol):
     def assign(self, var: "WritableVariable", selection: list[np.ndarray], values: Any) -> None:
         """Put the values assigned to an aggregated variable into its fragments."""
 
+    def check_fragment_dtype(self, path: str, dtype: np.dtype) -> None:
+        """Refuse to aggregate ``dtype`` into fragments whose format cannot hold it."""
+
 
 class WritableVariable(NetCDFAttributes, dataset.Variable):
     """A variable of a dataset being written: ``var[index] = values``, netCDF4-python's rules.

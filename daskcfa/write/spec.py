@@ -27,7 +27,7 @@ from ..fragments.zarr import check_zarr_compression
 from ..model import AggregationDataset, Dimension, FragmentGrid, Fragments, PlainVariable
 from .request import WriteSource
 
-__all__ = ["DEFAULT_FRAGMENT_NAME", "fragment_spec", "fragment_name", "check_template", "named_for", "check_apart",
+__all__ = ["DEFAULT_FRAGMENT_NAME", "check_fragment_dtype", "fragment_spec", "fragment_name", "check_template", "named_for", "check_apart",
            "compression_keywords", "settle_unlimited", "fragment_columns", "dimension_size"]
 
 
@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_FRAGMENT_NAME", "fragment_spec", "fragment_name", "check_tem
 DEFAULT_FRAGMENT_NAME = "{stem}/{stem}.{var}.{index}.nc"
 
 
-def _check_classic(name: str, dtype: np.dtype, file_format: str) -> None:
+def check_fragment_dtype(name: str, dtype: np.dtype, file_format: str) -> None:
     """The classic data model (netCDF-3 but CDF-5, and NETCDF4_CLASSIC) has no unsigned, 64-bit or string types;
     Zarr fragments hold numbers only (what their reader reads)."""
     if file_format == ZARR_FRAGMENTS and dtype.kind not in "biuf":
@@ -58,7 +58,7 @@ def fragment_spec(source: WriteSource, model: AggregationDataset, url: str, *, f
     sliced into each with their values, and the aggregation variable's dtype and attributes."""
     sliced, extra_dims = _sliced_variables(model, source)
     for name, dt in [(source.name, source.dtype), *((v.name, v.dtype) for v, _ in sliced)]:
-        _check_classic(name, dt, fragment_format)
+        check_fragment_dtype(name, dt, fragment_format)
     dtype, attrs, fragment_attrs = _encodings(source)
     global_attrs = {**model.attrs, "Conventions": fragment_conventions(model.attrs.get("Conventions"))}
     spec = FragmentSpec(
