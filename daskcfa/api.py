@@ -28,6 +28,7 @@ from .graph.read import to_dask
 from .model import AggregatedVariable
 from .storage.access import Access, open_aggregation
 from .storage.publish import UPDATE_MODES, check_mode
+from .write.commit import check_chunk_index, run_write
 from .write.target import WriteTarget
 
 __all__ = ["from_cfa", "open_cfa", "read_aggregation", "to_cfa", "plan_fragments"]
@@ -317,9 +318,7 @@ def to_cfa(
     """
     config.check()
     check_mode(mode)
-    if chunk_index and not compute:
-        raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True "
-                            "(or run daskcfa.index(url) after computing the write)")
+    check_chunk_index(chunk_index, compute)
     if append_dim is not None and mode != "a":
         raise ArgumentError(f"append_dim= appends to an existing aggregation: it needs mode='a', not {mode!r}")
     target = WriteTarget.open(url, storage_options, mode,
@@ -331,7 +330,9 @@ def to_cfa(
         raise ArgumentError("mode='r+' writes an array into an existing aggregation")
     # read, modify and write under one lease: concurrent updates queue up
     lease = target.lease(acquire=mode in UPDATE_MODES and compute)
-    try:
+
+    def write() -> Any:  # (under the lease: what it reads is what the commit finds unchanged)
+        nonlocal format
         if mode in UPDATE_MODES:
             version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
             existing = Dataset.open(url, access=target.access, chunk_index=None)
@@ -357,12 +358,11 @@ def to_cfa(
             semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
         )
-        if not compute:
-            return delayed
-        written = delayed.compute()
-    finally:
-        if compute:
-            lease.release()  # a no-op after the commit released it, or when another writer holds it
+        return delayed.compute() if compute else delayed
+
+    if not compute:
+        return write()
+    written = run_write(write, lease)
     if chunk_index:
         index(written, storage_options=storage_options)
     return written

@@ -44,6 +44,7 @@ from ..graph.write import fragment_grid, write_graph
 from ..write.request import WriteRequest, WriteSource
 from ..inputs import dataset_model
 from ..storage.publish import WHOLE_FILE_MODES
+from ..write.commit import check_chunk_index, run_write
 from ..write.target import WriteTarget
 from ..model import AggregatedVariable, AggregationDataset, Fragments, FragmentGrid, is_coordinate_variable
 from ..storage.access import Access
@@ -227,8 +228,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     ``daskcfa.refragment.strategy`` (``auto``, ``direct``, ``staged``)
     overrides the planner's choice.
     """
-    if chunk_index and not compute:
-        raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True")
+    check_chunk_index(chunk_index, compute)
     written = WriteTarget.open(target, storage_options, mode, modes=WHOLE_FILE_MODES)
     url, profile = written.url, written.profile
     plan, model, chosen = _prepare(source, variables, fragment_shape, max_fragment_size, max_mem, storage_options,
@@ -243,18 +243,18 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
             staged.append(var.source.data.staging)
     request = WriteRequest(model, [v.source for v in chosen])
     lease = written.lease()
-    try:
+
+    def write() -> Any:
         result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
                              format=format, fragment_format=fragment_format, mode=mode,
                              profile=profile, lease=lease, hold=compute, uris=uris)
         if staged:
             result = delayed(remove_staging, pure=True)(result, staged, profile)
-        if not compute:
-            return result
-        written = result.compute()
-    finally:
-        if compute:
-            lease.release()  # (a no-op after the commit released it)
+        return result.compute() if compute else result
+
+    if not compute:
+        return write()
+    written = run_write(write, lease)
     if chunk_index:
         index(written, storage_options=storage_options)
     return written

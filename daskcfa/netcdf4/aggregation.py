@@ -25,6 +25,7 @@ import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
@@ -35,7 +36,7 @@ from ..choices import DEFAULT_URIS
 from ..errors import ArgumentError, CFAError, FragmentError, redact
 from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from ..formats.capabilities import dialects_that
-from ..write.commit import commit_aggregation, plan_commit
+from ..write.commit import commit_aggregation, plan_commit, run_write
 from ..write.request import WriteSource
 from ..write.spec import DEFAULT_FRAGMENT_NAME, check_fragment_dtype, fragment_columns, fragment_name, fragment_spec, settle_unlimited
 from ..write.target import WriteTarget, nothing_to_update
@@ -467,7 +468,7 @@ class AggregationWriter(Definitions, dataset.Group):
                              file_format=self._file_format, generation=self._lease.generation, variables=paths,
                              mode=mode, profile=self._profile, keep_previous=self._keep_previous,
                              expected=self._expected)
-        commit_aggregation(commit, records, self._lease)
+        run_write(partial(commit_aggregation, commit, records, self._lease), self._lease)
         if self._index_options is not None:
             write_chunk_index(self.url, storage_options=self._index_options)
 

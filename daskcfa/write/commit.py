@@ -4,7 +4,10 @@ the generations the dataset owns, and the retirement of the fragments the new fi
 :func:`plan_commit` encodes the aggregation file on the client (every rule of
 the dialect checked before the first fragment is written);
 :func:`commit_aggregation` is the last task of the write graph, and what
-``daskcfa.Dataset``'s aggregation writer runs at ``close()``.
+``daskcfa.Dataset``'s aggregation writer runs at ``close()``;
+:func:`run_write` is how every writer (``to_cfa``, ``refragment``,
+``daskcfa.Dataset``) runs its write to that commit on the client, the lease
+given back whatever happens.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .. import storage
-from ..errors import CFAError, WriteConflictError
+from ..errors import ArgumentError, CFAError, WriteConflictError
 from ..formats import aggregated_variables
 from ..formats.encode import encode_aggregation
 from ..fragments.write import FragmentRecord
@@ -23,7 +26,7 @@ from ..model import AggregationDataset
 from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
 from ..storage.publish import UPDATE_MODES, put_aggregation
 
-__all__ = ["Commit", "plan_commit", "commit_aggregation"]
+__all__ = ["Commit", "plan_commit", "commit_aggregation", "check_chunk_index", "run_write"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,22 @@ def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
     except (CFAError, ValueError):
         return set()  # not an aggregation we can read: nothing of it is touched
     return {u for u in uris if generation_of(u) is not None or u in listed}
+
+
+def check_chunk_index(chunk_index: bool, compute: bool) -> None:
+    """A write that is not computed now cannot index what it has not written."""
+    if chunk_index and not compute:
+        raise ArgumentError("chunk_index=True indexes the fragments once they are written: it needs compute=True "
+                            "(or run daskcfa.index(url) after computing the write)")
+
+
+def run_write(commit: Callable[[], str], lease: Lease) -> str:
+    """Run a write to its commit (``commit()``: computing the write graph, whose last task is
+    :func:`commit_aggregation`, or calling it) and give the lease back whatever happens (a no-op once
+    the commit has): a write that fails or is interrupted leaves the previous aggregation (or none)
+    and no lease behind."""
+    try:
+        return commit()
+    finally:
+        lease.release()
+
