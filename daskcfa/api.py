@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Iterable, Mapping, Sequence
 
 import dask
@@ -362,10 +363,7 @@ def to_cfa(
 
     if not compute:
         return write()
-    written = run_write(write, lease)
-    if chunk_index:
-        index(written, storage_options=storage_options)
-    return written
+    return run_write(write, lease, partial(index, storage_options=storage_options) if chunk_index else None)
 
 
 def _request(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import dask
@@ -254,10 +255,7 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
 
     if not compute:
         return write()
-    written = run_write(write, lease)
-    if chunk_index:
-        index(written, storage_options=storage_options)
-    return written
+    return run_write(write, lease, partial(index, storage_options=storage_options) if chunk_index else None)
 
 
 #: The command line's name for :func:`refragment` (``daskcfa split``), as an alias.

@@ -468,9 +468,8 @@ class AggregationWriter(Definitions, dataset.Group):
                              file_format=self._file_format, generation=self._lease.generation, variables=paths,
                              mode=mode, profile=self._profile, keep_previous=self._keep_previous,
                              expected=self._expected)
-        run_write(partial(commit_aggregation, commit, records, self._lease), self._lease)
-        if self._index_options is not None:
-            write_chunk_index(self.url, storage_options=self._index_options)
+        index = None if self._index_options is None else partial(write_chunk_index, storage_options=self._index_options)
+        run_write(partial(commit_aggregation, commit, records, self._lease), self._lease, index)
 
     def _fragments(self, var: WritableVariable, written: dict[tuple[int, ...], str]) -> Fragments:
         """The fragment columns: those written now, those of the previous aggregation kept (as

@@ -7,7 +7,8 @@ the dialect checked before the first fragment is written);
 ``daskcfa.Dataset``'s aggregation writer runs at ``close()``;
 :func:`run_write` is how every writer (``to_cfa``, ``refragment``,
 ``daskcfa.Dataset``) runs its write to that commit on the client, the lease
-given back whatever happens.
+given back whatever happens, and then writes the chunk index of what it
+committed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..model import AggregationDataset
 from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
 from ..storage.publish import UPDATE_MODES, put_aggregation
 
-__all__ = ["Commit", "plan_commit", "commit_aggregation", "check_chunk_index", "run_write"]
+__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "check_chunk_index", "run_write"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,11 @@ def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
     return {u for u in uris if generation_of(u) is not None or u in listed}
 
 
+#: What writes the chunk index of a committed aggregation (its URL given): the API layer's
+#: ``daskcfa.index``, bound to the write's storage options, which stay on the client.
+Indexer = Callable[[str], Any]
+
+
 def check_chunk_index(chunk_index: bool, compute: bool) -> None:
     """A write that is not computed now cannot index what it has not written."""
     if chunk_index and not compute:
@@ -128,13 +134,20 @@ def check_chunk_index(chunk_index: bool, compute: bool) -> None:
                             "(or run daskcfa.index(url) after computing the write)")
 
 
-def run_write(commit: Callable[[], str], lease: Lease) -> str:
+def run_write(commit: Callable[[], str], lease: Lease, index: Indexer | None = None) -> str:
     """Run a write to its commit (``commit()``: computing the write graph, whose last task is
-    :func:`commit_aggregation`, or calling it) and give the lease back whatever happens (a no-op once
-    the commit has): a write that fails or is interrupted leaves the previous aggregation (or none)
-    and no lease behind."""
+    :func:`commit_aggregation`, or calling it), give the lease back whatever happens (a no-op once
+    the commit has), then write the chunk index of the aggregation committed (``index``, when asked).
+
+    A write that fails or is interrupted leaves the previous aggregation (or none) and no lease
+    behind; the chunk index, written only after the commit, never describes fragments that are not
+    referenced.
+    """
     try:
-        return commit()
+        url = commit()
     finally:
         lease.release()
+    if index is not None:
+        index(url)
+    return url
 
