@@ -17,11 +17,11 @@ from .choices import DEFAULT_FORMAT, DEFAULT_FRAGMENT_FORMAT, DEFAULT_URIS
 from .errors import ArgumentError, CFAError, CFAFormatError, VariableNotFoundError
 from .formats import aggregated_variables, dialect_of, parse_variable
 from .formats.netcdf import find_variable
-from . import append, inputs
+from . import inputs
 from .formats.encode import common_format
 from .index_writer import index
 from .graph.write import write_graph
-from .write.request import WriteRequest
+from .write.request import is_xarray
 from .write.spec import DEFAULT_FRAGMENT_NAME
 from .graph.plan import plan_fragments
 from .fragments.chunk_index import indexed
@@ -327,34 +327,26 @@ def to_cfa(
     url, profile = target.url, target.profile
     if mode == "a" and not target.exists:
         mode = "w-"  # growing nothing: a new aggregation (a writer creating it meanwhile wins, and this one fails)
-    if mode == "r+" and (isinstance(data, Dataset) or inputs.is_xarray(data)):
+    if mode == "r+" and (isinstance(data, Dataset) or is_xarray(data)):
         raise ArgumentError("mode='r+' writes an array into an existing aggregation")
     # read, modify and write under one lease: concurrent updates queue up
     lease = target.lease(acquire=mode in UPDATE_MODES and compute)
 
     def write() -> Any:  # (under the lease: what it reads is what the commit finds unchanged)
-        nonlocal format
+        existing = version = None
         if mode in UPDATE_MODES:
             version = storage.stat(url, profile)  # before reading: a change after it is caught at commit
             existing = Dataset.open(url, access=target.access, chunk_index=None)
-            if mode == "r+":
-                request = inputs.request_for_update(existing, url, version, data, variable, region)
-            elif append_dim is not None:
-                _no_region(region, "mode='a'")
-                request = append.request_for_append(existing, url, version, data, append_dim, variable=variable,
-                                                    dims=dims, attrs=attrs, coords=coords,
-                                                    fragment_shape=fragment_shape)
-            else:
-                _no_region(region, "mode='a'")
-                new = _request(data, variable, dims, attrs, coords, None)
-                request = append.request_for_addition(existing, url, version, new)
-            format = format or common_format(request.model.aggregated + [s.existing for s in request.sources
-                                                                         if s.existing is not None], url, "update it")
-        else:
-            request = _request(data, variable, dims, attrs, coords, region)
+        request = inputs.write_request(data, mode, existing, url, version, variable=variable, dims=dims, attrs=attrs,
+                                       coords=coords, region=region, append_dim=append_dim,
+                                       fragment_shape=fragment_shape)
+        dialect = format
+        if dialect is None and existing is not None:
+            dialect = common_format(request.model.aggregated + [s.existing for s in request.sources
+                                                                if s.existing is not None], url, "update it")
         delayed = write_graph(
             request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
-            format=format or DEFAULT_FORMAT, fragment_format=fragment_format, compression=compression,
+            format=dialect or DEFAULT_FORMAT, fragment_format=fragment_format, compression=compression,
             fragment_name=fragment_name, mode=mode, profile=profile,
             semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
@@ -364,23 +356,6 @@ def to_cfa(
     if not compute:
         return write()
     return run_write(write, lease, partial(index, storage_options=storage_options) if chunk_index else None)
-
-
-def _request(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
-             coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
-    """A write of ``data`` as a new aggregation (or new variables of one)."""
-    if isinstance(data, Dataset):
-        _no_region(region, "a daskcfa.Dataset")
-        return inputs.request_from_dataset(data)
-    if inputs.is_xarray(data):
-        _no_region(region, "an xarray object")
-        return inputs.request_from_xarray(data, variable)
-    return inputs.request_from_array(data, variable, dims, attrs, coords, region)
-
-
-def _no_region(region: Mapping[str, slice] | None, what: str) -> None:
-    if region:
-        raise ArgumentError(f"region= is for writing arrays (new ones, or with mode='r+'), not {what}")
 
 
 def _upload_semaphore(limit: int | None, url: str) -> Any:

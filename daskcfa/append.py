@@ -23,9 +23,8 @@ import numpy as np
 from .decode import STORAGE_ATTRS, Encoding, same_value
 from .errors import ArgumentError
 from .fragments.write import encode_values
-from .write.request import WriteRequest, WriteSource
+from .write.request import WriteRequest, WriteSource, as_array, dataset_model, is_xarray, values_and_attrs
 from .dataset import Dataset
-from .inputs import as_array, dataset_model, is_xarray, values_and_attrs
 from .model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable, ancestry
 
 __all__ = ["request_for_append", "request_for_addition"]

@@ -1,19 +1,17 @@
-"""What :func:`daskcfa.to_cfa` (and ``refragment``) accept, brought to one form.
+"""The write request of :func:`daskcfa.to_cfa`, made in one place: :func:`write_request`.
 
-A numpy or dask array with its name, dimensions and coordinates, a
-:class:`daskcfa.Dataset` (every aggregated variable re-fragmented, ordinary
-variables copied), an xarray object (encoded by xarray's own CF encoder), or
-new values for a region of an existing aggregation (``mode="r+"``) all become
-a :class:`~daskcfa.write.request.WriteRequest`: the dialect-independent
-:class:`~daskcfa.model.AggregationDataset` with its ordinary variables, plus
-the values of each variable to aggregate. Kept apart from the graph builder,
-which only builds graphs from a request.
+New data (an array, a :class:`daskcfa.Dataset`, an xarray object) become a
+:class:`~daskcfa.write.request.WriteRequest` through the builders of
+:mod:`daskcfa.write.request`, which need nothing of the read side. An update
+of an existing aggregation needs it, so it is made here, in the API layer:
+``mode="r+"`` (new values for a region of one variable, merged with the
+stored values of the fragments it touches) and, through :mod:`daskcfa.append`,
+``mode="a"`` (grown along ``append_dim``, or new variables added). Kept apart
+from the graph builder, which only builds graphs from a request.
 """
 
 from __future__ import annotations
 
-import numbers
-import posixpath
 from dataclasses import replace
 from functools import partial
 from typing import Any, Mapping, Sequence
@@ -21,69 +19,51 @@ from typing import Any, Mapping, Sequence
 from .lazy import dask_array as da
 import numpy as np
 
-from .decode import PACKING_ATTRS, default_fill_value
+from . import append
+from .dataset import Dataset
 from .errors import ArgumentError, VariableNotFoundError
 from .fragments.write import encode_values
 from .graph.read import to_dask
 from .graph.write import region_bounds
-from .write.request import WriteRequest, WriteSource
-from .model import AggregationDataset, Dimension, PlainVariable
+from .write.request import (WriteRequest, WriteSource, as_array, dataset_model, is_xarray, request_from_array,
+                            request_from_dataset, request_from_xarray, write_region)
 
-__all__ = ["request_from_array", "request_from_dataset", "request_for_update", "request_from_xarray",
-           "dataset_model", "as_array", "values_and_attrs", "is_xarray", "stored_values"]
-
-
-def request_from_array(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
-                       coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
-    """A numpy or dask array with its name, dimensions, attributes and 1-D coordinates.
-
-    With ``region``, ``data`` is only that part of the array: the full size of
-    every dimension in ``region`` comes from its coordinates.
-    """
-    if variable is None or dims is None:
-        raise ArgumentError("writing an array needs variable= (its name) and dims= (its dimension names)")
-    data = as_array(data)
-    dims = tuple(dims)
-    if len(dims) != data.ndim:
-        raise ArgumentError(f"dims {dims!r} name {len(dims)} dimensions, the data have {data.ndim}")
-    attrs = dict(attrs or {})
-    packing = [k for k in PACKING_ATTRS if k in attrs]
-    if packing:
-        raise ArgumentError(f"attrs carry {', '.join(packing)}: to_cfa writes an array's values as they are; "
-                         "to store packed values, write an xarray object with the packing in its encoding")
-    dtype = _storable(np.dtype(data.dtype), variable)
-    if "_FillValue" not in attrs and "missing_value" not in attrs:
-        # An explicit fill value: tools that only honour _FillValue (xarray) still see masked points.
-        attrs["_FillValue"] = default_fill_value(dtype)
-    region = _region(region, dims)
-    sizes = dict(zip(dims, data.shape))
-    model = AggregationDataset()
-    for dim, given in (coords or {}).items():
-        if dim not in dims:
-            raise ArgumentError(f"coords names {dim!r}, which is not one of the dimensions {dims!r}")
-        values, coord_attrs = _coordinate(given, dim)
-        if dim in region:
-            sizes[dim] = len(values)
-        elif len(values) != sizes[dim]:
-            raise ArgumentError(f"coordinate {dim!r} has {len(values)} values, the dimension has size {sizes[dim]}")
-        dtype_c = _storable(values.dtype, dim)
-        model.variables.append(PlainVariable(f"/{dim}", (dim,), dtype_c, coord_attrs,
-                                             encode_values(values, coord_attrs, dtype_c)))
-    missing = [d for d in region if d not in (coords or {})]
-    if missing:
-        raise ArgumentError(f"region along {missing}: give coords= for those dimensions (they set the full size)")
-    model.dimensions = [Dimension(f"/{d}", sizes[d]) for d in dims]
-    name = variable if variable.startswith("/") else f"/{variable}"
-    return WriteRequest(model, [WriteSource(name, data, dims, dtype, attrs, region=region)])
+__all__ = ["write_request", "request_for_update", "stored_values"]
 
 
-def request_from_dataset(ds: Any) -> WriteRequest:
-    """A :class:`daskcfa.Dataset`: aggregated variables on their own fragment grids (unless the
-    write asks for another plan), ordinary ones copied."""
-    model, aggregated = dataset_model(ds)
-    sources = [WriteSource(v.path, v.characters, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs),
-                           grid=v.aggregation.fragments.grid) for v in aggregated]
-    return WriteRequest(model, sources)
+def write_request(data: Any, mode: str, existing: Dataset | None, url: str, version: tuple[int, str] | None, *,
+                  variable: str | None = None, dims: Sequence[str] | None = None,
+                  attrs: Mapping[str, Any] | None = None, coords: Mapping[str, Any] | None = None,
+                  region: Mapping[str, slice] | None = None, append_dim: str | None = None,
+                  fragment_shape: Any = None) -> WriteRequest:
+    """What :func:`daskcfa.to_cfa` writes: ``data`` as a new aggregation (``existing`` None), or as an
+    update (``mode="r+"`` or ``"a"``) of ``existing``, the aggregation read from ``url`` at ``version``."""
+    if existing is None:
+        return _new(data, variable, dims, attrs, coords, region)
+    if mode == "r+":
+        return request_for_update(existing, url, version, data, variable, region)
+    _no_region(region, "mode='a'")
+    if append_dim is not None:
+        return append.request_for_append(existing, url, version, data, append_dim, variable=variable, dims=dims,
+                                         attrs=attrs, coords=coords, fragment_shape=fragment_shape)
+    return append.request_for_addition(existing, url, version, _new(data, variable, dims, attrs, coords, None))
+
+
+def _new(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
+         coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
+    """A write of ``data`` as a new aggregation (or new variables of one)."""
+    if isinstance(data, Dataset):
+        _no_region(region, "a daskcfa.Dataset")
+        return request_from_dataset(data)
+    if is_xarray(data):
+        _no_region(region, "an xarray object")
+        return request_from_xarray(data, variable)
+    return request_from_array(data, variable, dims, attrs, coords, region)
+
+
+def _no_region(region: Mapping[str, slice] | None, what: str) -> None:
+    if region:
+        raise ArgumentError(f"region= is for writing arrays (new ones, or with mode='r+'), not {what}")
 
 
 def request_for_update(existing: Any, url: str, version: tuple[int, str] | None, data: Any, variable: str | None,
@@ -104,7 +84,7 @@ def request_for_update(existing: Any, url: str, version: tuple[int, str] | None,
     target = by_path[path]
     model.aggregated = [v.aggregation for v in aggregated if v.path != path]
     source = WriteSource(path, as_array(data), tuple(target.dims), np.dtype(target.dtype), dict(target.attrs),
-                         existing=target.aggregation, region=_region(region, tuple(target.dims)))
+                         existing=target.aggregation, region=write_region(region, tuple(target.dims)))
     return WriteRequest(model, [_merged(source, target)], version)
 
 
@@ -146,104 +126,3 @@ def _merged(source: WriteSource, target: Any) -> WriteSource:
     merged[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inner, outer))] = new
     region = {dim: slice(a, b) for dim, (a, b) in zip(source.dims, outer)}
     return replace(source, data=merged, encoded=True, region=region)
-
-
-def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
-    """An xarray ``Dataset`` or ``DataArray``, encoded by xarray's own CF encoder.
-
-    ``xarray.conventions`` applies each variable's ``encoding`` (``dtype``,
-    ``_FillValue``, ``scale_factor``/``add_offset``, time units) and adds the
-    ``coordinates`` attributes, so values are stored exactly as
-    ``Dataset.to_netcdf`` would store them. Data variables with dimensions
-    and a numeric dtype are aggregated; coordinates and everything else
-    become ordinary variables of the aggregation file.
-    """
-    import xarray as xr
-
-    if isinstance(obj, xr.DataArray):
-        name = variable or obj.name
-        if name is None:
-            raise ArgumentError("the DataArray has no name: pass variable=")
-        obj = obj.to_dataset(name=name)
-    variables, attrs = xr.conventions.encode_dataset_coordinates(obj)
-    variables, attrs = xr.conventions.cf_encoder(variables, attrs)
-    unlimited = set(obj.encoding.get("unlimited_dims", ()) or ())
-    model = AggregationDataset(attrs=dict(attrs))
-    model.dimensions = [Dimension(f"/{d}", int(n), d in unlimited) for d, n in obj.sizes.items()]
-    sources = []
-    for name, var in variables.items():
-        dtype = np.dtype(var.dtype)
-        if name in obj.data_vars and var.ndim and dtype.kind in "biuf":
-            sources.append(WriteSource(f"/{name}", var.data, tuple(var.dims), _storable(dtype, name), dict(var.attrs),
-                                       encoded=True))
-        else:
-            model.variables.append(PlainVariable(f"/{name}", tuple(var.dims), dtype, dict(var.attrs),
-                                                 np.asarray(var.values)))
-    return WriteRequest(model, sources)
-
-
-def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
-    """The aggregation file's contents but the aggregated variables, and those variables."""
-    model = AggregationDataset(attrs=dict(ds.attrs))
-    aggregated = []
-    for group in ds.walk():
-        if group is not ds:
-            model.group_attrs[group.path] = dict(group.attrs)
-        for dim in group.dimensions.values():
-            model.dimensions.append(Dimension(posixpath.join(group.path, dim.name), dim.size, dim.unlimited))
-        for var in group.variables.values():
-            if var.is_aggregated:
-                aggregated.append(var)
-            else:
-                model.variables.append(PlainVariable(var.path, tuple(var.dims), var.dtype, dict(var.attrs),
-                                                     encode_values(var.characters.compute(), var.attrs, var.dtype)))
-    return model, aggregated
-
-
-def _coordinate(given: Any, dim: str) -> tuple[np.ndarray, dict[str, Any]]:
-    """Coordinate values, and attributes when given as a ``(values, attrs)`` pair."""
-    values, attrs = values_and_attrs(given)
-    if values.ndim != 1:
-        raise ArgumentError(f"coordinate {dim!r} must be 1-D, got shape {values.shape}")
-    return values, attrs
-
-
-def values_and_attrs(given: Any) -> tuple[Any, dict[str, Any]]:
-    """What ``coords=`` gives for a name: values, or a ``(values, attrs)`` pair."""
-    attrs: Mapping[str, Any] = {}
-    if isinstance(given, tuple) and len(given) == 2 and isinstance(given[1], Mapping):
-        given, attrs = given
-    return as_array(given), dict(attrs)
-
-
-def is_xarray(data: Any) -> bool:
-    """An xarray ``Dataset`` or ``DataArray`` (told by its type, without importing xarray)."""
-    module = type(data).__module__
-    return module.startswith("xarray.") and type(data).__name__ in ("Dataset", "DataArray")
-
-
-def as_array(data: Any) -> Any:
-    """A dask array as is, anything else as a numpy array (masked arrays stay masked)."""
-    if isinstance(data, da.Array):
-        return data
-    return np.ma.asanyarray(data) if np.ma.isMaskedArray(data) else np.asarray(data)
-
-
-def _storable(dtype: np.dtype, name: str) -> np.dtype:
-    """``dtype`` if netCDF can store it, else a clear error."""
-    if dtype.kind in "OUS" or (dtype.kind in "iuf" and dtype.str[1:] in ("i1", "u1", "i2", "u2", "i4", "u4", "i8",
-                                                                        "u8", "f4", "f8")):
-        return dtype
-    raise ArgumentError(f"{name!r} has dtype {dtype}, which netCDF cannot store (cast it first; times need numbers "
-                    "with units, as xarray encodes them)")
-
-
-def _region(region: Mapping[str, slice] | None, dims: tuple[str, ...]) -> dict[str, slice]:
-    region = dict(region or {})
-    for dim, sl in region.items():
-        if dim not in dims:
-            raise ArgumentError(f"region names {dim!r}, which is not one of the dimensions {dims!r}")
-        if not isinstance(sl, slice) or sl.step not in (None, 1) or not all(
-                b is None or isinstance(b, numbers.Integral) for b in (sl.start, sl.stop)):
-            raise ArgumentError(f"region[{dim!r}] must be a slice of integers with step 1, got {sl!r}")
-    return region

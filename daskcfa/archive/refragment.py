@@ -42,8 +42,7 @@ from ..graph.read import AggregatedArray
 from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
 from ..graph.write import fragment_grid, write_graph
-from ..write.request import WriteRequest, WriteSource
-from ..inputs import dataset_model
+from ..write.request import WriteRequest, WriteSource, dataset_model
 from ..storage.publish import WHOLE_FILE_MODES
 from ..write.commit import check_chunk_index, run_write
 from ..write.target import WriteTarget

@@ -53,7 +53,7 @@ from ..choices import DEFAULT_URIS
 from ..dataset import Dataset
 from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
-from ..inputs import dataset_model
+from ..write.request import dataset_model
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation
 from ..write.target import WriteTarget
 from ..model import AggregatedVariable
