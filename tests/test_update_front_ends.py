@@ -127,6 +127,18 @@ def assert_same_archives(a, b):
         np.testing.assert_array_equal(x[-1], y[-1], err_msg=f"fragment {index} stored differently")
 
 
+def update_both_ways(via_to_cfa, via_dataset, truth, new, region, buffer_size):
+    """``new`` into ``region`` along time through ``to_cfa(mode="r+")`` and, one time step at a time,
+    through ``Dataset(url, "a")``; the values both should read."""
+    daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": region})
+    with Dataset(via_dataset, "a", buffer_size=buffer_size) as ds:
+        for step, t in enumerate(range(region.start, region.stop)):
+            ds["tas"][t] = new[step]
+    expected = truth.copy()
+    expected[region] = new
+    return expected
+
+
 CASES = {
     "packed-aggregation": (packed_archive, 0.5 * SCALE + 1e-9),
     "missing_value": (missing_value_archive, 0.0),
@@ -157,12 +169,7 @@ def test_region_update_is_the_same_through_both_front_ends(tmp_path, case, regio
             assert stored(url) == before
             assert_matches(daskcfa.from_cfa(url).compute(), truth)
         return
-    daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": region})
-    with Dataset(via_dataset, "a", buffer_size=buffer_size) as ds:
-        for step, t in enumerate(range(region.start, region.stop)):
-            ds["tas"][t] = new[step]
-    expected = truth.copy()
-    expected[region] = new
+    expected = update_both_ways(via_to_cfa, via_dataset, truth, new, region, buffer_size)
     for url in (via_to_cfa, via_dataset):
         assert_matches(daskcfa.from_cfa(url).compute(), expected, atol=atol, rtol=1e-6)
     assert_same_archives(via_to_cfa, via_dataset)
@@ -390,12 +397,7 @@ def test_a_string_archive_is_aggregated_by_the_dataset(tmp_path):
 def test_string_region_update_is_the_same_through_both_front_ends(tmp_path, make, region, buffer_size):
     via_to_cfa, via_dataset, truth = copies(tmp_path, make)
     new = words((region.stop - region.start, 3, 4), seed=21)
-    daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": region})
-    with Dataset(via_dataset, "a", buffer_size=buffer_size) as ds:
-        for step, t in enumerate(range(region.start, region.stop)):
-            ds["tas"][t] = new[step]
-    expected = truth.copy()
-    expected[region] = new
+    expected = update_both_ways(via_to_cfa, via_dataset, truth, new, region, buffer_size)
     for url in (via_to_cfa, via_dataset):
         assert_strings(url, expected)
     assert_same_archives(via_to_cfa, via_dataset)
