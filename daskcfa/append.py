@@ -24,7 +24,7 @@ from .decode import STORAGE_ATTRS, Encoding, same_value
 from .errors import ArgumentError
 from .fragments.write import encode_values
 from .write.request import WriteRequest, WriteSource, as_array, dataset_model, is_xarray, values_and_attrs
-from .dataset import Dataset
+from .dataset import OpenedDataset
 from .model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable, ancestry
 
 __all__ = ["request_for_append", "request_for_addition"]
@@ -139,7 +139,7 @@ def request_for_addition(existing: Any, url: str, version: tuple[int, str] | Non
 def _pieces(existing: Any, data: Any, url: str, along: Mapping[str, Any], *, variable: str | None,
             dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
             coords: Mapping[str, Any] | None) -> dict[str, _Piece]:
-    if isinstance(data, Dataset):
+    if isinstance(data, OpenedDataset):
         _no_array_arguments(variable, dims, attrs, coords, "a daskcfa.Dataset")
         return {v.path: _Piece(v.characters, tuple(v.dims), dict(v.attrs)) for g in data.walk()
                 for v in g.variables.values()}

@@ -31,7 +31,7 @@ from .model import AggregatedVariable, Fragments
 from .netcdf4_read import ReadDataset, ReadVariable
 from .storage.access import Access
 
-__all__ = ["Dataset", "Group", "Variable", "Dimension", "ordinary_values", "select_aggregated"]
+__all__ = ["OpenedDataset", "Group", "Variable", "Dimension", "ordinary_values", "select_aggregated"]
 
 
 @dataclass(frozen=True)
@@ -373,13 +373,16 @@ class Group(_AttributeAccessors):
             yield from group.walk()
 
 
-class Dataset(ReadDataset, Group):
-    """An opened aggregation file (see :func:`daskcfa.open_cfa`)."""
+class OpenedDataset(ReadDataset, Group):
+    """An opened aggregation file: its tree of groups, dimensions, variables and attributes, read
+    lazily. What ``daskcfa.Dataset(url)`` and :func:`daskcfa.open_cfa` give is one (the public
+    ``daskcfa.Dataset``, :class:`daskcfa.netcdf4.Dataset`, adds netCDF4-python's constructor and
+    its modes); the operations over an aggregation open one directly."""
 
     url: str = ""
 
     @classmethod
-    def open(cls, url: str, *, access: Access, chunk_index: bool | str | None = False) -> "Dataset":
+    def open(cls, url: str, *, access: Access, chunk_index: bool | str | None = False) -> "OpenedDataset":
         """The dataset of the aggregation file at ``url``; its variables read with ``access`` and,
         as ``chunk_index`` asks (see :func:`daskcfa.from_cfa`), the chunk index beside the file."""
         with storage.netcdf_file(url, profile=access.profile) as ds:
@@ -392,7 +395,7 @@ class Dataset(ReadDataset, Group):
         return root
 
     @classmethod
-    def from_netcdf(cls, ds: netCDF4.Dataset, url: str, access: Access) -> "Dataset":
+    def from_netcdf(cls, ds: netCDF4.Dataset, url: str, access: Access) -> "OpenedDataset":
         """The dataset of the aggregation file ``ds`` at ``url``, open already (under the lock)."""
         try:
             return _build(cls, ds, url, access)
@@ -401,7 +404,7 @@ class Dataset(ReadDataset, Group):
         except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
             raise CFAFormatError(f"malformed aggregation file ({type(exc).__name__}: {exc})", file=url) from exc
 
-    def __enter__(self) -> "Dataset":
+    def __enter__(self) -> "OpenedDataset":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -415,7 +418,7 @@ class Dataset(ReadDataset, Group):
         return "\n".join(lines)
 
 
-def select_aggregated(ds: Dataset, variables: Sequence[str] | None, url: str) -> list[AggregatedVariable]:
+def select_aggregated(ds: OpenedDataset, variables: Sequence[str] | None, url: str) -> list[AggregatedVariable]:
     """The aggregated variables of ``ds`` named in ``variables`` (``tas`` or ``/grp/tas``; None: all): the
     one reading of the ``variables`` argument of the operations over fragments (index, verify, references)."""
     found = {path: var.aggregation for path, var in ds.aggregated_variables.items()}
@@ -435,7 +438,7 @@ def _attrs(obj: Any) -> dict[str, Any]:
     return {k: obj.getncattr(k) for k in obj.ncattrs()}
 
 
-def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
+def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> OpenedDataset:
     aggregated = aggregated_variables(ds, url)
     hidden: set[str] = set()
     for agg in aggregated.values():
@@ -443,7 +446,7 @@ def _build(cls: type, ds: netCDF4.Dataset, url: str, access: Access) -> Dataset:
     hidden_groups = {h.rstrip("/") for h in hidden}
     used_dims: set[int] = set()
     groups: dict[str, Group] = {}
-    root: Dataset | None = None
+    root: OpenedDataset | None = None
     for nc_group in walk(ds):
         path = group_path(nc_group)
         if any(path.rstrip("/") == h or path.startswith(h + "/") for h in hidden_groups if h):

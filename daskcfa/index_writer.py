@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import storage
-from .dataset import Dataset, select_aggregated
+from .dataset import OpenedDataset, select_aggregated
 from .errors import CFAError, CFAWarning, NotFoundError, redact
 from .fragments.canonical import Target, allowed_uris
 from .fragments.chunk_index import INDEXED_ATTRS, entry_json, index_json, index_uri
@@ -76,7 +76,7 @@ def index(url: str, variable: str | Sequence[str] | None = None, *,
     url, access = open_aggregation(url, storage_options, allowed_locations)
     target_uri = index_uri(url)
     access.policy.check(target_uri)
-    dataset = Dataset.open(url, access=access)
+    dataset = OpenedDataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
     found = in_batches(chosen, url, access, index_fragments, "index")

@@ -20,7 +20,7 @@ from .lazy import dask_array as da
 import numpy as np
 
 from . import append
-from .dataset import Dataset
+from .dataset import OpenedDataset
 from .errors import ArgumentError, VariableNotFoundError
 from .fragments.write import encode_values
 from .graph.read import to_dask
@@ -31,7 +31,7 @@ from .write.request import (WriteRequest, WriteSource, as_array, dataset_model, 
 __all__ = ["write_request", "request_for_update", "stored_values"]
 
 
-def write_request(data: Any, mode: str, existing: Dataset | None, url: str, version: tuple[int, str] | None, *,
+def write_request(data: Any, mode: str, existing: OpenedDataset | None, url: str, version: tuple[int, str] | None, *,
                   variable: str | None = None, dims: Sequence[str] | None = None,
                   attrs: Mapping[str, Any] | None = None, coords: Mapping[str, Any] | None = None,
                   region: Mapping[str, slice] | None = None, append_dim: str | None = None,
@@ -52,7 +52,7 @@ def write_request(data: Any, mode: str, existing: Dataset | None, url: str, vers
 def _new(data: Any, variable: str | None, dims: Sequence[str] | None, attrs: Mapping[str, Any] | None,
          coords: Mapping[str, Any] | None, region: Mapping[str, slice] | None) -> WriteRequest:
     """A write of ``data`` as a new aggregation (or new variables of one)."""
-    if isinstance(data, Dataset):
+    if isinstance(data, OpenedDataset):
         _no_region(region, "a daskcfa.Dataset")
         return request_from_dataset(data)
     if is_xarray(data):

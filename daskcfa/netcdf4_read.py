@@ -3,7 +3,7 @@
 scaling switched off and on, ``datatype``, ``chunking()``, ``filters()``, ``file_format``,
 ``data_model``, ``filepath()``, ``isopen()``, and reads refused once the dataset is closed.
 
-Mixins of :class:`daskcfa.dataset.Variable` and :class:`daskcfa.dataset.Dataset`, kept apart from
+Mixins of :class:`daskcfa.dataset.Variable` and :class:`daskcfa.dataset.OpenedDataset`, kept apart from
 the writers (the ``netcdf4`` package, which builds on the reading classes, so cannot hold them).
 """
 

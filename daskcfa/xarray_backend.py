@@ -27,7 +27,7 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from .api import open_cfa
-from .dataset import Dataset, FileVariableArray, Group, Variable
+from .dataset import OpenedDataset, FileVariableArray, Group, Variable
 from .decode import Encoding, default_fill_value
 from .arguments import check_names
 from .errors import VariableNotFoundError
@@ -106,7 +106,7 @@ def _lazy(array: Any) -> indexing.LazilyIndexedArray:
     return indexing.LazilyIndexedArray(_LazyArray(array))
 
 
-def _group(ds: Dataset, group: str | None) -> Group:
+def _group(ds: OpenedDataset, group: str | None) -> Group:
     """The group at ``group`` ("/grp/sub" or "grp/sub"; None or "/" for the root)."""
     if group in (None, "", "/"):
         return ds
@@ -116,7 +116,7 @@ def _group(ds: Dataset, group: str | None) -> Group:
     return node
 
 
-def _to_xarray(ds: Dataset, node: Group, drop_variables: Iterable[str] | None,
+def _to_xarray(ds: OpenedDataset, node: Group, drop_variables: Iterable[str] | None,
                mask_and_scale: bool | Mapping[str, bool] = True) -> XrDataset:
     dropped = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables or ())
     variables = {name: _variable(var, ds.url, name, _item(mask_and_scale, name))

@@ -24,7 +24,7 @@ from dask.utils import format_bytes
 
 from ..arguments import check_names
 from .. import storage
-from ..dataset import Dataset, select_aggregated
+from ..dataset import OpenedDataset, select_aggregated
 from ..errors import ArgumentError, CFAError, NotFoundError, VariableNotFoundError, redact
 from ..fragments.canonical import allowed_uris
 from ..fragments.zarr import is_zarr, stored_size
@@ -174,7 +174,7 @@ def describe(url: str, *, storage_options: Mapping[str, Any] | None = None, stor
     :class:`~daskcfa.errors.UnsafeURIError`, before any request.
     """
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    ds = Dataset.open(url, access=access)
+    ds = OpenedDataset.open(url, access=access)
     dimensions: dict[str, int] = {}
     variables = []
     for group in ds.walk():
@@ -298,7 +298,7 @@ def plot_layout(url: str, output: str, *, variable: str | None = None, dims: Seq
     except ImportError:
         raise ImportError('plotting needs matplotlib: pip install "daskcfa[plot]"') from None
     url, access = open_aggregation(url, storage_options)
-    ds = Dataset.open(url, access=access)
+    ds = OpenedDataset.open(url, access=access)
     av = _one_variable(ds, variable, url)
     rows, cols = _plot_axes(av, dims)
     grid = av.fragments.grid
@@ -344,7 +344,7 @@ def plot_layout(url: str, output: str, *, variable: str | None = None, dims: Seq
     return output
 
 
-def _one_variable(ds: Dataset, variable: str | None, url: str) -> AggregatedVariable:
+def _one_variable(ds: OpenedDataset, variable: str | None, url: str) -> AggregatedVariable:
     found = select_aggregated(ds, None if variable is None else [variable], url)
     if len(found) != 1:
         names = ", ".join(av.name for av in found) or "none"

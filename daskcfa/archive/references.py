@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import storage
 from ..choices import REFERENCE_FORMATS
-from ..dataset import Dataset, Variable, select_aggregated
+from ..dataset import OpenedDataset, Variable, select_aggregated
 from ..decode import Encoding
 from ..errors import ArgumentError, CFAError, NotFoundError, ReferencesError, redact
 from ..formats.netcdf import INSTRUCTION_ATTRS
@@ -124,7 +124,7 @@ def to_references(
     if int(record_size) < 1:
         raise ArgumentError(f"record_size must be at least 1, got {record_size!r}")
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    dataset = Dataset.open(url, access=access)
+    dataset = OpenedDataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
     references = _metadata(dataset, url, access)
@@ -152,7 +152,7 @@ def _format(format: str | None, output: str | None) -> str:
 # -- the references, as one mapping: key -> JSON text, inline bytes, or (uri, offset, size) ------
 
 
-def _metadata(dataset: Dataset, url: str, access: Access) -> dict[str, Any]:
+def _metadata(dataset: OpenedDataset, url: str, access: Access) -> dict[str, Any]:
     """Every group's ``.zgroup``/``.zattrs`` and every ordinary variable, its values inline."""
     refs: dict[str, Any] = {}
     plain: list[Variable] = []

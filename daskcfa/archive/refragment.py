@@ -33,7 +33,7 @@ from .. import config, storage
 from ..arguments import check_fragment_shape
 from ..choices import (DEFAULT_FORMAT, DEFAULT_FRAGMENT_FORMAT, DEFAULT_URIS, MAX_FRAGMENT_SIZE, MAX_MEM,
                        ZARR_FRAGMENTS)
-from ..dataset import Dataset
+from ..dataset import OpenedDataset
 from ..errors import ArgumentError, CFAError, ConfigError, FragmentReadError, NotFoundError, VariableNotFoundError
 from ..fragments.files import open_fragment
 from ..fragments.stored import first_stored
@@ -298,7 +298,7 @@ def _prepare(source: Any, variables: Sequence[str] | None, fragment_shape: Any, 
 
 def _open_source(source: Any, variables: Sequence[str] | None, storage_options: Mapping[str, Any] | None
                  ) -> tuple[AggregationDataset, list[_Refragmented], str]:
-    if isinstance(source, Dataset):
+    if isinstance(source, OpenedDataset):
         return (*_from_dataset(source), source.url)
     if isinstance(source, (list, tuple)) or _is_pattern(source):
         return (*_from_files(source, variables, storage_options), _describe(source))
@@ -317,7 +317,7 @@ def _open_source(source: Any, variables: Sequence[str] | None, storage_options: 
     return (*_from_dataset(ds), url)
 
 
-def _from_dataset(ds: Dataset) -> tuple[AggregationDataset, list[_Refragmented]]:
+def _from_dataset(ds: OpenedDataset) -> tuple[AggregationDataset, list[_Refragmented]]:
     model, aggregated = dataset_model(ds)
     found = [_Refragmented(WriteSource(v.path, None, tuple(v.dims), np.dtype(v.dtype), dict(v.attrs)), v.aggregation,
                        v.read_access) for v in aggregated]
@@ -355,7 +355,7 @@ def _select(found: list[_Refragmented], variables: Sequence[str] | None, descrip
     return [by_path[n] for n in wanted]
 
 
-def _data_variables(ds: Dataset) -> list[Any]:
+def _data_variables(ds: OpenedDataset) -> list[Any]:
     """The variables of a plain file to re-fragment: numeric, with dimensions, not describing others."""
     referenced: set[str] = set()
     for group in ds.walk():

@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import storage
 from ..choices import DEFAULT_URIS
-from ..dataset import Dataset
+from ..dataset import OpenedDataset
 from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
 from ..write.request import dataset_model
@@ -103,7 +103,7 @@ def relocate(
         with storage.netcdf_file(local) as nc:
             data_model = nc.data_model
         with dask.config.set(scheduler="sync"):  # (a local temporary file: no cluster can read it)
-            model, aggregated = dataset_model(Dataset.open(local, access=Access.default(local)))
+            model, aggregated = dataset_model(OpenedDataset.open(local, access=Access.default(local)))
     variables = [var.aggregation for var in aggregated]
     if not variables:
         raise CFAFormatError("the file holds no aggregated variable: nothing to relocate", file=url)

@@ -29,7 +29,7 @@ import numpy as np
 from dask.delayed import Delayed
 
 from .. import storage
-from ..dataset import Dataset, select_aggregated
+from ..dataset import OpenedDataset, select_aggregated
 from ..errors import (
     BudgetError,
     CFAError,
@@ -125,7 +125,7 @@ def verify(
     the report (for progress bars, or to run with other work).
     """
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    chosen = select_aggregated(Dataset.open(url, access=access), variables, url)
+    chosen = select_aggregated(OpenedDataset.open(url, access=access), variables, url)
     index = load_index(url, access.profile, access.policy, "auto")
     batches = []
     checked = 0

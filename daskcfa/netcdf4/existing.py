@@ -26,7 +26,7 @@ class Existing:
     data_model: str
     aggregated: list[AggregatedVariable]
     #: the dataset read (None: a plain file, read only for its format)
-    dataset: dataset.Dataset | None
+    dataset: dataset.OpenedDataset | None
     #: the ordinary variables' values, by path
     values: dict[str, Any]
 
@@ -50,7 +50,7 @@ def read_existing(url: str, access: Access, *, plain_too: bool = False) -> Exist
             found = list(aggregated_variables(nc, url).values())
             if not found and not plain_too:
                 return Existing(expected, nc.data_model, found, None, {})
-            read = dataset.Dataset.from_netcdf(nc, url, access)
+            read = dataset.OpenedDataset.from_netcdf(nc, url, access)
             values = {var.path: dataset.ordinary_values(var, nc) for group in read.walk()
                       for var in group.variables.values() if not var.is_aggregated}
             return Existing(expected, nc.data_model, found, read, values)

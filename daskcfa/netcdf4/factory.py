@@ -57,7 +57,7 @@ def _warn_default_format() -> None:
                   "pass format= to choose (format='CF-1.13' keeps this default)", CFAWarning, stacklevel=3)
 
 
-class Dataset(dataset.Dataset):
+class Dataset(dataset.OpenedDataset):
     """A netCDF dataset, netCDF4-python style: ``Dataset(url, mode="r", format=...)``.
 
     ``mode``: ``"r"`` reads (an aggregation or a plain netCDF file, as
