@@ -431,13 +431,18 @@ def test_strings_unassigned_in_a_new_fragment_are_empty_through_both_front_ends(
     assert_strings(url, expected)
 
 
-def test_a_dialect_whose_fragments_cannot_hold_strings_is_refused_alike_by_both_front_ends(tmp_path):
-    """S3netCDF4's CFA3 writes netCDF-3 fragments, which have no string type: both front ends refuse
-    to aggregate strings into them, with the same error, and write nothing."""
-    truth = words(SHAPE, seed=24)
+@pytest.mark.parametrize("datatype, values, refusal", [
+    (str, words(SHAPE, seed=24), "holds strings"),
+    ("i8", np.arange(96, dtype="i8").reshape(SHAPE), "int64, which NETCDF3_CLASSIC fragments cannot hold"),
+], ids=["strings", "int64"])
+def test_a_type_netcdf3_fragments_cannot_hold_is_refused_alike_by_both_front_ends(tmp_path, datatype, values,
+                                                                                  refusal):
+    """S3netCDF4's CFA3 writes netCDF-3 fragments, which have no string or 64-bit type: both front ends
+    refuse to aggregate such a variable into them, with the same error (the Dataset when the variable
+    is defined), and write nothing."""
     messages = []
     with pytest.raises(daskcfa.ArgumentError) as via_to_cfa:
-        daskcfa.to_cfa(truth, str(tmp_path / "a" / "t.nc"), variable="tas", dims=DIMS, format="CFA-0.4",
+        daskcfa.to_cfa(values, str(tmp_path / "a" / "t.nc"), variable="tas", dims=DIMS, format="CFA-0.4",
                        fragment_format="NETCDF3_CLASSIC")
     messages.append(str(via_to_cfa.value))
     with pytest.raises(daskcfa.ArgumentError) as via_dataset:
@@ -445,7 +450,8 @@ def test_a_dialect_whose_fragments_cannot_hold_strings_is_refused_alike_by_both_
             ds.createDimension("time", 8)
             ds.createDimension("lat", 3)
             ds.createDimension("lon", 4)
-            ds.createVariable("tas", str, DIMS, aggregate=True)
+            ds.createVariable("tas", datatype, DIMS, aggregate=True)
+            raise AssertionError("defined")
     messages.append(str(via_dataset.value))
-    assert messages[0] == messages[1] and "holds strings" in messages[0]
+    assert messages[0] == messages[1] and refusal in messages[0]
     assert not any(p.is_file() for p in tmp_path.rglob("*"))

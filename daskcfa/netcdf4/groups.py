@@ -86,9 +86,9 @@ class Definitions(NetCDFAttributes):
             raise ArgumentError(f"{varname!r} cannot be aggregated: only variables with dimensions that hold numbers "
                                 "or strings (str) and are not coordinate variables are")
         path = posixpath.join(self.path, varname)
-        if aggregate:
-            self._writer.check_fragment_dtype(path, dtype)
         aggregated = aggregable and dtype.kind != "O" if aggregate is None else aggregate
+        if aggregated:  # (refused now, not when its first fragment is written)
+            self._writer.check_fragment_dtype(path, dtype)
         keywords = dict(compression_options)
         if zlib or compression:
             keywords.update(compression=compression or "zlib", complevel=complevel, shuffle=shuffle)
