@@ -16,12 +16,14 @@ S3netCDF4's ``resource_allocation`` when its config file exists, or from the
 
 from __future__ import annotations
 
+
 import atexit
 
 import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator
 
@@ -57,7 +59,10 @@ class Budget:
             handles = resources.get("filehandles", DEFAULT_FILEHANDLES)
         if memory is None:
             memory = resources.get("memory", DEFAULT_MEMORY)
-        return cls.parse(filehandles=handles, memory=memory)
+        try:
+            return _parsed_budget(handles, memory)
+        except TypeError:  # (an unhashable setting: parsed, and refused, uncached)
+            return cls.parse(filehandles=handles, memory=memory)
 
     @classmethod
     def parse(cls, *, filehandles: Any, memory: Any) -> "Budget":
@@ -68,6 +73,12 @@ class Budget:
         if handles < 1 or nbytes < 1:
             raise ArgumentError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
         return cls(handles, nbytes)
+
+
+@lru_cache(maxsize=16)
+def _parsed_budget(filehandles: Any, memory: Any) -> Budget:
+    """:meth:`Budget.parse`, once per setting: the budget is looked up at every open."""
+    return Budget.parse(filehandles=filehandles, memory=memory)
 
 
 @dataclass
@@ -105,9 +116,12 @@ class FileManager:
     # -- configuration -------------------------------------------------------------
     @property
     def budget(self) -> Budget:
-        if self._budget is None:
-            self._budget = Budget.from_config()
-        return self._budget
+        """The budgets given to :meth:`configure` (a worker plugin), else those of the dask
+        config (or S3netCDF4's file) in force now: a ``dask.config.set`` block applies to
+        what runs inside it only, whatever ran first in the process."""
+        if self._budget is not None:
+            return self._budget
+        return Budget.from_config()
 
     def configure(self, budget: Budget) -> None:
         """Change the budgets; idle handles beyond the new limits are closed now."""

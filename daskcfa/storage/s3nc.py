@@ -124,7 +124,13 @@ def cache_location() -> str | None:
 
 
 def _config_path() -> str:
-    return os.environ.get("S3_NC_CONFIG") or os.path.join(os.path.expanduser("~"), ".s3nc.json")
+    return os.environ.get("S3_NC_CONFIG") or _default_config_path(os.environ.get("HOME"))
+
+
+@lru_cache(maxsize=4)
+def _default_config_path(home: str | None) -> str:
+    """``~/.s3nc.json`` (expanded once per home: the path is asked for at every fragment opened)."""
+    return os.path.join(os.path.expanduser("~"), ".s3nc.json")
 
 
 #: The configuration file is looked at again at most this often (every URI

@@ -166,3 +166,21 @@ def test_process_reading_remote_fragments_exits_cleanly(s3_server, s3_bucket):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     np.testing.assert_array_equal(json.loads(done.stdout), x[:, 12, 34])
+
+
+def test_the_budget_is_the_config_in_force_now(tmp_path):
+    """A ``dask.config.set`` block changes the budget of what runs inside it only, whatever ran
+    first in the process (the budget used to be read once, at the first use, and kept)."""
+    fresh = FileManager()
+    with dask.config.set({"daskcfa.budget.memory": "16KiB", "daskcfa.budget.filehandles": 3}):
+        assert (fresh.budget.memory, fresh.budget.filehandles) == (16384, 3)
+    with dask.config.set({"daskcfa.budget.memory": "1MiB"}):
+        assert fresh.budget.memory == 1 << 20
+        with pytest.raises(daskcfa.BudgetError):
+            with fresh.reserve(2 << 20, "x"):
+                pass
+    with fresh.reserve(2 << 20, "x"):  # the default budget again
+        pass
+    fresh.configure(Budget(2, 4096))  # a worker plugin's budget: kept, whatever the config
+    with dask.config.set({"daskcfa.budget.memory": "1GiB"}):
+        assert fresh.budget == Budget(2, 4096)
