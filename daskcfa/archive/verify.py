@@ -301,7 +301,8 @@ def verify_fixity(
     url, access = open_aggregation(url, storage_options, allowed_locations)
     dataset = Dataset.open(url, access=access)
     chosen = select_aggregated(dataset, variables, url)
-    recorded = fixity.recorded(url, access.profile, access.policy)
+    references = set(_referenced(select_aggregated(dataset, None, url), url))
+    recorded = fixity.recorded(url, access.profile, references)
     wanted, problems = _fixity_targets(chosen, url, access.policy, recorded)
     per_task = max(1, math.ceil(len(wanted) / MAX_TASKS))
     items = sorted(wanted.items())
@@ -309,7 +310,6 @@ def verify_fixity(
                                                    dask_key_name=f"fixity-{dask.base.tokenize(url, items[i:i + per_task])}")
              for i in range(0, len(items), per_task)]
     if variables is None:
-        references = set(_referenced(chosen, url))
         tasks += [dask.delayed(_extra_objects, pure=True)(directory, names, access.profile)
                   for directory, names in _generation_directories(url, references, access.profile).items()]
     report = dask.delayed(_fixity_report, pure=True)(url, len(items), tuple(av.name for av in chosen),
@@ -328,20 +328,21 @@ def record_fixity(
     allowed_locations: Iterable[str] | None = None,
 ) -> str:
     """Give checksums to the fragments of an archive daskcfa did not write: compute them (in dask
-    tasks, streamed) and write the fixity record beside the aggregation file (atomically); fragments
-    the writer's manifest already has checksums of keep those. Returns the record's URI. A fragment
-    that cannot be read raises: a record never says an absent object was there."""
+    tasks, streamed) and write the fixity record beside the aggregation file (atomically). Fragments
+    with a checksum already (the writer's manifest, an earlier record) keep it and are not read: a
+    record never blesses bytes changed since. Returns the record's URI. A fragment that cannot be
+    read raises: a record never says an absent object was there."""
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    chosen = select_aggregated(Dataset.open(url, access=access), None, url)
-    manifest = fixity.recorded(url, access.profile, access.policy)
-    uris = sorted(uri for uri in _referenced(chosen, url) if uri not in manifest)
+    references = _referenced(select_aggregated(Dataset.open(url, access=access), None, url), url)
+    known = fixity.recorded(url, access.profile, set(references))
+    uris = [uri for uri in references if uri not in known]
     for uri in uris:
         access.policy.check(uri)
     per_task = max(1, math.ceil(len(uris) / MAX_TASKS))
     batches = [dask.delayed(_measure_all, pure=False)(uris[i:i + per_task], access.profile, access.policy)
                for i in range(0, len(uris), per_task)]
     measured = {uri: f for batch in dask.compute(*batches) for uri, f in batch}
-    return fixity.write_record(url, measured, access.profile)
+    return fixity.write_record(url, {**{u: known[u] for u in references if u in known}, **measured}, access.profile)
 
 
 def _referenced(chosen: Sequence[AggregatedVariable], url: str) -> list[str]:

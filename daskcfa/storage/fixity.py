@@ -24,7 +24,7 @@ import re
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from ..errors import CFAFormatError, NotFoundError, redact
 from .atomic import put_atomic
@@ -113,12 +113,17 @@ def entry(uri: str, fixity: Fixity) -> dict[str, Any]:
     return {"uri": uri, "nbytes": fixity.nbytes, ALGORITHM: fixity.crc32}
 
 
-def recorded(url: str, profile: ProfileRef, policy: LocationPolicy) -> dict[str, Fixity]:
+def recorded(url: str, profile: ProfileRef, references: Collection[str], manifest: str | None = None
+             ) -> dict[str, Fixity]:
     """Every checksum recorded for the aggregation file ``url``, by absolute fragment URI: the
     writer's manifest first, then the fixity record for fragments the manifest has none of.
-    Entries without a checksum (older writers) are left out; malformed or hostile ones raise."""
-    found = _record(fixity_uri(url), url, profile, policy, "fragments")
-    found.update(_record(manifest_uri(url), url, profile, policy, "manifest"))
+    Entries without a checksum (older writers) are left out; malformed ones raise, and so do ones
+    outside the dataset: neither among the fragment URIs the aggregation ``references`` nor a
+    plain path below its directory (a stale entry, of a fragment since moved). Only referenced
+    fragments are ever read. ``manifest``: where the manifest is, if it moved with the fragments
+    (its entries still resolve against ``url``)."""
+    found = _record(fixity_uri(url), url, profile, references, "fragments")
+    found.update(_record(manifest or manifest_uri(url), url, profile, references, "manifest"))
     return found
 
 
@@ -133,7 +138,8 @@ def write_record(url: str, fixities: Mapping[str, Fixity], profile: ProfileRef) 
     return fixity_uri(url)
 
 
-def _record(uri: str, url: str, profile: ProfileRef, policy: LocationPolicy, layout: str) -> dict[str, Fixity]:
+def _record(uri: str, url: str, profile: ProfileRef, references: Collection[str], layout: str
+            ) -> dict[str, Fixity]:
     """The checksummed entries of a manifest (``layout="manifest"``: entries by variable and index)
     or of a fixity record (a list); {} when there is none."""
     where: dict[str, Any] = {"file": uri}
@@ -165,7 +171,7 @@ def _record(uri: str, url: str, profile: ProfileRef, policy: LocationPolicy, lay
         items = [({**where, "fragment": (i,)}, e) for i, e in enumerate(fragments)]
     found = {}
     for place, raw in items:
-        parsed = _entry(raw, url, policy, place)
+        parsed = _entry(raw, url, references, place)
         if parsed is not None:
             found[parsed[0]] = parsed[1]
     return found
@@ -177,17 +183,25 @@ def _index(key: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts) if all(p.isdigit() and len(p) < 19 for p in parts) else None
 
 
-def _entry(raw: Any, url: str, policy: LocationPolicy, where: dict[str, Any]) -> tuple[str, Fixity] | None:
+def _entry(raw: Any, url: str, references: Collection[str], where: dict[str, Any]) -> tuple[str, Fixity] | None:
     """One checked entry: its absolute URI and fixity; None when it records no checksum."""
     if not isinstance(raw, dict) or not isinstance(raw.get("uri"), str):
         raise CFAFormatError("an entry without a fragment URI", **where)
     fixity = _fixity(raw, where)
     if fixity is None:
         return None  # (written before checksums were recorded)
-    uri = resolve(raw["uri"], url)
-    if not raw["uri"] or not policy.allows(uri):
-        raise CFAFormatError(f"lists {redact(raw['uri'])!r}, outside what the aggregation may reference", **where)
+    uri = resolve(raw["uri"], url) if raw["uri"] else ""
+    root = url.rpartition("/")[0] + "/"
+    if uri not in references and not (uri.startswith(root) and _plain(uri[len(root):])):
+        raise CFAFormatError(f"lists {redact(raw['uri'])[:200]!r}, outside the dataset (neither a fragment the "
+                             "aggregation references nor below its directory)", **where)
     return uri, fixity
+
+
+def _plain(relative: str) -> bool:
+    """A plain relative path: no empty, ``.`` or ``..`` segment, nothing a URI or server reads otherwise."""
+    return bool(relative) and not any(p in ("", ".", "..") for p in relative.split("/")) \
+        and not any(ch in relative for ch in "\x00\\?#%")
 
 
 def _fixity(raw: dict[str, Any], where: dict[str, Any]) -> Fixity | None:
@@ -202,8 +216,7 @@ def _fixity(raw: dict[str, Any], where: dict[str, Any]) -> Fixity | None:
         raise CFAFormatError("'objects' of a store is not a mapping of names", **where)
     checked = []
     for name, obj in sorted(objects.items()):
-        parts = str(name).split("/")
-        if any(p in ("", ".", "..") for p in parts) or any(ch in str(name) for ch in "\x00\\?#"):
+        if not _plain(str(name)):
             raise CFAFormatError(f"store object {redact(str(name))[:80]!r} is not a plain name", **where)
         if not isinstance(obj, dict):
             raise CFAFormatError(f"store object {name!r} has no size and checksum", **where)
