@@ -28,11 +28,13 @@ from typing import Any, Collection, Iterable, Mapping
 
 from ..errors import CFAFormatError, NotFoundError, redact
 from .atomic import put_atomic
+from .local import open_local
 from .manifest import manifest_uri
 from .objects import NO_PROFILE, read_bytes, read_stream, size
 from .policy import LocationPolicy
 from .profiles import ProfileRef
-from .uri import resolve
+from .retry import translated
+from .uri import is_local, resolve
 
 try:
     from isal.isal_zlib import crc32 as _crc32
@@ -45,8 +47,10 @@ __all__ = ["ALGORITHM", "Fixity", "crc32_of", "file_fixity", "local_fixity", "ma
 ALGORITHM = "crc32"
 #: Largest size a record may claim for one object (1 PiB): larger is a planted or broken record.
 MAX_NBYTES = 1 << 50
-#: Bytes read at a time when a checksum is computed.
+#: Bytes read at a time when a checksum of a remote object is computed (one GET each).
 BLOCK = 8 << 20
+#: Bytes read at a time from a local file.
+LOCAL_BLOCK = 1 << 20
 _HEX = re.compile(r"^[0-9a-f]{8}$")
 #: Most bytes a manifest or fixity record may have (256 MiB: a million fragments and more).
 _MAX_RECORD = 256 << 20
@@ -72,8 +76,19 @@ def crc32_of(blocks: Iterable[bytes]) -> tuple[int, str]:
 
 
 def file_fixity(uri: str, profile: ProfileRef, policy: LocationPolicy | None = None) -> tuple[int, str]:
-    """Size and CRC-32 of the object at ``uri``, streamed (NotFoundError when it is absent)."""
-    return crc32_of(read_stream(uri, profile, policy=policy, block=BLOCK))
+    """Size and CRC-32 of the object at ``uri``, streamed (NotFoundError when it is absent). A local
+    file is read into one reused buffer of :data:`LOCAL_BLOCK` bytes (as fast as ``cat``: no
+    allocation per block, the buffer stays in the CPU's cache)."""
+    if not is_local(uri):
+        return crc32_of(read_stream(uri, profile, policy=policy, block=BLOCK))
+    buffer = bytearray(LOCAL_BLOCK)
+    view = memoryview(buffer)
+    nbytes, value = 0, 0
+    with open_local(uri) as f, translated(uri):
+        while n := f.readinto(buffer):
+            nbytes += n
+            value = _crc32(view[:n], value)
+    return nbytes, f"{value & 0xFFFFFFFF:08x}"
 
 
 def local_fixity(path: str) -> Fixity:
