@@ -235,3 +235,21 @@ def test_a_hostile_store_entry_names_no_object_outside_its_store(tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(CFAFormatError, match="plain name"):
         verify_fixity(url)
+
+
+@pytest.mark.parametrize("fragment_format", ["NETCDF4", "zarr"])
+def test_resumed_fragments_keep_their_checksums(tmp_path, fragment_format):
+    """A write re-run after its commit was lost keeps the finished fragments (their resume markers)
+    and records the same checksums for them."""
+    place = Place("local", tmp_path, None)
+    url = write(place, fragment_format)
+    manifest = Path(place.root) / "t" / ".daskcfa" / "manifest.json"
+    first = json.loads(manifest.read_text())["fragments"]
+    fragment = place.glob("t/g-*/t.tas.0.0.0.*")[0]
+    written = os.stat(fragment).st_mtime_ns
+    os.remove(url)
+    manifest.unlink()
+    write(place, fragment_format)
+    assert os.stat(fragment).st_mtime_ns == written  # (resumed, not written again)
+    assert json.loads(manifest.read_text())["fragments"] == first
+    assert verify_fixity(url).ok
