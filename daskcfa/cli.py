@@ -139,7 +139,7 @@ def _references(args: argparse.Namespace) -> int:
     from .archive.references import to_references
 
     written = to_references(args.url, args.variables, output=args.output, format=args.format,
-                            storage_options=args.storage_options, mode=args.mode)
+                            storage_options=args.storage_options, mode=args.mode, inline=args.inline)
     _print(written if args.output else json.dumps(written))
     return 0
 
@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="where to write the references (default: JSON on stdout); OUT.parq: Parquet")
     references.add_argument("--format", choices=REFERENCE_FORMATS,
                             help="json (version 1, with templates) or parquet (default: from OUT's suffix)")
+    references.add_argument("--no-inline", dest="inline", action="store_false",
+                            help="coordinates by reference to the aggregation file's bytes too, not inline "
+                                 "(for tools that ingest references only: VirtualiZarr, Icechunk)")
     _variables_option(references)
     _mode_option(references)
 
