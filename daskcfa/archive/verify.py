@@ -295,8 +295,7 @@ def verify_fixity(
     or retired fragment accounts for (only when all variables are checked), a fragment with no
     checksum recorded (``unrecorded``). Every object is read once, streamed, by a dask task (a
     batch of fragments each), on whatever scheduler is current. A manifest or record that is
-    malformed or names places the aggregation may not reference raises a
-    :class:`~daskcfa.errors.CFAFormatError`.
+    malformed or lists objects outside the dataset raises a :class:`~daskcfa.errors.CFAFormatError`.
     """
     url, access = open_aggregation(url, storage_options, allowed_locations)
     dataset = Dataset.open(url, access=access)
@@ -306,9 +305,10 @@ def verify_fixity(
     wanted, problems = _fixity_targets(chosen, url, access.policy, recorded)
     per_task = max(1, math.ceil(len(wanted) / MAX_TASKS))
     items = sorted(wanted.items())
-    tasks = [dask.delayed(check_fixity, pure=True)(items[i:i + per_task], access.profile, access.policy,
-                                                   dask_key_name=f"fixity-{dask.base.tokenize(url, items[i:i + per_task])}")
-             for i in range(0, len(items), per_task)]
+    batches = [items[i:i + per_task] for i in range(0, len(items), per_task)]
+    tasks = [dask.delayed(check_fixity, pure=True)(batch, access.profile, access.policy,
+                                                   dask_key_name=f"fixity-{dask.base.tokenize(url, batch)}")
+             for batch in batches]
     if variables is None:
         tasks += [dask.delayed(_extra_objects, pure=True)(directory, names, access.profile)
                   for directory, names in _generation_directories(url, references, access.profile).items()]
@@ -330,10 +330,12 @@ def record_fixity(
     """Give checksums to the fragments of an archive daskcfa did not write: compute them (in dask
     tasks, streamed) and write the fixity record beside the aggregation file (atomically). Fragments
     with a checksum already (the writer's manifest, an earlier record) keep it and are not read: a
-    record never blesses bytes changed since. Returns the record's URI. A fragment that cannot be
-    read raises: a record never says an absent object was there."""
+    record never blesses bytes changed since. Returns the record's URI. A fragment none of whose
+    alternative locations holds an object raises :class:`~daskcfa.errors.MissingFragmentError`,
+    writing nothing: a record never says an absent object was there."""
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    references = _referenced(select_aggregated(Dataset.open(url, access=access), None, url), url)
+    chosen = select_aggregated(Dataset.open(url, access=access), None, url)
+    references = _referenced(chosen, url)
     known = fixity.recorded(url, access.profile, set(references))
     uris = [uri for uri in references if uri not in known]
     for uri in uris:
@@ -342,7 +344,14 @@ def record_fixity(
     batches = [dask.delayed(_measure_all, pure=False)(uris[i:i + per_task], access.profile, access.policy)
                for i in range(0, len(uris), per_task)]
     measured = {uri: f for batch in dask.compute(*batches) for uri, f in batch}
-    return fixity.write_record(url, {**{u: known[u] for u in references if u in known}, **measured}, access.profile)
+    for av in chosen:  # (absent alternative locations are no problem: a fragment with none present is)
+        for ref in av.fragments:
+            uris = [u for u in (storage.resolve(r, av.source or url) for r in ref.uris) if u != url]
+            if uris and not any(u in measured or u in known for u in uris):
+                raise MissingFragmentError("no object at any of its locations: nothing recorded", file=uris[0],
+                                           variable=av.name, fragment=ref.index)
+    recorded = {u: known[u] for u in references if u in known}
+    return fixity.write_record(url, {**recorded, **measured}, access.profile)
 
 
 def _referenced(chosen: Sequence[AggregatedVariable], url: str) -> list[str]:
@@ -433,17 +442,20 @@ def _check_store(uri: str, expected: Fixity, profile: storage.ProfileRef, policy
 
 def _measure_all(uris: Sequence[str], profile: storage.ProfileRef, policy: LocationPolicy
                  ) -> list[tuple[str, Fixity]]:
-    """The fixity of each fragment stored at ``uris`` (a task of :func:`record_fixity`)."""
+    """The fixity of each fragment stored at ``uris`` that is there (a task of :func:`record_fixity`)."""
     measured = []
     for uri in uris:
         location = _location(uri)
-        if _is_store(uri):
-            base = location.rstrip("/")
-            objects = tuple(sorted((name, *fixity.file_fixity(f"{base}/{name}", profile, policy))
-                                   for name in storage.tree_sizes(base, profile, policy=policy)))
-            measured.append((uri, Fixity(sum(n for _, n, _ in objects), objects=objects)))
-        else:
-            measured.append((uri, Fixity(*fixity.file_fixity(location, profile, policy))))
+        try:
+            if _is_store(uri):
+                base = location.rstrip("/")
+                objects = tuple(sorted((name, *fixity.file_fixity(f"{base}/{name}", profile, policy))
+                                       for name in storage.tree_sizes(base, profile, policy=policy)))
+                measured.append((uri, Fixity(sum(n for _, n, _ in objects), objects=objects)))
+            else:
+                measured.append((uri, Fixity(*fixity.file_fixity(location, profile, policy))))
+        except NotFoundError:
+            continue  # (an alternative location left empty; a fragment with none is refused by the caller)
     return measured
 
 

@@ -41,7 +41,8 @@ try:
 except ImportError:  # (isal is a dependency; zlib's is 7x slower)
     from zlib import crc32 as _crc32
 
-__all__ = ["ALGORITHM", "Fixity", "crc32_of", "file_fixity", "local_fixity", "marker_fixity", "fixity_uri", "entry", "recorded", "write_record"]
+__all__ = ["ALGORITHM", "Fixity", "crc32_of", "file_fixity", "local_fixity", "marker_fixity", "fixity_uri", "entry",
+           "recorded", "write_record"]
 
 #: The checksum recorded, by the name a record gives it.
 ALGORITHM = "crc32"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import build_cf113, make_truth
+from builders import build_cf113, build_cfa06, make_truth
 from daskcfa.archive.verify import FIXITY_KINDS, record_fixity, verify_fixity
 from daskcfa.cli import main
 from daskcfa.errors import CFAError, CFAFormatError
@@ -166,6 +166,16 @@ def test_record_gives_checksums_to_an_archive_daskcfa_did_not_write(tmp_path):
     assert [p.kind for p in verify_fixity(url).problems] == ["checksum"]
     record_fixity(url)  # a second record keeps the first checksums: it never blesses a change
     assert [p.kind for p in verify_fixity(url).problems] == ["checksum"]
+
+
+def test_record_takes_the_alternative_location_that_is_there(tmp_path):
+    """CFA-0.6.2 alternative URIs: an absent alternative is no problem, the one there is recorded."""
+    truth = make_truth((6, 4, 5), seed=7)
+    built = build_cfa06(tmp_path / "b", truth, DIMS, ((2, 4), (4,), (5,)), alternatives=True)
+    record_fixity(str(built.path))
+    record = json.loads((built.path.parent / f".{built.path.name}.fixity.json").read_text())
+    assert len(record["fragments"]) == 2 and not any("nowhere" in e["uri"] for e in record["fragments"])
+    assert verify_fixity(str(built.path)).ok
 
 
 def test_record_refuses_a_fragment_it_cannot_read(tmp_path):
