@@ -385,7 +385,10 @@ def _fragment_chunks(array: AggregatedArray) -> tuple[tuple[int, ...], ...]:
     uris = fragments.uris
     if uris is None or grid.ndim != array.ndim or grid.nfragments == 0:
         return grid.sizes
-    sets = [index for index in grid.indices() if uris[index][0] and is_reference_set(str(uris[index][0]))]
+    first = uris[..., 0].reshape(-1).tolist()
+    if not any(marker in "\n".join(u for u in first if u) for marker in (".json", ".parq")):
+        return grid.sizes  # (one pass over the URIs as text: quick for a million fragments)
+    sets = [index for index, u in zip(grid.indices(), first) if u and is_reference_set(str(u))]
     if not sets or len(sets) > _CHUNKED_INSPECTED:
         return grid.sizes
     found: list[list[set[int | None]]] = [[set() for _ in sizes] for sizes in grid.sizes]
