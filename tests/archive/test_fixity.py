@@ -263,3 +263,18 @@ def test_resumed_fragments_keep_their_checksums(tmp_path, fragment_format):
     assert os.stat(fragment).st_mtime_ns == written  # (resumed, not written again)
     assert json.loads(manifest.read_text())["fragments"] == first
     assert verify_fixity(url).ok
+
+
+@pytest.mark.parametrize("record, mention", [
+    ({"algorithm": "crc32", "fragments": [{"uri": "/etc/passwd", "nbytes": 1, "crc32": "00000000"}]}, "outside"),
+    ({"algorithm": "md5", "fragments": []}, "algorithm"),
+    ({"algorithm": "crc32", "fragments": {"a": 1}}, "list"),
+    ({"algorithm": "crc32", "fragments": ["x"]}, "URI"),
+])
+def test_a_planted_fixity_record_is_a_format_error(tmp_path, record, mention):
+    truth = make_truth((6, 4, 5), seed=8)
+    built = build_cf113(tmp_path / "b", truth, DIMS, ((2, 4), (4,), (5,)))
+    (built.path.parent / f".{built.path.name}.fixity.json").write_text(json.dumps(record))
+    with pytest.raises(CFAFormatError, match=mention) as info:
+        verify_fixity(str(built.path))
+    assert info.value.file.endswith(".fixity.json")
