@@ -1,6 +1,6 @@
 """Fixity check throughput: ``verify_fixity`` against ``cat`` of the same objects.
 
-    python -m benchmarks.fixity [--data benchmarks/data/n100_f10x512x512_zlib1_c1x512x512] [--repeats 7]
+    python -m benchmarks.fixity [--data benchmarks/data/n100_f10x512x512_zlib1_c1x512x512] [--repeats 7] [--s3]
 
 The dataset (written by :mod:`benchmarks.generate`, read only) is given an
 aggregation file with absolute fragment URIs in a scratch directory
@@ -14,6 +14,10 @@ untimed), so the dataset directory is never written. Then, alternating
 
 All read the fragments from the page cache after the first round. The
 ratios are taken pair by pair; the medians are printed, with GB/s.
+
+``--s3``: the dataset uploaded to a local S3 server (:mod:`benchmarks.s3`),
+its checksums recorded there, then ``verify_fixity`` against s3fs's ``cat``
+of every fragment object (concurrent GETs), both in this process, alternating.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=os.path.join(HERE, "data", "n100_f10x512x512_zlib1_c1x512x512"))
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--s3", action="store_true", help="on a local S3 server instead")
     a = parser.parse_args(argv)
+    if a.s3:
+        return _on_s3(a.data, a.repeats)
 
     import daskcfa
     from daskcfa.archive.verify import record_fixity, verify_fixity
@@ -70,6 +77,38 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(s / c for s, c in zip(seconds, cat))
         print(f"  {name:36s} median {statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f}), "
               f"{nbytes / statistics.median(seconds) / 1e9:.2f} GB/s, {ratio:.2f}x cat (pairwise median)")
+    return 0
+
+
+def _on_s3(data: str, repeats: int) -> int:
+    from benchmarks import s3 as s3mod
+    from daskcfa.archive.verify import record_fixity, verify_fixity
+
+    with s3mod.Stage() as stage:
+        info = stage.upload(data)
+        target = stage.target
+        prefix = target.prefix(data)
+        url, options = f"s3://{prefix}/aggregation.nc", target.storage_options
+        record_fixity(url, storage_options=options)
+        assert verify_fixity(url, storage_options=options).ok
+        fs = target.filesystem()
+        objects = sorted(p for p in fs.find(f"{prefix}/frag/"))
+        times: dict[str, list[float]] = {"verify_fixity": [], "s3fs cat": []}
+        for _ in range(repeats):
+            t = time.perf_counter()
+            ok = verify_fixity(url, storage_options=options).ok
+            times["verify_fixity"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            got = sum(len(v) for v in fs.cat(objects).values())
+            times["s3fs cat"].append(time.perf_counter() - t)
+            if not ok or got != info["bytes"] - os.path.getsize(os.path.join(data, "aggregation.nc")):
+                raise SystemExit("a fixity check failed, or cat read other bytes")
+    cat = times["s3fs cat"]
+    print(f"S3 (local server): {len(objects)} fragments, {got / 1e6:.0f} MB, {repeats} rounds alternating:")
+    for name, seconds in times.items():
+        ratio = statistics.median(s / c for s, c in zip(seconds, cat))
+        print(f"  {name:16s} median {statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f}), "
+              f"{got / statistics.median(seconds) / 1e9:.2f} GB/s, {ratio:.2f}x s3fs cat (pairwise median)")
     return 0
 
 
