@@ -71,13 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             times["cat (process)"].append(time.perf_counter() - t)
             if not ok or done.returncode != 0:
                 raise SystemExit(f"a fixity check failed on the clean dataset: {done.stdout!r}")
-    cat = times["cat (process)"]
     print(f"{len(files)} fragments, {nbytes / 1e6:.0f} MB, {a.repeats} rounds (A B C A B C ...):")
-    for name, seconds in times.items():
-        ratio = statistics.median(s / c for s, c in zip(seconds, cat))
-        print(f"  {name:36s} median {statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f}), "
-              f"{nbytes / statistics.median(seconds) / 1e9:.2f} GB/s, {ratio:.2f}x cat (pairwise median)")
+    _rows(times, "cat (process)", nbytes)
     return 0
+
+
+def _rows(times: dict[str, list[float]], baseline: str, nbytes: int) -> None:
+    """One line per command: median seconds (range), GB/s and the pairwise median ratio to ``baseline``."""
+    width = max(map(len, times))
+    for name, seconds in times.items():
+        ratio = statistics.median(s / c for s, c in zip(seconds, times[baseline]))
+        print(f"  {name:{width}s} median {statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f}), "
+              f"{nbytes / statistics.median(seconds) / 1e9:.2f} GB/s, {ratio:.2f}x {baseline} (pairwise median)")
 
 
 def _on_s3(data: str, repeats: int) -> int:
@@ -103,12 +108,8 @@ def _on_s3(data: str, repeats: int) -> int:
             times["s3fs cat"].append(time.perf_counter() - t)
             if not ok or got != info["bytes"] - os.path.getsize(os.path.join(data, "aggregation.nc")):
                 raise SystemExit("a fixity check failed, or cat read other bytes")
-    cat = times["s3fs cat"]
     print(f"S3 (local server): {len(objects)} fragments, {got / 1e6:.0f} MB, {repeats} rounds alternating:")
-    for name, seconds in times.items():
-        ratio = statistics.median(s / c for s, c in zip(seconds, cat))
-        print(f"  {name:16s} median {statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f}), "
-              f"{got / statistics.median(seconds) / 1e9:.2f} GB/s, {ratio:.2f}x s3fs cat (pairwise median)")
+    _rows(times, "s3fs cat", got)
     return 0
 
 
