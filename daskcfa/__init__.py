@@ -59,6 +59,8 @@ __all__ = [
     "aggregate",
     "rebuild",
     "verify",
+    "verify_fixity",
+    "record_fixity",
     "relocate",
     "describe",
     "to_references",

@@ -90,7 +90,8 @@ def from_cfa(
 
     Only the aggregation file is read now; fragments are read when computed,
     and only the parts a computation needs. ``chunks="fragments"`` gives one
-    chunk per fragment; a byte size such as ``"256MiB"`` (or ``"auto"``)
+    chunk per fragment (a fragment that is a reference set: one per chunk of
+    its own Zarr chunk grid, whole multiples beyond 100,000 chunks); a byte size such as ``"256MiB"`` (or ``"auto"``)
     merges neighbouring fragments up to that size; any other value is passed
     to dask. ``mask`` returns masked arrays like netCDF4-python (``False``:
     fill values stay in the data). ``storage_options`` are fsspec/s3fs options
@@ -308,7 +309,8 @@ def to_cfa(
     Next to the fragments, ``<stem>/.daskcfa/`` holds one small marker per
     fragment written (what makes resuming possible without reading fragments
     back) and ``manifest.json``, written at commit, listing every fragment
-    with its size and MD5 checksum. Fragments go to a *generation* directory
+    with its size and CRC-32 checksum (of each object, for a Zarr store),
+    which ``daskcfa.verify_fixity`` (``daskcfa verify --fixity``) checks. Fragments go to a *generation* directory
     named after what they hold (``t.nc`` -> ``t/g-<16 hex>/t.tas.0.0.nc``), so
     a write never touches the fragments of the committed aggregation; a
     lease object ``.t.nc.lease`` beside the aggregation file keeps other

@@ -112,10 +112,17 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .archive.verify import verify
+    from .archive.verify import record_fixity, verify, verify_fixity
 
-    report = _compute(verify(args.url, deep=args.deep, variables=args.variables,
-                             storage_options=args.storage_options, compute=False))
+    if args.record:
+        _print(record_fixity(args.url, storage_options=args.storage_options))
+        return 0
+    if args.fixity:
+        report = _compute(verify_fixity(args.url, variables=args.variables, storage_options=args.storage_options,
+                                        compute=False))
+    else:
+        report = _compute(verify(args.url, deep=args.deep, variables=args.variables,
+                                 storage_options=args.storage_options, compute=False))
     _print(_as_json(report, ok=report.ok) if args.json else str(report))
     return 0 if report.ok else 1
 
@@ -132,7 +139,7 @@ def _references(args: argparse.Namespace) -> int:
     from .archive.references import to_references
 
     written = to_references(args.url, args.variables, output=args.output, format=args.format,
-                            storage_options=args.storage_options, mode=args.mode)
+                            storage_options=args.storage_options, mode=args.mode, inline=args.inline)
     _print(written if args.output else json.dumps(written))
     return 0
 
@@ -247,7 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "dtype and units; --deep also reads all data. Lists every problem; exit status 1 when "
                      "there are any.")
     verify.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
-    verify.add_argument("--deep", action="store_true", help="also read all data (finds corrupt chunks)")
+    how = verify.add_mutually_exclusive_group()
+    how.add_argument("--deep", action="store_true", help="also read all data (finds corrupt chunks)")
+    how.add_argument("--fixity", action="store_true",
+                     help="instead, check every stored object against the checksum recorded when it was written "
+                          "(finds changed, truncated, missing and extra objects)")
+    how.add_argument("--record", action="store_true",
+                     help="record checksums of the fragments (of an archive daskcfa did not write) beside the "
+                          "aggregation file, for later --fixity checks")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     _variables_option(verify)
 
@@ -262,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="where to write the references (default: JSON on stdout); OUT.parq: Parquet")
     references.add_argument("--format", choices=REFERENCE_FORMATS,
                             help="json (version 1, with templates) or parquet (default: from OUT's suffix)")
+    references.add_argument("--no-inline", dest="inline", action="store_false",
+                            help="coordinates by reference to the aggregation file's bytes too, not inline "
+                                 "(for tools that ingest references only: VirtualiZarr, Icechunk)")
     _variables_option(references)
     _mode_option(references)
 

@@ -25,7 +25,7 @@ LAZY = {
     "aggregate": ".archive.aggregate", "rebuild": ".archive.aggregate",
     "describe": ".archive.info",
     "relocate": ".archive.relocate",
-    "verify": ".archive.verify",
+    "verify": ".archive.verify", "verify_fixity": ".archive.verify", "record_fixity": ".archive.verify",
     "to_references": ".archive.references",
     "index": ".index_writer",
     "sample": ".sample_data",

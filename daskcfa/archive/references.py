@@ -93,6 +93,7 @@ def to_references(
     allowed_locations: Iterable[str] | None = None,
     mode: str = "w-",
     record_size: int = 10_000,
+    inline: bool = True,
 ) -> dict[str, Any] | str:
     """Export the aggregation at ``url`` as an fsspec reference set over its fragments' bytes.
 
@@ -115,6 +116,13 @@ def to_references(
     pandas, fastparquet and kerchunk); by default Parquet when ``output`` ends
     in ``.parq``/``.parquet``. Returns the output's URL then.
 
+    ``inline=False`` presents the ordinary variables (coordinates, bounds) by
+    reference too, as chunks of the aggregation file's own bytes, so that
+    tools that ingest references only (VirtualiZarr, Icechunk) take the whole
+    set; a variable whose bytes cannot be referenced exactly (strings, a
+    scalar, a filter without a numcodecs codec, chunks never written, a
+    netCDF-3 aggregation file's record variables) stays inline.
+
     Fragment URIs are written absolute. A variable that cannot be presented
     exactly raises :class:`~daskcfa.ReferencesError` naming its fragments
     and the reasons.
@@ -127,7 +135,7 @@ def to_references(
     dataset = OpenedDataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
-    references = _metadata(dataset, url, access)
+    references = _metadata(dataset, url, access, bool(inline))
     references.update(_aggregated(chosen, url, access))
     if written is None:
         if fmt == "parquet":
@@ -152,8 +160,9 @@ def _format(format: str | None, output: str | None) -> str:
 # -- the references, as one mapping: key -> JSON text, inline bytes, or (uri, offset, size) ------
 
 
-def _metadata(dataset: OpenedDataset, url: str, access: Access) -> dict[str, Any]:
-    """Every group's ``.zgroup``/``.zattrs`` and every ordinary variable, its values inline."""
+def _metadata(dataset: OpenedDataset, url: str, access: Access, inline: bool = True) -> dict[str, Any]:
+    """Every group's ``.zgroup``/``.zattrs`` and every ordinary variable, its values inline (``inline=False``:
+    by reference to the aggregation file's bytes where that is exact)."""
     refs: dict[str, Any] = {}
     plain: list[Variable] = []
     for group in dataset.walk():
@@ -161,6 +170,10 @@ def _metadata(dataset: OpenedDataset, url: str, access: Access) -> dict[str, Any
         refs[prefix + ".zgroup"] = json.dumps({"zarr_format": 2})
         refs[prefix + ".zattrs"] = _dumps(_json_attrs(group.attrs))
         plain += [v for v in group.variables.values() if not v.is_aggregated]
+    if not inline:
+        referenced = {var.path: _referenced_variable(url, var, access) for var in plain}
+        refs.update({k: v for each in referenced.values() if each for k, v in each.items()})
+        plain = [var for var in plain if not referenced[var.path]]
     if plain:
         with storage.netcdf_file(url, profile=access.profile) as nc:
             for var in plain:
@@ -180,14 +193,46 @@ def _plain_variable(nc: Any, var: Variable) -> dict[str, Any]:
     values = np.asarray(nc.getValue() if nc.ndim == 0 else nc[...])
     if values.dtype.kind in "OU":  # vlen strings: fixed-width UCS-4 (Zarr v2's "<U")
         values = values.astype(str)
+    refs = _plain_metadata(var, values.shape, values.shape, values.dtype, (), None)
+    if values.size:
+        refs[f"{var.path.strip('/')}/{_chunk_key((0,) * values.ndim)}"] = np.ascontiguousarray(values).tobytes()
+    return refs
+
+
+def _plain_metadata(var: Variable, shape: Sequence[int], chunks: Sequence[int], dtype: np.dtype,
+                    filters: Sequence[dict], compressor: dict | None) -> dict[str, Any]:
+    """The ``.zarray`` and ``.zattrs`` of an ordinary variable (its ``_FillValue`` as Zarr's fill value)."""
     attrs = dict(var.attrs)
     fill = attrs.pop("_FillValue", None)
-    fill = None if fill is None or values.dtype.kind not in "biuf" else np.asarray(fill).astype(values.dtype)[()]
+    fill = None if fill is None or dtype.kind not in "biuf" else np.asarray(fill).astype(dtype)[()]
     key = var.path.strip("/")
-    refs = {f"{key}/.zarray": _dumps(_zarray(values.shape, values.shape, values.dtype, (), None, fill)),
+    return {f"{key}/.zarray": _dumps(_zarray(shape, chunks, dtype, filters, compressor, fill)),
             f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(var.dims)})}
-    if values.size:
-        refs[f"{key}/{_chunk_key((0,) * values.ndim)}"] = np.ascontiguousarray(values).tobytes()
+
+
+def _referenced_variable(url: str, var: Variable, access: Access) -> dict[str, Any] | None:
+    """An ordinary variable as references to its chunks in the aggregation file ``url`` itself; None
+    when they cannot be exact (then it is inlined)."""
+    if not var.dims or np.dtype(var.dtype).kind not in "biuf" or 0 in var.shape:
+        return None
+    try:
+        with open_fragment(url, [var.path.strip("/")], profile=access.profile, policy=access.policy,
+                           fraction=1e-12) as opened:
+            layout = opened.storage_layout()
+    except (CFAError, *_LIBRARY_ERRORS):
+        return None
+    if layout is None or layout.shape != tuple(var.shape) or layout.filter_masks.any():
+        return None
+    size = np.array([max(c, 1) for c in layout.chunks], np.int64)
+    if len(layout.sizes) != math.prod(math.ceil(n / c) for n, c in zip(layout.shape, size.tolist())):
+        return None  # (a chunk never written reads as the fill value, which Zarr's need not be)
+    problems: list[str] = []
+    filters, compressor = _pipeline(_Scanned((), url, layout), lambda _, why: problems.append(why))
+    if problems:
+        return None
+    refs = _plain_metadata(var, layout.shape, layout.chunks, layout.dtype, filters, compressor)
+    for row, offset, nbytes in zip(layout.starts // size, layout.byte_offsets, layout.sizes):
+        refs[f"{var.path.strip('/')}/{_chunk_key(row.tolist())}"] = (url, int(offset), int(nbytes))
     return refs
 
 

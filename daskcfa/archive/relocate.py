@@ -31,6 +31,12 @@ URIs:
   relocated file names every fragment in full.
 * A CFA-0.6 fragment stored inside the aggregation file itself becomes a
   reference to the relocated aggregation file (which still holds it).
+
+Checksums travel: those recorded for the fragments (the writer's manifest or
+a fixity record, :mod:`daskcfa.storage.fixity`) are written, under the
+relocated URIs, to the fixity record beside the relocated file, so that
+``daskcfa verify --fixity`` checks the moved fragments against the bytes
+first written.
 """
 
 from __future__ import annotations
@@ -51,13 +57,15 @@ import numpy as np
 from .. import storage
 from ..choices import DEFAULT_URIS
 from ..dataset import OpenedDataset
-from ..errors import ArgumentError, CFAFormatError, CFAWarning, redact
+from ..errors import ArgumentError, CFAError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
 from ..write.request import dataset_model
 from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation
 from ..write.target import WriteTarget
 from ..model import AggregatedVariable
+from ..storage import fixity
 from ..storage.access import Access, open_aggregation
+from ..storage.fixity import Fixity
 from ..storage.policy import LocationPolicy
 from ..storage.uri import check_uri_style
 from .aggregate import reference
@@ -115,8 +123,38 @@ def relocate(
     _warn_unsafe(model.aggregated, new_url)
     file_format = data_model if data_model in FILE_FORMATS else "NETCDF4"
     payload = encode_aggregation(model, format=format, file_format=file_format)
+    carried = _carried_fixity(url, access, variables, model.aggregated, local, new_url, rules)
     put_aggregation(new_url, payload, out.mode, out_profile, detail=f"{model.nfragments} fragments referenced")
+    if carried:
+        fixity.write_record(new_url, carried, out_profile)
     return new_url
+
+
+def _carried_fixity(url: str, access: Access, old: list[AggregatedVariable], new: list[AggregatedVariable],
+                    local: str, new_url: str, rules: _PrefixRules) -> dict[str, Fixity]:
+    """The checksums recorded for the fragments of ``url`` (manifest or fixity record), by the URIs
+    the relocated file gives them: what the fixity record beside it holds, so that
+    ``verify --fixity`` checks the moved fragments against the bytes first written. The manifest
+    is looked for where it was, else where the mapping says it went with the fragments."""
+    manifest = storage.manifest_uri(url)
+    if not storage.exists(manifest, access.profile):
+        manifest = rules.apply(storage.normalise(manifest)) or manifest
+    try:
+        references = {storage.resolve(u, url) for av in old for u in av.fragments.locations() if u != local}
+        recorded = fixity.recorded(url, access.profile, references, manifest)
+    except CFAError as exc:
+        warnings.warn(f"the fragments' checksums are not carried to the relocated file: {exc}", CFAWarning,
+                      stacklevel=3)
+        return {}
+    carried = {}
+    for before, after in zip(old, new):
+        if before.fragments.uris is None:
+            continue
+        for raw, moved in zip(before.fragments.uris.ravel(), after.fragments.uris.ravel()):
+            source = "" if raw is None else str(raw)
+            if source and source != local and storage.resolve(source, url) in recorded:
+                carried[storage.resolve(str(moved), new_url)] = recorded[storage.resolve(source, url)]
+    return carried
 
 
 class _PrefixRules:

@@ -21,8 +21,9 @@ never credentials. Every problem is reported, not just the first.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+import posixpath
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import dask
 import numpy as np
@@ -47,9 +48,15 @@ from ..fragments.chunk_index import VariableIndex, load_index
 from ..graph.batches import MAX_TASKS
 from ..graph.read import AggregatedArray
 from ..model import AggregatedVariable, FragmentRef
+from ..fragments.zarr import is_zarr, store_uri
+from ..storage import fixity
 from ..storage.access import open_aggregation
+from ..storage.fixity import Fixity
+from ..storage.lease import own_generations, retired_entries
+from ..storage.policy import LocationPolicy
 
-__all__ = ["Problem", "VerifyReport", "verify", "KINDS"]
+__all__ = ["Problem", "VerifyReport", "verify", "verify_fixity", "record_fixity", "check_fixity", "KINDS",
+           "FIXITY_KINDS"]
 
 #: What can be wrong with a fragment (see :class:`Problem`).
 KINDS = ("missing", "unsafe", "unreadable", "shape", "units", "corrupt", "storage", "budget", "error",
@@ -79,6 +86,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        if not self.variable:  # (an object, found by a fixity check: no fragment of its own)
+            return f"{self.kind}: {self.uri}: {self.message}"
         index = ",".join(map(str, self.index)) or "scalar"
         return f"{self.variable} [{index}] {self.kind}: {self.uri}: {self.message}"
 
@@ -92,6 +101,7 @@ class VerifyReport:
     checked: int
     variables: tuple[str, ...] = ()
     problems: list[Problem] = field(default_factory=list)
+    fixity: bool = False  #: a fixity check (:func:`verify_fixity`): ``checked`` counts objects
 
     @property
     def ok(self) -> bool:
@@ -101,8 +111,8 @@ class VerifyReport:
         return self.ok
 
     def __str__(self) -> str:
-        how = "deep" if self.deep else "quick"
-        head = (f"{redact(self.url)}: {self.checked} fragment(s) of {len(self.variables)} variable(s) checked ({how}): "
+        how = "fixity" if self.fixity else "deep" if self.deep else "quick"
+        head = (f"{redact(self.url)}: {self.checked} {'object' if self.fixity else 'fragment'}(s) of {len(self.variables)} variable(s) checked ({how}): "
                 + ("OK" if self.ok else f"{len(self.problems)} problem(s)"))
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
@@ -255,3 +265,223 @@ def _problem(ref: FragmentRef, target: Target, exc: BaseException, kind: str) ->
         uri = storage.resolve(ref.uris[0], target.source)
     return Problem(variable=target.variable, index=ref.index, uri=redact(uri), kind=kind,
                    message=redact(str(message)))
+
+
+# --------------------------------------------------------------------------
+# Fixity: the stored bytes against the checksums recorded when they were written
+# --------------------------------------------------------------------------
+
+#: What a fixity check expects of an object: the variable and fragment it holds, and the recorded fixity.
+_Expected = tuple[str, tuple[int, ...], Fixity]
+
+#: What a fixity check can find (see :func:`verify_fixity`).
+FIXITY_KINDS = ("checksum", "size", "missing", "extra", "unrecorded", "unsafe", "storage", "error")
+
+
+def verify_fixity(
+    url: str,
+    *,
+    variables: Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    allowed_locations: Iterable[str] | None = None,
+    compute: bool = True,
+) -> VerifyReport | Delayed:
+    """Check the stored bytes of every fragment of ``url`` against the checksums recorded when they
+    were written (the writer's manifest, or :func:`record_fixity`'s record): what finds bit rot, a
+    truncated or replaced object, which reading may not.
+
+    Problems (kinds :data:`FIXITY_KINDS`): a different ``checksum`` or ``size``, a ``missing``
+    object, an ``extra`` object under the dataset's own generation directories that no fragment
+    or retired fragment accounts for (only when all variables are checked), a fragment with no
+    checksum recorded (``unrecorded``). Every object is read once, streamed, by a dask task (a
+    batch of fragments each), on whatever scheduler is current. A manifest or record that is
+    malformed or lists objects outside the dataset raises a :class:`~daskcfa.errors.CFAFormatError`.
+    """
+    url, access = open_aggregation(url, storage_options, allowed_locations)
+    dataset = OpenedDataset.open(url, access=access)
+    chosen = select_aggregated(dataset, variables, url)
+    references = set(_referenced(select_aggregated(dataset, None, url), url))
+    recorded = fixity.recorded(url, access.profile, references)
+    wanted, problems = _fixity_targets(chosen, url, access.policy, recorded)
+    per_task = max(1, math.ceil(len(wanted) / MAX_TASKS))
+    items = sorted(wanted.items())
+    batches = [items[i:i + per_task] for i in range(0, len(items), per_task)]
+    tasks = [dask.delayed(check_fixity, pure=True)(batch, access.profile, access.policy,
+                                                   dask_key_name=f"fixity-{dask.base.tokenize(url, batch)}")
+             for batch in batches]
+    if variables is None:
+        tasks += [dask.delayed(_extra_objects, pure=True)(directory, names, access.profile)
+                  for directory, names in _generation_directories(url, references, access.profile).items()]
+    report = dask.delayed(_fixity_report, pure=True)(url, len(items), tuple(av.name for av in chosen),
+                                                     problems, *tasks)
+    return report.compute() if compute else report
+
+
+def _fixity_report(url: str, checked: int, variables: tuple[str, ...], *batches: list[Problem]) -> VerifyReport:
+    return replace(_report(url, False, checked, variables, *batches), fixity=True)
+
+
+def record_fixity(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    allowed_locations: Iterable[str] | None = None,
+) -> str:
+    """Give checksums to the fragments of an archive daskcfa did not write: compute them (in dask
+    tasks, streamed) and write the fixity record beside the aggregation file (atomically). Fragments
+    with a checksum already (the writer's manifest, an earlier record) keep it and are not read: a
+    record never blesses bytes changed since. Returns the record's URI. A fragment none of whose
+    alternative locations holds an object raises :class:`~daskcfa.errors.MissingFragmentError`,
+    writing nothing: a record never says an absent object was there."""
+    url, access = open_aggregation(url, storage_options, allowed_locations)
+    chosen = select_aggregated(OpenedDataset.open(url, access=access), None, url)
+    references = _referenced(chosen, url)
+    known = fixity.recorded(url, access.profile, set(references))
+    uris = [uri for uri in references if uri not in known]
+    for uri in uris:
+        access.policy.check(uri)
+    per_task = max(1, math.ceil(len(uris) / MAX_TASKS))
+    batches = [dask.delayed(_measure_all, pure=False)(uris[i:i + per_task], access.profile, access.policy)
+               for i in range(0, len(uris), per_task)]
+    measured = {uri: f for batch in dask.compute(*batches) for uri, f in batch}
+    for av in chosen:  # (absent alternative locations are no problem: a fragment with none present is)
+        for ref in av.fragments:
+            uris = [u for u in (storage.resolve(r, av.source or url) for r in ref.uris) if u != url]
+            if uris and not any(u in measured or u in known for u in uris):
+                raise MissingFragmentError("no object at any of its locations: nothing recorded", file=uris[0],
+                                           variable=av.name, fragment=ref.index)
+    recorded = {u: known[u] for u in references if u in known}
+    return fixity.write_record(url, {**recorded, **measured}, access.profile)
+
+
+def _referenced(chosen: Sequence[AggregatedVariable], url: str) -> list[str]:
+    """Every fragment URI (alternatives included) the variables reference, absolute, the
+    aggregation file itself (CFA-0.6 in-file fragments) left out."""
+    uris = {storage.resolve(u, av.source or url) for av in chosen for u in av.fragments.locations()}
+    return sorted(uris - {url})
+
+
+def _fixity_targets(chosen: Sequence[AggregatedVariable], url: str, policy: LocationPolicy,
+                    recorded: Mapping[str, Fixity]) -> tuple[dict[str, _Expected], list[Problem]]:
+    """What to check, by object location: the variable and fragment first found there and the recorded
+    fixity, for every fragment alternative with a checksum; and the problems found without reading
+    (no checksum for any alternative, unsafe)."""
+    wanted: dict[str, _Expected] = {}
+    problems = []
+    for av in chosen:
+        for ref in av.fragments:
+            uris = [storage.resolve(u, av.source or url) for u in ref.uris]
+            uris = [u for u in uris if u != url]
+            if not uris:
+                continue
+            known = [u for u in uris if u in recorded]
+            for uri in known:
+                if not policy.allows(uri):
+                    problems.append(Problem(av.name, ref.index, redact(uri), "unsafe",
+                                            "outside what the aggregation may reference: not read"))
+                else:
+                    wanted.setdefault(_location(uri), (av.name, ref.index, recorded[uri]))
+            if not known:
+                problems.append(Problem(av.name, ref.index, redact(uris[0]), "unrecorded",
+                                        "no checksum recorded (record them: `daskcfa verify --record`)"))
+    return wanted, problems
+
+
+def _location(uri: str) -> str:
+    """Where a fragment's bytes are: a Zarr store's own URI, else the URI."""
+    return store_uri(uri) if is_zarr(uri) else uri
+
+
+def _is_store(uri: str) -> bool:
+    """A fragment stored as many objects (a Zarr store, a Parquet reference set), not one file."""
+    return is_zarr(uri) and not store_uri(uri).rstrip("/").endswith(".json")
+
+
+def check_fixity(items: Sequence[tuple[str, _Expected]], profile: storage.ProfileRef,
+                 policy: LocationPolicy) -> list[Problem]:
+    """Check stored objects against their recorded fixity (a task of :func:`verify_fixity`)."""
+    problems = []
+    for location, (variable, index, expected) in items:
+        def problem(uri: str, kind: str, message: str) -> Problem:
+            return Problem(variable, index, redact(uri), kind, redact(message))
+        try:
+            problems += _check_store(location, expected, profile, policy, problem) if expected.objects \
+                else _check_object(location, expected.nbytes, expected.crc32, profile, policy, problem)
+        except Exception as exc:  # every failure is a finding, reported with the others
+            kind = {"missing": "missing", "unsafe": "unsafe", "storage": "storage"}.get(_kind(exc), "error")
+            message = exc.reason if isinstance(exc, CFAError) else f"{type(exc).__name__}: {exc}"
+            problems.append(problem(location, kind, str(message)))
+    return problems
+
+
+def _check_object(uri: str, nbytes: int, crc32: str, profile: storage.ProfileRef, policy: LocationPolicy,
+                  problem: Callable[[str, str, str], Problem]) -> list[Problem]:
+    stored = storage.size(uri, profile, policy=policy)
+    if stored == nbytes:  # (else no need to read it)
+        stored, found = fixity.file_fixity(uri, profile, policy)
+        if stored == nbytes and found != crc32:
+            return [problem(uri, "checksum", f"{fixity.ALGORITHM} {found}, recorded {crc32}")]
+    if stored != nbytes:
+        return [problem(uri, "size", f"{stored:,} bytes stored, {nbytes:,} recorded")]
+    return []
+
+
+def _check_store(uri: str, expected: Fixity, profile: storage.ProfileRef, policy: LocationPolicy,
+                 problem: Callable[[str, str, str], Problem]) -> list[Problem]:
+    base = uri.rstrip("/")
+    present = storage.tree_sizes(base, profile, policy=policy)
+    problems = [problem(f"{base}/{name}", "extra", "in the store, not recorded")
+                for name in sorted(set(present) - {name for name, _, _ in expected.objects})]
+    for name, nbytes, crc32 in expected.objects:
+        if name not in present:
+            problems.append(problem(f"{base}/{name}", "missing", "recorded, not stored"))
+        else:
+            problems += _check_object(f"{base}/{name}", nbytes, crc32, profile, policy, problem)
+    return problems
+
+
+def _measure_all(uris: Sequence[str], profile: storage.ProfileRef, policy: LocationPolicy
+                 ) -> list[tuple[str, Fixity]]:
+    """The fixity of each fragment stored at ``uris`` that is there (a task of :func:`record_fixity`)."""
+    measured = []
+    for uri in uris:
+        location = _location(uri)
+        try:
+            if _is_store(uri):
+                base = location.rstrip("/")
+                objects = tuple(sorted((name, *fixity.file_fixity(f"{base}/{name}", profile, policy))
+                                       for name in storage.tree_sizes(base, profile, policy=policy)))
+                measured.append((uri, Fixity(sum(n for _, n, _ in objects), objects=objects)))
+            else:
+                measured.append((uri, Fixity(*fixity.file_fixity(location, profile, policy))))
+        except NotFoundError:
+            continue  # (an alternative location left empty; a fragment with none is refused by the caller)
+    return measured
+
+
+def _generation_directories(url: str, references: set[str], profile: storage.ProfileRef) -> dict[str, list[str]]:
+    """The dataset's own generation directories (as its manifest names them) holding fragments it
+    references or retired ones, by URI, with the names below each that account for objects there."""
+    manifest = storage.read_manifest(url, profile)
+    retired = retired_entries(storage.retired_uri(url), profile)
+    root = url.rpartition("/")[0] + "/"
+    generation = manifest.get("generation")
+    directories = own_generations(manifest, (), references, retired, url,
+                                  generation if isinstance(generation, str) else "")
+    known = {*(u[len(root):] for u in references if u.startswith(root)), *retired}
+    return {root + d + "/": sorted(posixpath.basename(r) for r in known if posixpath.dirname(r) == d)
+            for d in directories}
+
+
+def _extra_objects(directory: str, names: Sequence[str], profile: storage.ProfileRef) -> list[Problem]:
+    """Objects under a generation directory that no fragment named ``names`` accounts for (resume
+    markers, in its hidden ``.daskcfa/``, are bookkeeping)."""
+    try:
+        present = storage.tree_sizes(directory.rstrip("/"), profile)
+    except NotFoundError:
+        return []
+    accounted = set(names)
+    return [Problem("", (), redact(directory + name), "extra", "under the dataset's generation directory, "
+                    "but no fragment of the aggregation (nor a retired one) is stored there")
+            for name in sorted(present)
+            if name.split("/")[0] not in accounted and not name.startswith(".daskcfa/")]

@@ -136,7 +136,7 @@ def parse(var: netCDF4.Variable, source: str) -> AggregatedVariable:
         roles[role] = nc.require_variable(group, name, variable=path, role=f"{keyword!r}")
 
     grid = _grid(roles["sizes"], shape, dims, where)
-    fragments = _fragments(dialect, roles, grid, source, where)
+    fragments = _fragments(dialect, roles, grid, source, where, group)
     return AggregatedVariable(
         name=path,
         dims=dims,
@@ -202,7 +202,8 @@ def _check_shape(var: netCDF4.Variable, values: np.ndarray, grid: FragmentGrid, 
     )
 
 
-def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source: str, where: dict) -> Fragments:
+def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source: str, where: dict,
+               group: netCDF4.Group) -> Fragments:
     required = {"sizes"} if "values" in roles else {"sizes", "uris", "identifiers"}
     missing = required - set(roles) - dialect.optional
     if missing:
@@ -242,12 +243,37 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
             if uris is None:
                 uris = np.full(grid.grid_shape + (1,), "", dtype=object)
             uris[in_file, 0] = source
+            identifiers = _in_file_paths(identifiers, in_file, roles["identifiers"], group)
     if "uris" in roles and dialect is not CFA_0_6:
         empty = ~(uris != "").any(axis=-1)
         if empty.any() and unique_values is None:
             index = tuple(int(i) for i in np.argwhere(empty)[0])
             raise CFAFormatError("a fragment has an empty URI", fragment=index, **where)
     return Fragments(grid, uris=uris, identifiers=identifiers, unique_values=unique_values)
+
+
+def _in_file_paths(identifiers: np.ndarray, in_file: np.ndarray, address: netCDF4.Variable,
+                   group: netCDF4.Group) -> np.ndarray:
+    """``identifiers`` with the addresses of in-file fragments made absolute paths, found as CF
+    resolves a reference: from the ``address`` variable's group upward, then from the aggregated
+    variable's ``group`` upward (a name found nowhere is kept, for the read to report)."""
+    def path(name: str) -> str:
+        found = nc.find_variable(address.group(), name) or nc.find_variable(group, name)
+        return name if found is None else nc.variable_path(found)
+
+    per_alternative = identifiers.ndim == in_file.ndim + 1
+    first = identifiers[..., 0] if per_alternative else identifiers
+    found = np.broadcast_to(first, in_file.shape)
+    paths = {name: path(name) for name in set(found[in_file].tolist())}
+    if all(name == resolved for name, resolved in paths.items()):
+        return identifiers
+    names = np.array(found, dtype=object)
+    names[in_file] = [paths[n] for n in found[in_file].tolist()]
+    if not per_alternative:
+        return names
+    result = np.array(identifiers, dtype=object)
+    result[..., 0] = names
+    return result
 
 
 def _per_alternative(addresses: np.ndarray, uris: np.ndarray) -> np.ndarray:

@@ -31,10 +31,11 @@ from ..storage.policy import LocationPolicy
 from ..units import Unit
 from .chunk_index import IndexedFragmentChanged, VariableIndex
 from .files import open_fragment, open_indexed
+from .zarr import is_reference_set
 
 log = logger(__name__)
 
-__all__ = ["Target", "read_fragment", "allowed_uris", "units_conversion"]
+__all__ = ["Target", "read_fragment", "allowed_uris", "units_conversion", "reference_set_chunks"]
 
 #: What HDF5, netCDF-C, h5py, zarr-python and the decompressors raise on a damaged file (zarr-python: a
 #: TypeError for a fill value or codec parameter of the wrong type).
@@ -178,6 +179,27 @@ def allowed_uris(references: Sequence[str], source: str, policy: LocationPolicy 
             except CFAError as exc:
                 raise exc.located(**where)
     return uris
+
+
+def reference_set_chunks(ref: FragmentRef, target: Target) -> tuple[int, ...] | None:
+    """The chunk shape of a fragment that is a reference set (its metadata read, no chunk), when its
+    chunks can tile the fragment as they are: the array has the fragment's shape, in the
+    aggregation's dimension order, nothing reversed. None otherwise, or when the set cannot be
+    opened (its read says why)."""
+    if not ref.uris or ref.axes is not None or any(ref.reversed or ()):
+        return None
+    try:
+        uri = allowed_uris(ref.uris[:1], target.source, target.policy, {})[0]
+        if not is_reference_set(uri):
+            return None
+        with open_fragment(uri, ref.variable_names(target.default_identifier), profile=target.profile,
+                           policy=target.policy) as var:
+            chunks, shape = var.layout[0], tuple(var.shape)
+    except CFAError:
+        return None
+    if chunks is None or shape != ref.shape or len(chunks) != len(shape) or 0 in chunks:
+        return None
+    return tuple(int(c) for c in chunks)
 
 
 def _fraction(selected: tuple[int, ...], whole: tuple[int, ...]) -> float:

@@ -18,8 +18,8 @@ with the consolidated metadata last, so that a store without it is known
 unfinished.
 
 After a fragment is in place, a small JSON *marker* records what was written
-(the write's token, size, the storage's version token and, for remote
-objects, the MD5 of the uploaded bytes). A
+(the write's token, size, the storage's version token and the CRC-32 of the
+stored bytes, of each object of a store: :mod:`daskcfa.storage.fixity`). A
 re-run of the same write finds the marker, checks the stored object still has
 that size and version (a store: its total size and its consolidated
 metadata's version), and skips the fragment: that is how an interrupted
@@ -29,7 +29,6 @@ them back.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -47,6 +46,7 @@ from ..decode import Encoding
 from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
 from ..lazy import dask_array as da
 from ..locks import NETCDF_LOCK
+from ..storage.fixity import Fixity, entry, local_fixity, marker_fixity
 from ..storage.lease import Lease
 from .zarr import CONSOLIDATED, StoreWriter, store_state
 
@@ -76,9 +76,9 @@ class FragmentRecord(NamedTuple):
     index: tuple[int, ...]
     uri: str  #: as stored in the aggregation file (relative to it, unless given absolute)
     nbytes: int
-    #: MD5 of an uploaded object's bytes (a store: of its objects' names and bytes, in name order), hex
-    #: ("" for local files: not read back)
-    checksum: str
+    #: size and CRC-32 of the stored bytes (a store: of each object), for fixity checks; None for a
+    #: fragment resumed from the marker of a writer that recorded none
+    fixity: Fixity | None
     resumed: bool = False  #: written by an earlier run, verified and kept
 
 
@@ -331,14 +331,13 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, slic
         else:
             data = np.asarray(da.core.concatenate3(values) if isinstance(values, list) else values, dtype=spec.dtype)
         if storage.is_local(target.uri):
-            nbytes, checksum = _write_local(spec, target, data, sliced)
+            fixity = _write_local(spec, target, data, sliced)
         else:
-            nbytes, checksum = _write_remote(spec, target, data, sliced, semaphore)
-        record = FragmentRecord(target.index, target.reference, nbytes, checksum)
+            fixity = _write_remote(spec, target, data, sliced, semaphore)
+        record = FragmentRecord(target.index, target.reference, fixity.nbytes, fixity)
         if target.marker:
             _, version = _stored(spec, target.uri)
-            marker = {"token": target.token, "uri": target.reference, "nbytes": nbytes, "md5": checksum,
-                      "version": version}
+            marker = {"token": target.token, **entry(target.reference, fixity), "version": version}
             storage.put_bytes(target.marker, json.dumps(marker).encode(), spec.profile)
         if isinstance(data, Slabs):
             data.recorded()
@@ -363,7 +362,7 @@ def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | No
         return None
     if nbytes != marker.get("nbytes") or version != marker.get("version"):
         return None
-    return FragmentRecord(target.index, target.reference, nbytes, str(marker.get("md5", "")), resumed=True)
+    return FragmentRecord(target.index, target.reference, nbytes, marker_fixity(marker), resumed=True)
 
 
 def _stored(spec: FragmentSpec, uri: str) -> tuple[int, str]:
@@ -374,15 +373,15 @@ def _stored(spec: FragmentSpec, uri: str) -> tuple[int, str]:
 
 
 def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
-                 sliced: Sequence[np.ndarray]) -> tuple[int, str]:
+                 sliced: Sequence[np.ndarray]) -> Fixity:
     """netCDF-C (or zarr-python) writes a temporary file (directory) beside the final one, which
-    is then renamed into place."""
+    is then renamed into place; its checksum is taken before (the bytes still in the page cache)."""
     final = storage.local_path(target.uri)
     os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
     partial = storage.temporary_name(final)
     try:
         _write_file(partial, spec, target, data, sliced)
-        nbytes = _local_size(partial)  # resume checks size and mtime: no read-back
+        fixity = local_fixity(partial)
         if spec.file_format == ZARR_FRAGMENTS:
             storage.remove_tree(final)  # (a finished store whose marker was never written: a rename needs room)
         storage.commit(partial, final, spec.profile)
@@ -392,14 +391,7 @@ def _write_local(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | 
         elif storage.exists(partial):
             storage.delete(partial)
         raise
-    return nbytes, ""
-
-
-def _local_size(path: str) -> int:
-    """Bytes of a local fragment file, or of every file of a store."""
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+    return fixity
 
 
 def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
@@ -437,7 +429,7 @@ def _write_store(path: str, spec: FragmentSpec, target: FragmentTarget, data: np
 
 
 def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
-                  sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
+                  sliced: Sequence[np.ndarray], semaphore: Any) -> Fixity:
     """Build the file in node-local scratch space, then upload it (streamed: memory stays one slab).
 
     Never in netCDF-C's memory: an in-memory netCDF-4 image has a root group
@@ -449,39 +441,30 @@ def _write_remote(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray |
     os.close(handle)
     try:
         _write_file(scratch, spec, target, data, sliced)
-        digest = hashlib.md5(usedforsecurity=False)
-        with open(scratch, "rb") as f:
-            for block in iter(lambda: f.read(8 << 20), b""):
-                digest.update(block)
+        fixity = local_fixity(scratch)
         with semaphore if semaphore is not None else nullcontext():
             storage.put_file(target.uri, scratch, spec.profile)
-        return os.path.getsize(scratch), digest.hexdigest()
+        return fixity
     finally:
         os.unlink(scratch)
 
 
 def _upload_store(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
-                  sliced: Sequence[np.ndarray], semaphore: Any) -> tuple[int, str]:
+                  sliced: Sequence[np.ndarray], semaphore: Any) -> Fixity:
     """Build the store in node-local scratch space, then upload its objects under the store's
     prefix: whatever an interrupted upload left there removed first, the consolidated metadata last."""
     scratch = tempfile.mkdtemp(prefix="daskcfa-fragment-", suffix=".zarr")
     try:
         _write_store(scratch, spec, target, data, sliced)
-        names = sorted(os.path.relpath(os.path.join(d, n), scratch).replace(os.sep, "/")
-                       for d, _, files in os.walk(scratch) for n in files)
-        digest = hashlib.md5(usedforsecurity=False)
-        for name in names:
-            digest.update(name.encode() + b"\0")
-            with open(os.path.join(scratch, name), "rb") as f:
-                for block in iter(lambda: f.read(8 << 20), b""):
-                    digest.update(block)
+        fixity = local_fixity(scratch)
+        names = [name for name, _, _ in fixity.objects]
         base = target.uri.rstrip("/")
         with semaphore if semaphore is not None else nullcontext():
             storage.remove_tree(base + "/", spec.profile)
             first = [n for n in names if n != CONSOLIDATED]
             storage.put_files([(os.path.join(scratch, n), f"{base}/{n}") for n in first], spec.profile)
             storage.put_file(f"{base}/{CONSOLIDATED}", os.path.join(scratch, CONSOLIDATED), spec.profile)
-        return _local_size(scratch), digest.hexdigest()
+        return fixity
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

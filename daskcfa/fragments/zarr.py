@@ -196,9 +196,10 @@ class ZarrVariable:
         elif stored.kind not in "biuf":
             raise FragmentReadError(f"Zarr array {name!r} has type {stored}, which daskcfa does not read")
         self.dtype = stored.newbyteorder("=") if stored.kind != "O" else stored
-        chunks = getattr(array, "chunks", None) or self.shape
+        #: the chunk shape (the array's own chunk grid: what dask chunks of it align to)
+        self.chunks = tuple(int(c) for c in (getattr(array, "chunks", None) or self.shape))
         #: bytes of one decoded chunk (Zarr decodes whole chunks)
-        self.chunk_nbytes = int(math.prod(chunks)) * self.dtype.itemsize
+        self.chunk_nbytes = int(math.prod(self.chunks)) * self.dtype.itemsize
         attrs = dict(array.attrs)
         self.dims = _dimension_names(array, attrs, len(self.shape), name)
         types = _nczarr_types(attrs)  # (NCZarr: each attribute's netCDF type)

@@ -29,7 +29,7 @@ from ..choices import MAX_FRAGMENT_SIZE
 from ..errors import ArgumentError
 from ..model import FragmentGrid
 
-__all__ = ["plan_fragments", "aligned_chunks", "merged_chunks", "describe", "classify_axes"]
+__all__ = ["plan_fragments", "aligned_chunks", "merged_chunks", "subdivided_chunks", "describe", "classify_axes"]
 
 _AXIS_CLASSES = ("T", "Z", "Y", "X", "N")
 
@@ -331,3 +331,34 @@ def merged_chunks(grid: FragmentGrid, itemsize: int, limit: int) -> tuple[tuple[
             if largest(trial) <= limit:
                 factors, grew = trial, True
     return tuple(grouped(s, k) for s, k in zip(grid.sizes, factors))
+
+
+def subdivided_chunks(grid: FragmentGrid, lengths: Sequence[Sequence[int | None]], max_chunks: int
+                      ) -> tuple[tuple[int, ...], ...]:
+    """Fragment rows cut into pieces of the chunk length of the fragments they hold (``lengths[d][i]``
+    for the fragments of slab ``i`` along dimension ``d``; None: kept whole): chunks aligned to the
+    fragments' own chunk grids. Where that makes more than ``max_chunks`` chunks, pieces are whole
+    multiples of the chunk length (doubled along the dimension cut finest, until they fit or every
+    fragment is whole again)."""
+    factors = [1] * grid.ndim
+
+    def rows() -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(piece for size, length in zip(sizes, row)
+                           for piece in _pieces(size, None if length is None else length * k))
+                     for sizes, row, k in zip(grid.sizes, lengths, factors))
+
+    result = rows()
+    while math.prod(len(r) for r in result) > max_chunks:
+        finer = [d for d, r in enumerate(result) if len(r) > len(grid.sizes[d])]
+        if not finer:
+            break
+        factors[max(finer, key=lambda d: len(result[d]))] *= 2
+        result = rows()
+    return result
+
+
+def _pieces(size: int, length: int | None) -> tuple[int, ...]:
+    """``size`` cut into pieces of ``length`` (the last one shorter), or whole."""
+    if length is None or length >= size:
+        return (size,)
+    return (length,) * (size // length) + ((size % length,) if size % length else ())

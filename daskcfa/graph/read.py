@@ -28,17 +28,23 @@ from ..errors import ArgumentError, CFAFormatError, FragmentReadError
 from .. import storage
 from ..fragments import chunk_index, readahead
 from ..fragments.chunk_index import IndexEntry
-from ..fragments.canonical import Target, read_fragment
+from ..fragments.canonical import Target, read_fragment, reference_set_chunks
 from ..fragments.files import whole_object_wanted
+from ..fragments.zarr import is_reference_set
 from ..model import AggregatedVariable
 from ..storage.access import Access
 from .indexing import array_axis_move, expand_key, output_shape, split_key
-from .plan import merged_chunks
+from .plan import merged_chunks, subdivided_chunks
 
 __all__ = ["AggregatedArray", "Access", "to_dask"]
 
 #: Fragments whose read-ahead URI an array remembers at most.
 _AHEAD_REMEMBERED = 4096
+#: Most reference-set fragments whose chunk grids cut the default chunks (their metadata is read on
+#: the client when the graph is built); beyond it each fragment is one chunk.
+_CHUNKED_INSPECTED = 256
+#: Most chunks reference sets' chunk grids may make: beyond it, chunks are whole multiples of theirs.
+_MOST_CHUNKS = 100_000
 
 
 class AggregatedArray:
@@ -353,7 +359,7 @@ def _placement(pieces: tuple) -> tuple:
 def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
     grid = array.variable.fragments.grid
     if isinstance(chunks, str) and chunks == "fragments":
-        return _dask_chunks(grid.sizes)[: array.ndim]  # (joined strings: every fragment along their length)
+        return _dask_chunks(_fragment_chunks(array))[: array.ndim]  # (joined strings: every fragment along their length)
     if isinstance(chunks, str) and chunks == "auto":
         chunks = dask.config.get("array.chunk-size")
     wrong = f"chunks={chunks!r} is neither 'fragments', 'auto', a size nor dask's chunks for shape {array.shape}"
@@ -368,6 +374,30 @@ def _chunks_for(array: AggregatedArray, chunks: Any) -> Any:
         if isinstance(exc, ArgumentError):
             raise
         raise ArgumentError(f"{wrong} ({exc})", variable=array.variable.name) from None
+
+
+def _fragment_chunks(array: AggregatedArray) -> tuple[tuple[int, ...], ...]:
+    """Chunks of whole fragments, except that fragments that are reference sets are cut by their own
+    chunk grid (a reference set of a whole archive is one fragment: one chunk of it all would be read
+    by one task). Only the metadata of at most :data:`_CHUNKED_INSPECTED` sets is read, here."""
+    fragments = array.variable.fragments
+    grid = fragments.grid
+    uris = fragments.uris
+    if uris is None or grid.ndim != array.ndim or grid.nfragments == 0:
+        return grid.sizes
+    first = uris[..., 0].reshape(-1).tolist()
+    if not any(marker in "\n".join(u for u in first if u) for marker in (".json", ".parq")):
+        return grid.sizes  # (one pass over the URIs as text: quick for a million fragments)
+    sets = [index for index, u in zip(grid.indices(), first) if u and is_reference_set(str(u))]
+    if not sets or len(sets) > _CHUNKED_INSPECTED:
+        return grid.sizes
+    found: list[list[set[int | None]]] = [[set() for _ in sizes] for sizes in grid.sizes]
+    for index in sets:
+        chunks = reference_set_chunks(fragments[index], array.target)
+        for d, i in enumerate(index):
+            found[d][i].add(None if chunks is None else chunks[d])
+    lengths = [[next(iter(s)) if len(s) == 1 else None for s in row] for row in found]
+    return subdivided_chunks(grid, lengths, _MOST_CHUNKS)
 
 
 def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:

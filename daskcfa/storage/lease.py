@@ -84,6 +84,7 @@ __all__ = [
     "schedule",
     "own_generations",
     "retire",
+    "retired_entries",
 ]
 
 #: The name of a generation directory.
@@ -473,6 +474,12 @@ def _listed(record: str, profile: ProfileRef) -> dict[str, float]:
         return {r: float(t) for r, t in listed.items() if isinstance(r, str) and _finite(t)}
     except (CFAError, ValueError, AttributeError, TypeError, RecursionError):
         return {}
+
+
+def retired_entries(record: str, profile: ProfileRef) -> set[str]:
+    """The fragments (relative to the aggregation file's directory) the retired ``record`` lists:
+    still stored for their grace period, no longer referenced."""
+    return set(_listed(record, profile))
 
 
 def _store(listed: dict[str, float], record: str, profile: ProfileRef) -> None:

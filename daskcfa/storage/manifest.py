@@ -15,7 +15,7 @@ from .objects import exists, read_bytes
 from .profiles import ProfileRef
 from .uri import resolve, scheme_of
 
-__all__ = ["manifest_uri", "read_manifest", "listed_fragments", "replacing_generation", "missing_directory"]
+__all__ = ["manifest_uri", "retired_uri", "read_manifest", "listed_fragments", "replacing_generation", "missing_directory"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
 _LISTABLE = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")
@@ -25,6 +25,11 @@ def manifest_uri(url: str) -> str:
     """Where the manifest of the aggregation file ``url`` lives."""
     stem = posixpath.splitext(posixpath.basename(url.rstrip("/")))[0]
     return resolve(posixpath.join(stem, ".daskcfa", "manifest.json"), url)
+
+
+def retired_uri(url: str) -> str:
+    """Where the record of the fragments a commit of ``url`` retired (kept for a grace period) lives."""
+    return posixpath.join(posixpath.dirname(manifest_uri(url)), "retired.json")
 
 
 def read_manifest(url: str, profile: ProfileRef) -> dict[str, Any]:

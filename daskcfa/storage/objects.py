@@ -18,7 +18,7 @@ import re
 import shutil
 import stat as stat_module
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 import dask.config
 import fsspec
@@ -41,7 +41,7 @@ __all__ = [
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
     "read_ranges_unchanged", "fetch_range_soon",
     "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
-    "GLOB_CHARS", "glob", "is_directory", "remove_tree", "listdir", "delete",
+    "GLOB_CHARS", "glob", "is_directory", "remove_tree", "listdir", "delete", "read_stream",
 ]
 
 NO_PROFILE = ProfileRef(None)
@@ -482,6 +482,20 @@ class _RemoteFile(io.RawIOBase):
     def close(self) -> None:
         self._file.close()
         super().close()
+
+
+def read_stream(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
+                block: int = 8 << 20) -> Iterator[bytes]:
+    """A whole object's bytes in blocks of at most ``block`` bytes, read one after the other: memory
+    stays one block whatever the object's size (checksums of stored fragments)."""
+    if is_local(uri):
+        f: Any = open_local(uri)
+    else:
+        fs, path = filesystem(uri, profile, policy=policy)
+        f = with_retries(uri, lambda: fs.open(path, "rb", block_size=block, cache_type="none"))
+    with f, translated(uri):
+        while chunk := f.read(block):
+            yield chunk
 
 
 def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:

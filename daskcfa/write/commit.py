@@ -24,6 +24,7 @@ from ..formats import aggregated_variables
 from ..formats.encode import encode_aggregation
 from ..fragments.write import FragmentRecord
 from ..model import AggregationDataset
+from ..storage.fixity import entry
 from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
 from ..storage.publish import UPDATE_MODES, put_aggregation
 
@@ -54,14 +55,13 @@ def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_fo
     complete), encoded now, which checks every rule of ``format``, and its manifest's description.
     ``variables`` are the paths of the aggregated variables whose fragment records the commit gets."""
     payload = encode_aggregation(model, format=format, file_format=file_format)
-    root = posixpath.join(posixpath.splitext(posixpath.basename(url.rstrip("/")))[0], ".daskcfa")
     return Commit(
         url=url, payload=payload, mode=mode, profile=profile,
         manifest=storage.manifest_uri(url),
         header={"aggregation": posixpath.basename(url), "format": format, "fragment_format": fragment_format,
                 "generation": generation},
         variables=tuple(variables),
-        retired=storage.resolve(posixpath.join(root, "retired.json"), url), keep_previous=float(keep_previous),
+        retired=storage.retired_uri(url), keep_previous=float(keep_previous),
         expected=expected,
         references=frozenset(storage.resolve(u, url) for av in model.aggregated for u in av.fragments.locations()),
     )
@@ -98,7 +98,8 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
         for variable, recs in zip(commit.variables, records):
             entries = fragments.setdefault(variable, {})
             for rec in recs:
-                entries[".".join(map(str, rec.index))] = {"uri": rec.uri, "nbytes": rec.nbytes, "md5": rec.checksum}
+                entries[".".join(map(str, rec.index))] = (
+                    {"uri": rec.uri, "nbytes": rec.nbytes} if rec.fixity is None else entry(rec.uri, rec.fixity))
         manifest = {**commit.header, "generations": generations, "fragments": fragments}
         storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
         retire(commit.references, commit.url, commit.retired, commit.profile, generations)

@@ -270,3 +270,34 @@ def test_rebuild_from_zarr_fragments(tmp_path):
     assert daskcfa.read_aggregation(rebuilt, "tas").fragments.grid.grid_shape == (2, 3, 1)
     assert_matches(daskcfa.from_cfa(rebuilt, "tas").compute(), x)
     assert url.endswith("t.nc")
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_reference_set_fragment_keeps_its_chunks(tmp_path, request, where):
+    """kerchunk's reference set of a 100-chunk netCDF-4 array, given to ``aggregate`` as the one
+    source: one dask chunk per chunk of the set (not one chunk of the whole array), right values."""
+    kerchunk_hdf = pytest.importorskip("kerchunk.hdf")
+    directory = tmp_path / "src"
+    (directory / "referenced").mkdir(parents=True)
+    truth = _truth(100 // STEPS + 1)[:100]
+    target = directory / "referenced" / "big.nc"
+    with netCDF4.Dataset(str(target), "w") as nc:
+        for dim, n in zip(DIMS, truth.shape):
+            nc.createDimension(dim, n)
+        for name, values, attrs in (("time", np.arange(100.0), TIME_ATTRS), ("lat", LAT, {}), ("lon", LON, {})):
+            nc.createVariable(name, "f8", (name,))[...] = values
+            nc[name].setncatts(attrs)
+        var = nc.createVariable("tas", "f4", DIMS, fill_value=FILL, zlib=True, chunksizes=(1, 3, 4))
+        var.units = "K"
+        var[...] = truth
+    refs = kerchunk_hdf.SingleHdf5ToZarr(str(target), inline_threshold=0).translate()
+    refs["refs"] = {k: ["referenced/big.nc", *v[1:]] if isinstance(v, list) else v for k, v in refs["refs"].items()}
+    (directory / "big.json").write_text(json.dumps(refs))
+    sources, agg, options = _placed(directory, ["big.json"], where, request)
+    url = daskcfa.aggregate(sources, agg, storage_options=options)
+    x = daskcfa.from_cfa(url, "tas", storage_options=options)
+    assert daskcfa.read_aggregation(url, "tas", storage_options=options).fragments.grid.nfragments == 1
+    assert x.numblocks == (100, 1, 1) and x.chunks[0] == (1,) * 100
+    assert_matches(x.compute(), truth)
+    assert_matches(x[37:41, 1:, ::2].compute(), truth[37:41, 1:, ::2])
+    assert daskcfa.from_cfa(url, "tas", chunks="fragments", storage_options=options).numblocks == (100, 1, 1)

@@ -384,3 +384,48 @@ def test_cfa062_alternative_addresses_survive_relocation(tmp_path):
         file = [v for v in ds.variables if v.endswith("_file")][0]
         assert ds[address].dimensions == ds[file].dimensions
     assert_matches(daskcfa.from_cfa(out, "tas").compute(), truth)
+
+
+# ---------------------------------------------------------------------------
+# CFA-0.6.2 in-file fragments found by CF's name search
+# ---------------------------------------------------------------------------
+def write_cfa062_grouped_in_file(path: Path, truth: np.ma.MaskedArray) -> Path:
+    """``/g/tas`` (2 fragments along time, both inside the aggregation file) whose instruction
+    variables sit in ``/cfa``: fragment 0 is ``frag`` in ``/cfa`` (the ``address`` variable's
+    group), fragment 1 is ``frag1`` in ``/g`` (the aggregated variable's group, searched after
+    ``/cfa`` and the root). A decoy ``/frag`` holds other values: a search from the root finds it."""
+    halves = (truth[:2], truth[2:])
+    with netCDF4.Dataset(str(path), "w") as ds:
+        ds.Conventions = "CF-1.11 CFA-0.6.2"
+        cfa, g = ds.createGroup("cfa"), ds.createGroup("g")
+        for d, n in zip(DIMS, truth.shape):
+            ds.createDimension(d, n)
+        ds.createDimension("t2", 2)
+        for d, n in (("f_time", 2), ("f_lat", 1), ("f_lon", 1), ("i", 3), ("j", 2)):
+            cfa.createDimension(d, n)
+        for owner, name, values in ((cfa, "frag", halves[0]), (g, "frag1", halves[1]),
+                                    (ds, "frag", np.full(halves[0].shape, 1e6))):
+            var = owner.createVariable(name, "f4", ("t2", "lat", "lon"), fill_value=np.float32(-999))
+            var.units = "K"
+            var[...] = values
+        location = cfa.createVariable("cfa_location", "i4", ("i", "j"))
+        location[...] = np.ma.masked_equal([[2, 2], [truth.shape[1], -1], [truth.shape[2], -1]], -1)
+        write_strings(cfa, "cfa_file", ("f_time", "f_lat", "f_lon"), np.full((2, 1, 1), "", dtype=object))
+        write_strings(cfa, "cfa_address", ("f_time", "f_lat", "f_lon"), np.array(["frag", "frag1"],
+                                                                                  dtype=object).reshape(2, 1, 1))
+        write_strings(cfa, "cfa_format", (), "nc")
+        var = g.createVariable("tas", "f4", ())
+        var.units = "K"
+        var.aggregated_dimensions = " ".join(DIMS)
+        var.aggregated_data = ("location: /cfa/cfa_location file: /cfa/cfa_file format: /cfa/cfa_format "
+                               "address: /cfa/cfa_address")
+    return path
+
+
+def test_cfa062_in_file_fragments_found_by_cf_group_search(tmp_path, placed):
+    """An in-file fragment's address is looked up from the address variable's group upward,
+    then from the aggregated variable's group upward (CF's search), not from the root."""
+    truth = make_truth((4, 3, 5), seed=14, masked=0.1)
+    url, options = placed(write_cfa062_grouped_in_file(tmp_path / "agg.nc", truth))
+    assert_matches(daskcfa.from_cfa(url, "/g/tas", storage_options=options).compute(), truth)
+    assert not daskcfa.verify(url, deep=True, storage_options=options).problems

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daskcfa.graph.plan import aligned_chunks, classify_axes, describe, plan_fragments
+from daskcfa.graph.plan import aligned_chunks, classify_axes, describe, plan_fragments, subdivided_chunks
 from daskcfa.model import FragmentGrid
 
 
@@ -271,3 +271,17 @@ def test_describe():
     ragged = FragmentGrid(((4, 4, 2), (7,)))
     assert describe(ragged, "f8") == "3 fragments in a 3 x 1 grid, of <=4 x 7 float64 (at most 224 B)"
     assert describe(FragmentGrid(()), "f8") == "1 fragment (scalar float64, 8 B)"
+
+
+def test_subdivided_chunks_follow_each_slab_s_chunk_grid():
+    grid = FragmentGrid.from_sizes([(10, 7), (6,)])
+    assert subdivided_chunks(grid, [[3, None], [2]], 100) == ((3, 3, 3, 1, 7), (2, 2, 2))
+
+
+def test_subdivided_chunks_become_whole_multiples_when_too_many():
+    grid = FragmentGrid.from_sizes([(100,), (8,)])
+    rows = subdivided_chunks(grid, [[1], [1]], 100)
+    assert math.prod(map(len, rows)) <= 100 and all(sum(r) == n for r, n in zip(rows, (100, 8)))
+    assert all(c % 1 == 0 for c in rows[0]) and rows[0][0] in (1, 2, 4, 8, 16, 32, 64)
+    assert set(rows[0][:-1]) == {rows[0][0]} and set(rows[1][:-1]) <= {rows[1][0]}
+    assert subdivided_chunks(grid, [[1], [1]], 1) == ((100,), (8,))  # (whole fragments, at most)
