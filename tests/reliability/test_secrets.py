@@ -299,8 +299,6 @@ def test_password_in_an_http_url_stays_out_of_reprs_graphs_and_info(tmp_path, ma
         assert password.encode() not in blob
 
 
-@pytest.mark.xfail(strict=True, reason="a user:password@ in a fragment URI stored in the aggregation file is carried "
-                   "in clear in the task graph (only the aggregation URL's login is moved into the storage profile)")
 def test_password_in_a_fragment_uri_stays_out_of_the_graph(tmp_path, make_http_server):
     """Fragment URIs ``http://user:pw@host/f.nc`` written in the aggregation file itself: the read
     authenticates, and the pickled graph (sent to a scheduler, logged at DEBUG) must not hold the password."""
