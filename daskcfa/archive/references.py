@@ -162,7 +162,7 @@ def _metadata(dataset: Dataset, url: str, access: Access) -> dict[str, Any]:
         refs[prefix + ".zattrs"] = _dumps(_json_attrs(group.attrs))
         plain += [v for v in group.variables.values() if not v.is_aggregated]
     if plain:
-        with storage.netcdf_file(url, profile=access.profile) as nc:
+        with storage.netcdf_file(url, profile=access.profile, whole=True) as nc:
             for var in plain:
                 refs.update(_plain_variable(nc[var.path], var))
     return refs
