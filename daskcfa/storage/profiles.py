@@ -49,8 +49,8 @@ from . import redaction
 from .s3nc import s3nc_config
 from .uri import scheme_of
 
-__all__ = ["ProfileRef", "register", "split_url_credentials", "take_login", "with_profile", "install", "encoded", "resolve_options",
-           "StorageProfiles", "dask_setup"]
+__all__ = ["ProfileRef", "register", "split_url_credentials", "take_login", "with_profile", "install", "encoded",
+           "resolve_options", "StorageProfiles", "dask_setup"]
 
 _SALT = secrets.token_bytes(16)
 _REGISTRY: dict[str, dict[str, Any]] = {}
@@ -132,7 +132,7 @@ def with_profile(ref: ProfileRef, extra: ProfileRef) -> ProfileRef:
     with _LOCK:
         options = copy.deepcopy(_REGISTRY.get(ref.name, {})) if ref.name else {}
         added = copy.deepcopy(_REGISTRY.get(extra.name, {}))
-    if ref.name is not None and not options or not added:
+    if (ref.name is not None and not options) or not added:
         return ref  # (unknown in this process: resolving it raises, as it would have)
     return register(_merge(options, added), protocol="http")
 
