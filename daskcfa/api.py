@@ -65,7 +65,7 @@ def read_aggregation(url: str, variable: str | None = None, *, storage_options: 
         url, access = open_aggregation(url, storage_options)
     else:
         url = storage.normalise(url)
-    with storage.netcdf_file(url, profile=access.profile) as ds:
+    with storage.netcdf_file(url, profile=access.profile, whole=True) as ds:
         try:
             return _select(ds, url, variable)
         except CFAError:

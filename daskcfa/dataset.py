@@ -64,7 +64,7 @@ class FileVariableArray:
                 self.scale, self.strings)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        with storage.netcdf_file(self.url, profile=self.profile) as ds:
+        with storage.netcdf_file(self.url, profile=self.profile, whole=self.dtype.kind == "O") as ds:
             return self.read(ds, key)
 
     def read(self, ds: netCDF4.Dataset, key: Any = Ellipsis) -> np.ndarray:
@@ -385,7 +385,7 @@ class OpenedDataset(ReadDataset, Group):
     def open(cls, url: str, *, access: Access, chunk_index: bool | str | None = False) -> "OpenedDataset":
         """The dataset of the aggregation file at ``url``; its variables read with ``access`` and,
         as ``chunk_index`` asks (see :func:`daskcfa.from_cfa`), the chunk index beside the file."""
-        with storage.netcdf_file(url, profile=access.profile) as ds:
+        with storage.netcdf_file(url, profile=access.profile, whole=True) as ds:
             root = cls.from_netcdf(ds, url, access)
         if chunk_index is not False and root.aggregated_variables:  # (once the file is read, outside the lock)
             access = indexed(url, access, chunk_index)

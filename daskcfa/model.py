@@ -264,6 +264,9 @@ class AggregatedVariable:
     #: URL of the aggregation file (relative fragment URIs are resolved against it)
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the name of the storage profile (``daskcfa.storage.ProfileRef``) holding the logins
+    #: (``user:pw@``) taken out of its fragment URIs, which are kept without them; None: none
+    logins: str | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:

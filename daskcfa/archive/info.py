@@ -188,6 +188,8 @@ def describe(url: str, *, storage_options: Mapping[str, Any] | None = None, stor
     summary = DatasetSummary(url, dimensions, tuple(variables))
     if not storage_size:
         return summary
+    for var in ds.aggregated_variables.values():  # (the logins taken out of fragment URIs)
+        access = access.with_logins(var.aggregation.logins)
     found = _fragment_files(ds.aggregated_variables.values(), access)
     files = sorted(found)
     batches = [dask.delayed(_sizes, pure=True)([(f, *found[f]) for f in files[i:i + STAT_BATCH]], access)

@@ -175,7 +175,7 @@ def _metadata(dataset: OpenedDataset, url: str, access: Access, inline: bool = T
         refs.update({k: v for each in referenced.values() if each for k, v in each.items()})
         plain = [var for var in plain if not referenced[var.path]]
     if plain:
-        with storage.netcdf_file(url, profile=access.profile) as nc:
+        with storage.netcdf_file(url, profile=access.profile, whole=True) as nc:
             for var in plain:
                 refs.update(_plain_variable(nc[var.path], var))
     return refs

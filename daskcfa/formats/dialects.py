@@ -8,15 +8,18 @@ ones); the legacy parsers are imported on first use.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterator
 
 import netCDF4
+import numpy as np
 
 from ..errors import CFAError, CFAFormatError
 from ..model import AggregatedVariable
 from . import netcdf as nc
 from . import cf
 from ..limits import check_group_depth, parsing
+from ..storage.profiles import register, take_login
 
 __all__ = ["dialect_of", "parse_variable", "aggregated_variables", "walk"]
 
@@ -49,7 +52,7 @@ def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
         raise CFAFormatError("not an aggregation variable", file=source, variable=nc.variable_path(var))
     try:
         with parsing(source):
-            return _parser(family)(var, source)
+            return _without_logins(_parser(family)(var, source))
     except CFAError:
         raise
     except (KeyError, IndexError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
@@ -59,6 +62,21 @@ def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
             file=source,
             variable=nc.variable_path(var),
         ) from exc
+
+
+def _without_logins(parsed: AggregatedVariable) -> AggregatedVariable:
+    """``parsed`` with any ``user:pw@`` taken out of its fragment URIs into a storage profile it
+    names (sent to each URI's origin only): the URIs then go into graphs, reprs, errors and logs,
+    and into files written from this one, without the password."""
+    uris = parsed.fragments.uris
+    with_login = {u for u in parsed.fragments.locations() if "@" in u}
+    taken = {u: take_login(u) for u in with_login}
+    logins = {origin: options for _, login in taken.values() for origin, options in login.items()}
+    if not logins:
+        return parsed
+    clean = np.array([taken[u][0] if u in taken else u for u in uris.ravel()], dtype=object).reshape(uris.shape)
+    fragments = dataclasses.replace(parsed.fragments, uris=clean)
+    return dataclasses.replace(parsed, fragments=fragments, logins=register(logins, protocol="http").name)
 
 
 def walk(group: netCDF4.Group) -> Iterator[netCDF4.Group]:

@@ -32,6 +32,7 @@ def first_stored(aggregation: AggregatedVariable, access: Access) -> StoredFragm
     if ref is None:
         return None
     uri = storage.resolve(ref.uris[0], aggregation.source)
+    access = access.with_logins(aggregation.logins)
     try:
         access.policy.check(uri)
         nbytes = storage.size(uri, access.profile, policy=access.policy)

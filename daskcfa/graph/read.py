@@ -52,7 +52,7 @@ class AggregatedArray:
 
     def __init__(self, variable: AggregatedVariable, *, mask: bool = True, access: Access | None = None,
                  decode: bool = True, strings: bool = True, nan_where: Encoding | None = None) -> None:
-        access = access or Access.default(variable.source)
+        access = (access or Access.default(variable.source)).with_logins(variable.logins)
         self.variable = variable
         self.mask = mask
         #: False: stored values (missing points hold the fill value), for clients

@@ -46,7 +46,7 @@ def read_existing(url: str, access: Access, *, plain_too: bool = False) -> Exist
     ``plain_too`` (an aggregation format asked for: the file is taken over)."""
     try:
         expected = storage.stat(url, access.profile)  # (first: a change after it is found at the commit)
-        with storage.netcdf_file(url, profile=access.profile) as nc:
+        with storage.netcdf_file(url, profile=access.profile, whole=True) as nc:
             found = list(aggregated_variables(nc, url).values())
             if not found and not plain_too:
                 return Existing(expected, nc.data_model, found, None, {})

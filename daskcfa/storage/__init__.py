@@ -18,7 +18,7 @@ from .blocks import Blocks
 from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local
 from .manifest import listed_fragments, manifest_uri, retired_uri, missing_directory, read_manifest, replacing_generation
-from .netcdf import netcdf_file, open_netcdf
+from .netcdf import netcdf_file
 from .objects import (
     BLOCKS_CACHED,
     GLOB_CHARS,
@@ -119,7 +119,6 @@ __all__ = [
     "put_atomic",
     "remove_stale_temporaries",
     "free_space",
-    "open_netcdf",
     "netcdf_file",
     "netcdf_memory",
     "memory_label",

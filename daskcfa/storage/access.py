@@ -3,6 +3,7 @@ and what to do with a fragment that cannot be read."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -11,7 +12,7 @@ from .. import config
 from ..errors import ArgumentError
 from . import redaction
 from .policy import LocationPolicy
-from .profiles import ProfileRef, register, split_url_credentials
+from .profiles import ProfileRef, register, split_url_credentials, with_profile
 from .uri import normalise, scheme_of
 
 #: ``missing=`` choices: raise the fragment's error, or read the fragment as missing data.
@@ -40,6 +41,13 @@ class Access:
     @classmethod
     def default(cls, source: str) -> "Access":
         return cls(ProfileRef(None), LocationPolicy.for_aggregation(source))
+
+    def with_logins(self, logins: str | None) -> "Access":
+        """This access, also sending the logins an aggregated variable's fragment URIs held
+        (:attr:`daskcfa.model.AggregatedVariable.logins`) to their origins."""
+        if logins is None:
+            return self
+        return dataclasses.replace(self, profile=with_profile(self.profile, ProfileRef(logins)))
 
     @classmethod
     def for_aggregation(cls, url: str, storage_options: Mapping[str, Any] | None = None,

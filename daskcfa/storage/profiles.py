@@ -49,8 +49,8 @@ from . import redaction
 from .s3nc import s3nc_config
 from .uri import scheme_of
 
-__all__ = ["ProfileRef", "register", "split_url_credentials", "install", "encoded", "resolve_options",
-           "StorageProfiles", "dask_setup"]
+__all__ = ["ProfileRef", "register", "split_url_credentials", "take_login", "with_profile", "install", "encoded",
+           "resolve_options", "StorageProfiles", "dask_setup"]
 
 _SALT = secrets.token_bytes(16)
 _REGISTRY: dict[str, dict[str, Any]] = {}
@@ -106,15 +106,35 @@ def split_url_credentials(url: str, storage_options: Mapping[str, Any] | None) -
     a :class:`ProfileRef`), not in the URL that reprs, graphs and summaries
     show. Other schemes are left alone (netCDF-C reads a DAP URL's login itself).
     """
+    url, login = take_login(url)
+    if not login:
+        return url, None if storage_options is None else dict(storage_options)
+    return url, {**(storage_options or {}), **login}
+
+
+def take_login(url: str) -> tuple[str, dict[str, Any]]:
+    """An HTTP(S) URL without its ``user:pw@``, and the options sending that login to its
+    origin (scheme, host, port) only: ``{"https://host/": {"headers": ...}}`` (empty: none)."""
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("http", "https") or "@" not in parts.netloc:
-        return url, None if storage_options is None else dict(storage_options)
+        return url, {}
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     login = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
-    options = dict(storage_options or {})
-    options[f"{parts.scheme.lower()}://{host.lower()}/"] = {"headers": {"Authorization": f"Basic {login}"}}
-    return urlunsplit(parts._replace(netloc=host)), options
+    origin = f"{parts.scheme.lower()}://{host.lower()}/"
+    return urlunsplit(parts._replace(netloc=host)), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
+
+
+def with_profile(ref: ProfileRef, extra: ProfileRef) -> ProfileRef:
+    """The profile holding ``ref``'s options and ``extra``'s (per-origin logins), registered."""
+    if extra.name is None or extra == ref:
+        return ref
+    with _LOCK:
+        options = copy.deepcopy(_REGISTRY.get(ref.name, {})) if ref.name else {}
+        added = copy.deepcopy(_REGISTRY.get(extra.name, {}))
+    if (ref.name is not None and not options) or not added:
+        return ref  # (unknown in this process: resolving it raises, as it would have)
+    return register(_merge(options, added), protocol="http")
 
 
 def _is_origin(key: str) -> bool:

@@ -115,7 +115,7 @@ def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
         return set()
     listed = storage.listed_fragments(manifest, commit.url)
     try:
-        with storage.netcdf_file(commit.url, profile=commit.profile) as ds:
+        with storage.netcdf_file(commit.url, profile=commit.profile, whole=True) as ds:
             found = aggregated_variables(ds, commit.url)
         uris = {storage.resolve(u, commit.url) for v in found.values() for u in v.fragments.locations()}
     except (CFAError, ValueError):

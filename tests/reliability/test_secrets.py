@@ -12,6 +12,7 @@ standard AWS environment variables.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import logging
 import pickle
@@ -20,6 +21,7 @@ import traceback
 
 import cloudpickle
 import dask.array as da
+import numpy as np
 import pytest
 
 import daskcfa
@@ -299,8 +301,6 @@ def test_password_in_an_http_url_stays_out_of_reprs_graphs_and_info(tmp_path, ma
         assert password.encode() not in blob
 
 
-@pytest.mark.xfail(strict=True, reason="a user:password@ in a fragment URI stored in the aggregation file is carried "
-                   "in clear in the task graph (only the aggregation URL's login is moved into the storage profile)")
 def test_password_in_a_fragment_uri_stays_out_of_the_graph(tmp_path, make_http_server):
     """Fragment URIs ``http://user:pw@host/f.nc`` written in the aggregation file itself: the read
     authenticates, and the pickled graph (sent to a scheduler, logged at DEBUG) must not hold the password."""
@@ -320,6 +320,71 @@ def test_password_in_a_fragment_uri_stays_out_of_the_graph(tmp_path, make_http_s
     assert_matches(x.compute(scheduler="threads"), built.expected)  # (the login is used)
     assert password not in repr(x)
     assert password.encode() not in _graph_blob(x)
+
+
+def _fragments_behind_a_login(tmp_path, make_http_server, seed: int):
+    """A local CF-1.13 aggregation whose fragment URIs are ``http://reader:<pw>@host/...`` on a
+    server requiring that login: (built, the password, the server)."""
+    from builders import build
+    from remote_helpers import rewrite_uris
+
+    from .conftest import DIMS, SIZES
+
+    password = f"frag-pw-{secrets.token_urlsafe(18)}"
+    (tmp_path / "www").mkdir()
+    built = build("CF-1.13", tmp_path / "www" / "ds", truth(seed=seed), DIMS, SIZES)
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    files = {u: built.fragment_files[index] for index, uris in built.fragment_uris.items() for u in uris}
+    rewrite_uris(built.path, built.names["uris"], lambda u: server.url_for(
+        str(files[u].relative_to(tmp_path / "www"))).replace("://", f"://reader:{password}@", 1))
+    return built, password, server
+
+
+def test_password_in_fragment_uris_stays_out_of_info_errors_logs_and_written_files(tmp_path, make_http_server,
+                                                                                    caplog):
+    """The login of fragment URIs in the aggregation file authenticates ``open_cfa`` and
+    ``describe(storage_size=True)``; it is in no repr, pickled dataset, ``daskcfa info --json``,
+    error (a fragment gone; ``to_references``' refusal after reading every fragment), DEBUG log
+    record, nor in the file ``relocate`` writes from the aggregation (it holds the URIs without it)."""
+    import json
+    import subprocess
+    import sys
+
+    import netCDF4
+
+    from .conftest import VICTIM
+
+    caplog.set_level(logging.DEBUG)
+    built, password, server = _fragments_behind_a_login(tmp_path, make_http_server, seed=74)
+    ds = daskcfa.open_cfa(str(built.path))
+    assert_matches(ds["tas"].data.compute(scheduler="threads"), built.expected)
+    summary = daskcfa.describe(str(built.path), storage_size=True)
+    assert summary.stored_bytes > 0 and not summary.missing_files  # (sized with the login)
+    info = subprocess.run([sys.executable, "-m", "daskcfa", "info", str(built.path), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)
+    relocated = daskcfa.relocate(str(built.path), {"http://": "http://"}, target=str(tmp_path / "moved.nc"))
+    with netCDF4.Dataset(relocated) as nc:
+        written = "\n".join(str(u) for v in nc.variables.values() if v.dtype is str for u in np.ravel(v[...]))
+    assert server.url_for("ds") in written  # (the URIs, without the login)
+    with pytest.raises(daskcfa.CFAError):  # (the server refuses a read without it)
+        daskcfa.from_cfa(relocated, "tas").compute(scheduler="sync")
+    login = {"headers": {"Authorization": "Basic " + base64.b64encode(f"reader:{password}".encode()).decode()}}
+    again = daskcfa.from_cfa(relocated, "tas", storage_options={server.url_for(""): login})  # (given again)
+    assert_matches(again.compute(scheduler="sync"), built.expected)
+    with pytest.raises(daskcfa.ReferencesError) as refused:  # (irregular HDF5 chunks; each fragment read first)
+        daskcfa.to_references(str(built.path))
+    references = _text_of(refused.value)
+    assert server.url_for("ds") in references
+    (built.fragment_files[VICTIM]).unlink()
+    with pytest.raises(daskcfa.MissingFragmentError) as missing:
+        daskcfa.from_cfa(str(built.path), "tas").compute(scheduler="sync")
+    texts = [repr(ds), repr(ds["tas"]), repr(summary), str(summary), info.stdout, info.stderr, written, references,
+             _text_of(missing.value)] + [record.getMessage() for record in caplog.records]
+    assert len(caplog.records) > 10
+    assert not [text for text in texts if password in text or "reader:" in text]
+    assert password.encode() not in cloudpickle.dumps(ds) + _graph_blob(ds["tas"].data)
 
 
 def test_signed_query_of_the_aggregation_url_stays_out_of_reprs_and_logs(tmp_path, make_http_server, caplog):

@@ -154,18 +154,40 @@ threads = [threading.Thread(target=opens) for _ in range(2)]
 """
 
 
-@pytest.mark.slow  # (the crash needs a loaded machine: a quiet one, or one xdist worker's luck, passes it)
-@pytest.mark.xfail(strict=False, reason="open bug: two threads calling from_cfa on one local aggregation crash the process "
-                                       "(SIGSEGV inside netCDF4.Dataset(...) under NETCDF_LOCK). netCDF4-python alone "
-                                       "crashes so (1.7.5, netCDF-C 4.10.1, HDF5 2.2.0): two threads each opening, "
-                                       "reading and closing the same file, every call under one lock; one thread "
-                                       "holding two Datasets of it, or two threads on two files, do not. The wheels of 1.7.3-1.7.5 crash, "
-                                       "1.7.2's (netCDF-C 4.9.4-dev, HDF5 1.14.2) did not in 20 runs but has no zstd or "
-                                       "blosc filters: no pin helps")
 def test_threads_opening_one_aggregation_at_once_never_crash(tmp_path):
     """A user's thread pool opening the same archive (a web service, a notebook's executor): each
-    child process is two threads of 20 ``from_cfa`` calls; a crash ends the child with SIGSEGV."""
+    child process is two threads of 20 ``from_cfa`` calls; a crash ends the child with SIGSEGV.
+
+    The netCDF4 wheels 1.7.3-1.7.5 (HDF5 2.2.0) crash in ``nc_open`` when a file is opened while
+    one handle of it is open and another was opened, read and closed meanwhile: two threads whose
+    open and close were separate sections under the lock did that. daskcfa opens, reads and
+    closes a file in one section (``storage.netcdf_file``)."""
     url = daskcfa.sample(str(tmp_path / "tas.nca"))
     codes = [subprocess.run([sys.executable, "-W", "ignore", "-c", CONCURRENT_OPENS, url], capture_output=True,
                             timeout=300).returncode for _ in range(3)]
     assert codes == [0, 0, 0], codes
+
+
+#: One child process: the aggregation file held open by xarray's netcdf4 engine (which keeps the files it
+#: opened) and by the user's own ``netCDF4.Dataset``, while daskcfa opens it again and again.
+HELD_ELSEWHERE = """
+import sys, netCDF4, xarray as xr, daskcfa
+url = sys.argv[1]
+plain = xr.open_dataset(url, engine="netcdf4")
+held = netCDF4.Dataset(url)
+for _ in range(10):
+    daskcfa.open_cfa(url)
+    daskcfa.from_cfa(url, "tas")
+print("ok")
+"""
+
+
+def test_aggregation_held_open_elsewhere_in_the_process_does_not_crash_daskcfa(tmp_path):
+    """``xr.open_dataset(agg)`` then ``daskcfa.open_cfa(agg)`` twice crashed the process: HDF5 2.2.0
+    crashes in ``nc_open`` on a file opened while a handle of it is open and another one of it read its
+    strings and was closed meanwhile (HDFGroup/hdf5#5359). daskcfa reads the aggregation file whole and
+    opens it from memory, which shares nothing with the handles held elsewhere."""
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", HELD_ELSEWHERE, url], capture_output=True,
+                          text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), (done.returncode, done.stderr[-2000:])
