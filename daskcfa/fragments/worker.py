@@ -5,7 +5,8 @@ distributed's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (config
 Setting that also turns off glibc's sliding mmap threshold: every allocation of 128 KiB or more --
 each decoded chunk, each fragment's values -- is then a fresh ``mmap`` whose pages the kernel faults
 in and zeroes, unmapped again when freed. The zlib mean of 1 GB in 100 fragments took two such workers
-580,000 page faults and 1.3-1.8 s of system CPU, against 600 faults and 0.2 s with glibc's defaults
+553,000-580,000 page faults and 1.3-2.0 s of system CPU; with glibc's defaults or the setting below,
+600-1,200 faults and 0.2-0.4 s
 (docs/performance.md).
 
 So on a worker started so, the first read raises the mmap threshold to 32 MiB (the most glibc's own
