@@ -543,6 +543,10 @@ def tool_decode_floor(kind, ds):
     measured here) and sum them in float64 -- no dask, no masking, no checks of any kind, the
     HDF5 chunk locations looked up before the clock. Whole-array ``mean`` of deflate-only
     chunked data without missing values (context: what a reader that did nothing else would take)."""
+    if _on_s3(ds):  # the S3 variant: GETs instead of pread (benchmarks/s3_floor.py)
+        from benchmarks.s3_floor import s3_decode_floor
+
+        return s3_decode_floor(kind, ds)
     if kind != "mean" or ds.params.get("missing") or not ds.params.get("zlib") or ds.params.get("shuffle"):
         raise CannotDo("only the mean of deflate-only chunked data without missing values")
     from concurrent.futures import ThreadPoolExecutor
@@ -637,7 +641,7 @@ TOOLS = {
 }
 
 S3_TOOLS = ("raw-s3-cat", "raw-s3-serial", "raw-s3-serial-one-get", "daskcfa", "daskcfa-distributed", "cfdm", "cfapyx",
-            "xarray-mfdataset")
+            "xarray-mfdataset", "decode-floor")
 
 
 def applicable(tool: str, scenario: str) -> bool:

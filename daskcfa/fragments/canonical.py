@@ -30,6 +30,7 @@ from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
 from ..units import Unit
 from .chunk_index import IndexedFragmentChanged, VariableIndex
+from . import worker
 from .files import open_fragment, open_indexed
 from .zarr import is_reference_set
 
@@ -95,6 +96,7 @@ def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedA
     converted and the safe-URI policy still raise: they are not facts about
     the fragment, and filling them in would hide an outage or a breach.
     """
+    worker.prepare()
     try:
         return _read_fragment(ref, key, target)
     except FragmentError as exc:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -48,6 +47,7 @@ import dask.config
 from .. import storage
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
+from .worker import on_distributed_worker
 
 __all__ = ["depth", "read_ahead", "read_ahead_ranges", "take", "take_range", "stats"]
 
@@ -83,19 +83,8 @@ def depth() -> int:
     """
     value = dask.config.get("daskcfa.io.readahead", None)
     if value is None:
-        return 0 if _on_distributed_worker() else DEFAULT_DEPTH
+        return 0 if on_distributed_worker() else DEFAULT_DEPTH
     return max(0, int(value))
-
-
-def _on_distributed_worker() -> bool:
-    worker = sys.modules.get("distributed.worker")  # (not imported: not a worker)
-    if worker is None:
-        return False
-    try:
-        worker.get_worker()
-    except ValueError:
-        return False
-    return True
 
 
 class _ReadAhead:
