@@ -567,15 +567,17 @@ def tool_decode_floor(kind, ds):
     from isal import isal_zlib
 
     plan = []
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)  # (as daskcfa opens them: both may run in one process)
     for path in ds.fragments:
-        with h5py.File(path, "r") as f:
-            dsid = f["tas"].id
-            if ds.params.get("zlib"):
-                infos = [dsid.get_chunk_info(i) for i in range(dsid.get_num_chunks())]
-                chunk_bytes = int(np.prod(dsid.get_create_plist().get_chunk())) * 4
-                plan.append((path, [(i.byte_offset, i.size) for i in infos], chunk_bytes, True))
-            else:
-                plan.append((path, [(dsid.get_offset(), dsid.get_storage_size())], dsid.get_storage_size(), False))
+        fid = h5py.h5f.open(path.encode(), h5py.h5f.ACC_RDONLY, fapl)  # (closed, strongly, when dropped)
+        dsid = h5py.h5d.open(fid, b"tas")
+        if ds.params.get("zlib"):
+            infos = [dsid.get_chunk_info(i) for i in range(dsid.get_num_chunks())]
+            chunk_bytes = int(np.prod(dsid.get_create_plist().get_chunk())) * 4
+            plan.append((path, [(i.byte_offset, i.size) for i in infos], chunk_bytes, True))
+        else:
+            plan.append((path, [(dsid.get_offset(), dsid.get_storage_size())], dsid.get_storage_size(), False))
     fill, missing, valid = (ds.params.get(k) for k in ("fill_value", "missing_value", "valid_range"))
 
     def kept(values):
