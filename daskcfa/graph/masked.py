@@ -38,7 +38,7 @@ class MaskedChunk(np.ma.MaskedArray):
         return self.view(np.ma.MaskedArray).__reduce__()
 
     def filled(self, fill_value: Any = None) -> np.ndarray:
-        """numpy.ma's ``filled``, in one pass (``np.where``) for a C-contiguous array of numbers."""
+        """numpy.ma's ``filled``, in one pass (``np.where``; bitwise for zero) for a C-contiguous array of numbers."""
         data, mask = self._data, self._mask
         if (mask is np.ma.nomask or data.dtype.kind not in "biuf" or mask.shape != data.shape
                 or not (data.flags.c_contiguous and mask.flags.c_contiguous)
@@ -48,7 +48,15 @@ class MaskedChunk(np.ma.MaskedArray):
             fill = self.fill_value if fill_value is None else np.asarray(fill_value, dtype=data.dtype)
         except (OverflowError, ValueError):
             return super().filled(fill_value)
-        return np.where(mask, fill, data) if mask.any() else data
+        if not mask.any():
+            return data
+        if data.dtype.kind in "iuf" and np.asarray(fill, data.dtype).tobytes() == bytes(data.dtype.itemsize):
+            # zero (every sum): the bits of the values kept, and-ed with all ones, else none -- no branch
+            # per point, where ``np.where`` slows down on scattered masks (3-8x measured); the same bits
+            unsigned = np.dtype(f"u{data.dtype.itemsize}")
+            kept = np.subtract(mask.view(np.uint8), np.uint8(1), dtype=unsigned)
+            return np.bitwise_and(data.view(unsigned), kept, out=kept).view(data.dtype)
+        return np.where(mask, fill, data)
 
     def __add__(self, other: Any) -> Any:
         return NotImplemented if self._delegate_binop(other) else _arithmetic(np.add, self, other)
