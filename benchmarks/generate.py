@@ -85,6 +85,10 @@ class DatasetSpec(TimeTiles):
     name: str | None = None
     file_format: str = "NETCDF4"  #: of the fragment files (the aggregation file is always netCDF-4)
     missing: float = 0.0  #: fraction of the elements written as ``_FillValue`` (:func:`is_missing`)
+    #: masked data as users have it (:data:`MASKINGS`): "land", a fixed land mask of ``_FillValue`` in
+    #: every time step; "valid", the same land as ``missing_value`` plus a ``valid_range`` that
+    #: scattered spikes fall outside; "" none of these
+    masking: str = ""
 
     @property
     def dirname(self) -> str:
@@ -97,6 +101,7 @@ class DatasetSpec(TimeTiles):
         chunks = "contig" if self.chunks is None else "c" + "x".join(map(str, self.chunks))
         fmt = "" if self.file_format == "NETCDF4" else "_" + self.file_format.lower()
         miss = f"_miss{self.missing * 100:g}" if self.missing else ""
+        miss += f"_{self.masking}{LAND_FRACTION * 100:g}" if self.masking else ""
         return f"n{self.nfrag}_f{shape}_{comp}_{chunks}{fmt}{miss}"
 
     def params(self) -> dict:
@@ -112,6 +117,10 @@ class DatasetSpec(TimeTiles):
             d["fill_value"] = float(FILL_VALUE)
         else:
             del d["missing"]
+        if self.masking:
+            d.update(MASKINGS[self.masking])
+        else:
+            del d["masking"]
         return d
 
 
@@ -164,7 +173,26 @@ def _reduction_data() -> dict[str, tuple[str, tuple[DatasetSpec, DatasetSpec]]]:
     return out
 
 
+def _masked_data() -> dict[str, tuple[str, tuple[DatasetSpec, DatasetSpec]]]:
+    """``"<op>-uncompressed-<land|valid>"`` -> (op, its data): masked data as users have it (issue #31),
+    uncompressed, so that the masking is not hidden behind inflating."""
+    full, small = SCENARIO_DATA["read-uncompressed"]
+    return {f"{op}-uncompressed-{m}": (op, (replace(full, masking=m), replace(small, masking=m)))
+            for op in ("mean", "std", "max") for m in MASKINGS}
+
+
+#: The attributes of each masking of :class:`DatasetSpec` (in ``params.json`` too; ``fill_value`` is
+#: ``_FillValue``); every one is masked as netCDF4-python masks it (:func:`netcdf4_masked`)
+MASKINGS = {
+    "land": {"fill_value": float(FILL_VALUE)},
+    "valid": {"missing_value": -999.0, "valid_range": [200.0, 320.0]},
+}
+LAND_FRACTION = 0.3  #: of the grid points, land in every time step (:func:`is_land`)
+SPIKE_FRACTION = 0.005  #: of the "valid" data's elements: spikes of :data:`SPIKE` beyond the valid range
+SPIKE = np.float32(1000.0)
+
 _REDUCTION_DATA = _reduction_data()
+_REDUCTION_DATA.update(_masked_data())
 SCENARIO_DATA.update({name: specs for name, (_, specs) in _REDUCTION_DATA.items()})
 #: scenario -> its reduction, local and (``s3-`` + the name) on S3
 REDUCTION_SCENARIOS = {name: op for name, (op, _) in _REDUCTION_DATA.items()}
@@ -235,20 +263,42 @@ def is_missing(t, y, x, fraction: float) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53 < fraction
 
 
-def stored(t0: int, t1: int, ny: int, nx: int, missing: float = 0.0) -> np.ndarray:
-    """Time steps ``t0:t1`` as written to the files (missing elements = :data:`FILL_VALUE`)."""
+def is_land(ny: int, nx: int) -> np.ndarray:
+    """A fixed land mask of the (lat, lon) grid: :data:`LAND_FRACTION` of the points, in blobs
+    (continents) rather than scattered, the same in every time step."""
+    lat = np.deg2rad(-90.0 + (np.arange(ny) + 0.5) * (180.0 / ny))[:, None]
+    lon = np.deg2rad((np.arange(nx) + 0.5) * (360.0 / nx))[None, :]
+    h = np.sin(2.0 * lon + 1.0) * np.cos(3.0 * lat) + 0.6 * np.sin(5.0 * lon) * np.sin(2.0 * lat + 0.5)
+    return h > np.quantile(h, 1.0 - LAND_FRACTION)
+
+
+def stored(t0: int, t1: int, ny: int, nx: int, missing: float = 0.0, masking: str = "") -> np.ndarray:
+    """Time steps ``t0:t1`` as written to the files (missing elements = :data:`FILL_VALUE`; with a
+    ``masking``, land = its fill or missing value, and for "valid" spikes beyond the valid range)."""
     idx = np.ix_(np.arange(t0, t1), np.arange(ny), np.arange(nx))
     data = values(*idx, ny=ny, nx=nx)
     if missing:
         data[np.broadcast_to(is_missing(*idx, missing), data.shape)] = FILL_VALUE
+    if masking == "valid":
+        data[np.broadcast_to(is_missing(*idx, SPIKE_FRACTION), data.shape)] = SPIKE
+    if masking:
+        attrs = MASKINGS[masking]
+        data[:, is_land(ny, nx)] = np.float32(attrs.get("fill_value", attrs.get("missing_value")))
     return data
 
 
-def netcdf4_masked(data: np.ndarray, fill_value: float | None) -> np.ma.MaskedArray:
-    """``data`` masked as netCDF4-python masks stored values: where equal to ``_FillValue``."""
-    if fill_value is None:
-        return np.ma.MaskedArray(data)
-    return np.ma.masked_where(data == np.float32(fill_value), data)
+def netcdf4_masked(data: np.ndarray, attrs: dict) -> np.ma.MaskedArray:
+    """``data`` masked as netCDF4-python masks stored values: where equal to ``_FillValue``
+    (``attrs["fill_value"]``) or ``missing_value``, or outside ``valid_range`` (``attrs``: a
+    dataset's parameters)."""
+    mask = np.zeros(data.shape, bool)
+    for name in ("fill_value", "missing_value"):
+        if attrs.get(name) is not None:
+            mask |= data == np.float32(attrs[name])
+    if attrs.get("valid_range") is not None:
+        low, high = np.float32(attrs["valid_range"])
+        mask |= (data < low) | (data > high)
+    return np.ma.MaskedArray(data, mask=mask)
 
 
 def month_of(days) -> np.ndarray:
@@ -300,6 +350,15 @@ def _tas_attrs(v):
     v.units = "K"
 
 
+def _masking_attrs(v, spec: DatasetSpec) -> None:
+    """``missing_value`` and ``valid_range`` of a "valid" masking (float32, the variable's type)."""
+    attrs = MASKINGS.get(spec.masking, {})
+    if "missing_value" in attrs:
+        v.missing_value = np.float32(attrs["missing_value"])
+    if "valid_range" in attrs:
+        v.valid_range = np.array(attrs["valid_range"], np.float32)
+
+
 def frag_relpath(i: int) -> str:
     return f"{FRAG_DIR}/{VARNAME}_{i:05d}.nc"
 
@@ -311,7 +370,7 @@ def _write_fragment(path: str, spec: DatasetSpec, i: int, coords) -> np.ndarray:
     time_, lat, lon = coords
     nt, ny, nx = spec.frag_shape
     t0 = i * nt
-    data = stored(t0, t0 + nt, ny, nx, spec.missing)
+    data = stored(t0, t0 + nt, ny, nx, spec.missing, spec.masking)
     with netCDF4.Dataset(path, "w", format=spec.file_format) as nc:
         nc.Conventions = "CF-1.13"
         nc.title = f"daskcfa benchmark fragment {i}"
@@ -324,12 +383,13 @@ def _write_fragment(path: str, spec: DatasetSpec, i: int, coords) -> np.ndarray:
             kw.update(zlib=True, complevel=spec.complevel, shuffle=spec.shuffle)
         if spec.chunks is not None:
             kw.update(chunksizes=spec.chunks, contiguous=False)
-        fill = FILL_VALUE if spec.missing else False
+        fill = FILL_VALUE if spec.missing or "fill_value" in MASKINGS.get(spec.masking, {}) else False
         v = nc.createVariable(VARNAME, "f4", ("time", "lat", "lon"), fill_value=fill, **kw)
         _tas_attrs(v)
+        _masking_attrs(v, spec)
         v.set_auto_mask(False)
         v[...] = data
-    masked = netcdf4_masked(data, FILL_VALUE if spec.missing else None)
+    masked = netcdf4_masked(data, spec.params())
     return np.ma.filled(masked.astype(np.float64).mean(axis=(1, 2)), np.nan)
 
 
@@ -355,8 +415,10 @@ def _write_aggregation(path: str, spec: DatasetSpec, coords) -> None:
         nc.createDimension("j", nf)
         _write_coords(nc, time_, lat, lon)
         # (the aggregation variable's _FillValue describes the aggregated data, as cfdm writes it)
-        v = nc.createVariable(VARNAME, "f4", (), fill_value=FILL_VALUE if spec.missing else None)
+        fill = FILL_VALUE if spec.missing or "fill_value" in MASKINGS.get(spec.masking, {}) else None
+        v = nc.createVariable(VARNAME, "f4", (), fill_value=fill)
         _tas_attrs(v)
+        _masking_attrs(v, spec)
         v.aggregated_dimensions = "time lat lon"
         # Single blanks: cfapyx splits on " " only.
         v.aggregated_data = (
@@ -505,8 +567,8 @@ def reduction_truth(ds: Dataset) -> dict:
     ccount = np.zeros((12, ny, nx), dtype=np.int64)
     n, total, mean, m2, vmax = 0, 0.0, 0.0, 0.0, -np.inf
     for t0 in range(0, nt, ft):
-        a = netcdf4_masked(stored(t0, t0 + ft, ny, nx, ds.params.get("missing", 0.0)),
-                           ds.fill_value).astype(np.float64)
+        a = netcdf4_masked(stored(t0, t0 + ft, ny, nx, ds.params.get("missing", 0.0), ds.params.get("masking", "")),
+                           ds.params).astype(np.float64)
         nb = int(a.count())
         sb = float(a.sum())
         mb = sb / nb

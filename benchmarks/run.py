@@ -87,7 +87,7 @@ TOOL_LABEL = {
     "raw-loop": "raw: serial netCDF4 loop over the fragments",
     "raw-bytes": "raw: os.read of every fragment file (context)",
     "dask-floor": "dask alone: the same chunks, no I/O (context)",
-    "decode-floor": "pread (S3: GET, 4 threads) + ISA-L inflate + sum, nothing else (context)",
+    "decode-floor": "pread (S3: GET, 4 threads) (+ ISA-L inflate) + sum, nothing else (context; masked data: + the fill test)",
     "raw-s3-cat": "raw: parallel s3fs cat of every fragment object",
     "raw-s3-serial": "raw: serial S3 download + netCDF4 decode loop",
     "raw-s3-serial-one-get": "raw: the same loop, one GET per object (no s3fs HEAD)",

@@ -412,15 +412,26 @@ def _raw_values(nc, kind, point):
     return v[...].mean(axis=(1, 2)) if kind == "read" else v[:, point[0], point[1]]
 
 
+def _raw_valid(a, attrs):
+    """Where stored values ``a`` are not masked as netCDF4-python masks them with the datasets'
+    attributes (``_FillValue``, ``missing_value``, ``valid_range``; None: nothing is masked)."""
+    test = None
+    for name in ("_FillValue", "missing_value"):
+        if name in attrs:
+            test = (a == attrs[name]) if test is None else test | (a == attrs[name])
+    if "valid_range" in attrs:
+        low, high = attrs["valid_range"]
+        test = ((a < low) | (a > high)) if test is None else test | (a < low) | (a > high)
+    return None if test is None else ~test
+
+
 def _raw_part(kind, nc, v):
     """One fragment's part of a reduction, from its stored values masked as netCDF4-python
-    masks them (``== _FillValue``; the datasets hold no other special value), with no masked
-    array made: ``(count, sum)`` (summed in float32, as numpy sums float32, for ``mean32`` and
+    masks them (:func:`_raw_valid`), with no masked array made: ``(count, sum)`` (summed in float32, as numpy sums float32, for ``mean32`` and
     ``sum``), ``(count, mean, sum of squared deviations)`` for ``std``, the maximum, or
     ``{month: (sums, counts)}`` of each grid point."""
     a = v[...]
-    fill = v.getncattr("_FillValue") if "_FillValue" in v.ncattrs() else None
-    valid = None if fill is None else a != fill
+    valid = _raw_valid(a, {k: v.getncattr(k) for k in v.ncattrs()})
     if kind == "max":
         return a.max() if valid is None else a.max(where=valid, initial=-np.inf)
     zeroed = a if valid is None else np.where(valid, a, a.dtype.type(0))
@@ -539,45 +550,86 @@ def tool_dask_floor(kind, ds):
 
 def tool_decode_floor(kind, ds):
     """The least any reader of these fragments needs on this machine: both cores each read
-    a fragment's stored chunks with ``os.pread``, inflate them with ISA-L (the fastest inflate
-    measured here) and sum them in float64 -- no dask, no masking, no checks of any kind, the
-    HDF5 chunk locations looked up before the clock. Whole-array ``mean`` of deflate-only
-    chunked data without missing values (context: what a reader that did nothing else would take)."""
+    a fragment's stored bytes with ``os.pread`` (straight into the array: contiguous data), inflate
+    deflated chunks with ISA-L (the fastest inflate measured here) and reduce in float64 -- no dask,
+    no checks of any kind, the HDF5 chunk locations looked up before the clock. No masking, except
+    on data masked as users have it (``*-land``, ``*-valid``): there the same test netCDF4-python
+    makes (``_FillValue``, ``missing_value``, ``valid_range``) in numpy, then the reduction of the
+    values it keeps. Whole-array ``mean`` (also ``std`` and ``max`` of masked data), of deflate-only
+    chunked or contiguous uncompressed data (context: what a reader that did nothing else would take)."""
     if _on_s3(ds):  # the S3 variant: GETs instead of pread (benchmarks/s3_floor.py)
         from benchmarks.s3_floor import s3_decode_floor
 
         return s3_decode_floor(kind, ds)
-    if kind != "mean" or ds.params.get("missing") or not ds.params.get("zlib") or ds.params.get("shuffle"):
-        raise CannotDo("only the mean of deflate-only chunked data without missing values")
+    masked = bool(ds.params.get("masking"))
+    if ds.params.get("missing") or ds.params.get("shuffle") or kind not in (("mean", "std", "max") if masked else ("mean",)):
+        raise CannotDo("only the mean of data without scattered missing values (std, max too of masked data), "
+                       "deflate-only or uncompressed")
     from concurrent.futures import ThreadPoolExecutor
 
     import h5py
     from isal import isal_zlib
 
     plan = []
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)  # (as daskcfa opens them: both may run in one process)
     for path in ds.fragments:
-        with h5py.File(path, "r") as f:
-            dsid = f["tas"].id
+        fid = h5py.h5f.open(path.encode(), h5py.h5f.ACC_RDONLY, fapl)  # (closed, strongly, when dropped)
+        dsid = h5py.h5d.open(fid, b"tas")
+        if ds.params.get("zlib"):
             infos = [dsid.get_chunk_info(i) for i in range(dsid.get_num_chunks())]
             chunk_bytes = int(np.prod(dsid.get_create_plist().get_chunk())) * 4
-            plan.append((path, [(i.byte_offset, i.size) for i in infos], chunk_bytes))
+            plan.append((path, [(i.byte_offset, i.size) for i in infos], chunk_bytes, True))
+        else:
+            plan.append((path, [(dsid.get_offset(), dsid.get_storage_size())], dsid.get_storage_size(), False))
+    fill, missing, valid = (ds.params.get(k) for k in ("fill_value", "missing_value", "valid_range"))
+
+    def kept(values):
+        """The values netCDF4-python would not mask."""
+        if not masked:
+            return values
+        test = np.zeros(values.shape, bool)
+        for v in (fill, missing):
+            if v is not None:
+                test |= values == np.float32(v)
+        if valid is not None:
+            test |= (values < np.float32(valid[0])) | (values > np.float32(valid[1]))
+        return values[~test]
 
     def fragment(item):
-        path, chunks, nbytes = item
+        path, chunks, nbytes, deflated = item
         out = np.empty((len(chunks), nbytes // 4), np.float32)
         fd = os.open(path, os.O_RDONLY)
         try:
             for row, (offset, size) in zip(out, chunks):
-                row[:] = np.frombuffer(isal_zlib.decompressobj().decompress(os.pread(fd, size, offset), nbytes),
-                                       np.float32)
+                if deflated:
+                    row[:] = np.frombuffer(isal_zlib.decompressobj().decompress(os.pread(fd, size, offset), nbytes),
+                                           np.float32)
+                elif os.preadv(fd, [row], offset) != size:
+                    raise OSError(f"{path}: short read")
         finally:
             os.close(fd)
-        return out.sum(dtype="f8"), out.size
+        x = kept(out.reshape(-1))
+        if kind == "max":
+            return x.max(), x.size, 0.0
+        total = x.sum(dtype="f8")
+        if kind == "mean":
+            return total, x.size, 0.0
+        d = x - np.float64(total / x.size)
+        return total, x.size, float(np.einsum("i,i->", d, d))
 
     def run():
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             parts = list(pool.map(fragment, plan))
-        return np.float64(sum(t for t, _ in parts) / sum(n for _, n in parts))
+        if kind == "max":
+            return max(m for m, _, _ in parts)
+        n = sum(c for _, c, _ in parts)
+        mean = sum(t for t, _, _ in parts) / n
+        if kind == "mean":
+            return np.float64(mean)
+        # (Chan et al.: each fragment's squared deviations from its own mean, combined)
+        m2 = sum(q + c * (t / c - mean) ** 2 for t, c, q in parts)
+        return np.float64(np.sqrt(m2 / n))
 
     return run, lambda v, p: _array_result(kind, v), None
 

@@ -173,6 +173,43 @@ def _safe_cast(value: Any, dtype: np.dtype) -> np.ndarray | None:
     return cast if same else None
 
 
+#: Arrays of at least this many numbers are first tested for holding no missing value at all, from
+#: their extremes (:func:`_outside`), before a boolean array of the missing ones is made.
+_SCAN_MIN = 4096
+
+
+def _outside(raw: np.ndarray, equal: tuple, low: Any, high: Any) -> bool:
+    """Whether no element of ``raw`` equals one of ``equal``, nor lies below ``low`` or above
+    ``high``, as told by its extremes alone: a reduction or two that allocate nothing, where
+    comparing makes a boolean array as large as ``raw`` (and a pass to find it all False). False
+    when they cannot tell: a value within the extremes, or NaN among the values (it is the
+    extreme then, and compares with nothing), so a mask is then made by comparing as usual."""
+    largest = smallest = None
+    upper = high is not None or any(np.isnan(v) or v >= 0 for v in equal)
+    for extreme in ("max", "min") if upper else ("min", "max"):
+        value = raw.max() if extreme == "max" else raw.min()
+        if np.isnan(value):
+            return False  # (a NaN among the values: only comparing tells which)
+        if extreme == "max":
+            largest = value
+        else:
+            smallest = value
+        if any(v == value for v in equal) or (low is not None and smallest is not None and smallest < low) or (
+                high is not None and largest is not None and largest > high):
+            return False  # (one is missing for sure)
+        if all(_beyond(v, smallest, largest) for v in equal) and (low is None or smallest is not None) and (
+                high is None or largest is not None):
+            return True
+    return False
+
+
+def _beyond(value: Any, smallest: Any, largest: Any) -> bool:
+    """Whether ``value`` lies outside the known extremes (a NaN value: none is NaN, the extremes being numbers)."""
+    if np.isnan(value):
+        return True
+    return (largest is not None and value > largest) or (smallest is not None and value < smallest)
+
+
 @functools.lru_cache(maxsize=256)
 def _fill_as(fill_value: Any, dtype: np.dtype) -> Any:
     """``fill_value`` in ``dtype`` (wrapped as numpy casts it), the fill value of a decoded chunk;
@@ -266,8 +303,14 @@ class Encoding:
     def missing_mask(self, raw: np.ndarray) -> np.ndarray | None:
         """Where ``raw`` (already in :attr:`stored_dtype`) holds missing values, or None
         (characters equal to the fill value are missing, as netCDF4-python masks them;
-        vlen strings never are)."""
+        vlen strings never are). None too when a large array of numbers provably holds no
+        missing value (:func:`_outside`): no boolean array is made then."""
         if raw.dtype.kind not in "biufS":
+            return None
+        equal = self._compared()
+        if not equal and self.valid_min is None and self.valid_max is None:
+            return None
+        if raw.size >= _SCAN_MIN and raw.dtype.kind in "iuf" and _outside(raw, equal, self.valid_min, self.valid_max):
             return None
         mask = None
 
@@ -276,17 +319,20 @@ class Encoding:
             mask = m if mask is None else (mask | m)
 
         is_float = raw.dtype.kind == "f"
-        for mv in self.missing_values:
-            add(np.isnan(raw) if is_float and np.isnan(mv) else raw == mv)
-        # (netCDF4-python compares _Unsigned values with the signed default fill: never equal)
-        if self.fill_value is not None and (self.explicit_fill or not self.unsigned):
-            fv = self.fill_value
-            add(np.isnan(raw) if is_float and np.isnan(fv) else raw == fv)
+        for value in equal:
+            add(np.isnan(raw) if is_float and np.isnan(value) else raw == value)
         if self.valid_min is not None:
             add(raw < self.valid_min)
         if self.valid_max is not None:
             add(raw > self.valid_max)
         return mask
+
+    def _compared(self) -> tuple:
+        """The values a stored value equal to is missing: ``missing_value``, then the fill value
+        (netCDF4-python compares ``_Unsigned`` values with the signed default fill: never equal)."""
+        if self.fill_value is not None and (self.explicit_fill or not self.unsigned):
+            return (*self.missing_values, self.fill_value)
+        return self.missing_values
 
     def unpack(self, data: np.ndarray) -> np.ndarray:
         scale, offset = self.scale_factor, self.add_offset

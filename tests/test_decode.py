@@ -42,7 +42,49 @@ def variables(draw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=variables(), mask=st.booleans())
 def test_decode_matches_netcdf4(tmp_path, case, mask):
+    _check_against_netcdf4(tmp_path, *case, mask)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=variables(), mask=st.booleans())
+def test_decode_of_large_arrays_matches_netcdf4(tmp_path, case, mask):
+    """Arrays large enough to be first tested for missing values from their extremes (the same
+    values repeated: a fill value or range bound at an extreme, within them, or beyond them)."""
     dtype, data, attrs = case
+    _check_against_netcdf4(tmp_path, dtype, np.resize(data, 5000), attrs, mask)
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8"])
+@pytest.mark.parametrize("fill", [np.nan, 1e20, -1e20, 7.0])
+@pytest.mark.parametrize("special", [None, np.nan, np.inf, -np.inf, 7.0])
+def test_decode_of_large_float_arrays_with_nan_and_infinities_matches_netcdf4(tmp_path, dtype, fill, special):
+    data = np.linspace(-5, 5, 6000).astype(dtype)
+    if special is not None:
+        data[[17, 4000]] = special
+    for attrs in ({"_FillValue": fill}, {"missing_value": np.array(fill, dtype)},
+                  {"_FillValue": fill, "valid_range": np.array([-4, 4], dtype)}, {"valid_max": np.array(4.5, dtype)}):
+        _check_against_netcdf4(tmp_path, np.dtype(dtype), data, attrs, True)
+
+
+def test_decoding_a_large_array_without_missing_values_makes_no_boolean_mask():
+    """Stored values that hold no missing value are found so without a boolean array as large as them
+    (before: one compared with the fill value, then searched for a True)."""
+    import tracemalloc
+
+    data = np.linspace(200, 300, 1 << 20).astype("f4")
+    for attrs in ({}, {"_FillValue": np.float32(1e20)}, {"missing_value": np.float32(-999), "valid_range":
+                                                        np.array([150, 350], "f4")}):
+        enc = Encoding.from_attrs(attrs, data.dtype)
+        enc.decode(data)  # (once first: what a first call caches is not the decoding's cost)
+        tracemalloc.start()
+        got = enc.decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert got.mask is np.ma.nomask and np.shares_memory(got.data, data)
+        assert peak < data.size // 8, (attrs, peak)
+
+
+def _check_against_netcdf4(tmp_path, dtype, data, attrs, mask):
     path = tmp_path / "v.nc"
     with netCDF4.Dataset(path, "w") as ds:
         ds.createDimension("x", data.size)

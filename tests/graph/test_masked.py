@@ -288,3 +288,69 @@ def test_users_get_numpys_masked_array_and_chunks_stay_masked_chunks(tmp_path):
     out = subprocess.run([sys.executable, "-c", script, str(pickled)], capture_output=True, text=True, cwd=tmp_path,
                          check=True).stdout.split()
     assert out == ["numpy.ma", "MaskedArray", "False", str(int(np.ma.getmaskarray(truth).sum()))]
+
+
+def test_counting_a_masked_chunk_over_every_axis_makes_no_array_as_large_as_it():
+    """dask's ``numel`` of a masked chunk over all its axes (every ``mean``, ``var``, ``std``) counts
+    the masked points: no array of the points not masked, summed as float64, is made."""
+    import tracemalloc
+
+    chunk = _chunk(missing=True)
+    expected = numel_lookup(chunk.view(np.ma.MaskedArray), axis=(0, 1, 2), keepdims=True, dtype="f8")
+    for kwargs in ({"axis": (0, 1, 2), "keepdims": True}, {"axis": None}, {"axis": (-1, 0, 1)}):
+        numel_lookup(chunk, **kwargs)
+        tracemalloc.start()
+        counted = numel_lookup(chunk, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < chunk.size // 4, (kwargs, peak)
+        assert float(np.ma.getdata(counted).reshape(-1)[0]) == float(np.ma.getdata(expected).reshape(-1)[0])
+    everything = np.ma.MaskedArray(chunk.data, mask=np.ones(chunk.shape, bool)).view(MaskedChunk)
+    assert numel_lookup(everything, axis=None) is np.ma.masked
+    assert np.ma.getmaskarray(numel_lookup(everything, axis=(0, 1, 2), keepdims=True)).all()
+
+
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("dtype", ["f4", "f8"])
+def test_dasks_deviations_are_squared_as_products_with_numpy_mas_values(monkeypatch, missing, dtype):
+    """dask's ``var``/``std`` square deviations in float64 (``d**2``): the product, not numpy's generic
+    ``pow`` loop (several times slower), with the same values, mask and type as numpy.ma's."""
+    from dask.array.reductions import moment_chunk
+
+    chunk = _chunk(missing).astype(dtype).view(MaskedChunk)
+    expected = moment_chunk(chunk.view(np.ma.MaskedArray), axis=(0, 1, 2), keepdims=True)
+    deviations = chunk - np.ma.getdata(expected["total"]) / np.ma.getdata(expected["n"])
+    squared_by_numpy_ma = np.ma.power(deviations.view(np.ma.MaskedArray), 2)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the pow loop")
+
+    monkeypatch.setattr(np, "power", refused)
+    squared = deviations**2
+    assert type(squared) is MaskedChunk and squared.dtype == squared_by_numpy_ma.dtype == np.float64
+    np.testing.assert_array_equal(np.ma.getdata(squared), np.ma.getdata(squared_by_numpy_ma))
+    np.testing.assert_array_equal(np.ma.getmaskarray(squared), np.ma.getmaskarray(squared_by_numpy_ma))
+    actual = moment_chunk(chunk, axis=(0, 1, 2), keepdims=True)
+    for key in ("total", "n", "M"):
+        np.testing.assert_array_equal(np.ma.getdata(actual[key]), np.ma.getdata(expected[key]))
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"])
+def test_filled_with_zero_is_numpy_mas_bits_without_a_branch_per_point(monkeypatch, dtype):
+    """Every sum of a masked chunk fills it with zero: the bits of numpy.ma's ``filled(0)`` (NaN,
+    infinities and -0.0 kept where not masked, +0 where masked), without ``np.where``, whose branch
+    per point slows it down several times on scattered masks."""
+    rng = np.random.default_rng(5)
+    data = (rng.standard_normal((3, 40, 50)) * 100).astype(dtype)
+    if data.dtype.kind == "f":
+        data[0, 0, :5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    truth = np.ma.MaskedArray(data, mask=rng.random(data.shape) < 0.3)
+    expected = {fill: truth.filled(fill) for fill in (0, 0.0, np.zeros((), dtype)[()])}
+
+    def refused(*args, **kwargs):
+        raise AssertionError("np.where")
+
+    monkeypatch.setattr(np, "where", refused)
+    for fill, want in expected.items():
+        got = truth.view(MaskedChunk).filled(fill)
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), fill
