@@ -354,6 +354,7 @@ def run_scenario(scenario, args, warm_dir, stage=None):
                 warmup_seconds=warm["seconds"], median=statistics.median(times),
                 setup_seconds=statistics.median(r.get("setup_seconds", 0) for r in runs),
                 maxrss_mb=max(r.get("maxrss_mb", 0) for r in runs),
+                cpu_median=statistics.median(r.get("cpu_seconds", 0) for r in runs),
             )
             for r in runs:
                 if r.get("warmup_error"):
@@ -444,6 +445,8 @@ def render_table(scenario, kind, ds, out, s3_info=None) -> str:
             notes.append(f"opened {fo['distinct']} of {fo['fragments']} fragment files "
                          f"({fo['opens']} opens)")
         notes.append(f"RSS {rec['maxrss_mb']:.0f} MB")
+        if rec.get("cpu_median"):
+            notes.append(f"CPU {_fmt_s(rec['cpu_median'])} s (median, this process)")
         xr_ = rec.get("x_raw_limit")
         dr = rec.get("daskcfa_over_tool")
         answer = rec["check"] if rec["status"] == "ok" else f"**wrong answer**: {rec['check']}"

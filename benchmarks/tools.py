@@ -752,9 +752,10 @@ def measure(tool: str, scenario: str, dataset_dir: str, probe: bool = True,
     out["setup_seconds"] = time.perf_counter() - t0
     try:
         before = target.traffic() if target else None
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.process_time()
         value = run()
         out["seconds"] = time.perf_counter() - t1
+        out["cpu_seconds"] = time.process_time() - cpu1  # (this process's threads; a loaded machine inflates it less)
         if target:
             time.sleep(0.2)  # let the server finish accounting the last responses
             out["s3_traffic"] = s3mod.traffic_delta(before, target.traffic())
