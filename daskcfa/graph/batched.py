@@ -4,7 +4,7 @@ A point series ``x[:, j, i]`` over 1,000 fragments is one dask task per
 fragment when the chunks are the fragments, and each task's own work (find
 the HDF5 chunk holding the point, inflate part of it) is smaller than what
 dask spends per task plus what each read call costs around it. The array
-:func:`.read.to_dask` returns is a :class:`FragmentArray`: a dask array like
+``daskcfa.from_cfa`` returns is a :class:`FragmentArray`: a dask array like
 any other, whose chunks are the fragments; only its ``__getitem__`` differs.
 A selection that takes little of each of many local fragments is made on a
 second dask array over the same variable whose chunks hold several whole

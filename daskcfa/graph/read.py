@@ -376,10 +376,12 @@ def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ..
 
 
 def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,
-            access: Access | None = None, strings: bool = True, decode: bool = True) -> da.Array:
+            access: Access | None = None, strings: bool = True, decode: bool = True,
+            batched: bool = False) -> da.Array:
     """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
-    ``decode``: see :class:`AggregatedArray`; stored values are never masked), as a
-    :class:`~.batched.FragmentArray`, which reads small selections of many local fragments in batches."""
+    ``decode``: see :class:`AggregatedArray`; stored values are never masked). ``batched``: as a
+    :class:`~.batched.FragmentArray`, which reads small selections of many local fragments in
+    batches (for users' reads; writers plan their tasks on the fragments' own chunks)."""
     from . import masked  # noqa: F401  (registers masked chunks' dispatch with dask.array)
     from .batched import FragmentArray  # (a dask.array class: not for metadata-only work)
 
@@ -395,6 +397,6 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
                              inline_array=False, meta=meta)
 
     plain = chunked(_chunks_for(array, chunks), chunks)
-    if not (isinstance(chunks, str) and chunks == "fragments") or not array.ndim:
+    if not batched or not (isinstance(chunks, str) and chunks == "fragments") or not array.ndim:
         return plain
     return FragmentArray.over(plain, meta, chunked, array.is_local((0,) * array.ndim))
