@@ -32,9 +32,9 @@ __all__ = ["FragmentArray", "batched_chunks"]
 SMALL_PART = 64 * 1024
 SMALL_SHARE = 1 / 8
 #: ... and the batches give each of dask's threads (``num_workers``) at least this many tasks ...
-TASKS_PER_THREAD = 4
+TASKS_PER_THREAD = 16
 #: ... of at most this many fragments each.
-MOST_PER_TASK = 64
+MOST_PER_TASK = 8
 
 
 class FragmentArray(da.Array):
