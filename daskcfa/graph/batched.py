@@ -52,6 +52,10 @@ class FragmentArray(da.Array):
         x._local = local
         return x
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._local = False  # (its graph is no longer the variable's alone: never read around it)
+
     def __getitem__(self, index: Any) -> Any:
         chunks = batched_chunks(self.chunks, self.shape, index, self.dtype.itemsize) if self._local else None
         if chunks is None:

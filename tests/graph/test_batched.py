@@ -59,3 +59,13 @@ def test_large_selections_keep_one_task_per_fragment(archive):
     assert x[:, 0:6, 0:5].chunks[0] == (1,) * 48  # (half of each fragment)
     assert x[::2, 4, 7].chunks[0] == (1,) * 24  # (steps other than 1: as dask slices them)
     assert x[:, [1, 4], 7].chunks[0] == (1,) * 48
+
+
+def test_a_selection_after_an_assignment_sees_the_assigned_values(archive):
+    with dask.config.set(num_workers=1):
+        x = daskcfa.from_cfa(str(archive.path))
+        x[10:20] = -1.0  # (dask's in-place assignment: a new graph for x)
+        series = x[:, 4, 7]
+    expected = archive.expected[:, 4, 7].copy()
+    expected[10:20] = -1.0
+    assert_matches(series.compute(), expected)
