@@ -191,6 +191,11 @@ LAND_FRACTION = 0.3  #: of the grid points, land in every time step (:func:`is_l
 SPIKE_FRACTION = 0.005  #: of the "valid" data's elements: spikes of :data:`SPIKE` beyond the valid range
 SPIKE = np.float32(1000.0)
 
+#: Time-series scenarios read at another point than the grid centre: (y, x) as fractions of the grid
+#: (``timeseries-quarter``: (45, 100) on 180 x 360, a quarter of the way into each chunk, as issue #31 ran it)
+POINT_AT = {"timeseries-quarter": (1 / 4, 100 / 360)}
+SCENARIO_DATA["timeseries-quarter"] = SCENARIO_DATA["timeseries"]
+
 _REDUCTION_DATA = _reduction_data()
 _REDUCTION_DATA.update(_masked_data())
 SCENARIO_DATA.update({name: specs for name, (_, specs) in _REDUCTION_DATA.items()})
@@ -210,8 +215,17 @@ S3_SCENARIOS = {
     "s3-read-uncompressed": "read-uncompressed",
     "s3-read-zlib": "read-zlib",
     "s3-timeseries": "timeseries",
+    "s3-timeseries-quarter": "timeseries-quarter",
 }
 S3_SCENARIOS.update({s: s[3:] for s in REDUCTION_SCENARIOS if s.startswith("s3-")})
+
+
+def at_scenario_point(ds: "Dataset", scenario: str) -> "Dataset":
+    """``ds`` with the point the scenario reads its time series at (:data:`POINT_AT`)."""
+    at = POINT_AT.get(S3_SCENARIOS.get(scenario, scenario))
+    if at is None:
+        return ds
+    return replace(ds, at=(int(at[0] * ds.shape[1]), int(at[1] * ds.shape[2])))
 
 
 def spec_for(scenario: str, quick: bool = False) -> DatasetSpec:
@@ -492,6 +506,7 @@ class Dataset:
 
     dir: str
     params: dict = field(repr=False)
+    at: tuple[int, int] | None = field(default=None, repr=False)  #: the time series' point (None: the centre)
 
     @classmethod
     def load(cls, path: str) -> "Dataset":
@@ -520,7 +535,7 @@ class Dataset:
 
     @property
     def point(self) -> tuple[int, int]:
-        return point(self.shape)
+        return self.at or point(self.shape)
 
     def spatial_mean(self) -> np.ndarray:
         return np.load(os.path.join(self.dir, "truth.npz"))["spatial_mean"]

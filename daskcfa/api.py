@@ -116,7 +116,7 @@ def from_cfa(
     url, access = open_aggregation(url, storage_options, allowed_locations, missing)
     aggregation = read_aggregation(url, variable, access=access)
     access = indexed(url, access, chunk_index)
-    return to_dask(aggregation, chunks=chunks, mask=mask, access=access)
+    return to_dask(aggregation, chunks=chunks, mask=mask, access=access, batched=True)
 
 
 def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,

@@ -42,6 +42,10 @@ def _default_fill_value(dtype: np.dtype) -> Any:
     return np.array(netCDF4.default_fillvals[key]).astype(dtype)[()]
 
 
+#: Scalars of one number type, which :func:`same_value` compares as they are
+_NUMBER_SCALARS = (int, float, np.integer, np.floating, np.bool_)
+
+
 def same_value(a: Any, b: Any, dtype: Any = None) -> bool:
     """Whether two attribute values (fill values, ``missing_value``, units...) are the same.
 
@@ -52,6 +56,9 @@ def same_value(a: Any, b: Any, dtype: Any = None) -> bool:
     rounded to its precision, others only when exact): ``1e20`` and
     ``float32(1e20)`` are the same fill value of a float32 variable.
     """
+    if dtype is None and type(a) is type(b) and isinstance(a, _NUMBER_SCALARS):
+        # (the same rule, without arrays: a fill value is compared once per fragment read)
+        return bool(a == b) or bool(a != a and b != b)
     x, y = (_comparable(v, dtype) for v in (a, b))
     if x.shape != y.shape:
         return False

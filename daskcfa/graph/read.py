@@ -219,7 +219,7 @@ class AggregatedArray:
         fetching the next small remote fragments on it (see :mod:`..fragments.readahead`)."""
         index = tuple(p.fragment for p in pieces)
         last, self._last_read = self._last_read, index
-        if last is None or self._is_local(index):  # (looked at first: cheaper than the depth, on a worker)
+        if last is None or self.is_local(index):  # (looked at first: cheaper than the depth, on a worker)
             return
         depth = readahead.depth()
         if not depth:
@@ -297,13 +297,13 @@ class AggregatedArray:
         another chunk's: a thread running that chunk would fetch them too)."""
         depth = readahead.depth()
         index = tuple(p.fragment for p in combos[k])
-        if not depth or self._is_local(index):
+        if not depth or self.is_local(index):
             return
         ahead = [self._ahead_uri(tuple(p.fragment for p in pieces), 0.0) for pieces in combos[k + 1:k + 1 + depth]]
         readahead.read_ahead([uri for uri, _ in ahead if uri], self.target.profile, self.target.policy,
                              nbytes=max((n for uri, n in ahead if uri), default=0))
 
-    def _is_local(self, index: tuple[int, ...]) -> bool:
+    def is_local(self, index: tuple[int, ...]) -> bool:
         """Whether the fragment at ``index`` is (first) a local file: a walk from it reads
         nothing ahead (a cheap look, made before the fragments ahead are looked up)."""
         uris = self.variable.fragments.uris
@@ -406,24 +406,27 @@ def _dask_chunks(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ..
 
 
 def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bool = True,
-            access: Access | None = None, strings: bool = True, decode: bool = True) -> da.Array:
+            access: Access | None = None, strings: bool = True, decode: bool = True,
+            batched: bool = False) -> da.Array:
     """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
-    ``decode``: see :class:`AggregatedArray`; stored values are never masked)."""
+    ``decode``: see :class:`AggregatedArray`; stored values are never masked). ``batched``: as a
+    :class:`~.batched.FragmentArray`, which reads small selections of many local fragments in
+    batches (for users' reads; writers plan their tasks on the fragments' own chunks)."""
     from . import masked  # noqa: F401  (registers masked chunks' dispatch with dask.array)
+    from .batched import FragmentArray  # (a dask.array class: not for metadata-only work)
 
     mask = mask and decode
     array = AggregatedArray(variable, mask=mask, access=access, strings=strings, decode=decode)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     if mask:
         meta = np.ma.MaskedArray(meta)  # (the chunks are MaskedChunks: numpy.ma.MaskedArray to dask and users)
-    name = f"cfa-{variable.basename}-{dask.base.tokenize(array, chunks)}"
-    return da.from_array(
-        array,
-        chunks=_chunks_for(array, chunks),
-        name=name,
-        asarray=False,
-        fancy=True,
-        lock=False,
-        inline_array=False,
-        meta=meta,
-    )
+
+    def chunked(normal: tuple, given: Any = None) -> da.Array:
+        name = f"cfa-{variable.basename}-{dask.base.tokenize(array, normal if given is None else given)}"
+        return da.from_array(array, chunks=normal, name=name, asarray=False, fancy=True, lock=False,
+                             inline_array=False, meta=meta)
+
+    plain = chunked(_chunks_for(array, chunks), chunks)
+    if not batched or not (isinstance(chunks, str) and chunks == "fragments") or not array.ndim:
+        return plain
+    return FragmentArray.over(plain, meta, chunked, array.is_local((0,) * array.ndim))

@@ -1,0 +1,71 @@
+"""Small selections of many local fragments: a batch of fragments per task, the same values."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+import daskcfa
+from builders import Frag, assert_matches, build_cf113, make_truth
+
+pytestmark = pytest.mark.usefixtures("other_cwd")
+
+SHAPE = (48, 12, 10)
+SIZES = ((1,) * 48, (6, 6), (10,))  # 96 fragments, 48 along time
+
+
+@pytest.fixture
+def archive(tmp_path):
+    # zlib with HDF5 chunks (1, 3, 5), some points missing (_FillValue), fragment 5 wholly absent
+    storage = {"zlib": True, "chunksizes": (1, 3, 5)}
+    return build_cf113(tmp_path, make_truth(SHAPE, "f4", seed=7, masked=0.2), ("time", "lat", "lon"), SIZES,
+                       frags=lambda index: Frag(storage=storage))
+
+
+def _tasks(x) -> int:
+    """Tasks computing ``x`` once dask has optimised its graph (slices fused into the reads)."""
+    (optimised,) = dask.optimize(x)
+    return sum(1 for key in dict(optimised.__dask_graph__()) if isinstance(key, tuple))
+
+
+@pytest.mark.parametrize("key", [
+    np.s_[:, 4, 7], np.s_[..., 11, 0], np.s_[3:40, 7, 2:4], np.s_[:, -1, -1], np.s_[5:6, 0, 0], np.s_[:, 2:9, 3],
+    np.s_[-30:, 5, :], np.s_[:, 5:8, 2:4],
+])
+def test_small_selections_read_batches_of_fragments_with_the_same_values(archive, key):
+    with dask.config.set(num_workers=1):
+        x = daskcfa.from_cfa(str(archive.path))
+        assert x.chunks == SIZES  # (the array's own chunks stay the fragments)
+        got = x[key]
+        one_each = daskcfa.from_cfa(str(archive.path), chunks=SIZES)[key]  # (explicit chunks: never batched)
+    assert_matches(got.compute(), archive.expected[key])
+    assert_matches(one_each.compute(), archive.expected[key])
+    assert np.ma.getmaskarray(got.compute()).tolist() == np.ma.getmaskarray(archive.expected[key]).tolist()
+
+
+def test_a_point_series_takes_fewer_tasks_than_fragments(archive):
+    with dask.config.set(num_workers=1):
+        series = daskcfa.from_cfa(str(archive.path))[:, 4, 7]
+    assert series.numblocks == (48 // 3,)  # batches of 3 fragments: 48 // (16 tasks per thread)
+    assert _tasks(series) < 48  # (one task per fragment: 48)
+    assert_matches(series.compute(scheduler="threads"), archive.expected[:, 4, 7])
+
+
+def test_large_selections_keep_one_task_per_fragment(archive):
+    with dask.config.set(num_workers=1):
+        x = daskcfa.from_cfa(str(archive.path))
+    assert x[:, :, :].chunks == SIZES
+    assert x[:, 0:6, 0:5].chunks[0] == (1,) * 48  # (half of each fragment)
+    assert x[::2, 4, 7].chunks[0] == (1,) * 24  # (steps other than 1: as dask slices them)
+    assert x[:, [1, 4], 7].chunks[0] == (1,) * 48
+
+
+def test_a_selection_after_an_assignment_sees_the_assigned_values(archive):
+    with dask.config.set(num_workers=1):
+        x = daskcfa.from_cfa(str(archive.path))
+        x[10:20] = -1.0  # (dask's in-place assignment: a new graph for x)
+        series = x[:, 4, 7]
+    expected = archive.expected[:, 4, 7].copy()
+    expected[10:20] = -1.0
+    assert_matches(series.compute(), expected)
