@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     stage, wrong = None, 0
     try:
         for scenario in scenarios:
-            ds = generate.Dataset.load(generate.ensure(generate.spec_for(scenario, True), a.datadir,
-                                                       verbose=False))
+            ds = generate.at_scenario_point(generate.Dataset.load(
+                generate.ensure(generate.spec_for(scenario, True), a.datadir, verbose=False)), scenario)
             if scenario in generate.S3_SCENARIOS:
                 if stage is None:
                     stage = s3mod.Stage().__enter__()
