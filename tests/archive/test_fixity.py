@@ -212,6 +212,7 @@ def test_checksums_travel_with_relocate(tmp_path):
     (lambda e: e.update(crc32="zzzzzzzz"), "checksum"),
     (lambda e: e.update(crc32="12345"), "checksum"),
     (lambda e: e.update(crc32=None), "checksum"),
+    (lambda e: e.update(crc32=e["crc32"] + "\n"), "checksum"),  # (was taken, then a false "checksum" problem)
 ])
 def test_hostile_manifest_entries_are_format_errors(tmp_path, change, mention):
     place = Place("local", tmp_path, None)
@@ -223,6 +224,22 @@ def test_hostile_manifest_entries_are_format_errors(tmp_path, change, mention):
     with pytest.raises(CFAFormatError, match=mention) as info:
         verify_fixity(url)
     assert info.value.file.endswith("manifest.json") and info.value.fragment == (0, 0, 0)
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "0.\u00b9.0", "\u0661.0.0"])
+def test_a_manifest_index_of_unicode_digits_is_no_bare_error(tmp_path, key):
+    """A fragment index of digits Python's ``isdigit`` knows but ``int`` may not read (superscripts)
+    is no index: the entry is still checked, and a bare ValueError never escapes."""
+    place = Place("local", tmp_path, None)
+    url = write(place)
+    path = Path(place.root) / "t" / ".daskcfa" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    entries = manifest["fragments"]["/tas"]
+    entries[key] = {**entries["0.0.0"], "uri": "/etc/passwd"}
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(CFAFormatError, match="outside") as info:
+        verify_fixity(url)
+    assert info.value.fragment is None
 
 
 @pytest.mark.parametrize("content", [b"[]", b"{\"fragments\": 3}", b"not json", b"[" * 100000])
