@@ -295,3 +295,39 @@ def test_a_planted_fixity_record_is_a_format_error(tmp_path, record, mention):
     with pytest.raises(CFAFormatError, match=mention) as info:
         verify_fixity(str(built.path))
     assert info.value.file.endswith(".fixity.json")
+
+
+def commit_a_region(url: str, value: float) -> None:
+    """A real commit by another writer: time steps 2-3 replaced (their fragments retired at once)."""
+    daskcfa.to_cfa(np.full((2, 6, 10), value, "f4"), url, mode="r+", region={"time": slice(2, 4)})
+
+
+def test_a_commit_during_a_fixity_check_is_no_false_report(tmp_path):
+    """The check planned, then a commit, then the check run: a WriteConflictError naming the file
+    (before: the fragments the commit retired were reported 'missing', its new ones 'unrecorded')."""
+    place = Place("local", tmp_path, None)
+    url = write(place)
+    planned = verify_fixity(url, compute=False)
+    commit_a_region(url, 1.0)
+    with pytest.raises(daskcfa.WriteConflictError, match="during its fixity check") as info:
+        planned.compute()
+    assert info.value.file == url
+    assert verify_fixity(url).ok
+
+
+def test_a_fixity_check_a_commit_overtook_is_run_again(tmp_path):
+    """``compute=True``: a commit as the first check starts (a dask callback makes it then) is seen
+    and the check run again, on the new version: clean, no false report."""
+    from dask.callbacks import Callback
+
+    place = Place("local", tmp_path, None)
+    url = write(place)
+    commits = []
+
+    def start(dsk):
+        if not commits:
+            commits.append(commit_a_region(url, 2.0))
+
+    with Callback(start=start):
+        report = verify_fixity(url)
+    assert commits and report.ok and report.checked == 8
