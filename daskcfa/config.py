@@ -99,7 +99,7 @@ def check() -> None:
 
 
 def size(key: str, given: Any = None, argument: str = "") -> int:
-    """The size setting ``key`` in bytes, checked against its schema: ``given`` (the value of the
+    """The size (or count) setting ``key`` in bytes, checked against its schema: ``given`` (the value of the
     keyword ``argument`` that overrides it, an :class:`~daskcfa.ArgumentError` if bad) or the
     configured value (a :class:`~daskcfa.errors.ConfigError` if bad)."""
     schema = _schema_of(key)

@@ -431,6 +431,27 @@ def test_strings_unassigned_in_a_new_fragment_are_empty_through_both_front_ends(
     assert_strings(url, expected)
 
 
+@pytest.mark.parametrize("value, refusal", [
+    (b"\xff\xfe", "bytes that are not UTF-8"),  # (was written, and the fragment unreadable since)
+    ("\ud800", "lone surrogate"),
+    (None, "of type NoneType, not str"),
+    (3, "of type int, not str"),
+], ids=["not-utf8", "surrogate", "None", "int"])
+def test_a_value_no_netcdf_string_can_hold_is_refused_alike_by_both_front_ends(tmp_path, value, refusal):
+    """Bytes that are not UTF-8, a lone surrogate, None or a number among the strings: a FragmentError
+    naming why, through both front ends, before anything is written (the archive reads as before)."""
+    via_to_cfa, via_dataset, truth = copies(tmp_path, string_archive)
+    new = words((2, 3, 4), seed=25)
+    new[1, 2, 3] = value
+    with pytest.raises(daskcfa.FragmentError, match=refusal):
+        daskcfa.to_cfa(new, via_to_cfa, mode="r+", region={"time": slice(1, 3)})
+    with pytest.raises(daskcfa.FragmentError, match=refusal):
+        with Dataset(via_dataset, "a") as ds:
+            ds["tas"][1:3] = new
+    for url in (via_to_cfa, via_dataset):
+        assert_strings(url, truth)
+
+
 @pytest.mark.parametrize("datatype, values, refusal", [
     (str, words(SHAPE, seed=24), "holds strings"),
     ("i8", np.arange(96, dtype="i8").reshape(SHAPE), "int64, which NETCDF3_CLASSIC fragments cannot hold"),

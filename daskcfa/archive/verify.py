@@ -41,6 +41,7 @@ from ..errors import (
     StorageError,
     UnitsError,
     UnsafeURIError,
+    WriteConflictError,
     redact,
 )
 from ..fragments.canonical import Target, read_fragment
@@ -296,8 +297,30 @@ def verify_fixity(
     checksum recorded (``unrecorded``). Every object is read once, streamed, by a dask task (a
     batch of fragments each), on whatever scheduler is current. A manifest or record that is
     malformed or lists objects outside the dataset raises a :class:`~daskcfa.errors.CFAFormatError`.
+    A commit during the check (the aggregation file or its manifest replaced: its findings could
+    mix two versions, e.g. fragments retired since) runs it again, up to :data:`FIXITY_ATTEMPTS`
+    times, then is a :class:`~daskcfa.errors.WriteConflictError` (with ``compute=False``: at once).
     """
     url, access = open_aggregation(url, storage_options, allowed_locations)
+    attempts = 1
+    while True:
+        report = _fixity_graph(url, access, variables)
+        if not compute:
+            return report
+        try:
+            return report.compute()
+        except WriteConflictError:
+            if attempts == FIXITY_ATTEMPTS:
+                raise
+            attempts += 1
+
+
+#: Checks :func:`verify_fixity` makes while commits keep changing the dataset under it.
+FIXITY_ATTEMPTS = 3
+
+
+def _fixity_graph(url: str, access: Any, variables: Sequence[str] | None) -> Delayed:
+    before = _versions(url, access.profile)
     dataset = OpenedDataset.open(url, access=access)
     chosen = select_aggregated(dataset, variables, url)
     references = set(_referenced(select_aggregated(dataset, None, url), url))
@@ -312,12 +335,21 @@ def verify_fixity(
     if variables is None:
         tasks += [dask.delayed(_extra_objects, pure=True)(directory, names, access.profile)
                   for directory, names in _generation_directories(url, references, access.profile).items()]
-    report = dask.delayed(_fixity_report, pure=True)(url, len(items), tuple(av.name for av in chosen),
-                                                     problems, *tasks)
-    return report.compute() if compute else report
+    return dask.delayed(_fixity_report, pure=True)(url, before, access.profile, len(items),
+                                                   tuple(av.name for av in chosen), problems, *tasks)
 
 
-def _fixity_report(url: str, checked: int, variables: tuple[str, ...], *batches: list[Problem]) -> VerifyReport:
+def _versions(url: str, profile: storage.ProfileRef) -> tuple[Any, Any]:
+    """What changes when a commit replaces the aggregation file or its manifest."""
+    return storage.version(url, profile), storage.version(storage.manifest_uri(url), profile)
+
+
+def _fixity_report(url: str, before: tuple[Any, Any], profile: storage.ProfileRef, checked: int,
+                   variables: tuple[str, ...], *batches: list[Problem]) -> VerifyReport:
+    if _versions(url, profile) != before:
+        raise WriteConflictError("a commit changed the dataset during its fixity check (the aggregation file "
+                                 "or its manifest was replaced): its findings could mix two versions; run it "
+                                 "again", file=url)
     return replace(_report(url, False, checked, variables, *batches), fixity=True)
 
 

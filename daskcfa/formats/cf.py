@@ -256,10 +256,16 @@ def _in_file_paths(identifiers: np.ndarray, in_file: np.ndarray, address: netCDF
                    group: netCDF4.Group) -> np.ndarray:
     """``identifiers`` with the addresses of in-file fragments made absolute paths, found as CF
     resolves a reference: from the ``address`` variable's group upward, then from the aggregated
-    variable's ``group`` upward (a name found nowhere is kept, for the read to report)."""
+    variable's ``group`` upward. A name found nowhere becomes the path CF looks at first (relative to
+    the ``address`` variable's group), for the read to report: kept as given, a relative path would be
+    read from the root, where another variable of that name may be."""
     def path(name: str) -> str:
-        found = nc.find_variable(address.group(), name) or nc.find_variable(group, name)
-        return name if found is None else nc.variable_path(found)
+        found = nc.find_variable(address.group(), name)
+        if found is None:  # (not ``or``: a scalar or empty variable is falsy, or has no len())
+            found = nc.find_variable(group, name)
+        if found is not None:
+            return nc.variable_path(found)
+        return name if name.startswith("/") else nc.group_path(address.group()) + name
 
     per_alternative = identifiers.ndim == in_file.ndim + 1
     first = identifiers[..., 0] if per_alternative else identifiers

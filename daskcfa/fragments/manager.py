@@ -29,8 +29,8 @@ from typing import Any, Callable, Hashable, Iterator
 
 import dask.config
 
-from ..config import to_bytes
-from ..errors import ArgumentError, BudgetError
+from .. import config
+from ..errors import BudgetError
 
 __all__ = ["FileManager", "manager", "Budget"]
 
@@ -53,32 +53,29 @@ class Budget:
         from ..storage.s3nc import s3nc_config
 
         resources = s3nc_config().resources
-        handles = dask.config.get("daskcfa.budget.filehandles", None)
-        memory = dask.config.get("daskcfa.budget.memory", None)
-        if handles is None:
-            handles = resources.get("filehandles", DEFAULT_FILEHANDLES)
-        if memory is None:
-            memory = resources.get("memory", DEFAULT_MEMORY)
+        handles = dask.config.get(_FILEHANDLES, None)
+        memory = dask.config.get(_MEMORY, None)
+        fallback = (resources.get("filehandles", DEFAULT_FILEHANDLES), resources.get("memory", DEFAULT_MEMORY))
         try:
-            return _parsed_budget(handles, memory)
-        except TypeError:  # (an unhashable setting: parsed, and refused, uncached)
-            return cls.parse(filehandles=handles, memory=memory)
+            return _configured_budget(handles, memory, *fallback)
+        except TypeError:  # (an unhashable setting: checked, and refused, uncached)
+            return _configured_budget.__wrapped__(handles, memory, *fallback)
 
     @classmethod
     def parse(cls, *, filehandles: Any, memory: Any) -> "Budget":
-        handles = int(filehandles)
-        nbytes = to_bytes(memory) if isinstance(memory, str) else int(memory)
-        if nbytes is None:
-            raise ArgumentError(f"memory={memory!r} is not a size such as '512MiB', '1GB' or S3netCDF4's '2 GB'")
-        if handles < 1 or nbytes < 1:
-            raise ArgumentError(f"budgets must be positive (filehandles={filehandles!r}, memory={memory!r})")
-        return cls(handles, nbytes)
+        """Budgets given as arguments, checked by the config schema's rules (an ArgumentError naming them)."""
+        return cls(config.size(_FILEHANDLES, filehandles, "filehandles"), config.size(_MEMORY, memory, "memory"))
+
+
+_FILEHANDLES, _MEMORY = "daskcfa.budget.filehandles", "daskcfa.budget.memory"
 
 
 @lru_cache(maxsize=16)
-def _parsed_budget(filehandles: Any, memory: Any) -> Budget:
-    """:meth:`Budget.parse`, once per setting: the budget is looked up at every open."""
-    return Budget.parse(filehandles=filehandles, memory=memory)
+def _configured_budget(handles: Any, memory: Any, fallback_handles: Any, fallback_memory: Any) -> Budget:
+    """The dask config's budgets (a ConfigError naming the key if one is bad: set mid-session, it
+    was never checked), else the fallbacks; checked once per setting, looked up at every open."""
+    return Budget(config.size(_FILEHANDLES) if handles is not None else config.size(_FILEHANDLES, fallback_handles),
+                  config.size(_MEMORY) if memory is not None else config.size(_MEMORY, fallback_memory))
 
 
 @dataclass

@@ -145,10 +145,28 @@ class Slabs:
         """Called once the fragment is stored and its marker written: what fed it may go."""
 
 
-def _holds_nul(text: np.ndarray) -> bool:
-    """Whether any string holds a NUL (fixed-width ``U`` keeps only those before the last other character)."""
-    return any(isinstance(s, (str, bytes)) and ("\x00" in s if isinstance(s, str) else b"\x00" in s)
-               for s in text.reshape(-1).tolist())
+def _string_problem(text: np.ndarray) -> str | None:
+    """Why a value cannot be stored as a netCDF string (UTF-8 up to a NUL), if one cannot: refused
+    before a fragment is written, not by netCDF4-python halfway (whose bytes that are not UTF-8 it
+    even writes, unreadable). Fixed-width ``U`` keeps only the NULs before its last other character."""
+    for s in text.reshape(-1).tolist():
+        if isinstance(s, str):
+            try:
+                s = s.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"a string value ({s[:20]!r}) holds a lone surrogate, which UTF-8 cannot encode"
+        elif isinstance(s, bytes):
+            try:
+                s.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"a string value ({s[:20]!r}) is bytes that are not UTF-8, which readers could not decode"
+        else:
+            return (f"a value {str(s)[:20]!r} of a string variable is of type {type(s).__name__}, not str (netCDF "
+                    "strings have no missing value: use \"\")")
+        if b"\x00" in s:
+            return ("a string value holds a NUL character, where a netCDF string ends (writing would truncate "
+                    "it): remove or replace the NULs first")
+    return None
 
 
 def encode_values(values: Any, attrs: dict[str, Any], dtype: np.dtype, variable: str | None = None) -> np.ndarray:
@@ -178,9 +196,9 @@ def _encode(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
             raise FragmentError(f"{int(np.ma.getmask(values).sum()):,} string values are masked, which netCDF "
                                 "cannot store (strings have no missing value): fill them first, e.g. with \"\"")
         values = np.asarray(values)
-        if values.dtype.kind in "OU" and _holds_nul(values):
-            raise FragmentError("a string value holds a NUL character, where a netCDF string ends (writing "
-                                "would truncate it): remove or replace the NULs first")
+        problem = _string_problem(values) if values.dtype.kind in "OUS" else None
+        if problem:
+            raise FragmentError(problem)
         return values
     encoding = Encoding.from_attrs(attrs, dtype)
     data = np.ma.getdata(values)

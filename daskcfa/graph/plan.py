@@ -342,19 +342,27 @@ def subdivided_chunks(grid: FragmentGrid, lengths: Sequence[Sequence[int | None]
     fragment is whole again)."""
     factors = [1] * grid.ndim
 
-    def rows() -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(piece for size, length in zip(sizes, row)
-                           for piece in _pieces(size, None if length is None else length * k))
-                     for sizes, row, k in zip(grid.sizes, lengths, factors))
+    def length(row_length: int | None, k: int) -> int | None:
+        return None if row_length is None else row_length * k
 
-    result = rows()
-    while math.prod(len(r) for r in result) > max_chunks:
-        finer = [d for d, r in enumerate(result) if len(r) > len(grid.sizes[d])]
+    def counts() -> list[int]:  # (counted, not cut: a set's 1-element chunks of 10**12 would not fit in memory)
+        return [sum(_count(size, length(n, k)) for size, n in zip(sizes, row))
+                for sizes, row, k in zip(grid.sizes, lengths, factors)]
+
+    pieces = counts()
+    while math.prod(pieces) > max_chunks:
+        finer = [d for d, n in enumerate(pieces) if n > len(grid.sizes[d])]
         if not finer:
-            break
-        factors[max(finer, key=lambda d: len(result[d]))] *= 2
-        result = rows()
-    return result
+            return grid.sizes
+        factors[max(finer, key=lambda d: pieces[d])] *= 2
+        pieces = counts()
+    return tuple(tuple(piece for size, n in zip(sizes, row) for piece in _pieces(size, length(n, k)))
+                 for sizes, row, k in zip(grid.sizes, lengths, factors))
+
+
+def _count(size: int, length: int | None) -> int:
+    """How many pieces :func:`_pieces` cuts ``size`` into."""
+    return 1 if length is None or length >= size else -(-size // length)
 
 
 def _pieces(size: int, length: int | None) -> tuple[int, ...]:

@@ -52,7 +52,7 @@ MAX_NBYTES = 1 << 50
 BLOCK = 8 << 20
 #: Bytes read at a time from a local file.
 LOCAL_BLOCK = 1 << 20
-_HEX = re.compile(r"^[0-9a-f]{8}$")
+_HEX = re.compile(r"[0-9a-f]{8}")  #: matched whole (``$`` would take a trailing newline)
 #: Most bytes a manifest or fixity record may have (256 MiB: a million fragments and more).
 _MAX_RECORD = 256 << 20
 
@@ -196,7 +196,8 @@ def _record(uri: str, url: str, profile: ProfileRef, references: Collection[str]
 def _index(key: str) -> tuple[int, ...] | None:
     """A manifest's fragment index (``"0.3.1"``), if it is one."""
     parts = str(key).split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() and len(p) < 19 for p in parts) else None
+    ascii_digits = all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts)  # (not "²": no int)
+    return tuple(int(p) for p in parts) if ascii_digits else None
 
 
 def _entry(raw: Any, url: str, references: Collection[str], where: dict[str, Any]) -> tuple[str, Fixity] | None:
@@ -249,6 +250,6 @@ def _size(value: Any, where: dict[str, Any]) -> int:
 
 
 def _checksum(value: Any, where: dict[str, Any]) -> str:
-    if not isinstance(value, str) or not _HEX.match(value):
+    if not isinstance(value, str) or not _HEX.fullmatch(value):
         raise CFAFormatError(f"checksum {str(value)[:40]!r} is not a {ALGORITHM} of 8 hex digits", **where)
     return value

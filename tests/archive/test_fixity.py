@@ -212,6 +212,7 @@ def test_checksums_travel_with_relocate(tmp_path):
     (lambda e: e.update(crc32="zzzzzzzz"), "checksum"),
     (lambda e: e.update(crc32="12345"), "checksum"),
     (lambda e: e.update(crc32=None), "checksum"),
+    (lambda e: e.update(crc32=e["crc32"] + "\n"), "checksum"),  # (was taken, then a false "checksum" problem)
 ])
 def test_hostile_manifest_entries_are_format_errors(tmp_path, change, mention):
     place = Place("local", tmp_path, None)
@@ -223,6 +224,22 @@ def test_hostile_manifest_entries_are_format_errors(tmp_path, change, mention):
     with pytest.raises(CFAFormatError, match=mention) as info:
         verify_fixity(url)
     assert info.value.file.endswith("manifest.json") and info.value.fragment == (0, 0, 0)
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "0.\u00b9.0", "\u0661.0.0"])
+def test_a_manifest_index_of_unicode_digits_is_no_bare_error(tmp_path, key):
+    """A fragment index of digits Python's ``isdigit`` knows but ``int`` may not read (superscripts)
+    is no index: the entry is still checked, and a bare ValueError never escapes."""
+    place = Place("local", tmp_path, None)
+    url = write(place)
+    path = Path(place.root) / "t" / ".daskcfa" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    entries = manifest["fragments"]["/tas"]
+    entries[key] = {**entries["0.0.0"], "uri": "/etc/passwd"}
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(CFAFormatError, match="outside") as info:
+        verify_fixity(url)
+    assert info.value.fragment is None
 
 
 @pytest.mark.parametrize("content", [b"[]", b"{\"fragments\": 3}", b"not json", b"[" * 100000])
@@ -278,3 +295,39 @@ def test_a_planted_fixity_record_is_a_format_error(tmp_path, record, mention):
     with pytest.raises(CFAFormatError, match=mention) as info:
         verify_fixity(str(built.path))
     assert info.value.file.endswith(".fixity.json")
+
+
+def commit_a_region(url: str, value: float) -> None:
+    """A real commit by another writer: time steps 2-3 replaced (their fragments retired at once)."""
+    daskcfa.to_cfa(np.full((2, 6, 10), value, "f4"), url, mode="r+", region={"time": slice(2, 4)})
+
+
+def test_a_commit_during_a_fixity_check_is_no_false_report(tmp_path):
+    """The check planned, then a commit, then the check run: a WriteConflictError naming the file
+    (before: the fragments the commit retired were reported 'missing', its new ones 'unrecorded')."""
+    place = Place("local", tmp_path, None)
+    url = write(place)
+    planned = verify_fixity(url, compute=False)
+    commit_a_region(url, 1.0)
+    with pytest.raises(daskcfa.WriteConflictError, match="during its fixity check") as info:
+        planned.compute()
+    assert info.value.file == url
+    assert verify_fixity(url).ok
+
+
+def test_a_fixity_check_a_commit_overtook_is_run_again(tmp_path):
+    """``compute=True``: a commit as the first check starts (a dask callback makes it then) is seen
+    and the check run again, on the new version: clean, no false report."""
+    from dask.callbacks import Callback
+
+    place = Place("local", tmp_path, None)
+    url = write(place)
+    commits = []
+
+    def start(dsk):
+        if not commits:
+            commits.append(commit_a_region(url, 2.0))
+
+    with Callback(start=start):
+        report = verify_fixity(url)
+    assert commits and report.ok and report.checked == 8

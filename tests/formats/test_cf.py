@@ -429,3 +429,60 @@ def test_cfa062_in_file_fragments_found_by_cf_group_search(tmp_path, placed):
     url, options = placed(write_cfa062_grouped_in_file(tmp_path / "agg.nc", truth))
     assert_matches(daskcfa.from_cfa(url, "/g/tas", storage_options=options).compute(), truth)
     assert not daskcfa.verify(url, deep=True, storage_options=options).problems
+
+
+def write_cfa062_in_file_addresses(path: Path, truth: np.ma.MaskedArray, address0: str,
+                                   variables: list[tuple[str, np.ndarray]]) -> Path:
+    """:func:`write_cfa062_grouped_in_file`'s layout with fragment 0's address ``address0`` and
+    ``variables`` (absolute path, values with the shape of fragment 0) written first; fragment 1 is
+    ``/cfa/frag1``."""
+    with netCDF4.Dataset(str(path), "w") as ds:
+        ds.Conventions = "CF-1.11 CFA-0.6.2"
+        for d, n in zip(DIMS, truth.shape):
+            ds.createDimension(d, n)
+        ds.createDimension("t2", 2)
+        ds.createDimension("none", 0)
+        for where, values in [*variables, ("/cfa/frag1", truth[2:])]:
+            owner = ds
+            *groups, name = where.strip("/").split("/")
+            for part in groups:
+                owner = owner.groups.get(part) or owner.createGroup(part)
+            dims = ("none", "lat", "lon") if values.shape[0] == 0 else ("t2", "lat", "lon")
+            owner.createVariable(name, "f4", dims, fill_value=np.float32(-999))[...] = values
+        cfa, g = ds["cfa"], ds.groups.get("g") or ds.createGroup("g")
+        for d, n in (("f_time", 2), ("f_lat", 1), ("f_lon", 1), ("i", 3), ("j", 2)):
+            cfa.createDimension(d, n)
+        location = cfa.createVariable("cfa_location", "i4", ("i", "j"))
+        location[...] = np.ma.masked_equal([[2, 2], [truth.shape[1], -1], [truth.shape[2], -1]], -1)
+        write_strings(cfa, "cfa_file", ("f_time", "f_lat", "f_lon"), np.full((2, 1, 1), "", dtype=object))
+        write_strings(cfa, "cfa_address", ("f_time", "f_lat", "f_lon"),
+                      np.array([address0, "frag1"], dtype=object).reshape(2, 1, 1))
+        write_strings(cfa, "cfa_format", (), "nc")
+        var = g.createVariable("tas", "f4", ())
+        var.aggregated_dimensions = " ".join(DIMS)
+        var.aggregated_data = ("location: /cfa/cfa_location file: /cfa/cfa_file format: /cfa/cfa_format "
+                               "address: /cfa/cfa_address")
+    return path
+
+
+@pytest.mark.parametrize("address0, variables, error", [
+    # A relative path is resolved from the address variable's group: /cfa/sub/frag does not exist,
+    # so the root's /sub/frag (which a lookup from the root finds) is not it.
+    ("sub/frag", [("/sub/frag", 1e6)], daskcfa.FragmentReadError),
+    # The address variable's group holds an empty frag: that is the fragment (of the wrong shape),
+    # not /g/frag further along the search (an empty variable is falsy).
+    ("frag", [("/cfa/frag", None), ("/g/frag", 1e6)], daskcfa.FragmentShapeError),
+    # The aggregated variable itself (a scalar, also falsy-tested): a shape error, not a bare TypeError.
+    ("/g/tas", [], daskcfa.FragmentShapeError),
+], ids=["unresolved-relative-path", "empty-variable-first", "the-aggregated-variable"])
+def test_cfa062_in_file_address_never_reads_another_variable(tmp_path, address0, variables, error):
+    """Hostile in-file addresses: the variable CF's search resolves, or an error naming the fragment;
+    never another variable's values, never a bare Python error."""
+    truth = make_truth((4, 3, 5), seed=15)
+    empty = np.zeros((0, *truth.shape[1:]), "f4")
+    written = [(where, empty if value is None else np.full((2, *truth.shape[1:]), value, "f4"))
+               for where, value in variables]
+    path = write_cfa062_in_file_addresses(tmp_path / "agg.nc", truth, address0, written)
+    with pytest.raises(error) as raised:
+        daskcfa.from_cfa(str(path), "/g/tas").compute()
+    assert raised.value.fragment == (0, 0, 0) and raised.value.variable == "/g/tas"

@@ -184,3 +184,23 @@ def test_the_budget_is_the_config_in_force_now(tmp_path):
     fresh.configure(Budget(2, 4096))  # a worker plugin's budget: kept, whatever the config
     with dask.config.set({"daskcfa.budget.memory": "1GiB"}):
         assert fresh.budget == Budget(2, 4096)
+
+
+@pytest.mark.parametrize("setting", [
+    {"daskcfa.budget.memory": "x"}, {"daskcfa.budget.memory": -1}, {"daskcfa.budget.memory": float("nan")},
+    {"daskcfa.budget.memory": float("inf")}, {"daskcfa.budget.memory": 10**30}, {"daskcfa.budget.memory": [1]},
+    {"daskcfa.budget.memory": True}, {"daskcfa.budget.filehandles": "x"}, {"daskcfa.budget.filehandles": 1.5},
+    {"daskcfa.budget.filehandles": float("nan")}, {"daskcfa.budget.filehandles": 0},
+], ids=repr)
+def test_a_garbage_budget_set_mid_session_is_a_config_error_at_the_next_read(tmp_path, setting):
+    """A budget set after the dataset was opened is checked at the next read (where it is looked up):
+    a ConfigError naming the key, never a bare ValueError/TypeError/OverflowError, a truncated
+    1.5 file handles, or a budget beyond the schema's 1000 YB."""
+    truth = np.arange(24, dtype="f8").reshape(4, 6)
+    daskcfa.to_cfa(truth, str(tmp_path / "a.nc"), variable="x", dims=("y", "x"), fragment_shape=(2, 3))
+    x = daskcfa.from_cfa(str(tmp_path / "a.nc"), "x")
+    key = next(iter(setting))
+    with dask.config.set(setting), dask.config.set(scheduler="sync"):
+        with pytest.raises(daskcfa.ConfigError, match=key.rsplit(".", 1)[1]):
+            x.compute()
+    np.testing.assert_array_equal(x.compute(), truth)  # and the good budget again once the block ends

@@ -285,3 +285,10 @@ def test_subdivided_chunks_become_whole_multiples_when_too_many():
     assert all(c % 1 == 0 for c in rows[0]) and rows[0][0] in (1, 2, 4, 8, 16, 32, 64)
     assert set(rows[0][:-1]) == {rows[0][0]} and set(rows[1][:-1]) <= {rows[1][0]}
     assert subdivided_chunks(grid, [[1], [1]], 1) == ((100,), (8,))  # (whole fragments, at most)
+
+
+def test_subdivided_chunks_are_counted_before_they_are_cut():
+    """A trillion chunks of one element are never listed: whole multiples of them fit ``max_chunks``."""
+    grid = FragmentGrid.from_sizes([(10**12,), (10**6, 10**6)])
+    rows = subdivided_chunks(grid, [[1], [1, None]], 100_000)
+    assert math.prod(map(len, rows)) <= 100_000 and [sum(r) for r in rows] == [10**12, 2 * 10**6]
