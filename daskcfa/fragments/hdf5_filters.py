@@ -1,4 +1,5 @@
-"""HDF5's filter pipeline undone on one stored chunk, outside the HDF5 library.
+"""HDF5's filter pipeline undone on one stored chunk, outside the HDF5 library; and
+applied (shuffle and deflate: :func:`filter_chunk`), for chunks written straight into a file.
 
 Deflate (ISA-L's inflate, else zlib), shuffle and Fletcher-32 here; zstd,
 blosc and bzip2 in :mod:`.codecs`. Every decoder stops at the chunk's size:
@@ -13,9 +14,10 @@ import h5py
 import numpy as np
 
 from ..storage.blocks import Buffer
-from .codecs import DECODERS, INFLATE_ERRORS, inflate_head
+from .codecs import DECODERS, INFLATE_ERRORS, deflate, inflate_head
 
-__all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "INFLATE_ERRORS", "inflate_head", "pipeline_of", "unfilter"]
+__all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "ENCODED_FILTERS", "INFLATE_ERRORS", "inflate_head",
+           "pipeline_of", "unfilter", "filter_chunk"]
 
 DEFLATE = h5py.h5z.FILTER_DEFLATE
 SHUFFLE = h5py.h5z.FILTER_SHUFFLE
@@ -23,6 +25,8 @@ FLETCHER32 = h5py.h5z.FILTER_FLETCHER32
 
 #: Every filter a chunk may have passed through that this module (or :mod:`.codecs`) undoes.
 SUPPORTED_FILTERS = frozenset({DEFLATE, SHUFFLE, FLETCHER32, *DECODERS})
+#: The filters :func:`filter_chunk` applies.
+ENCODED_FILTERS = frozenset({DEFLATE, SHUFFLE})
 
 
 def pipeline_of(filters: Sequence[tuple[int, Sequence[int]]]) -> list[tuple[int, int]]:
@@ -59,6 +63,34 @@ def unfilter(raw: Buffer, pipeline: list[tuple[int, int]], filter_mask: int, nby
     if buf.size != nbytes:
         raise OSError(f"chunk at {offset} holds {buf.size} bytes, expected {nbytes} ({where})")
     return buf
+
+
+def filter_chunk(chunk: np.ndarray, pipeline: Sequence[tuple[int, int]]) -> bytes:
+    """The bytes HDF5 stores for one whole chunk (a C-contiguous array in the stored dtype)
+    passed through ``pipeline``: ``(filter code, parameter)`` in the order applied on write,
+    the parameter being the shuffle's element size or the deflate level (:data:`ENCODED_FILTERS` only)."""
+    buf: np.ndarray | bytes = chunk.reshape(-1).view(np.uint8)
+    for code, param in pipeline:
+        if code == SHUFFLE:
+            buf = _shuffle(np.frombuffer(buf, np.uint8), param)
+        elif code == DEFLATE:
+            buf = deflate(buf, param)
+        else:
+            raise ValueError(f"HDF5 filter {code} is not applied by daskcfa")
+    return bytes(buf) if isinstance(buf, np.ndarray) else buf
+
+
+def _shuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
+    """HDF5's shuffle filter: byte ``j`` of every element goes to plane ``j`` (inverse of :func:`_unshuffle`)."""
+    n = buf.size // itemsize
+    if n <= 1 or itemsize == 1:
+        return buf
+    out = np.empty_like(buf)
+    elements = buf[: n * itemsize].reshape(n, itemsize)
+    for j in range(itemsize):
+        out[j * n : (j + 1) * n] = elements[:, j]
+    out[n * itemsize :] = buf[n * itemsize :]
+    return out
 
 
 def _unshuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
