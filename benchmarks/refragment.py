@@ -42,7 +42,9 @@ output is checked: every tile read back with ``daskcfa.from_cfa`` (the
 loops': every file) equals :func:`benchmarks.generate.values` bit for bit.
 The ratio reported is each tool's time over the memory loop's, round by
 round, and its median; targets: daskcfa at most 0.4x the loop, peak RSS at
-most 556 MB.
+most 556 MB. CPU seconds (user + system, every thread; the cluster's
+workers too) are reported beside, and their ratio: on a loaded machine
+they move less than wall time.
 """
 
 from __future__ import annotations
@@ -104,6 +106,17 @@ def _peak() -> int:
     return int(peak_rss() or 0)
 
 
+def _cpu(client=None) -> float:
+    """CPU seconds (user + system, all threads) used so far by this process, plus its workers'."""
+    import psutil
+
+    def used() -> float:
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
+
+    return used() + (sum(client.run(used).values()) if client is not None else 0.0)
+
+
 # ----------------------------------------------------------------------------
 # Tools (one measured run each, in this process)
 # ----------------------------------------------------------------------------
@@ -134,7 +147,7 @@ def raw_copy(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
                 "shuffle": bool(filters.get("shuffle")), "chunksizes": None if chunking == "contiguous" else chunking}
 
     os.sync()  # earlier runs' dirty pages are not this run's cost
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     for src in data.fragments:
         with netCDF4.Dataset(src) as s, netCDF4.Dataset(os.path.join(out, os.path.basename(src)), "w") as d:
             for name, dim in s.dimensions.items():
@@ -143,15 +156,15 @@ def raw_copy(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
             for name, var in s.variables.items():
                 d[name][...] = var[...]
     os.sync()  # a copy is done when it is on disk
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _cpu() - c0
     peak = _peak()
     nt, ny, nx = data.frag_shape
     with netCDF4.Dataset(os.path.join(out, os.path.basename(data.fragments[-1]))) as d:
         t = np.arange(data.shape[0] - nt, data.shape[0])
         ok = np.array_equal(d["tas"][...], generate.values(*np.ix_(t, np.arange(ny), np.arange(nx)), ny=ny, nx=nx))
     shutil.rmtree(out)
-    return {"tool": "raw-copy", "variant": variant, "seconds": seconds, "ok": bool(ok), "nbytes": _nbytes(data),
-            "peak_rss_mb": round(peak / 1e6, 1)}
+    return {"tool": "raw-copy", "variant": variant, "seconds": seconds, "cpu_seconds": cpu, "ok": bool(ok),
+            "nbytes": _nbytes(data), "peak_rss_mb": round(peak / 1e6, 1)}
 
 
 def memory_loop(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
@@ -165,7 +178,7 @@ def memory_loop(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
     shape, compression = _tiles(spec, data.shape)
     tile = shape["lat"]
     os.sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     whole = np.empty(data.shape, np.float32)
     t = 0
     for src in data.fragments:
@@ -188,7 +201,7 @@ def memory_loop(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
                     d[generate.VARNAME][...] = whole[:, j:j + tile, i:i + tile]
     del whole
     os.sync()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _cpu() - c0
     peak = _peak()
     ok = True
     for j in range(0, ny, tile):
@@ -198,8 +211,8 @@ def memory_loop(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
                                                np.arange(i, min(i + tile, nx))), ny=ny, nx=nx)
                 ok &= bool(np.array_equal(d[generate.VARNAME][...], want))
     shutil.rmtree(out)
-    return {"tool": LIMIT, "variant": variant, "seconds": seconds, "ok": ok, "nbytes": _nbytes(data),
-            "peak_rss_mb": round(peak / 1e6, 1)}
+    return {"tool": LIMIT, "variant": variant, "seconds": seconds, "cpu_seconds": cpu, "ok": ok,
+            "nbytes": _nbytes(data), "peak_rss_mb": round(peak / 1e6, 1)}
 
 
 def _refragment(variant: str, quick: bool, datadir: str, scratch: str, tool: str, client=None) -> dict:
@@ -222,11 +235,12 @@ def _refragment(variant: str, quick: bool, datadir: str, scratch: str, tool: str
 
         memory = WorkerPeakMemory(client).__enter__()
     os.sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu(client)
     daskcfa.refragment(source, target, fragment_shape=shape, max_mem=MAX_MEM, compression=compression)
     os.sync()
-    seconds = time.perf_counter() - t0
-    result = {"tool": tool, "variant": variant, "seconds": seconds, "nbytes": _nbytes(data), "plan": str(plan),
+    seconds, cpu = time.perf_counter() - t0, _cpu(client) - c0
+    result = {"tool": tool, "variant": variant, "seconds": seconds, "cpu_seconds": cpu, "nbytes": _nbytes(data),
+              "plan": str(plan),
               "output_bytes": sum(os.path.getsize(f) for f in glob.glob(os.path.join(out, "tiles", "**", "*.nc"),
                                                                        recursive=True))}
     if memory is not None:
@@ -303,6 +317,7 @@ def _summary(tools: list[str], runs: list[dict[str, dict]]) -> dict:
     for tool in tools:
         mine = [r[tool] for r in runs]
         entry = {"seconds": [round(m["seconds"], 3) for m in mine if "seconds" in m],
+                 "cpu_seconds": [round(m["cpu_seconds"], 2) for m in mine if "cpu_seconds" in m],
                  "peak_rss_mb": [m.get("peak_rss_mb") for m in mine],
                  "output_equals_input": [m.get("ok") for m in mine]}
         if tool != LIMIT and LIMIT in tools:
@@ -310,6 +325,9 @@ def _summary(tools: list[str], runs: list[dict[str, dict]]) -> dict:
                       if r[tool].get("ok") and r[LIMIT].get("ok")]
             entry["ratio_to_limit"] = [round(x, 3) for x in ratios]
             entry["median_ratio_to_limit"] = round(statistics.median(ratios), 3) if ratios else None
+            cpu = [r[tool]["cpu_seconds"] / r[LIMIT]["cpu_seconds"] for r in runs
+                   if r[tool].get("ok") and r[LIMIT].get("ok")]
+            entry["median_cpu_ratio_to_limit"] = round(statistics.median(cpu), 3) if cpu else None
         for key in ("worker_growth_mib", "under_budget", "output_bytes"):
             if any(key in m for m in mine):
                 entry[key] = [m.get(key) for m in mine]
@@ -359,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             entry = summary[tool]
             ratio = (f"; {entry['ratio_to_limit']} of {LIMIT} (median {entry['median_ratio_to_limit']}, target <= "
                      f"{TARGET_RATIO})" if "ratio_to_limit" in entry else "")
-            print(f"{tool}: {entry['seconds']} s{ratio}; peak RSS {entry['peak_rss_mb']} MB (target <= "
+            print(f"{tool}: {entry['seconds']} s{ratio}; CPU {entry['cpu_seconds']} s; peak RSS {entry['peak_rss_mb']} MB (target <= "
                   f"{TARGET_PEAK / 1e6:.0f} MB); output equals input: {entry['output_equals_input']}", flush=True)
     os.makedirs(RESULTS, exist_ok=True)
     name = "refragment.quick.json" if args.quick else "refragment.json"
