@@ -43,6 +43,16 @@ _POOL: list[Executor] = []
 _POOL_LOCK = threading.Lock()
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads are not there, nor may its lock be free."""
+    global _POOL_LOCK
+    _POOL.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pool() -> Executor:
     """The process's compression threads: one a core, shared by every task (the cores, not the
     tasks, bound the work in flight)."""

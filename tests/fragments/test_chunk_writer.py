@@ -163,3 +163,26 @@ def test_slabs_in_any_order_cutting_chunks_on_every_dimension(tmp_path):
     want = truth.copy()
     want[skipped] = -7
     _check_fragment(path, "v", want, level=1, shuffle=True, chunks=(3, 4, 5))
+
+
+def test_a_forked_process_compresses_with_threads_of_its_own(tmp_path):
+    """The compression threads do not survive a fork: a child started by fork (multiprocessing's
+    default on Linux) after the parent compressed gets a pool of its own instead of hanging."""
+    import multiprocessing
+
+    truth = np.arange(6 * 8 * 8, dtype="f4").reshape(6, 8, 8)
+    compression = {"zlib": True, "complevel": 1, "chunksizes": (2, 8, 8)}
+    daskcfa.to_cfa(truth, str(tmp_path / "parent.nca"), variable="tas", dims=DIMS, compression=compression)
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=daskcfa.to_cfa, args=(truth, str(tmp_path / "child.nca")),
+                            kwargs={"variable": "tas", "dims": DIMS, "compression": compression})
+    child.start()
+    try:
+        child.join(60)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    [path] = _fragments(str(tmp_path / "child.nca"))
+    _check_fragment(path, "tas", truth, level=1, shuffle=True, chunks=(2, 8, 8))
