@@ -1,5 +1,6 @@
 """Bounded decoders of compressed chunks: HDF5's filters beyond deflate (for the direct
-reader), and every compressor daskcfa lets a Zarr store or reference set use.
+reader), and every compressor daskcfa lets a Zarr store or reference set use; and
+:func:`deflate`, the encoder of the chunks daskcfa writes itself.
 
 netCDF-C writes zstd, bzip2 and blosc chunks (``compression="zstd"`` and so
 on in netCDF4-python); without a decoder here the direct reader would hand
@@ -30,12 +31,14 @@ try:  # Intel ISA-L's inflate: the same zlib streams, about 2.3x faster to decod
     from isal import isal_zlib
 
     _decompressobj = isal_zlib.decompressobj
+    _fast_compress: Callable[[Any, int], bytes] = isal_zlib.compress
     INFLATE_ERRORS: tuple[type[Exception], ...] = (isal_zlib.error, zlib.error)
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
     _decompressobj = zlib.decompressobj
+    _fast_compress = zlib.compress
     INFLATE_ERRORS = (zlib.error,)
 
-__all__ = ["BZIP2", "BLOSC", "ZSTD", "DECODERS", "COMPRESSORS", "INFLATE_ERRORS", "inflate_head"]
+__all__ = ["BZIP2", "BLOSC", "ZSTD", "DECODERS", "COMPRESSORS", "INFLATE_ERRORS", "deflate", "inflate_head"]
 
 # (imported by the first chunk that needs them: 0.1 s that metadata-only work does not pay)
 blosc = LazyModule("numcodecs.blosc")
@@ -49,6 +52,17 @@ ZSTD = 32015
 
 #: Blosc's header: version, versionlz, flags, typesize, then nbytes, blocksize, cbytes (little-endian).
 _BLOSC_HEADER = 16
+
+
+def deflate(data: Any, level: int) -> bytes:
+    """``data`` (a contiguous buffer) as one zlib stream, releasing the GIL while it compresses.
+
+    Level 1, the level asked for speed, is ISA-L's level 1: about 8x faster
+    than zlib's (490 against 61 MB/s a core on the benchmarks' float32 noise),
+    its streams about 6% larger there. Every other level is zlib's own, as
+    netCDF-C would write it (the bytes users asking for more compression expect).
+    """
+    return _fast_compress(data, 1) if level == 1 else zlib.compress(data, level)
 
 
 def inflate_head(raw: bytes | np.ndarray, nbytes: int, wbits: int = 15) -> bytes:

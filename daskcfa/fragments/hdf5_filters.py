@@ -1,4 +1,5 @@
-"""HDF5's filter pipeline undone on one stored chunk, outside the HDF5 library.
+"""HDF5's filter pipeline undone on one stored chunk, outside the HDF5 library; and
+applied (shuffle and deflate: :func:`filter_chunk`), for chunks written straight into a file.
 
 Deflate (ISA-L's inflate, else zlib), shuffle and Fletcher-32 here; zstd,
 blosc and bzip2 in :mod:`.codecs`. Every decoder stops at the chunk's size:
@@ -13,9 +14,10 @@ import h5py
 import numpy as np
 
 from ..storage.blocks import Buffer
-from .codecs import DECODERS, INFLATE_ERRORS, inflate_head
+from .codecs import DECODERS, INFLATE_ERRORS, deflate, inflate_head
 
-__all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "INFLATE_ERRORS", "inflate_head", "pipeline_of", "unfilter"]
+__all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "ENCODED_FILTERS", "INFLATE_ERRORS", "inflate_head",
+           "pipeline_of", "unfilter", "filter_chunk"]
 
 DEFLATE = h5py.h5z.FILTER_DEFLATE
 SHUFFLE = h5py.h5z.FILTER_SHUFFLE
@@ -23,6 +25,8 @@ FLETCHER32 = h5py.h5z.FILTER_FLETCHER32
 
 #: Every filter a chunk may have passed through that this module (or :mod:`.codecs`) undoes.
 SUPPORTED_FILTERS = frozenset({DEFLATE, SHUFFLE, FLETCHER32, *DECODERS})
+#: The filters :func:`filter_chunk` applies.
+ENCODED_FILTERS = frozenset({DEFLATE, SHUFFLE})
 
 
 def pipeline_of(filters: Sequence[tuple[int, Sequence[int]]]) -> list[tuple[int, int]]:
@@ -48,7 +52,7 @@ def unfilter(raw: Buffer, pipeline: list[tuple[int, int]], filter_mask: int, nby
             except INFLATE_ERRORS as err:
                 raise OSError(f"corrupt chunk at {offset} ({err}; {where})") from None
         elif code == SHUFFLE:
-            buf = _unshuffle(buf, param)
+            buf = _shuffle(buf, param, undo=True)
         elif code in DECODERS:  # its output: the chunk, and the checksums of filters applied before it
             checksums = sum(c == FLETCHER32 and not filter_mask >> j & 1 for j, (c, _) in enumerate(pipeline[:i]))
             buf = DECODERS[code](buf, nbytes + 4 * checksums)
@@ -61,15 +65,34 @@ def unfilter(raw: Buffer, pipeline: list[tuple[int, int]], filter_mask: int, nby
     return buf
 
 
-def _unshuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
-    """Undo HDF5's shuffle filter: byte ``j`` of every element was stored in plane ``j``."""
+def filter_chunk(chunk: np.ndarray, pipeline: Sequence[tuple[int, int]]) -> bytes:
+    """The bytes HDF5 stores for one whole chunk (a C-contiguous array in the stored dtype)
+    passed through ``pipeline``: ``(filter code, parameter)`` in the order applied on write,
+    the parameter being the shuffle's element size or the deflate level (:data:`ENCODED_FILTERS` only)."""
+    buf: np.ndarray | bytes = chunk.reshape(-1).view(np.uint8)
+    for code, param in pipeline:
+        if code == SHUFFLE:
+            buf = _shuffle(np.frombuffer(buf, np.uint8), param)
+        elif code == DEFLATE:
+            buf = deflate(buf, param)
+        else:
+            raise ValueError(f"HDF5 filter {code} is not applied by daskcfa")
+    return bytes(buf) if isinstance(buf, np.ndarray) else buf
+
+
+def _shuffle(buf: np.ndarray, itemsize: int, undo: bool = False) -> np.ndarray:
+    """HDF5's shuffle filter: byte ``j`` of every element goes to plane ``j``; ``undo``: back."""
     n = buf.size // itemsize
     if n <= 1 or itemsize == 1:
         return buf
     out = np.empty_like(buf)
-    elements = out[: n * itemsize].reshape(n, itemsize)
+    elements = (out if undo else buf)[: n * itemsize].reshape(n, itemsize)
+    planes = (buf if undo else out)[: n * itemsize].reshape(itemsize, n)
     for j in range(itemsize):  # one plane at a time is ~3x faster than a transposed copy
-        elements[:, j] = buf[j * n : (j + 1) * n]
+        if undo:
+            elements[:, j] = planes[j]
+        else:
+            planes[j] = elements[:, j]
     out[n * itemsize :] = buf[n * itemsize :]  # a ragged tail is stored unshuffled
     return out
 

@@ -48,6 +48,7 @@ from ..lazy import dask_array as da
 from ..locks import NETCDF_LOCK
 from ..storage.fixity import Fixity, entry, local_fixity, marker_fixity
 from ..storage.lease import Lease
+from .chunk_writer import ChunkWriter, variable_path, writes_chunks
 from .zarr import CONSOLIDATED, StoreWriter, store_state
 
 __all__ = [
@@ -420,17 +421,26 @@ def _write_file(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.
         return
     with NETCDF_LOCK:
         nc = netCDF4.Dataset(path, "w", format=spec.file_format)
+    direct = None
     try:
         slabs = isinstance(data, Slabs)
         with NETCDF_LOCK:
-            var = _fill(nc, spec, target, None if slabs else data, sliced)
-        if slabs:
+            var = _fill(nc, spec, target, sliced)
+            if writes_chunks(var):  # compressed on every core, outside the lock (see .chunk_writer)
+                direct = variable_path(var)
+            elif not slabs:
+                _assign(var, data)
+        if slabs and direct is None:
             for where, values in data:
                 with NETCDF_LOCK:
                     var[where] = values
     finally:
         with NETCDF_LOCK:
             nc.close()
+    if direct is not None:
+        with ChunkWriter(path, direct) as writer:
+            for where, values in data if isinstance(data, Slabs) else [((), data)]:
+                writer.write(where, values)
 
 
 def _write_store(path: str, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | Slabs,
@@ -487,10 +497,10 @@ def _upload_store(spec: FragmentSpec, target: FragmentTarget, data: np.ndarray |
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data: np.ndarray | None,
+def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget,
           sliced: Sequence[np.ndarray]) -> netCDF4.Variable:
-    """Define and write the fragment's contents (caller holds the netCDF lock); ``data=None``
-    leaves the aggregated variable to be written later. Returns that variable."""
+    """Define the fragment's contents and write all but the aggregated variable's values (caller
+    holds the netCDF lock). Returns that variable."""
     nc.setncatts(spec.global_attrs)
     owner = nc
     for name in filter(None, spec.group.split("/")):
@@ -502,7 +512,7 @@ def _fill(nc: netCDF4.Dataset, spec: FragmentSpec, target: FragmentTarget, data:
         owner.createDimension(dim, size)
     for var, values in zip(spec.sliced, sliced):
         _variable(owner, var.name, var.dims, var.dtype, var.attrs, np.asarray(values), {})
-    return _variable(owner, spec.identifier, spec.dims, spec.dtype, spec.attrs, data, compression)
+    return _variable(owner, spec.identifier, spec.dims, spec.dtype, spec.attrs, None, compression)
 
 
 def _variable(nc: netCDF4.Dataset | netCDF4.Group, name: str, dims: tuple[str, ...], dtype: np.dtype,
@@ -513,11 +523,15 @@ def _variable(nc: netCDF4.Dataset | netCDF4.Group, name: str, dims: tuple[str, .
     var = nc.createVariable(name, str if text else dtype, dims, fill_value=fill, **compression)
     var.setncatts(attrs)
     var.set_auto_maskandscale(False)
-    if values is None:
-        return var
-    if dims:
+    if values is not None:
+        _assign(var, values)
+    return var
+
+
+def _assign(var: netCDF4.Variable, values: Any) -> None:
+    """Write all of ``var`` (caller holds the netCDF lock)."""
+    if var.dimensions:
         var[...] = values
     else:
         var.assignValue(values)
-    return var
 
