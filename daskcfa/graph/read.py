@@ -427,6 +427,7 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
                              inline_array=False, meta=meta)
 
     plain = chunked(_chunks_for(array, chunks), chunks)
-    if not batched or not (isinstance(chunks, str) and chunks == "fragments") or not array.ndim:
+    if not batched or not (isinstance(chunks, str) and chunks == "fragments") or not array.ndim \
+            or not len(variable.fragments):  # (no fragment: nothing to batch)
         return plain
     return FragmentArray.over(plain, meta, chunked, array.is_local((0,) * array.ndim))
