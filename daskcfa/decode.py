@@ -217,14 +217,19 @@ def _beyond(value: Any, smallest: Any, largest: Any) -> bool:
     return (largest is not None and value > largest) or (smallest is not None and value < smallest)
 
 
-@functools.lru_cache(maxsize=256)
 def _fill_as(fill_value: Any, dtype: np.dtype) -> Any:
     """``fill_value`` in ``dtype`` (wrapped as numpy casts it), the fill value of a decoded chunk;
     made once per value and type (catching the cast's warnings costs more than decoding a point),
     as a numpy scalar, which no masked array can change."""
+    value = np.asarray(fill_value)
+    return _cast_fill(value.tobytes(), value.dtype, dtype)  # (by its bits: -0.0 == 0.0 as a key)
+
+
+@functools.lru_cache(maxsize=256)
+def _cast_fill(bits: bytes, given: np.dtype, dtype: np.dtype) -> Any:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        return np.asarray(fill_value).astype(dtype)[()]
+        return np.frombuffer(bits, given)[0].astype(dtype)[()]
 
 
 @dataclass(frozen=True, eq=False)

@@ -196,3 +196,31 @@ def test_encodings_with_nan_fill_values_are_equal(tmp_path):
         a, b = (Encoding.from_attrs(ds[n].__dict__, ds[n].dtype) for n in ("a", "b"))
     assert a == b and hash(a) == hash(b)
     assert a != Encoding.from_attrs({"_FillValue": np.float32(0)}, np.dtype("f4"))
+
+
+def test_a_negative_zero_fill_value_keeps_its_sign_whatever_was_read_before(tmp_path):
+    """A ``_FillValue`` of -0.0 is the masked array's fill value, as netCDF4-python gives it, after a
+    variable filled with +0.0 was read, and the other way round: the cast fill values were cached by
+    value, where -0.0 == 0.0, so the first one read was every later one's (``filled()`` bytes differed)."""
+    import daskcfa
+
+    def archive(name: str, fill: float) -> tuple[str, np.ma.MaskedArray]:
+        path = tmp_path / f"{name}.nc"
+        with netCDF4.Dataset(path, "w") as ds:
+            ds.createDimension("t", 2)
+            ds.createDimension("x", 3)
+            time = ds.createVariable("t", "f8", ("t",))
+            time.units = "days since 2000-01-01"
+            time[:] = [0, 1]
+            var = ds.createVariable("v", "f4", ("t", "x"), fill_value=np.float32(fill))
+            var.set_auto_maskandscale(False)
+            var[:] = np.array([[1, fill, 2], [3, 4, fill]], "f4")
+        with netCDF4.Dataset(path) as ds:
+            expected = ds["v"][:]
+        return daskcfa.aggregate([str(path)], str(tmp_path / f"{name}.nca")), expected
+
+    archives = [archive("plus", 0.0), archive("minus", -0.0)]
+    for url, expected in archives + archives[::-1]:
+        got = daskcfa.from_cfa(url, "v").compute()
+        assert np.asarray(got.fill_value).tobytes() == np.asarray(expected.fill_value).tobytes(), url
+        assert got.filled().tobytes() == expected.filled().tobytes(), url

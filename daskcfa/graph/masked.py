@@ -48,6 +48,10 @@ class MaskedChunk(np.ma.MaskedArray):
             fill = self.fill_value if fill_value is None else np.asarray(fill_value, dtype=data.dtype)
         except (OverflowError, ValueError):
             return super().filled(fill_value)
+        if np.asarray(fill).dtype != data.dtype or not data.dtype.isnative:
+            # (numpy.ma's default, 999999 or 1e20, is wider than the chunk: numpy.ma casts it, where
+            # ``np.where`` would widen the result; and keeps a non-native byte order)
+            return super().filled(fill_value)
         if not mask.any():
             return data
         if data.dtype.kind in "iuf" and np.asarray(fill, data.dtype).tobytes() == bytes(data.dtype.itemsize):

@@ -354,3 +354,25 @@ def test_filled_with_zero_is_numpy_mas_bits_without_a_branch_per_point(monkeypat
     for fill, want in expected.items():
         got = truth.view(MaskedChunk).filled(fill)
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), fill
+
+
+@pytest.mark.parametrize("dtype", ["i1", "i2", "u2", "f4"])
+def test_filled_with_the_default_fill_value_keeps_numpy_mas_type_and_values(tmp_path, dtype):
+    """A masked chunk whose fill value is numpy.ma's default (it took that of a numpy masked
+    operand: ``da.ma.masked_greater(y, 12) + x``), filled without a value (``da.ma.filled``): numpy.ma
+    casts the default (999999, 1e20) to the chunk's type; ``np.where`` made int64/float64 of it
+    (999999 where numpy.ma gives 16959 for int16), against the dask meta's type."""
+    import netCDF4
+
+    truth = np.ma.masked_equal(np.arange(40).reshape(8, 5) % 7, 5).astype(dtype)
+    url = daskcfa.to_cfa(truth, str(tmp_path / "t.nca"), variable="v", dims=("t", "x"), fragment_shape=(4, 5))
+    with netCDF4.Dataset(sorted(tmp_path.glob("t/*/*.nc"))[0]) as nc:  # (netCDF4-python's read of rows 0-3)
+        first = nc["v"][...]
+    other = np.arange(40, dtype=dtype).reshape(8, 5)
+    x = daskcfa.from_cfa(url)
+    with dask.config.set(scheduler="sync"):
+        got = dask.array.ma.filled(dask.array.ma.masked_greater(dask.array.from_array(other, chunks=x.chunks), 12)
+                                   + x).compute()
+    expected = np.ma.filled(np.ma.masked_greater(other[:4], 12) + first)
+    assert got.dtype == expected.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got[:4], expected)
