@@ -37,7 +37,7 @@ import yaml
 
 from .errors import ArgumentError, CFAWarning, ConfigError
 
-__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size", "maximum", "parse_size", "to_bytes"]
+__all__ = ["DEFAULTS", "SCHEMA", "register", "check", "keys", "size", "number", "maximum", "parse_size", "to_bytes"]
 
 _HERE = os.path.dirname(__file__)
 
@@ -112,6 +112,14 @@ def size(key: str, given: Any = None, argument: str = "") -> int:
         raise ArgumentError(f"{argument}: {exc.reason.replace(f'dask config {key!r}', 'the value')}") from None
     number = to_bytes(value, s3nc=schema.get("format") == "size") if isinstance(value, str) else value
     return int(number)
+
+
+def number(key: str) -> float:
+    """The number setting ``key``, checked against its schema (a :class:`~daskcfa.errors.ConfigError`
+    naming it if bad): a value set after the dataset was opened was never checked."""
+    value = dask.config.get(key)
+    _check_value(value, _schema_of(key), key)
+    return float(value)
 
 
 def maximum(key: str) -> float:

@@ -40,7 +40,7 @@ def _config_reads():
                 continue
             name = ast.unparse(node.func)
             key = node.args[0]
-            if name.endswith(("config.get", "config_bytes")) and isinstance(key, ast.Constant) \
+            if name.endswith(("config.get", "config_bytes", "config.number")) and isinstance(key, ast.Constant) \
                     and str(key.value).startswith("daskcfa."):
                 yield module, key.value, node.args[1] if len(node.args) > 1 else None
 

@@ -351,7 +351,7 @@ class FileManager:
 
     def _wait(self, label: str) -> None:
         self.counters["waits"] += 1
-        timeout = float(dask.config.get("daskcfa.budget.wait-timeout", 600))
+        timeout = config.number("daskcfa.budget.wait-timeout")
         start = time.monotonic()
         if not self._cond.wait(timeout):
             if time.monotonic() - start >= timeout:

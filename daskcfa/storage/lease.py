@@ -58,7 +58,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-import dask.config
 import fsspec.asyn
 
 from .. import config
@@ -125,7 +124,7 @@ _CONFIRMED: dict[tuple[str, str], float] = {}
 
 
 def _ttl() -> float:
-    return float(dask.config.get("daskcfa.write.lease-seconds", 600))
+    return config.number("daskcfa.write.lease-seconds")
 
 
 #: Seconds another host's clock may run ahead of ours: an expiry further ahead than a lease's

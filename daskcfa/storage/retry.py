@@ -14,8 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-import dask.config
-
+from .. import config
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..logs import logger
 
@@ -35,12 +34,12 @@ class Refused(Exception):
 
 
 def _retries() -> int:
-    return int(dask.config.get("daskcfa.storage.retries", 3))
+    return int(config.number("daskcfa.storage.retries"))
 
 
 def _deadline() -> float:
     """Seconds after which no further attempt starts (``daskcfa.storage.retry-deadline``)."""
-    return float(dask.config.get("daskcfa.storage.retry-deadline", 20.0))
+    return config.number("daskcfa.storage.retry-deadline")
 
 
 def _backoff(attempt: int) -> float:

@@ -204,3 +204,16 @@ def test_a_garbage_budget_set_mid_session_is_a_config_error_at_the_next_read(tmp
         with pytest.raises(daskcfa.ConfigError, match=key.rsplit(".", 1)[1]):
             x.compute()
     np.testing.assert_array_equal(x.compute(), truth)  # and the good budget again once the block ends
+
+
+@pytest.mark.parametrize("timeout", ["x", float("nan"), -1, 10**30])
+def test_a_garbage_wait_timeout_set_mid_session_is_a_config_error_when_a_task_waits(timeout):
+    """``daskcfa.budget.wait-timeout`` is read only when a task has to wait for the budget: a bad
+    value set after the dataset was opened is a ConfigError naming the key there (before: a bare
+    ValueError for "x", an OverflowError for NaN and 10**30, and -1 failed the task at once)."""
+    fresh = FileManager(Budget(1, 1 << 20))
+    with fresh.open("held", lambda: object(), files=1):
+        with dask.config.set({"daskcfa.budget.wait-timeout": timeout}):
+            with pytest.raises(daskcfa.errors.ConfigError, match="wait-timeout"):
+                with fresh.open("waiting", lambda: object(), files=1):
+                    pass
