@@ -16,15 +16,13 @@ S3netCDF4's ``resource_allocation`` when its config file exists, or from the
 
 from __future__ import annotations
 
-
 import atexit
-
 import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Hashable, Iterator
 
 import dask.config
