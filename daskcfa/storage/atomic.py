@@ -32,7 +32,7 @@ def commit(temporary: str, final: str, profile: ProfileRef = NO_PROFILE) -> None
 
 
 #: ``.<name>.<32 hex digits>.part``: what :func:`temporary_name` makes of ``<name>``.
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.part$")
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{32}\.part")  # matched whole (fullmatch)
 
 
 def temporary_name(uri: str) -> str:
@@ -81,7 +81,7 @@ def remove_stale_temporaries(uris: Sequence[str], profile: ProfileRef = NO_PROFI
         except FileNotFoundError:
             continue
         for entry in entries:
-            match = _TEMPORARY.match(entry.name)
+            match = _TEMPORARY.fullmatch(entry.name)
             if match and match.group("name") in names:
                 with translated(entry.path):
                     try:

@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 #: The name of a generation directory.
-GENERATION = re.compile(r"^g-[0-9a-f]{16}$")
+GENERATION = re.compile(r"g-[0-9a-f]{16}")  # matched whole (fullmatch): "$" would let a newline follow
 
 
 def generation_name(token: str) -> str:
@@ -104,7 +104,7 @@ def in_generation(reference: str, generation: str) -> str:
 def generation_of(uri: str) -> str | None:
     """The generation directory a fragment URI lies in, if any."""
     parent = posixpath.basename(posixpath.dirname(uri.split("?", 1)[0].rstrip("/")))
-    return parent if GENERATION.match(parent) else None
+    return parent if GENERATION.fullmatch(parent) else None
 
 
 def marker_of(fragment: str) -> str:
@@ -540,7 +540,7 @@ def own_generations(manifest: Any, previous: Iterable[str], references: Iterable
     known |= {posixpath.dirname(_inside(u, root)) for u in (*previous, *references) if generation_of(u) in named}
     wanted = {posixpath.dirname(r) for r in listed} | {posixpath.dirname(_inside(u, root)) for u in references}
     return sorted(g for g in known & wanted
-                  if _clean(g) and g.split("/")[0] == stem and GENERATION.match(posixpath.basename(g)))
+                  if _clean(g) and g.split("/")[0] == stem and GENERATION.fullmatch(posixpath.basename(g)))
 
 
 def retire(new: Iterable[str], target: str, record: str, profile: ProfileRef, generations: Iterable[str]) -> list[str]:

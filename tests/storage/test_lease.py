@@ -23,7 +23,8 @@ import pytest
 
 from daskcfa import StorageError, WriteConflictError
 from daskcfa.storage import register
-from daskcfa.storage.lease import GENERATION, Lease, generation_name, in_generation, lease_uri, marker_of
+from daskcfa.storage.lease import (GENERATION, Lease, generation_name, generation_of, in_generation, lease_uri,
+                                   marker_of)
 from daskcfa.storage.uri import is_local
 
 
@@ -140,10 +141,19 @@ def test_confirm_extends_the_lease(place):
 
 def test_generation_names():
     gen = generation_name("abc")
-    assert GENERATION.match(gen) and gen == generation_name("abc") != generation_name("abd")
+    assert GENERATION.fullmatch(gen) and gen == generation_name("abc") != generation_name("abd")
     assert in_generation("a7/a7.tas.0.1.nc", gen) == f"a7/{gen}/a7.tas.0.1.nc"
     assert in_generation("frag_0.nc", gen) == f"{gen}/frag_0.nc"
     assert marker_of(f"s3://b/a7/{gen}/a7.tas.0.1.nc") == f"s3://b/a7/{gen}/.daskcfa/a7.tas.0.1.nc.json"
+
+
+def test_a_name_with_a_trailing_newline_is_no_generation():
+    """A directory named like a generation plus a newline (a name in a hostile aggregation file or
+    manifest) is not a generation of daskcfa's: nothing treats its fragments as its own."""
+    gen = generation_name("abc")
+    assert generation_of(f"s3://b/a7/{gen}/a7.tas.0.1.nc") == gen
+    assert generation_of(f"s3://b/a7/{gen}\n/a7.tas.0.1.nc") is None
+    assert not GENERATION.fullmatch(gen + "\n")
 
 
 def test_lease_requests_on_s3_are_retried(s3_server, caplog):
