@@ -22,6 +22,7 @@ import numpy as np
 
 from .decode import STORAGE_ATTRS, Encoding, same_value
 from .errors import ArgumentError
+from .units import same_units
 from .fragments.write import encode_values
 from .write.request import WriteRequest, WriteSource, as_array, dataset_model, is_xarray, values_and_attrs
 from .dataset import OpenedDataset
@@ -243,7 +244,8 @@ def _check_piece(path: str, piece: _Piece, target: Any, dimension: Dimension, ur
     stored_attrs = target.attrs
     for key in _BINDING_ATTRS:
         if key in piece.attrs and key in stored_attrs and \
-                not same_value(piece.attrs[key], stored_attrs[key], target.dtype):
+                not same_value(piece.attrs[key], stored_attrs[key], target.dtype) and \
+                not (key == "units" and same_units(piece.attrs[key], stored_attrs[key])):
             raise ArgumentError(f"{path}: the data's {key} {piece.attrs[key]!r} differs from the aggregation file's "
                                 f"{stored_attrs[key]!r}", file=url, variable=path)
     if piece.encoded:

@@ -28,7 +28,7 @@ from .fragments.chunk_index import indexed
 from .fragments.manager import Budget
 from .graph.read import to_dask
 from .model import AggregatedVariable, Fragments
-from .netcdf4_read import ReadDataset, ReadVariable
+from .netcdf4_read import ReadDataset, ReadGroup, ReadVariable
 from .storage.access import Access
 
 __all__ = ["OpenedDataset", "Group", "Variable", "Dimension", "ordinary_values", "select_aggregated"]
@@ -310,7 +310,7 @@ def _decoded_dtype(var: Variable) -> np.dtype:
 
 
 @dataclass
-class Group(_AttributeAccessors):
+class Group(ReadGroup, _AttributeAccessors):
     """A group: dimensions, variables, sub-groups and attributes."""
 
     name: str

@@ -3,20 +3,21 @@
 scaling switched off and on, ``datatype``, ``chunking()``, ``filters()``, ``file_format``,
 ``data_model``, ``filepath()``, ``isopen()``, and reads refused once the dataset is closed.
 
-Mixins of :class:`daskcfa.dataset.Variable` and :class:`daskcfa.dataset.OpenedDataset`, kept apart from
+Mixins of :class:`daskcfa.dataset.Variable`, :class:`daskcfa.dataset.Group` and
+:class:`daskcfa.dataset.OpenedDataset`, kept apart from
 the writers (the ``netcdf4`` package, which builds on the reading classes, so cannot hold them).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .errors import ClosedError
 from .fragments.stored import first_stored
 
-__all__ = ["ReadVariable", "ReadDataset"]
+__all__ = ["ReadVariable", "ReadGroup", "ReadDataset"]
 
 
 class ReadVariable:
@@ -39,6 +40,11 @@ class ReadVariable:
     def set_auto_maskandscale(self, flag: bool) -> None:
         """Both masking and unpacking (``scale_factor``/``add_offset``) on or off."""
         self.auto_mask = self.auto_scale = bool(flag)
+        self._data = None
+
+    def set_auto_scale(self, flag: bool) -> None:
+        """Unpacking (``scale_factor``/``add_offset``) on (True, the default) or off."""
+        self.auto_scale = bool(flag)
         self._data = None
 
     @property
@@ -67,6 +73,30 @@ class ReadVariable:
         if self.closed:
             raise ClosedError("the dataset was closed: reopen it to read", file=self._url or None,
                               variable=self.path)
+
+
+class ReadGroup:
+    """netCDF4-python's switches on a group or dataset: set on every variable in it and its
+    sub-groups, as scripts migrating from netCDF4-python call them (``nc.set_auto_mask(False)``)."""
+
+    walk: Callable[[], Iterator[Any]]  # (the group's own: daskcfa.dataset.Group.walk)
+
+    def _switch(self, name: str, flag: bool) -> None:
+        for group in self.walk():
+            for var in group.variables.values():
+                getattr(var, name)(flag)
+
+    def set_auto_mask(self, flag: bool) -> None:
+        """Masked arrays of missing values (True, the default) or the values as they are."""
+        self._switch("set_auto_mask", flag)
+
+    def set_auto_scale(self, flag: bool) -> None:
+        """Unpacking (``scale_factor``/``add_offset``) on or off."""
+        self._switch("set_auto_scale", flag)
+
+    def set_auto_maskandscale(self, flag: bool) -> None:
+        """Both masking and unpacking on or off."""
+        self._switch("set_auto_maskandscale", flag)
 
 
 class ReadDataset:

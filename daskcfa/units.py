@@ -11,6 +11,7 @@ switch to ``"C"``, so a second import succeeds.
 from __future__ import annotations
 
 import locale
+from typing import Any
 
 try:
     import cf_units
@@ -19,4 +20,13 @@ except locale.Error:
 
 Unit = cf_units.Unit
 
-__all__ = ["Unit"]
+__all__ = ["Unit", "same_units"]
+
+
+def same_units(a: Any, b: Any) -> bool:
+    """Whether two ``units`` strings mean the same to UDUNITS: xarray writes times in ``days since
+    2000-01-01 00:00:00`` and, given those units, encodes the next piece in ``days since 2000-01-01``."""
+    try:
+        return bool(Unit(str(a)) == Unit(str(b)))
+    except ValueError:  # (units UDUNITS cannot parse: only the same text is the same)
+        return False

@@ -217,6 +217,36 @@ def test_append_on_s3(tmp_path, s3_server, s3_bucket):
     check(url, np.ma.concatenate(parts), storage_options=options)
 
 
+def test_append_steps_with_a_datetime_time_coordinate(tmp_path):
+    """The to_zarr(append_dim=...) workflow with a datetime64 time coordinate, as xarray users write it:
+    xarray writes ``days since 2000-01-01 00:00:00`` and, given those units, encodes the next piece as
+    ``days since 2000-01-01`` (before: refused, the units compared as text). Units that differ in meaning
+    are still refused."""
+    import pandas as pd
+    import xarray as xr
+
+    url = str(tmp_path / "a.nc")
+    times = pd.date_range("2000-01-01", periods=29, freq="MS")
+    rng = np.random.default_rng(28)
+
+    def piece(a, b):
+        return xr.Dataset({"tas": (("time", "lat"), rng.random((b - a, 3)).astype("f4")),
+                           "pr": (("time", "lat"), rng.random((b - a, 3)))},
+                          coords={"time": times[a:b], "lat": [10.0, 20.0, 30.0]})
+
+    pieces = [piece(0, 12), piece(12, 24), piece(24, 29)]
+    daskcfa.to_cfa(pieces[0], url)
+    for p in pieces[1:]:
+        daskcfa.to_cfa(p, url, mode="a", append_dim="time")
+    with xr.open_dataset(url, engine="daskcfa") as back:
+        xr.testing.assert_identical(back.load().drop_attrs(), xr.concat(pieces, "time").drop_attrs())
+    odd = xr.Dataset({k: (("time", "lat"), np.zeros((1, 3), v.dtype)) for k, v in pieces[0].data_vars.items()},
+                     coords={"time": np.array([1], "i8"), "lat": [10.0, 20.0, 30.0]})
+    odd["time"].attrs["units"] = "hours since 2000-01-01"
+    with pytest.raises(daskcfa.ArgumentError, match="/time: the data's units 'hours since 2000-01-01' differs"):
+        daskcfa.to_cfa(odd, url, mode="a", append_dim="time")
+
+
 @pytest.mark.parametrize("dtype", ["f4", "f8"])
 @pytest.mark.parametrize("with_coords", [False, True])
 @pytest.mark.parametrize("no_fill_on_piece", [False, True])

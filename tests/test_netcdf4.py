@@ -807,3 +807,32 @@ def test_a_new_dataset_without_format_warns_of_its_dialect(tmp_path):
                 ds.createDimension("x", 2)
         with Dataset(str(tmp_path / "a.nc"), "a") as ds:  # an update keeps the file's own format: no warning
             ds.title = "kept"
+
+
+def test_dataset_and_group_switches_reach_every_variable(tmp_path):
+    """``nc.set_auto_mask(False)`` / ``set_auto_scale`` / ``set_auto_maskandscale`` on the dataset or a group, as
+    netCDF4-python: every variable in it and its sub-groups (a migrating script calls them on the dataset)."""
+    url = _packed_archive(tmp_path)
+    with netCDF4.Dataset(url, "a") as nc:  # a sub-group's packed variable, beside the aggregation's own
+        q = nc.createGroup("g").createVariable("q", "i2", ("x",), fill_value=np.int16(-1))
+        q.scale_factor = 0.5
+        q[:] = np.ma.masked_values([1.0, -0.5, 3.0], -0.5)
+    for name, flag in [("set_auto_mask", False), ("set_auto_maskandscale", False), ("set_auto_scale", False),
+                       ("set_auto_maskandscale", True), ("set_auto_scale", True), ("set_auto_mask", True)]:
+        for on in ("/", "/g"):
+            ours = Dataset(url)
+            with netCDF4.Dataset(url) as nc:
+                getattr(nc if on == "/" else nc[on], name)(flag)
+                getattr(ours if on == "/" else ours[on], name)(flag)
+                for var in ("/p", "/time", "/g/q"):
+                    mine, theirs = ours[var], nc[var]
+                    assert (mine.auto_mask, mine.auto_scale) == (theirs.mask, theirs.scale), (name, flag, on, var)
+                    if mine.auto_mask and not mine.auto_scale and "scale_factor" in mine.attrs:
+                        continue  # (masking without unpacking a packed variable: refused by daskcfa)
+                    got, expected = mine[:], theirs[:]
+                    assert type(got) is type(expected) and got.dtype == expected.dtype, (name, flag, on, var)
+                    np.testing.assert_array_equal(np.ma.getdata(got), np.ma.getdata(expected))
+                    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+            tas = ours["/tas"]  # (in the root group only: a group's switch leaves it as it was)
+            assert tas.auto_mask is (flag or on == "/g" or name == "set_auto_scale"), (name, flag, on)
+            assert tas.auto_scale is (flag or on == "/g" or name == "set_auto_mask"), (name, flag, on)

@@ -88,3 +88,12 @@ def test_diagnostics_extra_gives_performance_report(tmp_path):
             performance_report(filename=str(report)):
         assert float(da.ones(100, chunks=10).sum().compute()) == 100.0
     assert "Bokeh" in report.read_text()[:100_000]
+
+
+def test_readme_lists_every_extra_and_how_to_run_the_slow_tests():
+    """README's install list names every extra pyproject.toml declares (issue 28: [docs] and [zarr] were
+    missing), and says how to run the tests ``ci/test`` leaves out (marked ``slow``)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    assert [name for name in extras if f'pip install ".[{name}]"' not in readme] == []
+    assert "bash ci/test -m slow" in " ".join(readme.split())

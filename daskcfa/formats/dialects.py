@@ -67,11 +67,13 @@ def parse_variable(var: netCDF4.Variable, source: str) -> AggregatedVariable:
 def _without_logins(parsed: AggregatedVariable) -> AggregatedVariable:
     """``parsed`` with any ``user:pw@`` taken out of its fragment URIs into a storage profile it
     names (sent to each URI's origin only): the URIs then go into graphs, reprs, errors and logs,
-    and into files written from this one, without the password."""
+    and into files written from this one, without the password. Of different logins for one
+    origin, the last fragment's in the file's order is sent (one per origin, the same in every run)."""
     uris = parsed.fragments.uris
     with_login = {u for u in parsed.fragments.locations() if "@" in u}
     taken = {u: take_login(u) for u in with_login}
-    logins = {origin: options for _, login in taken.values() for origin, options in login.items()}
+    logins = {origin: options for u in (uris.ravel() if taken else ()) if u in taken
+              for origin, options in taken[u][1].items()}
     if not logins:
         return parsed
     clean = np.array([taken[u][0] if u in taken else u for u in uris.ravel()], dtype=object).reshape(uris.shape)

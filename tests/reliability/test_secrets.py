@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import itertools
 import logging
+import os
 import pickle
 import secrets
 import traceback
@@ -385,6 +386,57 @@ def test_password_in_fragment_uris_stays_out_of_info_errors_logs_and_written_fil
     assert len(caplog.records) > 10
     assert not [text for text in texts if password in text or "reader:" in text]
     assert password.encode() not in cloudpickle.dumps(ds) + _graph_blob(ds["tas"].data)
+
+
+def _read_in_fresh_pythons(url: str, seeds: range) -> list[str]:
+    """Read the aggregation in fresh interpreters with different string hashing (set orders): what each
+    printed, ``ok`` or the error's type and text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, daskcfa\ntry:\n    daskcfa.from_cfa(sys.argv[1], 'tas').compute(scheduler='sync')\n"
+            "    print('ok')\nexcept daskcfa.CFAError as exc:\n    print(type(exc).__name__, exc)\n")
+    done = [subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": os.pathsep.join(
+                               [str(Path(daskcfa.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])})
+            for seed in seeds]
+    assert all(d.returncode == 0 for d in done), [d.stderr[-2000:] for d in done]
+    return [d.stdout.strip() for d in done]
+
+
+def test_different_logins_for_one_origin_the_last_is_sent(tmp_path, make_http_server):
+    """Fragment URIs with different logins for one origin: one login per origin is sent, the last
+    fragment's in the file's order, in every run (before: whichever a set's order put last, so a run
+    read or failed by chance); fragments needing another are refused by the server, a CFAError without
+    any of the passwords (storage.md)."""
+    from builders import build
+    from remote_helpers import rewrite_uris
+
+    from .conftest import DIMS, SIZES
+
+    password = f"frag-pw-{secrets.token_urlsafe(18)}"
+    wrong = f"other-pw-{secrets.token_urlsafe(18)}"
+    (tmp_path / "www").mkdir()
+    built = build("CF-1.13", tmp_path / "www" / "ds", truth(seed=75), DIMS, SIZES)
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    last = max(built.fragment_files)  # (the grid's last fragment: the last URI in the file)
+    files = {u: index for index, uris in built.fragment_uris.items() for u in uris}
+
+    def logins(pick):
+        rewrite_uris(built.path, built.names["uris"], lambda u: server.url_for(
+            str(built.fragment_files[files[u]].relative_to(tmp_path / "www"))).replace(
+            "://", f"://reader:{pick(files[u])}@", 1))
+
+    original = built.path.read_bytes()
+    logins(lambda index: password if index == last else wrong)  # every fragment but the last: the wrong one
+    assert _read_in_fresh_pythons(str(built.path), range(3)) == ["ok"] * 3
+    assert_matches(daskcfa.from_cfa(str(built.path), "tas").compute(scheduler="threads"), built.expected)
+    built.path.write_bytes(original)
+    logins(lambda index: wrong if index == last else password)  # only the last: every fragment refused
+    printed = _read_in_fresh_pythons(str(built.path), range(3))
+    assert all(p.startswith("StorageError access denied (HTTP 401)") and ", fragment (" in p for p in printed), printed
+    assert not [p for p in printed if password in p or wrong in p or "reader:" in p]
 
 
 def test_signed_query_of_the_aggregation_url_stays_out_of_reprs_and_logs(tmp_path, make_http_server, caplog):
