@@ -59,7 +59,7 @@ from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
 from .zarr_layout import ZarrLayout, zarr_layout
 
-__all__ = ["to_references", "scan_fragments"]
+__all__ = ["to_references", "build_references", "References", "scan_fragments"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -117,9 +117,9 @@ def to_references(
     in ``.parq``/``.parquet``. Returns the output's URL then.
 
     ``inline=False`` presents the ordinary variables (coordinates, bounds) by
-    reference too, as chunks of the aggregation file's own bytes, so that
-    tools that ingest references only (VirtualiZarr, Icechunk) take the whole
-    set; a variable whose bytes cannot be referenced exactly (strings, a
+    reference too, as chunks of the aggregation file's own bytes, and writes
+    each reference's URI out in full (no ``templates``), so that tools that
+    ingest references only (VirtualiZarr, Icechunk) take the whole set; a variable whose bytes cannot be referenced exactly (strings, a
     scalar, a filter without a numcodecs codec, chunks never written, a
     netCDF-3 aggregation file's record variables) stays inline.
 
@@ -131,21 +131,51 @@ def to_references(
     written = None if output is None else WriteTarget.open(output, storage_options, mode, modes=WHOLE_FILE_MODES)
     if int(record_size) < 1:
         raise ArgumentError(f"record_size must be at least 1, got {record_size!r}")
+    built = build_references(url, variable, storage_options, allowed_locations, inline=bool(inline))
+    if built.refused:
+        raise built.refusal()
+    references = built.references if inline else _ingestible(built.references)
+    if written is None:
+        if fmt == "parquet":
+            raise ArgumentError("format='parquet' writes a directory: give output=")
+        return _as_json(references, templated=bool(inline))
+    if fmt == "json":
+        storage.put_atomic(written.url, json.dumps(_as_json(references, templated=bool(inline))).encode(),
+                           written.profile)
+    else:
+        _put_parquet(references, written.url, written.access, record_size)
+    return written.url
+
+
+@dataclass(frozen=True)
+class References:
+    """An aggregation's references (key -> JSON text, inline bytes or ``(uri, offset, size)``), and
+    the aggregated variables that cannot be presented by reference, with why (by fragment)."""
+
+    url: str
+    access: Access
+    references: dict[str, Any]
+    refused: dict[str, list[tuple[tuple[int, ...], str, str]]]
+    chosen: tuple[AggregatedVariable, ...]
+
+    def refusal(self) -> ReferencesError:
+        """The error naming every refused variable, fragment and reason."""
+        return _refusal(self.refused, [av.name for av in self.chosen], self.url)
+
+
+def build_references(url: str, variable: str | Sequence[str] | None = None,
+                     storage_options: Mapping[str, Any] | None = None,
+                     allowed_locations: Iterable[str] | None = None, *, inline: bool = True) -> References:
+    """The references of the aggregation at ``url`` (every exporter's one source: :func:`to_references`,
+    :func:`daskcfa.to_icechunk`); the variables that cannot be presented are listed, not raised."""
     url, access = open_aggregation(url, storage_options, allowed_locations)
     dataset = OpenedDataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
-    references = _metadata(dataset, url, access, bool(inline))
-    references.update(_aggregated(chosen, url, access))
-    if written is None:
-        if fmt == "parquet":
-            raise ArgumentError("format='parquet' writes a directory: give output=")
-        return _as_json(references)
-    if fmt == "json":
-        storage.put_atomic(written.url, json.dumps(_as_json(references)).encode(), written.profile)
-    else:
-        _put_parquet(references, written.url, written.access, record_size)
-    return written.url
+    references = _metadata(dataset, url, access, inline)
+    arrays, refused = _aggregated(chosen, url, access)
+    references.update(arrays)
+    return References(url, access, references, refused, tuple(chosen))
 
 
 def _format(format: str | None, output: str | None) -> str:
@@ -255,8 +285,10 @@ def _chunk_key(index: Sequence[int]) -> str:
 # -- aggregated variables -------------------------------------------------------------------------
 
 
-def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> dict[str, Any]:
-    """The arrays of the aggregated variables, from their fragments' metadata read in parallel."""
+def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access
+                ) -> tuple[dict[str, Any], dict[str, list[tuple[tuple[int, ...], str, str]]]]:
+    """The arrays of the aggregated variables, from their fragments' metadata read in parallel, and
+    the problems of those that cannot be presented (by variable)."""
     scanned = in_batches(chosen, url, access, scan_fragments, "references")
     refs: dict[str, Any] = {}
     refused: dict[str, list[tuple[tuple[int, ...], str, str]]] = {}
@@ -267,9 +299,7 @@ def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> d
             refused[av.name] = problems
         else:
             refs.update(array)
-    if refused:
-        raise _refusal(refused, [av.name for av in chosen], url)
-    return refs
+    return refs, refused
 
 
 def scan_fragments(refs: Sequence[FragmentRef], target: Target) -> list[_Scanned]:
@@ -552,14 +582,32 @@ def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> Refere
 # -- writing --------------------------------------------------------------------------------------
 
 
-def _as_json(references: Mapping[str, Any]) -> dict[str, Any]:
-    """fsspec's version 1: each fragment URI once, in ``templates``."""
+def _ingestible(references: Mapping[str, Any]) -> dict[str, Any]:
+    """The references with every ``.zarray``'s compressor moved to the end of its filters (the same
+    decoding: VirtualiZarr 2.5's kerchunk parser reads codecs from ``filters`` only)."""
+    out = dict(references)
+    for key, value in references.items():
+        if key.rsplit("/", 1)[-1] == ".zarray":
+            zarray = json.loads(value)
+            if zarray.get("compressor"):
+                zarray["filters"] = [*(zarray.get("filters") or []), zarray["compressor"]]
+                zarray["compressor"] = None
+                out[key] = _dumps(zarray)
+    return out
+
+
+def _as_json(references: Mapping[str, Any], templated: bool = True) -> dict[str, Any]:
+    """fsspec's version 1: each fragment URI once, in ``templates`` (or, ``templated=False``, written out
+    in every reference: VirtualiZarr 2.5's kerchunk parser expands no template)."""
     templates: dict[str, str] = {}
     names: dict[str, str] = {}
     refs: dict[str, Any] = {}
     for key, value in references.items():
         if isinstance(value, tuple):
             uri, offset, size = value
+            if not templated:
+                refs[key] = [uri, offset, size]
+                continue
             name = names.get(uri)
             if name is None:
                 name = names[uri] = f"u{len(names)}"
