@@ -59,7 +59,7 @@ from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
 from .zarr_layout import ZarrLayout, zarr_layout
 
-__all__ = ["to_references", "build_references", "References", "scan_fragments"]
+__all__ = ["to_references", "build_references", "References", "scan_fragments", "json_attrs"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -198,7 +198,7 @@ def _metadata(dataset: OpenedDataset, url: str, access: Access, inline: bool = T
     for group in dataset.walk():
         prefix = _prefix(group.path)
         refs[prefix + ".zgroup"] = json.dumps({"zarr_format": 2})
-        refs[prefix + ".zattrs"] = _dumps(_json_attrs(group.attrs))
+        refs[prefix + ".zattrs"] = _dumps(json_attrs(group.attrs))
         plain += [v for v in group.variables.values() if not v.is_aggregated]
     if not inline:
         referenced = {var.path: _referenced_variable(url, var, access) for var in plain}
@@ -237,7 +237,7 @@ def _plain_metadata(var: Variable, shape: Sequence[int], chunks: Sequence[int], 
     fill = None if fill is None or dtype.kind not in "biuf" else np.asarray(fill).astype(dtype)[()]
     key = var.path.strip("/")
     return {f"{key}/.zarray": _dumps(_zarray(shape, chunks, dtype, filters, compressor, fill)),
-            f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(var.dims)})}
+            f"{key}/.zattrs": _dumps({**json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(var.dims)})}
 
 
 def _referenced_variable(url: str, var: Variable, access: Access) -> dict[str, Any] | None:
@@ -406,7 +406,7 @@ def _array(av: AggregatedVariable, scanned: list[_Scanned], problems: list) -> d
     refs: dict[str, Any] = {
         f"{key}/.zarray": _dumps(_zarray(av.shape, chunks, dtype, filters, compressor, None if fill is None else
                                          np.frombuffer(_bytes(fill, dtype), dtype.newbyteorder("="))[0])),
-        f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(av.dims)}),
+        f"{key}/.zattrs": _dumps({**json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(av.dims)}),
     }
     size = np.array([max(c, 1) for c in chunks], np.int64)
     for s in stored:
@@ -662,7 +662,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): _json_value(v) for k, v in attrs.items()}
 
 
