@@ -50,7 +50,8 @@ def to_icechunk(url: str, repo_or_session: Any, variable: str | Sequence[str] | 
                 allowed_locations: Iterable[str] | None = None) -> str:
     """Write the aggregation at ``url`` into an Icechunk repository as virtual chunk references, and commit.
 
-    ``repo_or_session``: an ``icechunk.Repository`` (a writable session of
+    ``repo_or_session``: an ``icechunk.Repository`` or the local directory
+    of one (created if absent; a writable session of
     ``branch`` is made; virtual chunk containers it lacks for the fragments'
     locations are added to its configuration and saved: ``file://`` ones for
     local fragments, ``s3://bucket/`` ones with the endpoint and region of
@@ -75,7 +76,7 @@ def to_icechunk(url: str, repo_or_session: Any, variable: str | Sequence[str] | 
         raise ArgumentError(f"fallback must be one of {', '.join(map(repr, ICECHUNK_FALLBACKS))}, got {fallback!r}")
     built = build_references(url, variable, storage_options, allowed_locations, inline=True)
     if built.refused and fallback == "raise":
-        raise built.refusal()
+        raise built.refusal("fallback='copy' writes their values into the repository as data; ")
     locations = {key: _location(value[0]) for key, value in built.references.items() if isinstance(value, tuple)}
     session = _writable_session(ic, repo_or_session, branch, sorted(set(locations.values())), built)
     store = session.store
@@ -133,6 +134,8 @@ def _writable_session(ic: Any, repo_or_session: Any, branch: str, locations: lis
                 "give the Repository (to_icechunk adds them) or add them to its configuration "
                 "(RepositoryConfig.set_virtual_chunk_container, then Repository.save_config)")
         return repo_or_session
+    if isinstance(repo_or_session, (str, PurePosixPath)) or hasattr(repo_or_session, "__fspath__"):
+        repo_or_session = _local_repository(ic, repo_or_session)
     if not isinstance(repo_or_session, ic.Repository):
         raise ArgumentError(f"repo_or_session must be an icechunk Repository or Session, got "
                             f"{type(repo_or_session).__name__}")
@@ -145,6 +148,15 @@ def _writable_session(ic: Any, repo_or_session: Any, branch: str, locations: lis
         repo = repo.reopen(config=config)
         repo.save_config()
     return repo.writable_session(branch)
+
+
+def _local_repository(ic: Any, path: Any) -> Any:
+    """The Icechunk repository in the local directory ``path``, created when the directory does not exist."""
+    path = storage.to_local_path(str(path)) if storage.is_local(str(path)) else None
+    if path is None:
+        raise ArgumentError("an Icechunk repository given by name must be a local directory (give an "
+                            "icechunk.Repository for one on object storage)")
+    return ic.Repository.open_or_create(ic.local_filesystem_storage(path))
 
 
 def _missing_containers(config: Any, locations: list[str]) -> list[str]:
@@ -160,7 +172,8 @@ def _object_store(ic: Any, prefix: str, built: References) -> Any:
     if scheme == "s3":
         options = resolve_options(prefix, built.access.profile)[1]
         endpoint = (options.get("client_kwargs") or {}).get("endpoint_url") or options.get("endpoint_url")
-        region = (options.get("client_kwargs") or {}).get("region_name") or options.get("region_name")
+        region = (options.get("client_kwargs") or {}).get("region_name") or options.get("region_name") or (
+            "us-east-1" if endpoint else None)  # (an S3-compatible server's: Icechunk needs one)
         return ic.s3_store(region=region, endpoint_url=endpoint, allow_http=bool(endpoint and
                            endpoint.startswith("http://")), s3_compatible=bool(endpoint), force_path_style=bool(endpoint))
     if scheme in ("http", "https"):
@@ -215,7 +228,7 @@ def _write_array(ic: Any, store: Any, path: str, zarray: Mapping[str, Any], attr
         array = zarr.create_array(store, name=path, shape=shape, chunks=shape or None, dtype=str if
                                   data.dtype.kind == "O" else dtype.newbyteorder("="),
                                   fill_value=None if data.dtype.kind == "O" else fill, compressors=None,
-                                  attributes=attrs, dimension_names=dims, zarr_format=3)
+                                  attributes=attrs, dimension_names=dims, zarr_format=3, overwrite=True)
         array[...] = data
         return
     codecs = [*(zarray.get("filters") or []), *([zarray["compressor"]] if zarray.get("compressor") else [])]
@@ -223,7 +236,7 @@ def _write_array(ic: Any, store: Any, path: str, zarray: Mapping[str, Any], attr
     zarr.create_array(store, name=path, shape=shape, chunks=tuple(zarray["chunks"]), dtype=dtype.newbyteorder("="),
                       serializer=zarr.codecs.BytesCodec(endian=endian), filters=None,
                       compressors=[_v3_codec(c) for c in codecs], fill_value=0 if fill is None else fill,
-                      attributes=attrs, dimension_names=dims, zarr_format=3)
+                      attributes=attrs, dimension_names=dims, zarr_format=3, overwrite=True)
     specs = [ic.VirtualChunkSpec(index=[int(i) for i in name.split(".")] if shape else [],
                                  location=locations[f"{path}/{name}"], offset=int(value[1]), length=int(value[2]))
              for name, value in chunks]
@@ -289,7 +302,7 @@ def _copy_variable(store: Any, url: str, av: AggregatedVariable, storage_options
     target = zarr.create_array(store, name=av.name.strip("/"), shape=array.shape, chunks=regular or None,
                                dtype=str if text else array.dtype, fill_value=None if text else fill,
                                attributes=attrs, dimension_names=[d.rsplit("/", 1)[-1] for d in av.dims],
-                               zarr_format=3)
+                               zarr_format=3, overwrite=True)
     filled = array.map_blocks(_filled, fill, av.name, url, dtype=object if text else array.dtype,
                               meta=np.empty((0,) * array.ndim, object if text else array.dtype))
     da.store(filled, target, lock=False, compute=True, scheduler="threads")

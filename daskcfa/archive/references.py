@@ -158,9 +158,9 @@ class References:
     refused: dict[str, list[tuple[tuple[int, ...], str, str]]]
     chosen: tuple[AggregatedVariable, ...]
 
-    def refusal(self) -> ReferencesError:
-        """The error naming every refused variable, fragment and reason."""
-        return _refusal(self.refused, [av.name for av in self.chosen], self.url)
+    def refusal(self, remedy: str = "") -> ReferencesError:
+        """The error naming every refused variable, fragment and reason (and ``remedy``, the caller's own)."""
+        return _refusal(self.refused, [av.name for av in self.chosen], self.url, remedy)
 
 
 def build_references(url: str, variable: str | Sequence[str] | None = None,
@@ -559,7 +559,7 @@ def _check_unwritten(s: _Scanned, aggregation: Encoding, fill: Any, refuse: Any)
                   "missing data")
 
 
-def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> ReferencesError:
+def _refusal(refused: Mapping[str, list], chosen: list[str], url: str, remedy: str = "") -> ReferencesError:
     lines = []
     for name, problems in refused.items():
         by_fragment: dict[tuple[int, ...], tuple[str, list[str]]] = {}
@@ -574,7 +574,7 @@ def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> Refere
     first_name, first = next(iter(refused.items()))
     return ReferencesError(
         "the aggregation cannot be presented exactly as references: " + " | ".join(lines) + ". Possible: "
-        + offer + "daskcfa.refragment() rewrites the fragments with one storage layout (a fragment shape "
+        + offer + remedy + "daskcfa.refragment() rewrites the fragments with one storage layout (a fragment shape "
         "that divides the array's shape; compression the same for all), after which references can be built",
         file=url, variable=first_name, fragment=min(first)[0])
 
