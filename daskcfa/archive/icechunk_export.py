@@ -18,11 +18,9 @@ reads differently from the aggregation.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import posixpath
-import struct
 from pathlib import PurePosixPath
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -35,7 +33,7 @@ from ..errors import ArgumentError, CFAError, ReferencesError, redact
 from ..formats.netcdf import INSTRUCTION_ATTRS
 from ..model import AggregatedVariable
 from ..storage.profiles import resolve_options
-from .references import References, build_references, json_attrs
+from .references import References, build_references, json_attrs, xarray_fill_value, zarr_fill_value
 
 __all__ = ["to_icechunk"]
 
@@ -216,9 +214,9 @@ def _write_array(ic: Any, store: Any, path: str, zarray: Mapping[str, Any], attr
     dtype = np.dtype(zarray["dtype"])
     shape = tuple(zarray["shape"])
     dims = attrs.pop("_ARRAY_DIMENSIONS", None)
-    fill = _fill_value(zarray.get("fill_value"), dtype)
+    fill = zarr_fill_value(zarray.get("fill_value"), dtype)
     if fill is not None:  # (xarray reads a Zarr v3 array's missing value from _FillValue, as it writes it)
-        attrs["_FillValue"] = _xarray_fill(fill, dtype)
+        attrs["_FillValue"] = xarray_fill_value(fill, dtype)
     inline = [(name, value) for name, value in chunks if isinstance(value, bytes)]
     if inline:  # an ordinary variable: one chunk of its values, as stored
         values = np.frombuffer(inline[0][1], dtype).reshape(shape) if shape else np.frombuffer(inline[0][1], dtype)[0]
@@ -258,23 +256,6 @@ def _v3_codec(config: Mapping[str, Any]) -> Any:
     return known[config["id"]](**settings)
 
 
-def _fill_value(value: Any, dtype: np.dtype) -> Any:
-    """A Zarr v2 ``fill_value`` (as the references spell it) in ``dtype``, or None."""
-    if value is None or dtype.kind not in "biuf":
-        return None
-    named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
-    return np.asarray(named.get(value, value)).astype(dtype.newbyteorder("="))[()]
-
-
-def _xarray_fill(value: Any, dtype: np.dtype) -> Any:
-    """``_FillValue`` as xarray writes it in a Zarr v3 array's attributes (a float's 8 bytes in base64)."""
-    if dtype.kind == "f":
-        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
-    if dtype.kind == "b":
-        return bool(value)
-    return int(value)
-
-
 # -- a variable copied as data ----------------------------------------------------------------------
 
 
@@ -298,7 +279,7 @@ def _copy_variable(store: Any, url: str, av: AggregatedVariable, storage_options
     else:
         fill = np.nan if array.dtype.kind == "f" else np.asarray(
             av.attrs.get("_FillValue", netCDF4.default_fillvals.get(array.dtype.str[1:], 0))).astype(array.dtype)[()]
-        attrs["_FillValue"] = _xarray_fill(fill, array.dtype)
+        attrs["_FillValue"] = xarray_fill_value(fill, array.dtype)
     target = zarr.create_array(store, name=av.name.strip("/"), shape=array.shape, chunks=regular or None,
                                dtype=str if text else array.dtype, fill_value=None if text else fill,
                                attributes=attrs, dimension_names=[d.rsplit("/", 1)[-1] for d in av.dims],

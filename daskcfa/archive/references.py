@@ -33,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -59,7 +60,8 @@ from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
 from .zarr_layout import ZarrLayout, zarr_layout
 
-__all__ = ["to_references", "build_references", "References", "scan_fragments", "json_attrs"]
+__all__ = ["to_references", "build_references", "References", "scan_fragments", "json_attrs",
+           "zarr_fill_value", "xarray_fill_value"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -583,17 +585,42 @@ def _refusal(refused: Mapping[str, list], chosen: list[str], url: str, remedy: s
 
 
 def _ingestible(references: Mapping[str, Any]) -> dict[str, Any]:
-    """The references with every ``.zarray``'s compressor moved to the end of its filters (the same
-    decoding: VirtualiZarr 2.5's kerchunk parser reads codecs from ``filters`` only)."""
+    """The references as tools that ingest them into Zarr v3 read them: every ``.zarray``'s compressor
+    moved to the end of its filters (the same decoding: VirtualiZarr 2.5's kerchunk parser reads codecs
+    from ``filters`` only), and its fill value also as ``_FillValue`` in ``.zattrs`` (where xarray looks
+    for a Zarr v3 array's missing value; a Zarr v2 reader takes the array's fill value first)."""
     out = dict(references)
     for key, value in references.items():
-        if key.rsplit("/", 1)[-1] == ".zarray":
-            zarray = json.loads(value)
-            if zarray.get("compressor"):
-                zarray["filters"] = [*(zarray.get("filters") or []), zarray["compressor"]]
-                zarray["compressor"] = None
-                out[key] = _dumps(zarray)
+        if key.rsplit("/", 1)[-1] != ".zarray":
+            continue
+        zarray = json.loads(value)
+        if zarray.get("compressor"):
+            zarray["filters"] = [*(zarray.get("filters") or []), zarray["compressor"]]
+            zarray["compressor"] = None
+            out[key] = _dumps(zarray)
+        dtype = np.dtype(zarray["dtype"])
+        fill = zarr_fill_value(zarray.get("fill_value"), dtype)
+        attrs_key = key[:-len(".zarray")] + ".zattrs"
+        if fill is not None and attrs_key in references:
+            out[attrs_key] = _dumps({**json.loads(references[attrs_key]), "_FillValue": xarray_fill_value(fill, dtype)})
     return out
+
+
+def zarr_fill_value(value: Any, dtype: np.dtype) -> Any:
+    """A Zarr v2 ``fill_value`` (as :func:`_json_fill` spells it) of a number type, in ``dtype``; else None."""
+    if value is None or dtype.kind not in "biuf":
+        return None
+    named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
+    return np.asarray(named.get(value, value)).astype(dtype.newbyteorder("="))[()]
+
+
+def xarray_fill_value(value: Any, dtype: np.dtype) -> Any:
+    """``_FillValue`` as xarray writes it in a Zarr v3 array's attributes (a float's 8 bytes in base64)."""
+    if dtype.kind == "f":
+        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
+    if dtype.kind == "b":
+        return bool(value)
+    return int(value)
 
 
 def _as_json(references: Mapping[str, Any], templated: bool = True) -> dict[str, Any]:
