@@ -172,8 +172,9 @@ def _object_store(ic: Any, prefix: str, built: References) -> Any:
         endpoint = (options.get("client_kwargs") or {}).get("endpoint_url") or options.get("endpoint_url")
         region = (options.get("client_kwargs") or {}).get("region_name") or options.get("region_name") or (
             "us-east-1" if endpoint else None)  # (an S3-compatible server's: Icechunk needs one)
-        return ic.s3_store(region=region, endpoint_url=endpoint, allow_http=bool(endpoint and
-                           endpoint.startswith("http://")), s3_compatible=bool(endpoint), force_path_style=bool(endpoint))
+        plain_http = bool(endpoint and endpoint.startswith("http://"))
+        return ic.s3_store(region=region, endpoint_url=endpoint, allow_http=plain_http, s3_compatible=bool(endpoint),
+                           force_path_style=bool(endpoint))
     if scheme in ("http", "https"):
         return ic.http_store()
     raise ReferencesError(f"fragments at {redact(prefix)}: Icechunk has no virtual chunk container for "

@@ -120,10 +120,12 @@ def to_references(
 
     ``inline=False`` presents the ordinary variables (coordinates, bounds) by
     reference too, as chunks of the aggregation file's own bytes, and writes
-    each reference's URI out in full (no ``templates``), so that tools that
-    ingest references only (VirtualiZarr, Icechunk) take the whole set; a variable whose bytes cannot be referenced exactly (strings, a
-    scalar, a filter without a numcodecs codec, chunks never written, a
-    netCDF-3 aggregation file's record variables) stays inline.
+    each reference's URI out in full (no ``templates``), every codec as a
+    filter and each fill value also as ``_FillValue``, so that tools that
+    ingest references only (VirtualiZarr, Icechunk) take the whole set; a
+    variable whose bytes cannot be referenced exactly (strings, a scalar, a
+    filter without a numcodecs codec, chunks never written, a netCDF-3
+    aggregation file's record variables) stays inline.
 
     Fragment URIs are written absolute. A variable that cannot be presented
     exactly raises :class:`~daskcfa.ReferencesError` naming its fragments

@@ -1,11 +1,18 @@
-"""``daskcfa.to_icechunk`` (``daskcfa.archive.icechunk_export``): an aggregation written into a real
+"""The Zarr world's tools and daskcfa (issue #29), each reading what the other wrote, with no mocks.
+
+``daskcfa.to_icechunk`` (``daskcfa.archive.icechunk_export``): an aggregation written into a real
 Icechunk repository as virtual chunk references, read back with plain ``xr.open_zarr`` in a process that
 never imports daskcfa, equal to ``from_cfa`` and numpy ground truth; variables that references cannot
-present exactly refused by name, or copied as data; locally and with fragments on the S3 test server."""
+present exactly refused by name, or copied as data; locally and with fragments on the S3 test server.
+
+VirtualiZarr: a kerchunk reference set it builds over netCDF files (its ``HDFParser``), aggregated by
+daskcfa, is read one dask chunk per referenced chunk-grid block, with numpy's values; and
+``to_references(inline=False)`` is accepted by its kerchunk parser, its values equal to numpy's."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +24,6 @@ import pytest
 import daskcfa
 from builders import DEFAULT_FILL, Frag, assert_matches, build_cf113, make_truth
 
-ic = pytest.importorskip("icechunk")
 pytest.importorskip("xarray")
 pytest.importorskip("zarr")
 
@@ -27,6 +33,19 @@ DIMS = ("time", "lat", "lon")
 SHAPE = (20, 18, 36)
 TEN = ((2,) * 10, (18,), (36,))  # ten fragments of (2, 18, 36), as the benchmark archive's (fewer steps)
 FILL = DEFAULT_FILL("f4")
+STORAGE = {"zlib-chunked": {"zlib": True, "shuffle": True, "chunksizes": (1, 9, 18)}, "uncompressed": None}
+
+
+@pytest.fixture
+def ic():
+    return pytest.importorskip("icechunk")
+
+
+@pytest.fixture
+def vz():
+    pytest.importorskip("obstore")
+    return pytest.importorskip("virtualizarr")
+
 
 #: reads the repository as any Zarr user does: icechunk + xarray, no daskcfa (asserted)
 _READER = r"""
@@ -46,6 +65,8 @@ assert "daskcfa" not in sys.modules, "the reader imported daskcfa"
 
 def read_repository(path: Path, creds=None) -> tuple[dict[str, np.ndarray], dict]:
     """Every variable of the repository's ``main`` branch, read in a subprocess without daskcfa."""
+    import icechunk as ic
+
     prefixes = list(ic.Repository.open(ic.local_filesystem_storage(str(path))).config.virtual_chunk_containers or {})
     out = str(path) + ".npz"
     run = subprocess.run([sys.executable, "-c", _READER, str(path), json.dumps(prefixes), json.dumps(creds), out],
@@ -56,6 +77,8 @@ def read_repository(path: Path, creds=None) -> tuple[dict[str, np.ndarray], dict
 
 
 def new_repository(path: Path):
+    import icechunk as ic
+
     return ic.Repository.create(ic.local_filesystem_storage(str(path)))
 
 
@@ -71,12 +94,11 @@ def check_equal(got: np.ndarray, url: str, variable: str, truth, rtol: float = 0
     assert np.isnan(got).any(), "the test data have missing values"
 
 
-@pytest.mark.parametrize("storage", [{"zlib": True, "shuffle": True, "chunksizes": (1, 9, 18)}, None],
-                         ids=["zlib-chunked", "uncompressed"])
-def test_benchmark_like_archive_reads_the_same_without_daskcfa(tmp_path, storage):
+@pytest.mark.parametrize("storage", list(STORAGE))
+def test_benchmark_like_archive_reads_the_same_without_daskcfa(tmp_path, ic, storage):
     truth = make_truth(SHAPE, "f4", seed=3, masked=0.1)
     built = build_cf113(tmp_path / "ds", truth, DIMS, TEN,
-                        frags=lambda index: Frag(fill_value=FILL, storage=storage))
+                        frags=lambda index: Frag(fill_value=FILL, storage=STORAGE[storage]))
     repo = new_repository(tmp_path / "repo")
     snapshot = daskcfa.to_icechunk(str(built.path), repo)
     values, attrs = read_repository(tmp_path / "repo")
@@ -103,7 +125,7 @@ def per_fragment_packing(index) -> Frag:
 
 @pytest.mark.parametrize("frags, reason", [(per_fragment_fill, "missing values .* of its own"),
                                            (per_fragment_packing, "packed")], ids=["fill-values", "packing"])
-def test_fragment_encodings_are_refused_by_name_or_copied(tmp_path, frags, reason):
+def test_fragment_encodings_are_refused_by_name_or_copied(tmp_path, ic, frags, reason):
     """Per-fragment fill values or packing: no virtual array reads them right; refused naming the variable
     and why (nothing committed), or with fallback="copy" written as the decoded values, equal to from_cfa."""
     truth = make_truth(SHAPE, "f4", seed=5, masked=0.1)
@@ -119,7 +141,7 @@ def test_fragment_encodings_are_refused_by_name_or_copied(tmp_path, frags, reaso
     assert repo.readonly_session("main").chunk_type("/tas", [0, 0, 0]) != ic.ChunkType.VIRTUAL
 
 
-def test_strings_are_refused_or_copied(tmp_path):
+def test_strings_are_refused_or_copied(tmp_path, ic):
     import dask.array as da
 
     words = np.array([["a", "bb", "ccc"], ["dd", "", "ffff"]] * 3, dtype=object)
@@ -133,7 +155,7 @@ def test_strings_are_refused_or_copied(tmp_path):
     np.testing.assert_array_equal(values["name"], words.astype(str))
 
 
-def test_a_session_needs_the_containers(tmp_path):
+def test_a_session_needs_the_containers(tmp_path, ic):
     """A Session cannot have its repository's configuration changed: the missing container is named."""
     built = build_cf113(tmp_path / "ds", make_truth(SHAPE, "f4", seed=1), DIMS, TEN,
                         frags=lambda index: Frag(fill_value=FILL))
@@ -145,7 +167,7 @@ def test_a_session_needs_the_containers(tmp_path):
         daskcfa.to_icechunk(str(built.path), session, fallback="skip")
 
 
-def test_fragments_on_s3_without_credentials_in_the_repository(tmp_path, s3_server):
+def test_fragments_on_s3_without_credentials_in_the_repository(tmp_path, ic, s3_server):
     truth = make_truth(SHAPE, "f4", seed=7, masked=0.1)
     built = build_cf113(tmp_path / "ds", truth, DIMS, TEN,
                         frags=lambda index: Frag(fill_value=FILL, storage={"zlib": True, "chunksizes": (2, 9, 36)}))
@@ -171,7 +193,7 @@ def cli(*args) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": root}, timeout=300)
 
 
-def test_cli(tmp_path):
+def test_cli(tmp_path, ic):
     built = build_cf113(tmp_path / "ds", make_truth(SHAPE, "f4", seed=9, masked=0.1), DIMS, TEN,
                         frags=lambda index: Frag(fill_value=FILL, storage={"zlib": True, "chunksizes": (1, 9, 18)}))
     run = cli("icechunk", built.path, tmp_path / "repo")
@@ -183,3 +205,53 @@ def test_cli(tmp_path):
     assert again.returncode == 0, again.stderr
     repo = ic.Repository.open(ic.local_filesystem_storage(str(tmp_path / "repo")))
     assert [s.message for s in repo.ancestry(branch="main")][0] == "second", "an existing repository: a new commit"
+
+
+# -- VirtualiZarr ----------------------------------------------------------------------------------
+
+
+def registry():
+    """VirtualiZarr's way to local files: obstore's LocalStore for ``file://`` URLs."""
+    from obspec_utils.registry import ObjectStoreRegistry
+    from obstore.store import LocalStore
+
+    return ObjectStoreRegistry({"file://": LocalStore()})
+
+
+@pytest.mark.parametrize("storage", list(STORAGE))
+def test_virtualizarr_reference_set_aggregated_keeps_its_chunk_grid(tmp_path, vz, storage):
+    """VirtualiZarr's own reference set of ten files, given to ``aggregate``: one dask chunk per chunk of
+    the set's Zarr grid (a contiguous file is one chunk: ten chunks), not one chunk of the whole array."""
+    truth = make_truth(SHAPE, "f4", seed=11, masked=0.1)
+    built = build_cf113(tmp_path / "ds", truth, DIMS, TEN,
+                        frags=lambda index: Frag(fill_value=FILL, storage=STORAGE[storage]))
+    files = [f"file://{path}" for _, path in sorted(built.fragment_files.items())]
+    virtual = vz.open_virtual_mfdataset(files, parser=vz.parsers.HDFParser(), registry=registry(), concat_dim="time",
+                                        combine="nested")
+    refs = str(tmp_path / "vz.json")
+    virtual.vz.to_kerchunk(refs, format="json")
+    aggregation = daskcfa.aggregate([refs], str(tmp_path / "agg.nc"))
+    array = daskcfa.from_cfa(aggregation, "tas")
+    chunk = (1, 9, 18) if STORAGE[storage] else (2, 18, 36)
+    assert array.numblocks == tuple(math.ceil(n / c) for n, c in zip(SHAPE, chunk))
+    assert array.npartitions == (80 if STORAGE[storage] else 10)
+    assert_matches(array.compute(), built.expected, rtol=0)
+
+
+def test_to_references_inline_false_is_read_by_virtualizarr(tmp_path, vz):
+    """VirtualiZarr's kerchunk parser takes the whole set (coordinates by reference, URIs written out,
+    codecs as filters) and loads values equal to numpy's."""
+    truth = make_truth(SHAPE, "f4", seed=13, masked=0.1)
+    built = build_cf113(tmp_path / "ds", truth, DIMS, TEN,
+                        frags=lambda index: Frag(fill_value=FILL, storage=STORAGE["zlib-chunked"]))
+    out = daskcfa.to_references(str(built.path), output=str(tmp_path / "refs.json"), inline=False)
+    url = f"file://{out}"
+    virtual = vz.open_virtual_dataset(url, parser=vz.parsers.KerchunkJSONParser(), registry=registry())
+    assert set(virtual.variables) == {"time", "lat", "lon", "tas"}
+    assert type(virtual["tas"].data).__name__ == "ManifestArray", "tas by reference"
+    loaded = vz.open_virtual_dataset(url, parser=vz.parsers.KerchunkJSONParser(), registry=registry(),
+                                     loadable_variables=["tas", "time", "lat", "lon"])
+    got = np.ma.masked_invalid(loaded["tas"].values)
+    assert_matches(got, built.expected, rtol=0)
+    np.testing.assert_array_equal(loaded["lat"].values, np.arange(18) * 1.5 + 10.0)
+
