@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import storage
 from ..choices import ICECHUNK_FALLBACKS
-from ..errors import ArgumentError, CFAError, ReferencesError, redact
+from ..errors import ArgumentError, CFAError, ReferencesError, WriteConflictError, redact
 from ..formats.netcdf import INSTRUCTION_ATTRS
 from ..model import AggregatedVariable
 from ..storage.profiles import resolve_options
@@ -90,7 +90,12 @@ def to_icechunk(url: str, repo_or_session: Any, variable: str | Sequence[str] | 
                               file=built.url) from None
     text = message or f"daskcfa.to_icechunk of {redact(built.url)}" + (
         f" ({len(refused)} variable(s) copied as data: {', '.join(av.name for av in refused)})" if refused else "")
-    return str(session.commit(text))
+    try:
+        return str(session.commit(text))
+    except ic.ConflictError as exc:
+        raise WriteConflictError(f"branch {branch!r} of the Icechunk repository moved since the session began "
+                                 f"(another commit): nothing was committed ({redact(str(exc))[:500]})",
+                                 file=built.url) from None
 
 
 def _icechunk() -> Any:

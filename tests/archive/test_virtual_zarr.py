@@ -168,6 +168,20 @@ def test_a_session_needs_the_containers(tmp_path, ic):
         daskcfa.to_icechunk(str(built.path), session, fallback="skip")
 
 
+def test_a_commit_that_lost_the_race_is_a_write_conflict(tmp_path, ic):
+    """The branch moved after the session began: Icechunk's conflict, as daskcfa's WriteConflictError."""
+    built = build_cf113(tmp_path / "ds", make_truth(SHAPE, "f4", seed=2), DIMS, TEN,
+                        frags=lambda index: Frag(fill_value=FILL))
+    repo = new_repository(tmp_path / "repo")
+    daskcfa.to_icechunk(str(built.path), repo)  # (the containers, saved)
+    repo = ic.Repository.open(ic.local_filesystem_storage(str(tmp_path / "repo")))
+    late = repo.writable_session("main")
+    daskcfa.to_icechunk(str(built.path), repo, message="first")
+    with pytest.raises(daskcfa.WriteConflictError, match="branch 'main'.*moved"):
+        daskcfa.to_icechunk(str(built.path), late)
+    assert [s.message for s in repo.ancestry(branch="main")][0] == "first"
+
+
 def test_fragments_on_s3_without_credentials_in_the_repository(tmp_path, ic, s3_server):
     truth = make_truth(SHAPE, "f4", seed=7, masked=0.1)
     built = build_cf113(tmp_path / "ds", truth, DIMS, TEN,
