@@ -64,6 +64,7 @@ __all__ = [
     "relocate",
     "describe",
     "to_references",
+    "to_icechunk",
     "index",
     "sample",
     "AggregationError",

@@ -6,7 +6,7 @@ h5py or dask.array; one home for each default, so that a function of the API
 and the subcommand over it cannot drift apart.
 """
 
-__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "ZARR_FRAGMENTS", "URI_STYLES", "REFERENCE_FORMATS",
+__all__ = ["WRITE_FORMATS", "FRAGMENT_FORMATS", "ZARR_FRAGMENTS", "URI_STYLES", "REFERENCE_FORMATS", "ICECHUNK_FALLBACKS",
            "DEFAULT_FORMAT", "DEFAULT_FRAGMENT_FORMAT", "DEFAULT_URIS", "MAX_FRAGMENT_SIZE", "MAX_MEM"]
 
 #: Aggregation dialects daskcfa writes.
@@ -26,6 +26,10 @@ URI_STYLES = ("relative", "absolute")
 
 #: Reference-set formats ``to_references`` writes: fsspec's JSON (version 1, with templates) and its Parquet directory.
 REFERENCE_FORMATS = ("json", "parquet")
+
+#: What ``to_icechunk`` does with a variable references cannot present exactly: refuse it (naming why), or
+#: write its values into the repository as data.
+ICECHUNK_FALLBACKS = ("raise", "copy")
 
 #: The dialect of new aggregation files.
 DEFAULT_FORMAT = WRITE_FORMATS[0]

@@ -144,6 +144,14 @@ def _references(args: argparse.Namespace) -> int:
     return 0
 
 
+def _icechunk(args: argparse.Namespace) -> int:
+    from .archive.icechunk_export import to_icechunk
+
+    _print(to_icechunk(args.url, args.repo, args.variables, branch=args.branch, message=args.message,
+                       fallback=args.fallback, storage_options=args.storage_options))
+    return 0
+
+
 def _index(args: argparse.Namespace) -> int:
     from .index_writer import index
 
@@ -158,8 +166,8 @@ def _index(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .choices import (DEFAULT_FRAGMENT_FORMAT, FRAGMENT_FORMATS, MAX_FRAGMENT_SIZE, MAX_MEM, REFERENCE_FORMATS,
-                          WRITE_FORMATS)
+    from .choices import (DEFAULT_FRAGMENT_FORMAT, FRAGMENT_FORMATS, ICECHUNK_FALLBACKS, MAX_FRAGMENT_SIZE, MAX_MEM,
+                          REFERENCE_FORMATS, WRITE_FORMATS)
 
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("common options")
@@ -281,6 +289,22 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(for tools that ingest references only: VirtualiZarr, Icechunk)")
     _variables_option(references)
     _mode_option(references)
+
+    icechunk = command("icechunk", _icechunk, "export an aggregation into an Icechunk repository (virtual chunks)",
+                       "Write every aggregated variable into the Icechunk repository REPO (a local directory, "
+                       "created if absent) as virtual chunk references to its fragments' own chunks, with the "
+                       "aggregation file's coordinates and attributes as data, and commit: xarray.open_zarr "
+                       "reads it without daskcfa. A variable references cannot present exactly is refused, "
+                       "naming why, or with --fallback copy written as data. Prints the snapshot id. Needs "
+                       "the icechunk extra (pip install 'daskcfa[icechunk]').")
+    icechunk.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
+    icechunk.add_argument("repo", metavar="REPO", help="the Icechunk repository (a local directory)")
+    icechunk.add_argument("--branch", default="main", help="the branch to commit to (default: main)")
+    icechunk.add_argument("--message", help="the commit message (default: names the source)")
+    icechunk.add_argument("--fallback", choices=ICECHUNK_FALLBACKS, default=ICECHUNK_FALLBACKS[0],
+                          help="a variable that cannot be presented by reference: raise (default) or copy its "
+                               "values into the repository")
+    _variables_option(icechunk)
 
     index = command("index", _index, "write the chunk index that lets reads skip HDF5 metadata",
                     "Write, beside the aggregation file t.nc, its chunk index .t.nc.chunks.json: every "

@@ -27,6 +27,7 @@ LAZY = {
     "relocate": ".archive.relocate",
     "verify": ".archive.verify", "verify_fixity": ".archive.verify", "record_fixity": ".archive.verify",
     "to_references": ".archive.references",
+    "to_icechunk": ".archive.icechunk_export",
     "index": ".index_writer",
     "sample": ".sample_data",
 }

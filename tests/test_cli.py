@@ -24,7 +24,7 @@ import daskcfa
 from builders import assert_matches, generation_dir, make_truth
 
 DASKCFA = str(Path(sys.executable).with_name("daskcfa"))
-COMMANDS = ("info", "split", "aggregate", "rebuild", "verify", "relocate", "references", "index")
+COMMANDS = ("info", "split", "aggregate", "rebuild", "verify", "relocate", "references", "icechunk", "index")
 DIMS = ("time", "lat", "lon")
 SHAPE = (8, 4, 6)
 COORDS = {"time": (np.arange(8.0), {"units": "days since 2000-01-01", "axis": "T", "standard_name": "time"}),

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -59,7 +60,8 @@ from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
 from .zarr_layout import ZarrLayout, zarr_layout
 
-__all__ = ["to_references", "scan_fragments"]
+__all__ = ["to_references", "build_references", "References", "scan_fragments", "json_attrs",
+           "zarr_fill_value", "xarray_fill_value"]
 #: At most this many problems are listed in a refusal (all are counted).
 _LISTED = 10
 #: What a library below may raise on a damaged or unexpected file.
@@ -117,11 +119,13 @@ def to_references(
     in ``.parq``/``.parquet``. Returns the output's URL then.
 
     ``inline=False`` presents the ordinary variables (coordinates, bounds) by
-    reference too, as chunks of the aggregation file's own bytes, so that
-    tools that ingest references only (VirtualiZarr, Icechunk) take the whole
-    set; a variable whose bytes cannot be referenced exactly (strings, a
-    scalar, a filter without a numcodecs codec, chunks never written, a
-    netCDF-3 aggregation file's record variables) stays inline.
+    reference too, as chunks of the aggregation file's own bytes, and writes
+    each reference's URI out in full (no ``templates``), every codec as a
+    filter and each fill value also as ``_FillValue``, so that tools that
+    ingest references only (VirtualiZarr, Icechunk) take the whole set; a
+    variable whose bytes cannot be referenced exactly (strings, a scalar, a
+    filter without a numcodecs codec, chunks never written, a netCDF-3
+    aggregation file's record variables) stays inline.
 
     Fragment URIs are written absolute. A variable that cannot be presented
     exactly raises :class:`~daskcfa.ReferencesError` naming its fragments
@@ -131,21 +135,51 @@ def to_references(
     written = None if output is None else WriteTarget.open(output, storage_options, mode, modes=WHOLE_FILE_MODES)
     if int(record_size) < 1:
         raise ArgumentError(f"record_size must be at least 1, got {record_size!r}")
+    built = build_references(url, variable, storage_options, allowed_locations, inline=bool(inline))
+    if built.refused:
+        raise built.refusal()
+    references = built.references if inline else _ingestible(built.references)
+    if written is None:
+        if fmt == "parquet":
+            raise ArgumentError("format='parquet' writes a directory: give output=")
+        return _as_json(references, templated=bool(inline))
+    if fmt == "json":
+        storage.put_atomic(written.url, json.dumps(_as_json(references, templated=bool(inline))).encode(),
+                           written.profile)
+    else:
+        _put_parquet(references, written.url, written.access, record_size)
+    return written.url
+
+
+@dataclass(frozen=True)
+class References:
+    """An aggregation's references (key -> JSON text, inline bytes or ``(uri, offset, size)``), and
+    the aggregated variables that cannot be presented by reference, with why (by fragment)."""
+
+    url: str
+    access: Access
+    references: dict[str, Any]
+    refused: dict[str, list[tuple[tuple[int, ...], str, str]]]
+    chosen: tuple[AggregatedVariable, ...]
+
+    def refusal(self, remedy: str = "") -> ReferencesError:
+        """The error naming every refused variable, fragment and reason (and ``remedy``, the caller's own)."""
+        return _refusal(self.refused, [av.name for av in self.chosen], self.url, remedy)
+
+
+def build_references(url: str, variable: str | Sequence[str] | None = None,
+                     storage_options: Mapping[str, Any] | None = None,
+                     allowed_locations: Iterable[str] | None = None, *, inline: bool = True) -> References:
+    """The references of the aggregation at ``url`` (every exporter's one source: :func:`to_references`,
+    :func:`daskcfa.to_icechunk`); the variables that cannot be presented are listed, not raised."""
     url, access = open_aggregation(url, storage_options, allowed_locations)
     dataset = OpenedDataset.open(url, access=access)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
-    references = _metadata(dataset, url, access, bool(inline))
-    references.update(_aggregated(chosen, url, access))
-    if written is None:
-        if fmt == "parquet":
-            raise ArgumentError("format='parquet' writes a directory: give output=")
-        return _as_json(references)
-    if fmt == "json":
-        storage.put_atomic(written.url, json.dumps(_as_json(references)).encode(), written.profile)
-    else:
-        _put_parquet(references, written.url, written.access, record_size)
-    return written.url
+    references = _metadata(dataset, url, access, inline)
+    arrays, refused = _aggregated(chosen, url, access)
+    references.update(arrays)
+    return References(url, access, references, refused, tuple(chosen))
 
 
 def _format(format: str | None, output: str | None) -> str:
@@ -168,7 +202,7 @@ def _metadata(dataset: OpenedDataset, url: str, access: Access, inline: bool = T
     for group in dataset.walk():
         prefix = _prefix(group.path)
         refs[prefix + ".zgroup"] = json.dumps({"zarr_format": 2})
-        refs[prefix + ".zattrs"] = _dumps(_json_attrs(group.attrs))
+        refs[prefix + ".zattrs"] = _dumps(json_attrs(group.attrs))
         plain += [v for v in group.variables.values() if not v.is_aggregated]
     if not inline:
         referenced = {var.path: _referenced_variable(url, var, access) for var in plain}
@@ -207,7 +241,7 @@ def _plain_metadata(var: Variable, shape: Sequence[int], chunks: Sequence[int], 
     fill = None if fill is None or dtype.kind not in "biuf" else np.asarray(fill).astype(dtype)[()]
     key = var.path.strip("/")
     return {f"{key}/.zarray": _dumps(_zarray(shape, chunks, dtype, filters, compressor, fill)),
-            f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(var.dims)})}
+            f"{key}/.zattrs": _dumps({**json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(var.dims)})}
 
 
 def _referenced_variable(url: str, var: Variable, access: Access) -> dict[str, Any] | None:
@@ -255,8 +289,10 @@ def _chunk_key(index: Sequence[int]) -> str:
 # -- aggregated variables -------------------------------------------------------------------------
 
 
-def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> dict[str, Any]:
-    """The arrays of the aggregated variables, from their fragments' metadata read in parallel."""
+def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access
+                ) -> tuple[dict[str, Any], dict[str, list[tuple[tuple[int, ...], str, str]]]]:
+    """The arrays of the aggregated variables, from their fragments' metadata read in parallel, and
+    the problems of those that cannot be presented (by variable)."""
     scanned = in_batches(chosen, url, access, scan_fragments, "references")
     refs: dict[str, Any] = {}
     refused: dict[str, list[tuple[tuple[int, ...], str, str]]] = {}
@@ -267,9 +303,7 @@ def _aggregated(chosen: list[AggregatedVariable], url: str, access: Access) -> d
             refused[av.name] = problems
         else:
             refs.update(array)
-    if refused:
-        raise _refusal(refused, [av.name for av in chosen], url)
-    return refs
+    return refs, refused
 
 
 def scan_fragments(refs: Sequence[FragmentRef], target: Target) -> list[_Scanned]:
@@ -376,7 +410,7 @@ def _array(av: AggregatedVariable, scanned: list[_Scanned], problems: list) -> d
     refs: dict[str, Any] = {
         f"{key}/.zarray": _dumps(_zarray(av.shape, chunks, dtype, filters, compressor, None if fill is None else
                                          np.frombuffer(_bytes(fill, dtype), dtype.newbyteorder("="))[0])),
-        f"{key}/.zattrs": _dumps({**_json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(av.dims)}),
+        f"{key}/.zattrs": _dumps({**json_attrs(attrs), "_ARRAY_DIMENSIONS": _dimension_names(av.dims)}),
     }
     size = np.array([max(c, 1) for c in chunks], np.int64)
     for s in stored:
@@ -529,7 +563,7 @@ def _check_unwritten(s: _Scanned, aggregation: Encoding, fill: Any, refuse: Any)
                   "missing data")
 
 
-def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> ReferencesError:
+def _refusal(refused: Mapping[str, list], chosen: list[str], url: str, remedy: str = "") -> ReferencesError:
     lines = []
     for name, problems in refused.items():
         by_fragment: dict[tuple[int, ...], tuple[str, list[str]]] = {}
@@ -544,7 +578,7 @@ def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> Refere
     first_name, first = next(iter(refused.items()))
     return ReferencesError(
         "the aggregation cannot be presented exactly as references: " + " | ".join(lines) + ". Possible: "
-        + offer + "daskcfa.refragment() rewrites the fragments with one storage layout (a fragment shape "
+        + offer + remedy + "daskcfa.refragment() rewrites the fragments with one storage layout (a fragment shape "
         "that divides the array's shape; compression the same for all), after which references can be built",
         file=url, variable=first_name, fragment=min(first)[0])
 
@@ -552,14 +586,57 @@ def _refusal(refused: Mapping[str, list], chosen: list[str], url: str) -> Refere
 # -- writing --------------------------------------------------------------------------------------
 
 
-def _as_json(references: Mapping[str, Any]) -> dict[str, Any]:
-    """fsspec's version 1: each fragment URI once, in ``templates``."""
+def _ingestible(references: Mapping[str, Any]) -> dict[str, Any]:
+    """The references as tools that ingest them into Zarr v3 read them: every ``.zarray``'s compressor
+    moved to the end of its filters (the same decoding: VirtualiZarr 2.5's kerchunk parser reads codecs
+    from ``filters`` only), and its fill value also as ``_FillValue`` in ``.zattrs`` (where xarray looks
+    for a Zarr v3 array's missing value; a Zarr v2 reader takes the array's fill value first)."""
+    out = dict(references)
+    for key, value in references.items():
+        if key.rsplit("/", 1)[-1] != ".zarray":
+            continue
+        zarray = json.loads(value)
+        if zarray.get("compressor"):
+            zarray["filters"] = [*(zarray.get("filters") or []), zarray["compressor"]]
+            zarray["compressor"] = None
+            out[key] = _dumps(zarray)
+        dtype = np.dtype(zarray["dtype"])
+        fill = zarr_fill_value(zarray.get("fill_value"), dtype)
+        attrs_key = key[:-len(".zarray")] + ".zattrs"
+        if fill is not None and attrs_key in references:
+            out[attrs_key] = _dumps({**json.loads(references[attrs_key]), "_FillValue": xarray_fill_value(fill, dtype)})
+    return out
+
+
+def zarr_fill_value(value: Any, dtype: np.dtype) -> Any:
+    """A Zarr v2 ``fill_value`` (as :func:`_json_fill` spells it) of a number type, in ``dtype``; else None."""
+    if value is None or dtype.kind not in "biuf":
+        return None
+    named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
+    return np.asarray(named.get(value, value)).astype(dtype.newbyteorder("="))[()]
+
+
+def xarray_fill_value(value: Any, dtype: np.dtype) -> Any:
+    """``_FillValue`` as xarray writes it in a Zarr v3 array's attributes (a float's 8 bytes in base64)."""
+    if dtype.kind == "f":
+        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
+    if dtype.kind == "b":
+        return bool(value)
+    return int(value)
+
+
+def _as_json(references: Mapping[str, Any], templated: bool = True) -> dict[str, Any]:
+    """fsspec's version 1: each fragment URI once, in ``templates`` (or, ``templated=False``, written out
+    in every reference: VirtualiZarr 2.5's kerchunk parser expands no template)."""
     templates: dict[str, str] = {}
     names: dict[str, str] = {}
     refs: dict[str, Any] = {}
     for key, value in references.items():
         if isinstance(value, tuple):
             uri, offset, size = value
+            if not templated:
+                refs[key] = [uri, offset, size]
+                continue
             name = names.get(uri)
             if name is None:
                 name = names[uri] = f"u{len(names)}"
@@ -614,7 +691,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): _json_value(v) for k, v in attrs.items()}
 
 
