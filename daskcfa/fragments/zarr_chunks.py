@@ -292,6 +292,12 @@ class BoundedStore(WrapperStore[Store]):
         except CFAError as exc:
             raise exc.located(file=self._where)
 
+    def decoded_bytes(self, path: str) -> int:
+        """Bytes the bounded decoder makes of one chunk of the array at ``path`` (0 if unknown):
+        a filter's stored type (``astype``, ``delta``...) may be wider than the array's own."""
+        plan = self._plans.get(path.strip("/"))
+        return plan.size if isinstance(plan, ChunkPlan) else 0
+
     def check_array(self, path: str) -> None:
         """Raise the refusal of the array at ``path``, if daskcfa refused its metadata."""
         plan = self._plans.get(path.strip("/"))
