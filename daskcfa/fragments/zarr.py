@@ -101,7 +101,7 @@ class ZarrFile:
             if is_reference_set(location):
                 store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile)
             elif storage.is_local(location):
-                store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
+                store = zarr.storage.FsspecStore(_async(_RegularFiles(policy)), path=storage.local_path(location),
                                                  read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
@@ -154,10 +154,20 @@ class ZarrFile:
 
 class _RegularFiles(LocalFileSystem):
     """A local store's files, opened only when they are regular files (a FIFO would block the
-    read, a device such as ``/dev/zero`` never ends), as every local fragment file is."""
+    read, a device such as ``/dev/zero`` never ends) and the read's policy allows where they
+    resolve to (a link inside the store may lead out of ``allowed_locations``), as every local
+    fragment file is."""
+
+    cachable = False  # (fsspec would share one instance, and its policy, between stores)
+
+    def __init__(self, policy: LocationPolicy | None = None) -> None:
+        super().__init__()
+        self._policy = policy
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if "r" in mode:
+            if self._policy is not None:
+                self._policy.check(self._strip_protocol(path))
             try:
                 storage.local_stat(self._strip_protocol(path))
             except NotFoundError:
