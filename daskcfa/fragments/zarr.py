@@ -101,13 +101,15 @@ class ZarrFile:
             if is_reference_set(location):
                 store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile)
             elif storage.is_local(location):
-                store = zarr.storage.FsspecStore(_async(_RegularFiles(policy)), path=storage.local_path(location),
+                store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
                                                  read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
-            # (daskcfa checks the metadata and decodes the chunks: see zarr_chunks)
-            self._store = BoundedStore(store, uri)
+            # (daskcfa checks the metadata and decodes the chunks, and the policy every key's URL:
+            # see zarr_chunks; a reference set's keys name no file, its targets are checked)
+            confined = None if is_reference_set(location) else (location, policy)
+            self._store = BoundedStore(store, uri, confined)
             self._group = zarr.open_group(self._store, mode="r")
         except CFAError:
             raise
@@ -154,20 +156,10 @@ class ZarrFile:
 
 class _RegularFiles(LocalFileSystem):
     """A local store's files, opened only when they are regular files (a FIFO would block the
-    read, a device such as ``/dev/zero`` never ends) and the read's policy allows where they
-    resolve to (a link inside the store may lead out of ``allowed_locations``), as every local
-    fragment file is."""
-
-    cachable = False  # (fsspec would share one instance, and its policy, between stores)
-
-    def __init__(self, policy: LocationPolicy | None = None) -> None:
-        super().__init__()
-        self._policy = policy
+    read, a device such as ``/dev/zero`` never ends), as every local fragment file is."""
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if "r" in mode:
-            if self._policy is not None:
-                self._policy.check(self._strip_protocol(path))
             try:
                 storage.local_stat(self._strip_protocol(path))
             except NotFoundError:

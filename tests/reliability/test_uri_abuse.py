@@ -190,6 +190,28 @@ def test_links_inside_a_zarr_store_out_of_the_allowed_tree(tmp_path, how):
         np.testing.assert_array_equal(got, values)
 
 
+@pytest.mark.parametrize("identifier", ["..%2f..%2fvictim.zarr/x", "%2e%2e/%2e%2e/victim.zarr/x"])
+def test_a_zarr_variable_name_climbing_out_of_its_store_over_http(tmp_path, make_http_server, identifier):
+    """A fragment identifier is a path inside the Zarr store: with ``..`` percent-encoded (which
+    zarr-python passes on, and an HTTP server decodes) it named a store outside the allowed
+    prefix, whose planted values were read. Every key's URL now passes the policy: refused,
+    and the server sees no request outside the prefix."""
+    zarr = pytest.importorskip("zarr")
+    from remote_helpers import write_cf113
+
+    for name, value in (("archive/f.zarr", 0.5), ("victim.zarr", PLANTED)):
+        array = zarr.create_array(str(tmp_path / name), name="x", shape=(4,), dtype="<f4", zarr_format=2,
+                                  compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
+        array[...] = np.full(4, value, "<f4")
+    write_cf113(tmp_path / "archive" / "agg.nc", "x", ("n",), [[4]], [["f.zarr"]], identifier=identifier)
+    server = make_http_server(tmp_path)
+    with pytest.raises(daskcfa.UnsafeURIError) as info:
+        daskcfa.from_cfa(f"{server.url}/archive/agg.nc", "x",
+                         allowed_locations=[f"{server.url}/archive/"]).compute(scheduler="sync")
+    assert info.value.fragment == (0,), info.value
+    assert all(r.path.startswith("/archive/") for r in server.log), server.log
+
+
 # ---------------------------------------------------------------------------
 # Remote aggregation files: confined to their bucket or host by default
 # ---------------------------------------------------------------------------
