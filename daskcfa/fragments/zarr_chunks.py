@@ -287,7 +287,7 @@ class BoundedStore(WrapperStore[Store]):
                 data = found.to_bytes()
                 if len(data) > bound:
                     raise FragmentReadError(f"Zarr metadata {key!r} is larger than daskcfa reads ({bound:,} bytes: "
-                                            "dask config 'daskcfa.limits.max-memory' / 8)")
+                                            f"dask config 'daskcfa.limits.max-memory' / {limits.JSON_EXPANSION})")
                 return prototype.buffer.from_bytes(checked_metadata(key, data, self._plans))
             plan = self._plan_of(key)
             if byte_range is not None:

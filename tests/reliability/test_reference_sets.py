@@ -429,3 +429,33 @@ def test_a_refused_array_of_consolidated_metadata_leaves_the_others_readable(tmp
     with pytest.raises(daskcfa.FragmentReadError, match="label.*refused") as info:
         daskcfa.from_cfa(str(tmp_path / "label.nc"), "label").compute(scheduler="sync")
     assert info.value.fragment == (0,), info.value
+
+
+# -- JSON documents that expand when parsed ----------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["store-zattrs", "reference-set-keys"])
+def test_a_json_document_is_read_only_if_it_fits_max_memory_once_parsed(tmp_path, form):
+    """7 MiB of ``{}`` list items in a store's ``.zattrs``, or of keys in a JSON reference set, under
+    ``max-memory=64MiB``: parsed, JSON takes 30-40 bytes per character (232 and 317 MiB of growth
+    before, the ``.zattrs`` read without a word; the bound was an eighth of ``max-memory``). Now
+    refused from its size, and the child's peak growth stays within the limit plus 64 MiB."""
+    from .test_bombs import LIMIT, run_isolated
+
+    text_bytes = 7 << 20
+    if form == "store-zattrs":
+        array = zarr.create_array(str(tmp_path / "f.zarr"), name="x", shape=(4,), dtype="<f4", zarr_format=2,
+                                  compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
+        array[...] = VALUES
+        junk = ",".join(["{}"] * (text_bytes // 3))
+        (tmp_path / "f.zarr" / "x" / ".zattrs").write_text(f'{{"_ARRAY_DIMENSIONS": ["n"], "junk": [{junk}]}}')
+        path, name = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [["f.zarr"]]), "f.zarr"
+    else:
+        refs = _refs("base64:" + base64.b64encode(VALUES.tobytes()).decode())
+        refs["refs"].update({f"{k:06x}": {} for k in range(text_bytes // 14)})  # (14 characters each)
+        path, name = _reference_aggregation(tmp_path, refs), "refs.json"
+    result = run_isolated(path, action="read", variable="x", index=[3],
+                          config={"daskcfa.limits.max-memory": "64MiB"})
+    print(f"\nJSON of 7 MiB, {form}: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
+    assert result["error"] == "FragmentReadError" and "max-memory" in result["message"], result
+    assert result["file"].endswith(name), result
+    assert result["growth"] < LIMIT + (64 << 20), result
