@@ -185,3 +185,27 @@ def test_a_filter_storing_a_wider_type_is_charged_at_its_size(tmp_path, lie):
     print(f"\nZarr bomb behind {lie}: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
     assert result["error"] == "BudgetError" and result["file"].endswith(name), result
     assert result["growth"] < BUDGET + (64 << 20), result
+
+
+@pytest.mark.parametrize("codec,filters", [("zlib", [{"id": "shuffle", "elementsize": 4}]),
+                                           ("blosc", [{"id": "delta", "dtype": "<f4"}])], ids=["zlib-shuffle", "blosc-delta"])
+def test_bombs_inline_in_a_parquet_reference_set_behind_elementwise_filters(tmp_path, codec, filters):
+    """The 512 MiB streams as a Parquet reference set's ``raw`` bytes, declared as one 4 MiB chunk
+    whose compressor comes after shuffle or delta: decoded to 4 MiB (then the filter), never further."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    elements = 1 << 20
+    documents, _ = _documents(2, codec, elements)
+    documents["x/.zarray"]["filters"] = filters
+    root = tmp_path / "bomb.parq"
+    (root / "x").mkdir(parents=True)
+    (root / ".zmetadata").write_text(json.dumps({"metadata": documents, "record_size": 1}))
+    pq.write_table(pa.table({"raw": pa.array([bomb(codec)], pa.binary())}), root / "x" / "refs.0.parq")
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[elements]], [["bomb.parq"]])
+    result = run_isolated(path, action="read", variable="x", index=[elements - 1],
+                          config={"daskcfa.budget.memory": "64MiB"})
+    print(f"\nZarr bomb in Parquet, {codec} after {filters[0]['id']}: peak growth {result['growth'] / 2**20:.0f} MiB: "
+          f"{result.get('message')}")
+    assert result["error"] == "FragmentReadError" and result["file"].endswith("bomb.parq"), result
+    assert result["growth"] < BUDGET + (64 << 20), result
