@@ -459,3 +459,31 @@ def test_a_json_document_is_read_only_if_it_fits_max_memory_once_parsed(tmp_path
     assert result["error"] == "FragmentReadError" and "max-memory" in result["message"], result
     assert result["file"].endswith(name), result
     assert result["growth"] < LIMIT + (64 << 20), result
+
+
+# -- the kernel's files ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["reference-target", "zarr-chunk-link"])
+def test_the_process_environment_is_never_read_as_data(tmp_path, how):
+    """``/proc/self/environ`` (a regular file of size 0 holding the reader's environment as it
+    started, AWS secrets included) as a local reference set's target, or linked as the chunk of a
+    Zarr store sized to match it exactly: both used to read the environment as the array's
+    values. Refused now, as files of ``/proc`` and ``/sys`` are, naming the fragment."""
+    size = len(Path("/proc/self/environ").read_bytes())
+    meta = {**ZARRAY, "shape": [size], "chunks": [size], "dtype": "|u1"}
+    if how == "reference-target":
+        refs = _refs(["/proc/self/environ", 0, size])
+        refs["refs"]["x/.zarray"] = meta
+        (tmp_path / "refs.json").write_text(json.dumps(refs))
+        name = "refs.json"
+    else:
+        (tmp_path / "f.zarr" / "x").mkdir(parents=True)
+        (tmp_path / "f.zarr" / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+        (tmp_path / "f.zarr" / "x" / ".zarray").write_text(json.dumps(meta))
+        (tmp_path / "f.zarr" / "x" / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["n"]}))
+        (tmp_path / "f.zarr" / "x" / "0").symlink_to("/proc/self/environ")
+        name = "f.zarr"
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[size]], [[name]], dtype="u1")
+    with pytest.raises(daskcfa.FragmentReadError, match="/proc or /sys") as info:
+        _read(str(path))  # (before: the environment's bytes)
+    assert info.value.fragment == (0,), info.value
