@@ -70,7 +70,8 @@ def config_text() -> str:
 
 def test_clients_made_after_from_cfa_compute_with_no_secret_in_config_or_graph(s3_server, s3_bucket, tmp_path):
     """Open first, start the cluster later: each client the process makes (here two, on two
-    clusters) gets the storage profiles; the secret is in no dask config and no task."""
+    clusters) gets the storage profiles; the secret is in no dask config (client, scheduler,
+    worker) and no task."""
     with pytest.raises(ValueError):
         distributed.default_client()  # (no client when from_cfa runs)
     truth = make_truth((8, 6, 8), "f4", seed=14, masked=0.05)
@@ -83,8 +84,8 @@ def test_clients_made_after_from_cfa_compute_with_no_secret_in_config_or_graph(s
     for part in (slice(None), slice(2, 5)):
         with cluster_of_processes() as cluster, Client(cluster) as client:
             assert_matches(x[part].compute(), built.expected[part])
-            texts = [config_text(), *client.run(config_text).values()]
-            assert len(texts) == 2
+            texts = [config_text(), client.run_on_scheduler(config_text), *client.run(config_text).values()]
+            assert len(texts) == 3
             assert not [t for t in texts if secret in t or s3_server.key in t]
 
 

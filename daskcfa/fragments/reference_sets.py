@@ -17,7 +17,8 @@ read from it:
   the policy (a refusal is an :class:`~daskcfa.errors.UnsafeURIError`
   quoting the URL redacted);
 * entries and inline bytes are counted against ``daskcfa.limits.max-memory``
-  before they are kept: a JSON set may be at most an eighth of it, and a
+  before they are kept: a JSON set may take at most that once parsed
+  (``limits.JSON_EXPANSION`` bytes per character), and a
   Parquet set (fsspec's lazy layout: ``.zmetadata`` and
   ``<array>/refs.<n>.parq`` files of ``record_size`` rows) is read with
   pyarrow one file at a time, as its chunks are asked for, each file charged
@@ -64,8 +65,10 @@ class Target:
 
 
 def max_reference_bytes() -> int:
-    """The largest JSON reference set read (its objects take several times its size in memory)."""
-    return limits.max_memory() // 8
+    """The largest JSON document read (a reference set, Zarr metadata): parsed, JSON takes up to
+    ``limits.JSON_EXPANSION`` bytes per character (measured: 30-40 for ``[{},{},...]``), so a
+    document may take at most ``max-memory`` once parsed."""
+    return limits.max_memory() // limits.JSON_EXPANSION
 
 
 class ReferenceSet(ABC):
@@ -148,7 +151,7 @@ class _JSONSet(ReferenceSet):
         size = storage.size(uri, profile, policy=policy)
         if size > max_reference_bytes():
             raise FragmentReadError(f"a JSON reference set of {size:,} bytes is more than daskcfa reads "
-                                    f"({max_reference_bytes():,}: dask config 'daskcfa.limits.max-memory' / 8); "
+                                    f"({max_reference_bytes():,}: dask config 'daskcfa.limits.max-memory' / {limits.JSON_EXPANSION}); "
                                     "store large reference sets as Parquet", file=uri)
         try:
             document = json.loads(storage.read_bytes(uri, profile, known_size=size, policy=policy))

@@ -106,8 +106,10 @@ class ZarrFile:
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
                 store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
-            # (daskcfa checks the metadata and decodes the chunks: see zarr_chunks)
-            self._store = BoundedStore(store, uri)
+            # (daskcfa checks the metadata and decodes the chunks, and the policy every key's URL:
+            # see zarr_chunks; a reference set's keys name no file, its targets are checked)
+            confined = None if is_reference_set(location) else (location, policy)
+            self._store = BoundedStore(store, uri, confined)
             self._group = zarr.open_group(self._store, mode="r")
         except CFAError:
             raise
@@ -131,7 +133,7 @@ class ZarrFile:
         if not isinstance(array, zarr.Array):
             raise KeyError(name)
         self._store.check_array(path)  # (an array of consolidated metadata daskcfa refused)
-        return ZarrVariable(array, path.rsplit("/", 1)[-1], text=text)
+        return ZarrVariable(array, path.rsplit("/", 1)[-1], text=text, decoded=self._store.decoded_bytes(path))
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -186,7 +188,7 @@ class ZarrVariable:
     #: Zarr fill values are given as attributes here: netCDF's default fills do not apply
     no_fill = True
 
-    def __init__(self, array: Any, name: str, *, text: bool = False) -> None:
+    def __init__(self, array: Any, name: str, *, text: bool = False, decoded: int = 0) -> None:
         self._array = array
         self.name = name
         self.shape = tuple(int(n) for n in array.shape)
@@ -198,8 +200,9 @@ class ZarrVariable:
         self.dtype = stored.newbyteorder("=") if stored.kind != "O" else stored
         #: the chunk shape (the array's own chunk grid: what dask chunks of it align to)
         self.chunks = tuple(int(c) for c in (getattr(array, "chunks", None) or self.shape))
-        #: bytes of one decoded chunk (Zarr decodes whole chunks)
-        self.chunk_nbytes = int(math.prod(self.chunks)) * self.dtype.itemsize
+        #: bytes of one decoded chunk (Zarr decodes whole chunks; ``decoded``: what daskcfa's bounded
+        #: decoder makes of it, in the stored type of its filters, which may be wider)
+        self.chunk_nbytes = max(int(math.prod(self.chunks)) * self.dtype.itemsize, decoded)
         attrs = dict(array.attrs)
         self.dims = _dimension_names(array, attrs, len(self.shape), name)
         types = _nczarr_types(attrs)  # (NCZarr: each attribute's netCDF type)

@@ -35,6 +35,7 @@ from zarr.storage import WrapperStore
 from .. import storage
 from ..errors import CFAError, FragmentReadError, redact
 from .. import limits
+from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .codecs import COMPRESSORS
 from .reference_sets import METADATA_NAMES, ReferenceSet, Target, max_reference_bytes
@@ -259,19 +260,25 @@ def _v3_node(doc: dict[str, Any], path: str, plans: dict[str, ChunkPlan | Fragme
 
 class BoundedStore(WrapperStore[Store]):
     """A read-only Zarr store whose metadata daskcfa checked and whose chunks daskcfa decoded
-    (see the module's docstring); ``where`` names the store in errors."""
+    (see the module's docstring); ``where`` names the store in errors. ``confined``: the store's
+    URL and the read's policy, which every key's URL must pass before it is read (a key is a
+    path: ``..%2f`` in it climbs out of the store on an HTTP server that decodes it, and a
+    link inside a local store may lead anywhere)."""
 
-    def __init__(self, store: Store, where: str) -> None:
+    def __init__(self, store: Store, where: str, confined: tuple[str, LocationPolicy | None] | None = None) -> None:
         super().__init__(store)
-        self._where = where
+        self._where, self._confined = where, confined
         self._plans: dict[str, ChunkPlan | FragmentReadError] = {}  # array path -> plan, or why it is refused
 
     def _with_store(self, store: Store) -> "BoundedStore":
-        return type(self)(store, self._where)
+        return type(self)(store, self._where, self._confined)
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
                   ) -> Buffer | None:
         try:
+            if self._confined is not None and self._confined[1] is not None:
+                location, policy = self._confined
+                policy.check(f"{location.rstrip('/')}/{key}")
             if key.rsplit("/", 1)[-1] in METADATA_NAMES:
                 bound = max_reference_bytes()
                 found = await self._store.get(key, prototype, RangeByteRequest(0, bound + 1))
@@ -280,7 +287,7 @@ class BoundedStore(WrapperStore[Store]):
                 data = found.to_bytes()
                 if len(data) > bound:
                     raise FragmentReadError(f"Zarr metadata {key!r} is larger than daskcfa reads ({bound:,} bytes: "
-                                            "dask config 'daskcfa.limits.max-memory' / 8)")
+                                            f"dask config 'daskcfa.limits.max-memory' / {limits.JSON_EXPANSION})")
                 return prototype.buffer.from_bytes(checked_metadata(key, data, self._plans))
             plan = self._plan_of(key)
             if byte_range is not None:
@@ -291,6 +298,12 @@ class BoundedStore(WrapperStore[Store]):
             return prototype.buffer.from_bytes(plan.decode(found.to_bytes(), key))
         except CFAError as exc:
             raise exc.located(file=self._where)
+
+    def decoded_bytes(self, path: str) -> int:
+        """Bytes the bounded decoder makes of one chunk of the array at ``path`` (0 if unknown):
+        a filter's stored type (``astype``, ``delta``...) may be wider than the array's own."""
+        plan = self._plans.get(path.strip("/"))
+        return plan.size if isinstance(plan, ChunkPlan) else 0
 
     def check_array(self, path: str) -> None:
         """Raise the refusal of the array at ``path``, if daskcfa refused its metadata."""

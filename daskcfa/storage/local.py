@@ -1,11 +1,15 @@
 """Local files: only regular files are ever opened for reading.
 
 A FIFO would block netCDF-C (or any reader) for ever, and a device such as
-``/dev/zero`` never ends; both are refused before and after opening.
+``/dev/zero`` never ends; both are refused before and after opening. Files
+of ``/proc`` and ``/sys`` are regular files of size 0 that read as the
+kernel's views (``/proc/self/environ``: the reader's secrets): refused too,
+as a reference set or a link in a Zarr store could serve their bytes as data.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 
@@ -48,8 +52,21 @@ def _refuse_irregular(mode: int, uri: str) -> None:
         raise StorageError(f"not a regular file ({kind}): only regular files are opened", file=uri)
 
 
+@functools.cache
+def _kernel_filesystems() -> frozenset[int]:
+    """The devices of ``/proc`` and ``/sys``: their "regular files" are the kernel's views (a
+    process's environment, its secrets included), not data."""
+    devices = set()
+    for root in ("/proc", "/proc/self", "/sys"):
+        try:
+            devices.add(os.stat(root).st_dev)
+        except OSError:
+            pass
+    return frozenset(devices)
+
+
 def local_stat(uri: str) -> os.stat_result:
-    """``os.stat`` of a local file (links followed), refused unless it is a regular file."""
+    """``os.stat`` of a local file (links followed), refused unless it is a regular file of data."""
     path = local_path(uri)
     with translated(uri):
         try:
@@ -57,6 +74,8 @@ def local_stat(uri: str) -> os.stat_result:
         except FileNotFoundError:
             raise NotFoundError("file not found", file=uri) from None
     _refuse_irregular(info.st_mode, uri)
+    if info.st_dev in _kernel_filesystems():
+        raise StorageError("a file of the kernel's /proc or /sys, not data: never read", file=uri)
     return info
 
 

@@ -429,3 +429,61 @@ def test_a_refused_array_of_consolidated_metadata_leaves_the_others_readable(tmp
     with pytest.raises(daskcfa.FragmentReadError, match="label.*refused") as info:
         daskcfa.from_cfa(str(tmp_path / "label.nc"), "label").compute(scheduler="sync")
     assert info.value.fragment == (0,), info.value
+
+
+# -- JSON documents that expand when parsed ----------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["store-zattrs", "reference-set-keys"])
+def test_a_json_document_is_read_only_if_it_fits_max_memory_once_parsed(tmp_path, form):
+    """7 MiB of ``{}`` list items in a store's ``.zattrs``, or of keys in a JSON reference set, under
+    ``max-memory=64MiB``: parsed, JSON takes 30-40 bytes per character (232 and 317 MiB of growth
+    before, the ``.zattrs`` read without a word; the bound was an eighth of ``max-memory``). Now
+    refused from its size, and the child's peak growth stays within the limit plus 64 MiB."""
+    from .test_bombs import LIMIT, run_isolated
+
+    text_bytes = 7 << 20
+    if form == "store-zattrs":
+        array = zarr.create_array(str(tmp_path / "f.zarr"), name="x", shape=(4,), dtype="<f4", zarr_format=2,
+                                  compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
+        array[...] = VALUES
+        junk = ",".join(["{}"] * (text_bytes // 3))
+        (tmp_path / "f.zarr" / "x" / ".zattrs").write_text(f'{{"_ARRAY_DIMENSIONS": ["n"], "junk": [{junk}]}}')
+        path, name = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [["f.zarr"]]), "f.zarr"
+    else:
+        refs = _refs("base64:" + base64.b64encode(VALUES.tobytes()).decode())
+        refs["refs"].update({f"{k:06x}": {} for k in range(text_bytes // 14)})  # (14 characters each)
+        path, name = _reference_aggregation(tmp_path, refs), "refs.json"
+    result = run_isolated(path, action="read", variable="x", index=[3],
+                          config={"daskcfa.limits.max-memory": "64MiB"})
+    print(f"\nJSON of 7 MiB, {form}: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
+    assert result["error"] == "FragmentReadError" and "max-memory" in result["message"], result
+    assert result["file"].endswith(name), result
+    assert result["growth"] < LIMIT + (64 << 20), result
+
+
+# -- the kernel's files ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["reference-target", "zarr-chunk-link"])
+def test_the_process_environment_is_never_read_as_data(tmp_path, how):
+    """``/proc/self/environ`` (a regular file of size 0 holding the reader's environment as it
+    started, AWS secrets included) as a local reference set's target, or linked as the chunk of a
+    Zarr store sized to match it exactly: both used to read the environment as the array's
+    values. Refused now, as files of ``/proc`` and ``/sys`` are, naming the fragment."""
+    size = len(Path("/proc/self/environ").read_bytes())
+    meta = {**ZARRAY, "shape": [size], "chunks": [size], "dtype": "|u1"}
+    if how == "reference-target":
+        refs = _refs(["/proc/self/environ", 0, size])
+        refs["refs"]["x/.zarray"] = meta
+        (tmp_path / "refs.json").write_text(json.dumps(refs))
+        name = "refs.json"
+    else:
+        (tmp_path / "f.zarr" / "x").mkdir(parents=True)
+        (tmp_path / "f.zarr" / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+        (tmp_path / "f.zarr" / "x" / ".zarray").write_text(json.dumps(meta))
+        (tmp_path / "f.zarr" / "x" / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["n"]}))
+        (tmp_path / "f.zarr" / "x" / "0").symlink_to("/proc/self/environ")
+        name = "f.zarr"
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[size]], [[name]], dtype="u1")
+    with pytest.raises(daskcfa.FragmentReadError, match="/proc or /sys") as info:
+        _read(str(path))  # (before: the environment's bytes)
+    assert info.value.fragment == (0,), info.value

@@ -145,6 +145,73 @@ def test_symlinks_out_of_the_allowed_tree(tree, how):
                        .compute(scheduler="sync"), built.expected)
 
 
+@pytest.mark.parametrize("how", ["chunk-link", "relative-chunk-link", "array-directory-link", "metadata-link",
+                                 "device-link"])
+def test_links_inside_a_zarr_store_out_of_the_allowed_tree(tmp_path, how):
+    """A Zarr store is a tree of files: a link inside it (a chunk, the array's directory, its
+    ``.zarray``) to a file outside ``allowed_locations`` is refused as a fragment file's link is,
+    naming the fragment (before: the planted values were read, the policy checked the store's
+    own path only); a link staying inside the tree reads."""
+    zarr = pytest.importorskip("zarr")
+    from remote_helpers import write_cf113
+
+    values = np.arange(4, dtype="<f4") + 0.5
+    archive, outside = tmp_path / "archive", tmp_path / "outside"
+    outside.mkdir()
+    array = zarr.create_array(str(archive / "f.zarr"), name="x", shape=(4,), dtype="<f4", zarr_format=2,
+                              compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
+    array[...] = values
+    path = write_cf113(archive / "agg.nc", "x", ("n",), [[4]], [["f.zarr"]])
+    x_dir = archive / "f.zarr" / "x"
+    planted = np.full(4, PLANTED, "<f4").tobytes()
+    (outside / "chunk").write_bytes(planted)
+    if how in ("chunk-link", "relative-chunk-link"):
+        (archive / "kept").write_bytes((x_dir / "0").read_bytes())
+        (x_dir / "0").unlink()
+        (x_dir / "0").symlink_to("../../../outside/chunk" if how.startswith("relative") else outside / "chunk")
+    elif how == "array-directory-link":
+        os.rename(x_dir, outside / "x")
+        (outside / "x" / "0").write_bytes(planted)
+        x_dir.symlink_to(outside / "x", target_is_directory=True)
+    elif how == "metadata-link":
+        (outside / ".zarray").write_bytes((x_dir / ".zarray").read_bytes())
+        (x_dir / ".zarray").unlink()
+        (x_dir / ".zarray").symlink_to(outside / ".zarray")
+    else:
+        (x_dir / "0").unlink()
+        (x_dir / "0").symlink_to("/dev/zero")
+    with pytest.raises(daskcfa.UnsafeURIError, match="resolves to") as info:
+        daskcfa.from_cfa(str(path), "x", allowed_locations=[str(archive)]).compute(scheduler="sync")
+    assert info.value.fragment == (0,) and info.value.variable == "/x", info.value
+    if how == "chunk-link":  # a link staying inside the tree is fine
+        (x_dir / "0").unlink()
+        (x_dir / "0").symlink_to(archive / "kept")
+        got = daskcfa.from_cfa(str(path), "x", allowed_locations=[str(archive)]).compute(scheduler="sync")
+        np.testing.assert_array_equal(got, values)
+
+
+@pytest.mark.parametrize("identifier", ["..%2f..%2fvictim.zarr/x", "%2e%2e/%2e%2e/victim.zarr/x"])
+def test_a_zarr_variable_name_climbing_out_of_its_store_over_http(tmp_path, make_http_server, identifier):
+    """A fragment identifier is a path inside the Zarr store: with ``..`` percent-encoded (which
+    zarr-python passes on, and an HTTP server decodes) it named a store outside the allowed
+    prefix, whose planted values were read. Every key's URL now passes the policy: refused,
+    and the server sees no request outside the prefix."""
+    zarr = pytest.importorskip("zarr")
+    from remote_helpers import write_cf113
+
+    for name, value in (("archive/f.zarr", 0.5), ("victim.zarr", PLANTED)):
+        array = zarr.create_array(str(tmp_path / name), name="x", shape=(4,), dtype="<f4", zarr_format=2,
+                                  compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
+        array[...] = np.full(4, value, "<f4")
+    write_cf113(tmp_path / "archive" / "agg.nc", "x", ("n",), [[4]], [["f.zarr"]], identifier=identifier)
+    server = make_http_server(tmp_path)
+    with pytest.raises(daskcfa.UnsafeURIError) as info:
+        daskcfa.from_cfa(f"{server.url}/archive/agg.nc", "x",
+                         allowed_locations=[f"{server.url}/archive/"]).compute(scheduler="sync")
+    assert info.value.fragment == (0,), info.value
+    assert all(r.path.startswith("/archive/") for r in server.log), server.log
+
+
 # ---------------------------------------------------------------------------
 # Remote aggregation files: confined to their bucket or host by default
 # ---------------------------------------------------------------------------

@@ -158,3 +158,54 @@ def test_chunks_of_every_allowed_compressor_read_exactly(tmp_path, form):
             refs["refs"]["x/c/0"] = "base64:" + base64.b64encode(chunk).decode()
             (directory / name).write_text(json.dumps(refs))
         np.testing.assert_array_equal(daskcfa.from_cfa(str(path), "x").compute(scheduler="sync"), values)
+
+
+@pytest.mark.parametrize("lie", [{"id": "astype", "encode_dtype": "|S13421773", "decode_dtype": "<f4"},
+                                 {"id": "delta", "dtype": "<f4", "astype": "<U3355444"},
+                                 {"id": "fixedscaleoffset", "offset": 0, "scale": 1, "dtype": "<f4", "astype": "<f8"}],
+                         ids=lambda lie: lie["id"])
+def test_a_filter_storing_a_wider_type_is_charged_at_its_size(tmp_path, lie):
+    """A filter's stored type wider than the array's (``x(40)`` float32 stored as 40 strings of
+    13 MB): its chunks decode to that type's size, 512 MiB here, before the filter undoes it; that
+    size is reserved from the budget, so the bomb is refused before it is inflated (the reservation
+    counted the array's 160 bytes: 531 MiB of growth). ``<f8`` is a plain 2x: read exactly."""
+    path, name = _bomb_aggregation(tmp_path, "v2-store", "zlib")
+    zarray = tmp_path / name / "x" / ".zarray"
+    meta = json.loads(zarray.read_text())
+    zarray.write_text(json.dumps({**meta, "filters": [lie]}))
+    if lie.get("astype") == "<f8":  # (a genuine wider stored type reads exactly)
+        values = np.linspace(-5, 5, ELEMENTS, dtype="<f4")
+        (tmp_path / name / "x" / "0").write_bytes(zlib.compress(values.astype("<f8").tobytes()))
+        import daskcfa
+
+        np.testing.assert_array_equal(daskcfa.from_cfa(str(path), "x").compute(scheduler="sync"), values)
+        return
+    result = run_isolated(path, action="read", variable="x", index=[ELEMENTS - 1],
+                          config={"daskcfa.budget.memory": "64MiB"})
+    print(f"\nZarr bomb behind {lie}: peak growth {result['growth'] / 2**20:.0f} MiB: {result.get('message')}")
+    assert result["error"] == "BudgetError" and result["file"].endswith(name), result
+    assert result["growth"] < BUDGET + (64 << 20), result
+
+
+@pytest.mark.parametrize("codec,filters", [("zlib", [{"id": "shuffle", "elementsize": 4}]),
+                                           ("blosc", [{"id": "delta", "dtype": "<f4"}])], ids=["zlib-shuffle", "blosc-delta"])
+def test_bombs_inline_in_a_parquet_reference_set_behind_elementwise_filters(tmp_path, codec, filters):
+    """The 512 MiB streams as a Parquet reference set's ``raw`` bytes, declared as one 4 MiB chunk
+    whose compressor comes after shuffle or delta: decoded to 4 MiB (then the filter), never further."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    elements = 1 << 20
+    documents, _ = _documents(2, codec, elements)
+    documents["x/.zarray"]["filters"] = filters
+    root = tmp_path / "bomb.parq"
+    (root / "x").mkdir(parents=True)
+    (root / ".zmetadata").write_text(json.dumps({"metadata": documents, "record_size": 1}))
+    pq.write_table(pa.table({"raw": pa.array([bomb(codec)], pa.binary())}), root / "x" / "refs.0.parq")
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[elements]], [["bomb.parq"]])
+    result = run_isolated(path, action="read", variable="x", index=[elements - 1],
+                          config={"daskcfa.budget.memory": "64MiB"})
+    print(f"\nZarr bomb in Parquet, {codec} after {filters[0]['id']}: peak growth {result['growth'] / 2**20:.0f} MiB: "
+          f"{result.get('message')}")
+    assert result["error"] == "FragmentReadError" and result["file"].endswith("bomb.parq"), result
+    assert result["growth"] < BUDGET + (64 << 20), result
