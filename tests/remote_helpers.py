@@ -162,16 +162,109 @@ class FailingProxy:
 
     @staticmethod
     def _pump(source, sink) -> None:
-        import socket
-
         try:
             while data := source.recv(65536):
                 sink.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            FailingProxy._close(source, sink)
+
+    @staticmethod
+    def _close(*sockets) -> None:
+        import socket
+
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class CorruptingProxy:
+    """A TCP proxy on 127.0.0.1 to ``target`` (``(host, port)``) that changes one byte of the body
+    of every successful GET response of at least ``min_body`` bytes, as a faulty network, NIC or
+    middlebox would: the headers (the server's checksum among them) arrive as sent. Requests
+    must have no body (GET, HEAD). A context manager; ``endpoint_url`` names it, ``corrupted``
+    counts the bodies changed."""
+
+    def __init__(self, target: tuple[str, int], min_body: int = 1) -> None:
+        import socket
+        import threading
+
+        self.target, self.min_body, self.corrupted = target, min_body, 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._closed = False
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self) -> "CorruptingProxy":
+        self._accepting.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed = True
+        self._server.close()
+        self._accepting.join(5)
+
+    def _accept(self) -> None:
+        import queue
+        import socket
+        import threading
+
+        self._server.settimeout(0.1)
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            upstream = socket.create_connection(self.target)
+            methods: queue.Queue = queue.Queue()  # of the requests sent, in order: which responses have bodies
+            threading.Thread(target=self._requests, args=(client, upstream, methods), daemon=True).start()
+            threading.Thread(target=self._responses, args=(upstream, client, methods), daemon=True).start()
+
+    @staticmethod
+    def _requests(source, sink, methods) -> None:
+        buffer = b""
+        try:
+            while data := source.recv(65536):
+                buffer += data
+                while b"\r\n\r\n" in buffer:
+                    head, buffer = buffer.split(b"\r\n\r\n", 1)
+                    methods.put(head.split(b" ", 1)[0])
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            FailingProxy._close(source, sink)
+
+    def _responses(self, source, sink, methods) -> None:
+        buffer = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                lines = head.split(b"\r\n")
+                fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+                length = 0 if methods.get() == b"HEAD" else int(fields.get(b"content-length", b"0"))
+                while len(buffer) < length:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                body, buffer = bytearray(buffer[:length]), buffer[length:]
+                if lines[0].split(b" ")[1] == b"200" and length >= self.min_body:
+                    body[length // 2] ^= 0x01
+                    self.corrupted += 1
+                sink.sendall(head + b"\r\n\r\n" + bytes(body))
+        except OSError:
+            pass
+        finally:
+            FailingProxy._close(source, sink)
