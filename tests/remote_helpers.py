@@ -96,7 +96,54 @@ def write_cf113(path: Path, name: str, dims: Sequence[str], sizes, uris, *, iden
 
 
 
-class FailingProxy:
+class _Proxy:
+    """A TCP server on 127.0.0.1 (``endpoint_url``) that hands each connection, counted in
+    ``connections``, to the subclass's ``_serve(client)`` (which must not block). A context manager."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._closed = False
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self):
+        self._accepting.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed = True
+        self._server.close()
+        self._accepting.join(5)
+
+    def _accept(self) -> None:
+        self._server.settimeout(0.1)  # (closing a socket does not wake a thread blocked in accept)
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            self.connections += 1
+            self._serve(client)
+
+    @staticmethod
+    def _close(*sockets) -> None:
+        import socket
+
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class FailingProxy(_Proxy):
     """A TCP server on 127.0.0.1 that counts the connections made to it: on the first
     ``failures`` it answers the request with S3's "503 Service Unavailable" and closes the
     connection (an overloaded or restarting server); later connections are forwarded to
@@ -110,44 +157,19 @@ class FailingProxy:
     BODY = b"<Error><Code>ServiceUnavailable</Code><Message>Please reduce your request rate.</Message></Error>"
 
     def __init__(self, target: tuple[str, int] | None = None, failures: int = 10**9) -> None:
+        super().__init__()
+        self.target, self.failures = target, failures
+
+    def _serve(self, client) -> None:
         import socket
         import threading
 
-        self.target, self.failures, self.connections = target, failures, 0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        self._closed = False
-        self._accepting = threading.Thread(target=self._accept, daemon=True)
-
-    def __enter__(self) -> "FailingProxy":
-        self._accepting.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._closed = True
-        self._server.close()
-        self._accepting.join(5)
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        self._server.settimeout(0.1)  # (closing a socket does not wake a thread blocked in accept)
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            self.connections += 1
-            if self.target is None or self.connections <= self.failures:
-                threading.Thread(target=self._fail, args=(client,), daemon=True).start()
-                continue
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+        if self.target is None or self.connections <= self.failures:
+            threading.Thread(target=self._fail, args=(client,), daemon=True).start()
+            return
+        upstream = socket.create_connection(self.target)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _fail(self, client) -> None:
         with client:
@@ -168,20 +190,10 @@ class FailingProxy:
         except OSError:
             pass
         finally:
-            FailingProxy._close(source, sink)
-
-    @staticmethod
-    def _close(*sockets) -> None:
-        import socket
-
-        for s in sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _Proxy._close(source, sink)
 
 
-class CorruptingProxy:
+class CorruptingProxy(_Proxy):
     """A TCP proxy on 127.0.0.1 to ``target`` (``(host, port)``) that changes one byte of the body
     of every successful GET response of at least ``min_body`` bytes, as a faulty network, NIC or
     middlebox would: the headers (the server's checksum among them) arrive as sent. Requests
@@ -189,42 +201,18 @@ class CorruptingProxy:
     counts the bodies changed."""
 
     def __init__(self, target: tuple[str, int], min_body: int = 1) -> None:
-        import socket
-        import threading
-
+        super().__init__()
         self.target, self.min_body, self.corrupted = target, min_body, 0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        self._closed = False
-        self._accepting = threading.Thread(target=self._accept, daemon=True)
 
-    def __enter__(self) -> "CorruptingProxy":
-        self._accepting.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._closed = True
-        self._server.close()
-        self._accepting.join(5)
-
-    def _accept(self) -> None:
+    def _serve(self, client) -> None:
         import queue
         import socket
         import threading
 
-        self._server.settimeout(0.1)
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            upstream = socket.create_connection(self.target)
-            methods: queue.Queue = queue.Queue()  # of the requests sent, in order: which responses have bodies
-            threading.Thread(target=self._requests, args=(client, upstream, methods), daemon=True).start()
-            threading.Thread(target=self._responses, args=(upstream, client, methods), daemon=True).start()
+        upstream = socket.create_connection(self.target)
+        methods: queue.Queue = queue.Queue()  # of the requests sent, in order: which responses have bodies
+        threading.Thread(target=self._requests, args=(client, upstream, methods), daemon=True).start()
+        threading.Thread(target=self._responses, args=(upstream, client, methods), daemon=True).start()
 
     @staticmethod
     def _requests(source, sink, methods) -> None:
@@ -239,7 +227,7 @@ class CorruptingProxy:
         except OSError:
             pass
         finally:
-            FailingProxy._close(source, sink)
+            _Proxy._close(source, sink)
 
     def _responses(self, source, sink, methods) -> None:
         buffer = b""
@@ -267,4 +255,4 @@ class CorruptingProxy:
         except OSError:
             pass
         finally:
-            FailingProxy._close(source, sink)
+            _Proxy._close(source, sink)
