@@ -51,9 +51,10 @@ class _Crc32Body:
 
 def _expected_crc32(response: Mapping[str, Any]) -> bytes | None:
     """The whole object's CRC-32 the server sent (4 bytes), if it sent one: a multipart
-    object's composite checksum (``...-N``) is not the CRC-32 of its bytes."""
+    object's composite checksum (``COMPOSITE``, written ``<base64>-<parts>``, not base64) is
+    not the CRC-32 of its bytes."""
     value = response.get("ChecksumCRC32")
-    if not isinstance(value, str) or "-" in value or response.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+    if not isinstance(value, str) or response.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
         return None
     try:
         decoded = base64.b64decode(value, validate=True)
