@@ -34,7 +34,6 @@ from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
 from .s3nc import s3nc_config
 from .retry import Refused, precondition_failed, refusals, translated, with_retries
-from .transfer import checked_body
 from .uri import is_local, normalise, scheme_of
 
 __all__ = [
@@ -315,6 +314,8 @@ async def _get_streamed(fs: Any, path: str, uri: str) -> Blocks:
 async def _get_blocks(fs: Any, path: str, uri: str) -> list[bytes]:
     """One GET of a whole object (S3); its body as the blocks it arrived in, its checksum
     checked as they arrive (:mod:`.transfer`)."""
+    from .transfer import checked_body  # (here: it imports aiobotocore, which local reads never need)
+
     # As s3fs's own _cat_file does it, less the join (and less its HEAD: see _one_get).
     bucket, key, version = fs.split_path(path)
     response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
