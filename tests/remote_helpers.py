@@ -96,7 +96,54 @@ def write_cf113(path: Path, name: str, dims: Sequence[str], sizes, uris, *, iden
 
 
 
-class FailingProxy:
+class _Proxy:
+    """A TCP server on 127.0.0.1 (``endpoint_url``) that hands each connection, counted in
+    ``connections``, to the subclass's ``_serve(client)`` (which must not block). A context manager."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._closed = False
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self):
+        self._accepting.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed = True
+        self._server.close()
+        self._accepting.join(5)
+
+    def _accept(self) -> None:
+        self._server.settimeout(0.1)  # (closing a socket does not wake a thread blocked in accept)
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            self.connections += 1
+            self._serve(client)
+
+    @staticmethod
+    def _close(*sockets) -> None:
+        import socket
+
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class FailingProxy(_Proxy):
     """A TCP server on 127.0.0.1 that counts the connections made to it: on the first
     ``failures`` it answers the request with S3's "503 Service Unavailable" and closes the
     connection (an overloaded or restarting server); later connections are forwarded to
@@ -110,44 +157,19 @@ class FailingProxy:
     BODY = b"<Error><Code>ServiceUnavailable</Code><Message>Please reduce your request rate.</Message></Error>"
 
     def __init__(self, target: tuple[str, int] | None = None, failures: int = 10**9) -> None:
+        super().__init__()
+        self.target, self.failures = target, failures
+
+    def _serve(self, client) -> None:
         import socket
         import threading
 
-        self.target, self.failures, self.connections = target, failures, 0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        self._closed = False
-        self._accepting = threading.Thread(target=self._accept, daemon=True)
-
-    def __enter__(self) -> "FailingProxy":
-        self._accepting.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._closed = True
-        self._server.close()
-        self._accepting.join(5)
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        self._server.settimeout(0.1)  # (closing a socket does not wake a thread blocked in accept)
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            self.connections += 1
-            if self.target is None or self.connections <= self.failures:
-                threading.Thread(target=self._fail, args=(client,), daemon=True).start()
-                continue
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+        if self.target is None or self.connections <= self.failures:
+            threading.Thread(target=self._fail, args=(client,), daemon=True).start()
+            return
+        upstream = socket.create_connection(self.target)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _fail(self, client) -> None:
         with client:
@@ -162,16 +184,75 @@ class FailingProxy:
 
     @staticmethod
     def _pump(source, sink) -> None:
-        import socket
-
         try:
             while data := source.recv(65536):
                 sink.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _Proxy._close(source, sink)
+
+
+class CorruptingProxy(_Proxy):
+    """A TCP proxy on 127.0.0.1 to ``target`` (``(host, port)``) that changes one byte of the body
+    of every successful GET response of at least ``min_body`` bytes, as a faulty network, NIC or
+    middlebox would: the headers (the server's checksum among them) arrive as sent. Requests
+    must have no body (GET, HEAD). A context manager; ``endpoint_url`` names it, ``corrupted``
+    counts the bodies changed."""
+
+    def __init__(self, target: tuple[str, int], min_body: int = 1) -> None:
+        super().__init__()
+        self.target, self.min_body, self.corrupted = target, min_body, 0
+
+    def _serve(self, client) -> None:
+        import queue
+        import socket
+        import threading
+
+        upstream = socket.create_connection(self.target)
+        methods: queue.Queue = queue.Queue()  # of the requests sent, in order: which responses have bodies
+        threading.Thread(target=self._requests, args=(client, upstream, methods), daemon=True).start()
+        threading.Thread(target=self._responses, args=(upstream, client, methods), daemon=True).start()
+
+    @staticmethod
+    def _requests(source, sink, methods) -> None:
+        buffer = b""
+        try:
+            while data := source.recv(65536):
+                buffer += data
+                while b"\r\n\r\n" in buffer:
+                    head, buffer = buffer.split(b"\r\n\r\n", 1)
+                    methods.put(head.split(b" ", 1)[0])
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _Proxy._close(source, sink)
+
+    def _responses(self, source, sink, methods) -> None:
+        buffer = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                lines = head.split(b"\r\n")
+                fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+                length = 0 if methods.get() == b"HEAD" else int(fields.get(b"content-length", b"0"))
+                while len(buffer) < length:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                body, buffer = bytearray(buffer[:length]), buffer[length:]
+                if lines[0].split(b" ")[1] == b"200" and length >= self.min_body:
+                    body[length // 2] ^= 0x01
+                    self.corrupted += 1
+                sink.sendall(head + b"\r\n\r\n" + bytes(body))
+        except OSError:
+            pass
+        finally:
+            _Proxy._close(source, sink)

@@ -143,3 +143,14 @@ def test_from_cfa_imports_only_what_a_dask_array_needs(tmp_path):
                                  ("dask.array",) + ARRAY_STACK + others)
     assert printed == ["(10, 1, 1)"] and "dask.array" in modules
     assert modules - {"dask.array"} <= with_dask_array
+
+
+def test_a_local_read_imports_no_s3_client(tmp_path):
+    """Reading local fragments imports neither s3fs nor aiobotocore, botocore or aiohttp: only S3 reads
+    need the client that checks whole objects' CRC-32 (storage/transfer.py)."""
+    import daskcfa
+
+    url = daskcfa.sample(str(tmp_path / "tas.nca"))
+    modules, printed = _imported(f"import daskcfa\nprint(float(daskcfa.from_cfa({url!r}, 'tas').mean().compute()) > 0)",
+                                 ("s3fs", "aiobotocore", "botocore", "aiohttp"))
+    assert printed == ["True"] and modules == set()

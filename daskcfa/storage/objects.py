@@ -259,9 +259,10 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
             return Blocks([f.read()])
     fs, path = filesystem(uri, profile, policy=policy)
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
-        if not _streams(fs) or (known_size or size_hint or 0) < _STREAM_FROM:
+        if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
-        return Blocks(with_retries(uri, fsspec.asyn.sync, fs.loop, _get_blocks, fs, path))
+        get = _get_streamed if (known_size or size_hint or 0) >= _STREAM_FROM else _get_whole
+        return with_retries(uri, fsspec.asyn.sync, fs.loop, get, fs, path, uri)
     part = part_size()
     starts = list(range(0, known_size, part))
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
@@ -280,8 +281,8 @@ def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPo
     if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
         return None
     if _streams(fs) and size_hint >= _STREAM_FROM:
-        return asyncio.run_coroutine_threadsafe(_get_streamed(fs, path), fs.loop)
-    return asyncio.run_coroutine_threadsafe(_get_whole(fs, path), fs.loop)
+        return asyncio.run_coroutine_threadsafe(_get_streamed(fs, path, uri), fs.loop)
+    return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri), fs.loop)
 
 
 #: Most bytes taken from a streamed response body at a time (a read returns what has arrived).
@@ -298,27 +299,33 @@ def _streams(fs: Any) -> bool:
     return "s3" in protocols and getattr(fs, "loop", None) is not None
 
 
-async def _get_whole(fs: Any, path: str) -> Blocks:
-    """One GET of a whole (small) object."""
-    return Blocks([await fs._cat_file(path, **_one_get(fs))])
+async def _get_whole(fs: Any, path: str, uri: str) -> Blocks:
+    """One GET of a whole (small) object, in one block."""
+    if not _streams(fs):
+        return Blocks([await fs._cat_file(path, **_one_get(fs))])
+    blocks = await _get_blocks(fs, path, uri)
+    return Blocks([b"".join(blocks)] if len(blocks) > 1 else blocks)
 
 
-async def _get_streamed(fs: Any, path: str) -> Blocks:
-    return Blocks(await _get_blocks(fs, path))
+async def _get_streamed(fs: Any, path: str, uri: str) -> Blocks:
+    return Blocks(await _get_blocks(fs, path, uri))
 
 
-async def _get_blocks(fs: Any, path: str) -> list[bytes]:
-    """One GET of a whole object (S3); its body as the blocks it arrived in."""
+async def _get_blocks(fs: Any, path: str, uri: str) -> list[bytes]:
+    """One GET of a whole object (S3); its body as the blocks it arrived in, its checksum
+    checked as they arrive (:mod:`.transfer`)."""
+    from .transfer import checked_body  # (here: it imports aiobotocore, which local reads never need)
+
     # As s3fs's own _cat_file does it, less the join (and less its HEAD: see _one_get).
     bucket, key, version = fs.split_path(path)
     response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-    body = response["Body"]  # (botocore checks the object's checksum, when it has one, at the end)
+    read = checked_body(response, uri)
     blocks = []
     try:
-        while block := await body.read(_STREAM_READ):
+        while block := await read(_STREAM_READ):
             blocks.append(block)
     finally:
-        body.close()
+        response["Body"].close()
     return blocks
 
 

@@ -632,9 +632,9 @@ def test_s3_large_objects_are_streamed_whole(tmp_path, s3_server, s3_bucket, s3f
     streamed = []
     get_blocks = storage.objects._get_blocks
 
-    async def counted(fs, path):
+    async def counted(fs, path, uri):
         streamed.append(path)
-        return await get_blocks(fs, path)
+        return await get_blocks(fs, path, uri)
 
     monkeypatch.setattr(storage.objects, "_get_blocks", counted)
     for scheduler in ("synchronous", "threads"):
@@ -645,6 +645,37 @@ def test_s3_large_objects_are_streamed_whole(tmp_path, s3_server, s3_bucket, s3f
         got[0, 0, 0] = -1.0  # a result is the caller's to change
         np.testing.assert_array_equal(np.ma.getdata(x[0].compute()), data[0])
     assert_matches(x[5:30:4, 100, ::3].compute(), data[5:30:4, 100, ::3])
+
+
+@pytest.mark.parametrize("side", [32, 128])  # (objects of 0.1 MiB, fetched whole; of 1.5 MiB, streamed)
+@pytest.mark.parametrize("scheduler", ["synchronous", "threads"])  # (threads: fetched by the read-ahead too)
+def test_s3_bytes_changed_in_transfer_are_refused(tmp_path, s3_server, s3_bucket, s3fs_fs, side, scheduler):
+    """A fragment object whose bytes change on the way (the server's CRC-32 header intact) is a
+    StorageError naming it, never values: daskcfa checks the CRC-32 of whole objects itself
+    (storage/transfer.py). Through the same proxy, unchanged, the values are right."""
+    from remote_helpers import CorruptingProxy
+
+    data = np.random.default_rng(7).random((2 * 24, side, side), dtype="f4")
+    for k in range(2):
+        write_chunked_fragment(tmp_path / "ds" / "f" / f"{k}.nc", "tas", DIMS, data[k * 24:(k + 1) * 24],
+                               chunks=(6, side, side))
+    write_cf113(tmp_path / "ds" / "agg.nc", "tas", DIMS, ((24, 24), (side,), (side,)), [["f/0.nc"], ["f/1.nc"]])
+    base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "changed")
+    fragment_bytes = s3fs_fs.size(f"{base}/f/0.nc".removeprefix("s3://"))
+    assert (fragment_bytes > storage.objects._STREAM_FROM) == (side == 128)
+    server = s3_server.endpoint_url.rsplit(":", 1)
+    for min_body, corrupted in ((1 << 40, False), (fragment_bytes // 2, True)):  # (the aggregation file unchanged)
+        with CorruptingProxy(("127.0.0.1", int(server[1])), min_body=min_body) as proxy:
+            options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+            x = daskcfa.from_cfa(f"{base}/agg.nc", "tas", storage_options=options)
+            if not corrupted:
+                np.testing.assert_array_equal(np.ma.getdata(x.compute(scheduler=scheduler)), data)
+                continue
+            with pytest.raises(daskcfa.errors.StorageError, match="CRC-32") as caught:
+                x.compute(scheduler=scheduler)
+            assert caught.value.file is not None and caught.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc")
+            assert proxy.corrupted >= 1
+            assert s3_server.secret not in str(caught.value)
 
 
 def test_no_read_ahead_on_distributed_workers_by_default(walk_dataset):
