@@ -185,8 +185,7 @@ class FileManager:
                     self.counters["misses"] += 1
                     opening = True
                     break
-                closing = self._close_or_wait(closing, label)
-                budget = self.budget  # (it may have changed while waiting: ``configure``)
+                closing, budget = self._close_or_wait(closing, label, budget)
         self._close_all(closing)
         if opening:
             try:
@@ -232,8 +231,7 @@ class FileManager:
                     self._bytes += nbytes
                     self._peaks()
                     break
-                closing = self._close_or_wait(closing, label)
-                budget = self.budget
+                closing, budget = self._close_or_wait(closing, label, budget)
         self._close_all(closing)
         try:
             yield
@@ -336,18 +334,20 @@ class FileManager:
                         self._closing_bytes -= entry.nbytes
                         self._cond.notify_all()
 
-    def _close_or_wait(self, closing: list[_Entry], label: str) -> list[_Entry]:
-        """With the lock held and no room: close the handles this caller evicted (releasing the
-        lock meanwhile: they count until closed), or else wait for others to make room."""
+    def _close_or_wait(self, closing: list[_Entry], label: str, budget: Budget) -> tuple[list[_Entry], Budget]:
+        """With the lock held and no room under ``budget``: close the handles this caller evicted
+        (releasing the lock meanwhile: they count until closed), or else wait for others to make
+        room; then nothing left to close, and the budget, looked up again after a wait (``configure``
+        or the dask config may have changed it meanwhile)."""
         if not closing:
             self._wait(label)
-            return closing
+            return closing, self.budget
         self._cond.release()
         try:
             self._close_all(closing)
         finally:
             self._cond.acquire()
-        return []
+        return [], budget
 
     def _wait(self, label: str) -> None:
         self.counters["waits"] += 1
