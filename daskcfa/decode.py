@@ -409,6 +409,8 @@ _ENCODING_VALUES = ("fill_value", "explicit_fill", "missing_values", "valid_min"
 
 
 def _same_field(a: Any, b: Any) -> bool:
+    if a is b:  # (None, a flag, no missing values: most fields of two fragments' encodings, at no cost)
+        return True
     if a is None or b is None:
-        return a is b
+        return False
     return same_value(a, b)

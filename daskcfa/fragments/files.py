@@ -109,7 +109,10 @@ class _Variable:
 def _budgeted_read(var: Any, name: str, key: tuple) -> Any:
     """``var.read(key)`` with the chunk being decoded counted against the memory budget:
     a chunk larger than the budget is refused before it is inflated (a 1 MB file can hold
-    a chunk of gigabytes of zeros)."""
+    a chunk of gigabytes of zeros). A variable read without decoding chunks (contiguous, netCDF-3)
+    has nothing to count."""
+    if not var.chunk_nbytes:
+        return var.read(key)
     with manager().reserve(var.chunk_nbytes, what=f"a chunk of variable {name!r}", wait=False):
         return var.read(key)
 

@@ -122,7 +122,7 @@ class FileManager:
         """Change the budgets; idle handles beyond the new limits are closed now."""
         with self._cond:
             self._budget = budget
-            closing = self._evict_locked(0, 0)
+            closing = self._evict_locked(0, 0, budget)
             self._cond.notify_all()
         self._close_all(closing)
 
@@ -160,7 +160,7 @@ class FileManager:
 
     def _acquire(self, key: Hashable, opener: Callable[[], Any], nbytes: int, files: int, label: str,
                  closer: Callable[[Any], None], family: Hashable | None = None) -> _Entry:
-        budget = self.budget
+        budget = self.budget  # (looked up once a pass: it reads the dask config)
         if nbytes > budget.memory:
             raise BudgetError(f"fragment needs {nbytes:,} bytes in memory, more than the memory budget of "
                               f"{budget.memory:,} bytes (daskcfa.budget.memory)", file=label or None)
@@ -175,8 +175,8 @@ class FileManager:
                     entry.refs += 1
                     self._entries.move_to_end(key)
                     break
-                closing += self._evict_locked(files, nbytes)
-                if self._fits(files, nbytes):
+                closing += self._evict_locked(files, nbytes, budget)
+                if self._fits(files, nbytes, budget):
                     entry = _Entry(nbytes=nbytes, files=files, refs=1, closer=closer, family=family)
                     self._entries[key] = entry
                     self._files += files
@@ -185,7 +185,7 @@ class FileManager:
                     self.counters["misses"] += 1
                     opening = True
                     break
-                closing = self._close_or_wait(closing, label)
+                closing, budget = self._close_or_wait(closing, label, budget)
         self._close_all(closing)
         if opening:
             try:
@@ -218,19 +218,20 @@ class FileManager:
         bytes are counted at once rather than waited for, since threads each
         holding a handle and waiting for memory could wait on each other forever.
         """
-        if nbytes > self.budget.memory:
+        budget = self.budget
+        if nbytes > budget.memory:
             raise BudgetError(f"{what or 'this'} needs {nbytes:,} bytes in memory, more than the memory budget of "
-                              f"{self.budget.memory:,} bytes (daskcfa.budget.memory)", file=label or None)
+                              f"{budget.memory:,} bytes (daskcfa.budget.memory)", file=label or None)
         closing: list = []
         with self._cond:
             while True:
-                closing += self._evict_locked(0, nbytes)
-                if self._fits(0, nbytes) or not wait:
+                closing += self._evict_locked(0, nbytes, budget)
+                if self._fits(0, nbytes, budget) or not wait:
                     self._reserved += nbytes
                     self._bytes += nbytes
                     self._peaks()
                     break
-                closing = self._close_or_wait(closing, label)
+                closing, budget = self._close_or_wait(closing, label, budget)
         self._close_all(closing)
         try:
             yield
@@ -248,7 +249,7 @@ class FileManager:
             entry = self._entries.get(key)
             if entry is None:
                 return
-            closing = self._evict_locked(files, nbytes)
+            closing = self._evict_locked(files, nbytes, self.budget)
             entry.files += files
             entry.nbytes += nbytes
             self._files += files
@@ -272,19 +273,18 @@ class FileManager:
                 self._discard_locked(key, entry, closing=True)
         self._close_all([e for _, e in closing])
 
-    def _fits(self, files: int, nbytes: int, *, closing: bool = True) -> bool:
-        """Whether ``files``/``nbytes`` more fit the budgets (``closing=False``: once the handles
+    def _fits(self, files: int, nbytes: int, budget: Budget, *, closing: bool = True) -> bool:
+        """Whether ``files``/``nbytes`` more fit ``budget`` (``closing=False``: once the handles
         being closed are closed)."""
-        budget = self.budget
         files += self._files + (self._closing_files if closing else 0)
         nbytes += self._bytes + (self._closing_bytes if closing else 0)
         return files <= budget.filehandles and nbytes <= budget.memory
 
-    def _evict_locked(self, files: int, nbytes: int) -> list[_Entry]:
-        """Drop least recently used idle handles until ``files``/``nbytes`` more would fit."""
+    def _evict_locked(self, files: int, nbytes: int, budget: Budget) -> list[_Entry]:
+        """Drop least recently used idle handles until ``files``/``nbytes`` more would fit ``budget``."""
         closing = []
         for key in list(self._entries):
-            if self._fits(files, nbytes, closing=False):
+            if self._fits(files, nbytes, budget, closing=False):
                 break
             entry = self._entries[key]
             if entry.refs == 0 and entry.ready:
@@ -334,18 +334,20 @@ class FileManager:
                         self._closing_bytes -= entry.nbytes
                         self._cond.notify_all()
 
-    def _close_or_wait(self, closing: list[_Entry], label: str) -> list[_Entry]:
-        """With the lock held and no room: close the handles this caller evicted (releasing the
-        lock meanwhile: they count until closed), or else wait for others to make room."""
+    def _close_or_wait(self, closing: list[_Entry], label: str, budget: Budget) -> tuple[list[_Entry], Budget]:
+        """With the lock held and no room under ``budget``: close the handles this caller evicted
+        (releasing the lock meanwhile: they count until closed), or else wait for others to make
+        room; then nothing left to close, and the budget, looked up again after a wait (``configure``
+        or the dask config may have changed it meanwhile)."""
         if not closing:
             self._wait(label)
-            return closing
+            return closing, self.budget
         self._cond.release()
         try:
             self._close_all(closing)
         finally:
             self._cond.acquire()
-        return []
+        return [], budget
 
     def _wait(self, label: str) -> None:
         self.counters["waits"] += 1

@@ -69,6 +69,26 @@ def test_handles_in_use_are_never_closed_and_callers_wait():
     assert m.stats()["waits"] >= 1
 
 
+def test_a_caller_waiting_for_room_takes_a_budget_raised_meanwhile():
+    """The budget is looked up once a pass (not at every fit test), and again after each wait: a
+    waiter sees a budget ``configure`` raised while it waited, and opens beside the handle in use."""
+    m = FileManager(Budget(1, 1000))
+    opened = threading.Event()
+    with m.open("a", lambda: Resource("a")):
+        def other():
+            with m.open("b", lambda: Resource("b")):
+                opened.set()
+
+        t = threading.Thread(target=other, daemon=True)
+        t.start()
+        time.sleep(0.2)
+        assert not opened.is_set()  # b waits: the budget is one file
+        m.configure(Budget(2, 1000))
+        assert opened.wait(5), "the waiter kept the budget it saw before waiting"
+        assert Resource.open_now >= {"a"}
+    t.join(5)
+
+
 def test_memory_budget_counts_bytes_and_refuses_oversized_fragments():
     m = FileManager(Budget(10, 100))
     use(m, "a", nbytes=60)
