@@ -356,37 +356,6 @@ def test_filled_with_zero_is_numpy_mas_bits_without_a_branch_per_point(monkeypat
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), fill
 
 
-@pytest.mark.parametrize("dtype", ["f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"])
-def test_filled_with_any_value_is_numpy_mas_bits_without_a_branch_per_point(monkeypatch, dtype):
-    """``max`` and ``min`` of a masked chunk fill it with the type's extremes (-inf, +inf for
-    floats): the bits of numpy.ma's ``filled`` for any fill value (NaN, -0.0, the extremes, a
-    fill value of the data), over more elements than one block of the blend, without ``np.where``."""
-    from daskcfa.graph import masked
-
-    rng = np.random.default_rng(7)
-    data = (rng.standard_normal(3 * masked._BLEND_BLOCK + 11) * 100).astype(dtype)
-    fills = [np.ma.maximum_fill_value(data), np.ma.minimum_fill_value(data), data[3], np.ones((), dtype)[()]]
-    if data.dtype.kind == "f":
-        data[:5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
-        fills += [np.asarray(np.nan, dtype)[()], np.asarray(-0.0, dtype)[()], np.asarray(1e20 if dtype == "f8" else 3e38,
-                                                                                         dtype)[()]]
-    truth = np.ma.MaskedArray(data, mask=rng.random(data.shape) < 0.3)
-    expected = [(fill, truth.filled(fill)) for fill in fills]
-    reductions = {name: getattr(truth, name)() for name in ("max", "min")}
-
-    def refused(*args, **kwargs):
-        raise AssertionError("np.where")
-
-    monkeypatch.setattr(np, "where", refused)
-    chunk = truth.view(MaskedChunk)
-    for fill, want in expected:
-        got = chunk.filled(fill)
-        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), fill
-    for name, want in reductions.items():
-        got = getattr(chunk, name)()
-        assert np.asarray(got).dtype == np.asarray(want).dtype and np.asarray(got).tobytes() == np.asarray(want).tobytes()
-
-
 @pytest.mark.parametrize("dtype", ["i1", "i2", "u2", "f4"])
 def test_filled_with_the_default_fill_value_keeps_numpy_mas_type_and_values(tmp_path, dtype):
     """A masked chunk whose fill value is numpy.ma's default (it took that of a numpy masked
