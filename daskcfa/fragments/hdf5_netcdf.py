@@ -114,7 +114,7 @@ def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str)
         if ndim == 1:
             return (h5py.h5i.get_name(dsid).decode().rpartition("/")[2],)
         raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    scales = _dimension_list(dsid) if "DIMENSION_LIST" in names else None  # object references, a list per axis
+    scales = _dimension_list(dsid, where) if "DIMENSION_LIST" in names else None  # object references, a list per axis
     if scales is None or len(scales) != ndim or not all(len(refs) for refs in scales):
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
     found = []
@@ -128,13 +128,15 @@ def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str)
 _REFERENCE_LISTS = h5py.vlen_dtype(h5py.ref_dtype)
 
 
-def _dimension_list(dsid: h5py.h5d.DatasetID) -> np.ndarray | None:
-    """The ``DIMENSION_LIST`` attribute's lists of references (None: not a one-dimensional list of them)."""
+def _dimension_list(dsid: h5py.h5d.DatasetID, where: str) -> np.ndarray:
+    """The ``DIMENSION_LIST`` attribute's lists of references. Raises ValueError when it is not a
+    one-dimensional list of object references: a damaged file, not one for netCDF-C to try (it
+    crashed the process on such a file, seen once)."""
     aid = h5py.h5a.open(dsid, b"DIMENSION_LIST")
     tid, space = aid.get_type(), aid.get_space()
     if (tid.get_class() != h5py.h5t.VLEN or not tid.get_super().equal(h5py.h5t.STD_REF_OBJ)
             or space.get_simple_extent_type() != h5py.h5s.SIMPLE or len(space.shape) != 1):
-        return None
+        raise ValueError(f"its DIMENSION_LIST attribute is not a list of dimension scale references ({where})")
     lists = np.empty(space.shape, _REFERENCE_LISTS)
     aid.read(lists, mtype=h5py.h5t.py_create(_REFERENCE_LISTS))
     return lists
