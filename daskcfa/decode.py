@@ -185,29 +185,81 @@ def _safe_cast(value: Any, dtype: np.dtype) -> np.ndarray | None:
 _SCAN_MIN = 4096
 
 
+#: Bytes at the start of an array that :func:`_outside` reduces first: a block holding a missing
+#: value (data masked as users have it holds one in its first few kilobytes) ends the test
+#: before the rest is read; the rest is reduced whole (blocks cost more in calls than they save
+#: in memory traffic here, measured).
+_SCAN_HEAD = 64 << 10
+
+
 def _outside(raw: np.ndarray, equal: tuple, low: Any, high: Any) -> bool:
     """Whether no element of ``raw`` equals one of ``equal``, nor lies below ``low`` or above
-    ``high``, as told by its extremes alone: a reduction or two that allocate nothing, where
-    comparing makes a boolean array as large as ``raw`` (and a pass to find it all False). False
-    when they cannot tell: a value within the extremes, or NaN among the values (it is the
-    extreme then, and compares with nothing), so a mask is then made by comparing as usual."""
-    largest = smallest = None
+    ``high``, as told by its extremes alone: reductions that allocate nothing, where comparing
+    makes a boolean array as large as ``raw`` (and a pass to find it all False). False when
+    they cannot tell: a value within the extremes, or NaN among the values (it is the extreme
+    then, and compares with nothing), so a mask is then made by comparing as usual.
+
+    The extreme most likely to settle it (the largest when a fill value is not negative) is
+    found first, with those a valid range needs; a head of the array that holds a missing
+    value settles it before the rest is read (:data:`_SCAN_HEAD`)."""
     upper = high is not None or any(np.isnan(v) or v >= 0 for v in equal)
-    for extreme in ("max", "min") if upper else ("min", "max"):
-        value = raw.max() if extreme == "max" else raw.min()
-        if np.isnan(value):
-            return False  # (a NaN among the values: only comparing tells which)
-        if extreme == "max":
-            largest = value
-        else:
-            smallest = value
-        if any(v == value for v in equal) or (low is not None and smallest is not None and smallest < low) or (
-                high is not None and largest is not None and largest > high):
-            return False  # (one is missing for sure)
-        if all(_beyond(v, smallest, largest) for v in equal) and (low is None or smallest is not None) and (
-                high is None or largest is not None):
+    first = {"max" if upper else "min"} | ({"min"} if low is not None else set()) | (
+        {"max"} if high is not None else set())
+    flat = raw.reshape(-1) if raw.flags.c_contiguous else None  # (not contiguous: no head, no copy)
+    head = 0 if flat is None else _SCAN_HEAD // raw.itemsize
+    found: dict[str, Any] = {}
+    for wanted in (first, {"min", "max"} - first):
+        if not wanted:
+            break
+        blocks = (raw,) if flat is None else (flat[:head], flat[head:]) if found == {} else (flat,)
+        for block in blocks:
+            if block.size and not _extremes(block, wanted, equal, low, high, found):
+                return False  # (one is missing for sure, or a NaN among the values)
+        if all(_beyond(v, found.get("min"), found.get("max")) for v in equal):
             return True
     return False
+
+
+def _extremes(block: np.ndarray, wanted: set, equal: tuple, low: Any, high: Any, found: dict[str, Any]) -> bool:
+    """The ``wanted`` extremes (``"min"``, ``"max"``) of ``block`` merged into ``found``; False (and
+    ``found`` unfinished) when the block holds a NaN, one of ``equal``, or a value below ``low`` or
+    above ``high``."""
+    for extreme in ("max", "min"):
+        if extreme not in wanted:
+            continue
+        value = np.maximum.reduce(block, axis=None) if extreme == "max" else np.minimum.reduce(block, axis=None)
+        if np.isnan(value) or any(v == value for v in equal) or (
+                extreme == "min" and low is not None and value < low) or (
+                extreme == "max" and high is not None and value > high):
+            return False
+        kept = found.get(extreme)
+        found[extreme] = value if kept is None else (max(kept, value) if extreme == "max" else min(kept, value))
+    return True
+
+
+#: Values :func:`_tested` compares at once: the booleans of every test of a block stay in a core's
+#: cache until or-ed (several tests over a whole array took twice as long, measured).
+_TEST_BLOCK = 1 << 17
+
+
+def _tested(raw: np.ndarray, tests: list[tuple[Any, Any]]) -> np.ndarray:
+    """Where any of ``tests`` (``(ufunc, value)``; ``(np.isnan, None)``) holds for a C-contiguous
+    array of numbers, block by block: the same booleans as or-ing whole comparisons."""
+    mask = np.empty(raw.shape, bool)
+    flat, out = raw.reshape(-1), mask.reshape(-1)
+    scratch = np.empty(min(_TEST_BLOCK, flat.size), bool)
+    for start in range(0, flat.size, _TEST_BLOCK):
+        block, into = flat[start:start + _TEST_BLOCK], out[start:start + _TEST_BLOCK]
+        part = scratch[:block.size]
+        for k, (test, value) in enumerate(tests):
+            target = into if k == 0 else part
+            if value is None:
+                test(block, out=target)
+            else:
+                test(block, value, out=target)
+            if k:
+                np.logical_or(into, part, out=into)
+    return mask
 
 
 def _beyond(value: Any, smallest: Any, largest: Any) -> bool:
@@ -324,19 +376,18 @@ class Encoding:
             return None
         if raw.size >= _SCAN_MIN and raw.dtype.kind in "iuf" and _outside(raw, equal, self.valid_min, self.valid_max):
             return None
-        mask = None
-
-        def add(m: np.ndarray) -> None:
-            nonlocal mask
-            mask = m if mask is None else (mask | m)
-
         is_float = raw.dtype.kind == "f"
-        for value in equal:
-            add(np.isnan(raw) if is_float and np.isnan(value) else raw == value)
+        tests = [(np.isnan, None) if is_float and np.isnan(value) else (np.equal, value) for value in equal]
         if self.valid_min is not None:
-            add(raw < self.valid_min)
+            tests.append((np.less, self.valid_min))
         if self.valid_max is not None:
-            add(raw > self.valid_max)
+            tests.append((np.greater, self.valid_max))
+        if len(tests) > 1 and raw.dtype.kind in "iuf" and raw.flags.c_contiguous:
+            return _tested(raw, tests)
+        mask = None
+        for test, value in tests:
+            found = np.isnan(raw) if value is None else (raw == value if test is np.equal else test(raw, value))
+            mask = found if mask is None else (mask | found)
         return mask
 
     def _compared(self) -> tuple:

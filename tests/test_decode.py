@@ -84,6 +84,40 @@ def test_decoding_a_large_array_without_missing_values_makes_no_boolean_mask():
         assert peak < data.size // 8, (attrs, peak)
 
 
+@pytest.mark.parametrize("dtype", ["i1", "u1", "i2", "i4", "f4", "f8"])
+@pytest.mark.parametrize("where", [None, 0, 20_000, 131_071, 131_072, 299_999])
+def test_decode_of_arrays_larger_than_the_scan_blocks_matches_netcdf4(tmp_path, dtype, where):
+    """Arrays of more values than the head the extremes are first taken of and than a block of
+    the comparisons (``_SCAN_HEAD``, ``_TEST_BLOCK``), with a missing value ``where`` (None:
+    none; in the head, after it, either side of a block's end, the last): fill values at the
+    type's extremes and NaN, ``missing_value`` with a valid range, ``_Unsigned``."""
+    from daskcfa import decode
+
+    dtype = np.dtype(dtype)
+    n = 300_000
+    assert n > decode._TEST_BLOCK * 2 and n * dtype.itemsize > decode._SCAN_HEAD
+    info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype)
+    data = (np.arange(n) % 50 + 10).astype(dtype)
+    cases = [{"_FillValue": dtype.type(info.max)}, {"_FillValue": dtype.type(info.min)},
+             {"missing_value": dtype.type(3), "valid_range": np.array([5, 70], dtype)},
+             {"_FillValue": dtype.type(info.max), "valid_min": dtype.type(5), "missing_value": dtype.type(65)}]
+    if dtype.kind == "f":
+        cases.append({"_FillValue": dtype.type(np.nan)})
+    if dtype.kind == "i":
+        cases.append({"_Unsigned": "true", "_FillValue": dtype.type(-1), "valid_max": dtype.type(-3)})
+    for attrs in cases:
+        for value in ("fill", "missing", "outside"):
+            values = data.copy()
+            if where is not None:
+                if value == "fill" and "_FillValue" in attrs:
+                    values[where] = attrs["_FillValue"]
+                elif value == "missing" and "missing_value" in attrs:
+                    values[where] = attrs["missing_value"]
+                elif value == "outside":
+                    values[where] = 1
+            _check_against_netcdf4(tmp_path, dtype, values, attrs, True)
+
+
 def _check_against_netcdf4(tmp_path, dtype, data, attrs, mask):
     path = tmp_path / "v.nc"
     with netCDF4.Dataset(path, "w") as ds:

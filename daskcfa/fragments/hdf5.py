@@ -413,12 +413,13 @@ class HDF5Variable(StoredVariable):
             self._index_complete = False
 
         check_dimensions(dsid, len(shape), names, self._where)
+        self._names = names
         self.attrs = NetCDFAttributes(dsid, self._where, names)
 
     @functools.cached_property
     def dims(self) -> tuple[str, ...]:
         """netCDF dimension names (looked up on first use: few reads need them)."""
-        return dimension_names(h5py.Dataset(self._dsid), self._where)
+        return dimension_names(self._dsid, self._names, self._where)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))

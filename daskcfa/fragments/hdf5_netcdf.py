@@ -101,24 +101,45 @@ def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, names: frozenset[str],
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
 
 
-def dimension_names(dataset: h5py.Dataset, where: str) -> tuple[str, ...]:
-    """netCDF dimension names, from the dimension scales attached to ``dataset``."""
-    if dataset.ndim == 0:
+def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str) -> tuple[str, ...]:
+    """netCDF dimension names, from the dimension scales attached to dataset ``dsid`` (attribute
+    ``names``: :func:`attribute_names`). Read with the low-level API: h5py's ``Dataset`` and its
+    ``attrs`` cost twice as much, paid for every fragment whose shape has two equal sizes."""
+    ndim = dsid.rank
+    if ndim == 0:
         return ()
-    if dataset.is_scale:
+    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
         # A coordinate variable is its own dimension scale; netCDF-C records the
         # other dimensions of a multi-dimensional one only by dimension id.
-        if dataset.ndim == 1:
-            return (dataset.name.rpartition("/")[2],)
+        if ndim == 1:
+            return (h5py.h5i.get_name(dsid).decode().rpartition("/")[2],)
         raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
-    scales = dataset.attrs.get("DIMENSION_LIST")  # object references, a list per axis
-    if scales is None or len(scales) != dataset.ndim or not all(len(refs) for refs in scales):
+    scales = _dimension_list(dsid, where) if "DIMENSION_LIST" in names else None  # object references, a list per axis
+    if scales is None or len(scales) != ndim or not all(len(refs) for refs in scales):
         raise DirectReadUnsupported(f"a dimension has no dimension scale ({where})")
-    names = []
+    found = []
     for refs in scales:
-        path = h5py.h5r.get_name(refs[0], dataset.id).decode()  # 3x faster than dataset.dims
-        names.append(path.rpartition("/")[2].removeprefix(NON_COORD_PREFIX))
-    return tuple(names)
+        path = h5py.h5r.get_name(refs[0], dsid).decode()  # 3x faster than dataset.dims
+        found.append(path.rpartition("/")[2].removeprefix(NON_COORD_PREFIX))
+    return tuple(found)
+
+
+#: numpy's type of a ``DIMENSION_LIST``: a variable-length list of object references per axis
+_REFERENCE_LISTS = h5py.vlen_dtype(h5py.ref_dtype)
+
+
+def _dimension_list(dsid: h5py.h5d.DatasetID, where: str) -> np.ndarray:
+    """The ``DIMENSION_LIST`` attribute's lists of references. Raises ValueError when it is not a
+    one-dimensional list of object references: a damaged file, not one for netCDF-C to try (it
+    crashed the process on such a file, seen once)."""
+    aid = h5py.h5a.open(dsid, b"DIMENSION_LIST")
+    tid, space = aid.get_type(), aid.get_space()
+    if (tid.get_class() != h5py.h5t.VLEN or not tid.get_super().equal(h5py.h5t.STD_REF_OBJ)
+            or space.get_simple_extent_type() != h5py.h5s.SIMPLE or len(space.shape) != 1):
+        raise ValueError(f"its DIMENSION_LIST attribute is not a list of dimension scale references ({where})")
+    lists = np.empty(space.shape, _REFERENCE_LISTS)
+    aid.read(lists, mtype=h5py.h5t.py_create(_REFERENCE_LISTS))
+    return lists
 
 
 class NetCDFAttributes(Mapping[str, Any]):

@@ -130,3 +130,22 @@ def test_any_naming_of_a_fitting_fragment_reads_by_position(tmp_path_factory, da
     with warnings.catch_warnings(), dask.config.set({"daskcfa.io.engine": engine}):
         warnings.simplefilter("ignore", daskcfa.CFAWarning)
         assert_matches(daskcfa.from_cfa(str(built.path), "tas").compute(), built.expected)
+
+
+def test_a_fragment_whose_dimension_list_holds_no_references_is_refused_naming_it(tmp_path):
+    """A damaged ``DIMENSION_LIST`` (text where dimension scale references belong), read for a
+    fragment of two equal sizes (its names are compared with the aggregated ones): a FragmentReadError
+    naming the fragment and saying why, from the direct reader, never handed on to netCDF-C (which
+    crashed the process on such a file once)."""
+    import h5py
+
+    truth = make_truth((8, 4, 4), seed=3)
+    built = build_cf113(tmp_path / "ds", truth, DIMS, ((4, 4), (4,), (4,)))
+    path = built.fragment_files[(1, 0, 0)]
+    with h5py.File(path, "a") as f:
+        del f["tas"].attrs["DIMENSION_LIST"]
+        f["tas"].attrs["DIMENSION_LIST"] = np.array([b"time", b"lat", b"lon"])
+    with pytest.raises(daskcfa.FragmentReadError) as info:
+        daskcfa.from_cfa(str(built.path), "tas")[4:8].compute()
+    assert info.value.fragment == (1, 0, 0) and "DIMENSION_LIST" in str(info.value)
+    assert_matches(daskcfa.from_cfa(str(built.path), "tas")[:4].compute(), built.expected[:4])
