@@ -17,7 +17,7 @@ from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
 from .blocks import Blocks
 from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local
-from .manifest import listed_fragments, manifest_uri, retired_uri, missing_directory, read_manifest, replacing_generation
+from .manifest import checked_manifest, listed_fragments, manifest_uri, retired_uri, missing_directory, read_manifest, replacing_generation
 from .netcdf import netcdf_file
 from .objects import (
     BLOCKS_CACHED,
@@ -66,6 +66,7 @@ __all__ = [
     "manifest_uri",
     "retired_uri",
     "read_manifest",
+    "checked_manifest",
     "listed_fragments",
     "missing_directory",
     "replacing_generation",
