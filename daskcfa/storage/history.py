@@ -1,7 +1,7 @@
 """A dataset's versions: ``<stem>/.daskcfa/versions/``, one per committed switch of its aggregation file.
 
 Each version is three objects named by its id (``v-<UTC time>-<8 hex>``):
-``<id>.nc``, a copy of the aggregation file it put in place; ``<id>.manifest.json``,
+``<id>.aggregation``, a copy of the aggregation file it put in place; ``<id>.manifest.json``,
 the writer's manifest of it (if any); and ``<id>.json``, its record (time,
 operation, redacted arguments, generation, parent, size and SHA-256 of the
 copy), written last and atomically, *before* the aggregation file is switched.
@@ -51,7 +51,7 @@ MAX_RECORD = 65536
 #: Longest chain of parents followed (a planted cycle or endless chain stops here).
 MAX_CHAIN = 100_000
 #: The suffixes of a version's objects.
-_SUFFIXES = (".json", ".nc", ".manifest.json")
+_SUFFIXES = (".json", ".aggregation", ".manifest.json")
 #: Longest string kept in a recorded argument, and most arguments kept.
 _MAX_TEXT, _MAX_ARGUMENTS = 1024, 32
 
@@ -253,7 +253,7 @@ def record(url: str, data: bytes, change: Change, generation: str | None, parent
     version_id = f"v-{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
     version = Version(version_id, now, change.operation, dict(change.arguments), generation, parent, _sha256(data),
                       len(data))
-    put_atomic(_object(url, version_id, ".nc"), data, profile)
+    put_atomic(_object(url, version_id, ".aggregation"), data, profile)
     if manifest is not None:
         put_atomic(_object(url, version_id, ".manifest.json"), json.dumps({**manifest, "version": version_id},
                                                                           indent=1).encode(), profile)
@@ -318,7 +318,7 @@ def _time(which: Any) -> datetime:
 
 def payload(url: str, version: Version, profile: ProfileRef) -> bytes:
     """The aggregation file ``version`` put in place, checked against its record."""
-    uri = _object(url, version.id, ".nc")
+    uri = _object(url, version.id, ".aggregation")
     try:
         data = read_bytes(uri, profile, known_size=version.size)
     except NotFoundError:
@@ -352,7 +352,7 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
         if VERSION_ID.fullmatch(version_id) and version_id not in keep:
             dropped.add(version_id)
     for version_id in sorted(dropped):
-        for suffix in (".json", ".nc", ".manifest.json"):  # (the record first: a half-removed version is none)
+        for suffix in (".json", ".aggregation", ".manifest.json"):  # (the record first: a half-removed version is none)
             uri = _object(url, version_id, suffix)
             try:
                 if exists(uri, profile):
