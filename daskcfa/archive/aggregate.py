@@ -71,7 +71,8 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     url, profile = written.url, written.profile
     model = scan(sources, concat_dims=concat_dims, variables=variables, storage_options=storage_options)
     return _write(model, url, profile, format=format, uris=uris, mode=mode,
-                  change=Change.of("rebuild", fragments=fragments, format=format, uris=uris, mode=mode))
+                  change=Change.of("aggregate", sources=sources, concat_dims=concat_dims, variables=variables,
+                                   format=format, uris=uris, mode=mode))
 
 
 def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAULT_FORMAT, uris: str = DEFAULT_URIS,
@@ -103,8 +104,7 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAUL
         model = plan_aggregation(members, variables=[name], positions=positions, profile=source_profile)
         models.append(_in_group(model, group))
     return _write(_merge(models), url, profile, format=format, uris=uris, mode=mode,
-                  change=Change.of("aggregate", sources=sources, concat_dims=concat_dims, variables=variables,
-                                   format=format, uris=uris, mode=mode))
+                  change=Change.of("rebuild", fragments=fragments, format=format, uris=uris, mode=mode))
 
 
 # --------------------------------------------------------------------------

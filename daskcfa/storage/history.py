@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from ..errors import ArgumentError, CFAFormatError, NotFoundError, StorageError, VersionNotFoundError, redact
+from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
 from .manifest import manifest_uri
@@ -43,6 +44,8 @@ from .uri import is_local
 
 __all__ = ["VERSION_ID", "MAX_RECORD", "Change", "Version", "versions_uri", "current", "chain", "record", "adopt",
            "payload", "manifest_of", "find", "drop_except"]
+
+log = logger(__name__)
 
 #: A version's id: also the name of its objects, so nothing but these characters.
 VERSION_ID = re.compile(r"v-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
@@ -258,6 +261,7 @@ def record(url: str, data: bytes, change: Change, generation: str | None, parent
         put_atomic(_object(url, version_id, ".manifest.json"), json.dumps({**manifest, "version": version_id},
                                                                           indent=1).encode(), profile)
     put_atomic(_object(url, version_id, ".json"), json.dumps(version.as_json(), indent=1).encode(), profile)
+    log.debug("recorded version %s (%s) of %s", version_id, change.operation, redact(url))
     return version
 
 
@@ -341,7 +345,8 @@ def manifest_of(url: str, version: Version, profile: ProfileRef) -> dict[str, An
 def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]:
     """Delete the objects of every version but ``keep`` (ids): versions beyond retention, and the
     records of writes killed before their switch. Only objects named as a version's, directly in
-    the versions directory, and (locally) only when no symbolic link leads there. Returns the ids."""
+    the versions directory, and (locally) only when no symbolic link leads there; a malformed record
+    is left as it is. Returns the ids."""
     keep = set(keep)
     if not _own_directory(url):
         return []
@@ -351,6 +356,13 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
         version_id = name[:-len(suffix)] if suffix else ""
         if VERSION_ID.fullmatch(version_id) and version_id not in keep:
             dropped.add(version_id)
+    for version_id in sorted(dropped):
+        try:
+            _read(url, version_id, profile)
+        except CFAFormatError:
+            dropped.discard(version_id)  # (not understood, not touched: a planted or damaged record stays)
+        except NotFoundError:
+            pass
     for version_id in sorted(dropped):
         for suffix in (".json", ".aggregation", ".manifest.json"):  # (the record first: a half-removed version is none)
             uri = _object(url, version_id, suffix)

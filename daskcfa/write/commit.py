@@ -31,7 +31,7 @@ from ..storage.history import Change
 from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 
-__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "switch", "publish", "prune_versions",
+__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "switch", "publish", "prune_versions", "kept_fragments",
            "payload_fragments",
            "check_chunk_index", "run_write"]
 
@@ -126,7 +126,7 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     manifest = {**commit.header, "generations": generations, "fragments": fragments}
     version = history.record(url, commit.payload, commit.change, commit.header["generation"],
                              past[0].id if past else None, profile, manifest)
-    put_aggregation(url, commit.payload, commit.mode, profile, lease, detail=f"{detail}; version {version.id}")
+    put_aggregation(url, commit.payload, commit.mode, profile, lease, detail=detail)
     storage.put_atomic(commit.manifest, json.dumps({**manifest, "version": version.id}, indent=1).encode(), profile)
     history.drop_except(url, [version.id, *(v.id for v in kept)], profile)
     retire(references, url, commit.retired, profile, generations)
@@ -178,6 +178,12 @@ def _past(url: str, profile: storage.ProfileRef) -> list[history.Version]:
     except CFAFormatError as exc:
         warnings.warn(f"the history stops at a malformed version record: {exc}", CFAWarning, stacklevel=3)
         return history.chain(url, profile, strict=False)
+
+
+def kept_fragments(url: str, profile: storage.ProfileRef) -> set[str]:
+    """The fragment URIs the versions of ``url`` whose records are kept reference (the current one's
+    too): what retirement keeps, and what ``verify --fixity`` does not call extra."""
+    return set().union(*(_referenced(url, v, profile) for v in history.chain(url, profile, strict=False)))
 
 
 def payload_fragments(url: str, data: bytes, profile: storage.ProfileRef) -> set[str]:
@@ -235,7 +241,7 @@ def publish(url: str, payload: bytes, mode: str, profile: storage.ProfileRef, ch
         refuse_existing(url, mode, profile)
         parent = _past(url, profile)[:1] if mode != "w-" else []
         version = history.record(url, payload, change, None, parent[0].id if parent else None, profile)
-        put_aggregation(url, payload, mode, profile, lease, detail=f"{detail}; version {version.id}")
+        put_aggregation(url, payload, mode, profile, lease, detail=detail)
     finally:
         lease.release()
     return version

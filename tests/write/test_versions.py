@@ -206,3 +206,77 @@ def test_a_rollback_waits_for_the_lease(tmp_path):
         lease.release()
     assert daskcfa.history(url) == versions
     np.testing.assert_array_equal(_read(url), _data(2))
+
+
+# --------------------------------------------------------------------------
+# Hostile records: planted by someone with write access to the dataset
+# --------------------------------------------------------------------------
+
+
+def _record_path(tmp_path: Path, version_id: str) -> Path:
+    return tmp_path / "t" / ".daskcfa" / "versions" / f"{version_id}.json"
+
+
+def _edit(path: Path, **fields) -> None:
+    record = json.loads(path.read_text())
+    record.update(fields)
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("planted", [
+    {"parent": "../../../elsewhere/v"}, {"parent": 7}, {"time": ["now"]}, {"sha256": "x" * 64},
+    {"generation": "../other/g-0123456789abcdef"}, {"arguments": "all"}, {"size": -1},
+    {"id": "v-20200101T000000Z-00000000"}, {"pad": "x" * 70000},
+], ids=["parent-path", "parent-type", "time-type", "sha", "generation", "arguments", "size", "id", "huge"])
+def test_a_malformed_record_on_the_chain_is_a_format_error_naming_it(tmp_path, planted):
+    url = str(tmp_path / "t.nca")
+    _write(url, _data(1))
+    _write(url, _data(2), mode="w")
+    versions = daskcfa.history(url)
+    path = _record_path(tmp_path, versions[1].id)
+    _edit(path, **planted)
+    with pytest.raises(daskcfa.CFAFormatError, match=r"version record.*" + path.name.replace(".", r"\.")):
+        daskcfa.history(url)
+    with warnings.catch_warnings(record=True) as caught:  # a write goes on: the history stops before it
+        warnings.simplefilter("always")
+        _write(url, _data(3), mode="w")
+    assert any("malformed version record" in str(w.message) for w in caught)
+    np.testing.assert_array_equal(_read(url), _data(3))
+    assert path.exists()  # (left as it is: beyond a malformed record nothing is read or deleted)
+
+
+def test_a_planted_version_naming_another_dataset_deletes_nothing_of_it(tmp_path):
+    """A version planted into the history whose aggregation file references the fragments of
+    another dataset beside this one, and a versions directory that is a link to elsewhere: pruning
+    deletes none of their files and reads nothing through the link."""
+    other = str(tmp_path / "other.nca")
+    _write(other, _data(7))
+    theirs = sorted(p for p in (tmp_path / "other").rglob("*") if p.is_file())
+    url = str(tmp_path / "t.nca")
+    _write(url, _data(1))
+    current = daskcfa.history(url)[0]
+    planted = records.record(url, Path(other).read_bytes(), Change("to_cfa"),
+                             daskcfa.history(other)[0].generation, None, daskcfa.storage.NO_PROFILE)
+    _edit(_record_path(tmp_path, planted.id), time="2000-01-01T00:00:00Z")
+    _edit(_record_path(tmp_path, current.id), parent=planted.id)
+    assert [v.id for v in daskcfa.history(url)] == [current.id, planted.id]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert daskcfa.prune(url, keep=1) == [planted.id]
+    assert any("not fragments of this dataset's own generations" in str(w.message) for w in caught)
+    assert all(p.is_file() for p in theirs)
+    np.testing.assert_array_equal(_read(other), _data(7))
+    np.testing.assert_array_equal(_read(url), _data(1))
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bait = elsewhere / "v-20200101T000000Z-00000000.json"
+    bait.write_text("{}")
+    versions = tmp_path / "t" / ".daskcfa" / "versions"
+    for each in versions.iterdir():
+        each.unlink()
+    versions.rmdir()
+    versions.symlink_to(elsewhere)
+    _write(url, _data(2), mode="w")
+    daskcfa.prune(url, keep=1)
+    assert bait.read_text() == "{}"
