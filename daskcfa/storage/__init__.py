@@ -4,6 +4,7 @@ A facade over the modules that do the work, so that callers write
 ``storage.read_whole(...)`` wherever a file is: :mod:`.uri` (URIs),
 :mod:`.objects` (fsspec I/O), :mod:`.local` (regular local files only),
 :mod:`.identity` (what tells one version of a file from another),
+:mod:`.history` (a dataset's versions: imported as ``storage.history``),
 :mod:`.retry` (errors translated, transient faults retried), :mod:`.atomic`
 (temporaries and the move into place), :mod:`.publish` (putting an
 aggregation file in place), :mod:`.netcdf` (opening netCDF files under the

@@ -1,10 +1,14 @@
-"""The commit of a write: the aggregation file put in place once every fragment is, then the manifest,
-the generations the dataset owns, and the retirement of the fragments the new file no longer references.
+"""The commit of a write: the aggregation file put in place once every fragment is, as a new version,
+then the manifest; the versions beyond retention dropped and the fragments only they referenced retired.
 
 :func:`plan_commit` encodes the aggregation file on the client (every rule of
 the dialect checked before the first fragment is written);
 :func:`commit_aggregation` is the last task of the write graph, and what
-``daskcfa.Dataset``'s aggregation writer runs at ``close()``;
+``daskcfa.Dataset``'s aggregation writer runs at ``close()``; both, and a
+rollback, go through :func:`switch`, the one home of a commit's order and
+of the retention rule (``daskcfa.write.keep-versions``; :func:`prune_versions`
+applies it without a switch). :func:`publish` records the version of a
+writer that writes no fragment (``aggregate``, ``rebuild``, ``relocate``).
 :func:`run_write` is how every writer (``to_cfa``, ``refragment``,
 ``daskcfa.Dataset``) runs its write to that commit on the client, the lease
 given back whatever happens, and then writes the chunk index of what it

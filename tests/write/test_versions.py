@@ -280,3 +280,15 @@ def test_a_planted_version_naming_another_dataset_deletes_nothing_of_it(tmp_path
     _write(url, _data(2), mode="w")
     daskcfa.prune(url, keep=1)
     assert bait.read_text() == "{}"
+
+
+def test_xarray_reads_an_earlier_version(tmp_path):
+    xr = pytest.importorskip("xarray")
+    url = str(tmp_path / "t.nca")
+    _write(url, _data(1))
+    _write(url, _data(2), mode="w")
+    first = daskcfa.history(url)[1]
+    with xr.open_dataset(url, engine="daskcfa", version=first.id) as ds:
+        np.testing.assert_array_equal(ds["tas"].values, _data(1))
+    with xr.open_dataset(url, engine="daskcfa") as ds:
+        np.testing.assert_array_equal(ds["tas"].values, _data(2))
