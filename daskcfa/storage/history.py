@@ -84,7 +84,7 @@ class Change:
 
 
 def _scalar(value: Any) -> Any:
-    if isinstance(value, bool) or isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, (str, os.PathLike)):
         return redact(os.fspath(value))[:_MAX_TEXT]
@@ -379,7 +379,6 @@ def _own_directory(url: str) -> bool:
     aggregation file's directory (a planted link must not lead deletions elsewhere)."""
     if not is_local(url):
         return True
-    base = os.path.realpath(os.path.dirname(local_path(url)))
+    home = os.path.dirname(local_path(url))
     directory = local_path(versions_uri(url))
-    return os.path.realpath(directory) == os.path.join(base, os.path.relpath(directory, os.path.dirname(
-        local_path(url))))
+    return os.path.realpath(directory) == os.path.join(os.path.realpath(home), os.path.relpath(directory, home))
