@@ -292,3 +292,17 @@ def test_xarray_reads_an_earlier_version(tmp_path):
         np.testing.assert_array_equal(ds["tas"].values, _data(1))
     with xr.open_dataset(url, engine="daskcfa") as ds:
         np.testing.assert_array_equal(ds["tas"].values, _data(2))
+
+
+def test_fixity_counts_the_fragments_of_kept_versions_as_the_datasets(tmp_path):
+    """``verify --fixity`` reports objects in the dataset's generation directories that nothing
+    accounts for: the fragments of the versions kept are accounted for, not ``extra``."""
+    url = str(tmp_path / "t.nca")
+    _write(url, _data(1))
+    first = daskcfa.history(url)[0].generation
+    _write(url, _data(2)[:2], mode="r+", region={"time": slice(0, 2)})  # (half of the first generation replaced)
+    report = daskcfa.verify_fixity(url)
+    assert report.ok, report
+    stray = tmp_path / "t" / first / "stray.nc"
+    stray.write_bytes(b"x")
+    assert [p.kind for p in daskcfa.verify_fixity(url).problems] == ["extra"]
