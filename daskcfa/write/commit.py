@@ -35,9 +35,8 @@ from ..storage.history import Change
 from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 
-__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "switch", "publish", "prune_versions", "kept_fragments",
-           "payload_fragments",
-           "check_chunk_index", "run_write"]
+__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "switch", "publish", "prune_versions",
+           "kept_fragments", "payload_fragments", "check_chunk_index", "run_write"]
 
 
 @dataclass(frozen=True)
@@ -111,11 +110,10 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
 
 
 def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterable[str] = (), *,
-           detail: str = "", keep: int | None = None) -> history.Version:
+           detail: str = "") -> history.Version:
     """Under ``lease``: make ``commit.payload`` the current version of ``commit.url``, its manifest
-    listing ``fragments``; keep the ``keep`` newest versions (default config
-    ``daskcfa.write.keep-versions``, at least the new one) and retire the fragments only the others
-    referenced. The one home of the order that makes a killed write never a version and never costs
+    listing ``fragments``; keep the newest versions (config ``daskcfa.write.keep-versions``, at
+    least the new one) and retire the fragments only the others referenced. The one home of the order that makes a killed write never a version and never costs
     a kept version a fragment: the fragments leaving are listed, the version is recorded, the file
     switched, the manifest written, then the versions beyond retention dropped and their fragments
     retired (those of this dataset's own generations only: :mod:`daskcfa.storage.lease`)."""
@@ -123,7 +121,7 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     earlier = storage.read_manifest(url, profile)
     previous = _previous_fragments(commit, earlier)
     past = _past(url, profile) if commit.mode != "w-" else []
-    kept = past[:_keep(keep) - 1]
+    kept = past[:_keep(None) - 1]
     references, generations = _retain(url, profile, earlier, past, len(kept), set(commit.references), previous,
                                       commit.keep_previous, commit.header["generation"])
     storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new], profile)
