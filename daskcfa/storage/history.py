@@ -38,6 +38,7 @@ from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
 from .manifest import manifest_uri
+from .nesting import HDF5_SIGNATURE
 from .objects import delete, exists, listdir, read_bytes, size
 from .profiles import ProfileRef
 from .uri import is_local
@@ -268,13 +269,16 @@ def record(url: str, data: bytes, change: Change, generation: str | None, parent
 def adopt(url: str, profile: ProfileRef) -> Version | None:
     """The current version of ``url``; an aggregation file no version describes (written before
     versions were recorded, or by another tool) is recorded now as operation ``"unrecorded"``, so
-    that a write replacing it keeps it readable and restorable. None: there is no file."""
+    that a write replacing it keeps it readable and restorable. None: there is no file, or it is no
+    netCDF file (nothing a version could be read from)."""
     found = current(url, profile)
     if found is not None:
         return found
     try:
         data = read_bytes(url, profile)
     except NotFoundError:
+        return None
+    if not data.startswith((b"CDF", HDF5_SIGNATURE)):
         return None
     try:
         manifest = json.loads(read_bytes(manifest_uri(url), profile))
