@@ -300,12 +300,14 @@ def to_cfa(
         at once across the cluster (a ``distributed.Semaphore``), to spare a
         shared object store. Local writes are not limited.
     keep_previous
-        Seconds to keep the fragments of the replaced generation after an
-        overwrite or update (for readers that opened the old aggregation and
-        are still reading it); the first write committed after that deletes
-        them. Default 0: deleted before the call returns, and a reader still
-        reading the old aggregation then gets a :class:`MissingFragmentError`
-        saying that the dataset was replaced.
+        Seconds to keep the fragments that leave with this commit (those of
+        versions beyond ``daskcfa.write.keep-versions``, see
+        :func:`daskcfa.history`) for readers still reading them; the first
+        write committed after that deletes them. Default 0: deleted before the
+        call returns, and a reader still reading such a version then gets a
+        :class:`MissingFragmentError` saying that the dataset was replaced.
+        Every write is recorded as a version; the newest
+        ``daskcfa.write.keep-versions`` (default 5) keep their fragments.
     uris
         ``"relative"`` (default): the aggregation file refers to its fragments
         relative to itself, so the archive can be moved as a whole.
