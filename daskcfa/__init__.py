@@ -32,6 +32,7 @@ from .errors import (
     UnitsError,
     UnsafeURIError,
     VariableNotFoundError,
+    VersionNotFoundError,
     WriteConflictError,
 )
 # the public API's names (daskcfa.exports.LAZY) and subpackages, imported on first use
@@ -62,6 +63,9 @@ __all__ = [
     "verify_fixity",
     "record_fixity",
     "relocate",
+    "history",
+    "rollback",
+    "prune",
     "describe",
     "to_references",
     "to_icechunk",
@@ -71,6 +75,7 @@ __all__ = [
     "ArgumentError",
     "ConfigError",
     "WriteConflictError",
+    "VersionNotFoundError",
     "BudgetError",
     "CFAError",
     "CFAFormatError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import partial
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -27,6 +28,8 @@ from .graph.plan import plan_fragments
 from .fragments.chunk_index import indexed
 from .graph.read import to_dask
 from .model import AggregatedVariable
+from .storage import history
+from .storage.history import Change
 from .storage.access import Access, open_aggregation
 from .storage.publish import UPDATE_MODES, check_mode
 from .write.commit import check_chunk_index, run_write
@@ -57,15 +60,16 @@ def _select(ds: netCDF4.Dataset, url: str, variable: str | None) -> AggregatedVa
 
 
 def read_aggregation(url: str, variable: str | None = None, *, storage_options: Mapping[str, Any] | None = None,
-                     access: Access | None = None) -> AggregatedVariable:
-    """Parse one aggregated variable of the file at ``url`` into the model (no fragment I/O)."""
+                     access: Access | None = None, contents: bytes | None = None) -> AggregatedVariable:
+    """Parse one aggregated variable of the file at ``url`` into the model (no fragment I/O);
+    ``contents``: the bytes of an earlier version of the file (:func:`earlier`)."""
     if variable is not None and not isinstance(variable, str):
         raise ArgumentError(f"variable is a variable's name (a string), not {type(variable).__name__}")
     if access is None:
         url, access = open_aggregation(url, storage_options)
     else:
         url = storage.normalise(url)
-    with storage.netcdf_file(url, profile=access.profile, whole=True) as ds:
+    with storage.netcdf_file(url, profile=access.profile, whole=True, contents=contents) as ds:
         try:
             return _select(ds, url, variable)
         except CFAError:
@@ -85,6 +89,7 @@ def from_cfa(
     allowed_locations: Iterable[str] | None = None,
     missing: str = "raise",
     chunk_index: bool | str | None = None,
+    version: str | datetime | None = None,
 ) -> da.Array:
     """Open an aggregated variable of a CFA-netCDF file as a dask array.
 
@@ -112,25 +117,42 @@ def from_cfa(
     ``"auto"`` uses the index when there is one (an unusable one is left out
     with a warning), True requires it, False ignores it; None takes dask config
     ``daskcfa.io.chunk-index`` (default ``"auto"``).
+
+    ``version``: read an earlier version of the dataset (see :func:`daskcfa.history`): its id, or
+    a time (a datetime, naive meaning UTC, or an ISO 8601 string): the version current then. Its
+    fragments must still be kept (``daskcfa.write.keep-versions``); an unknown or pruned version
+    is a :class:`~daskcfa.VersionNotFoundError`. The chunk index, which describes the current
+    version, is not used.
     """
     url, access = open_aggregation(url, storage_options, allowed_locations, missing)
-    aggregation = read_aggregation(url, variable, access=access)
-    access = indexed(url, access, chunk_index)
+    contents = earlier(url, version, access.profile)
+    aggregation = read_aggregation(url, variable, access=access, contents=contents)
+    access = indexed(url, access, False if contents is not None else chunk_index)
     return to_dask(aggregation, chunks=chunks, mask=mask, access=access, batched=True)
 
 
 def open_cfa(url: str, *, storage_options: Mapping[str, Any] | None = None,
              allowed_locations: Iterable[str] | None = None, missing: str = "raise",
-             chunk_index: bool | str | None = None) -> Dataset:
+             chunk_index: bool | str | None = None, version: str | datetime | None = None) -> Dataset:
     """Open a whole aggregation file: dimensions, groups, attributes and every variable.
 
     ``storage_options``, ``allowed_locations`` and ``missing`` (``"raise"`` or
     ``"fill"``: absent or unreadable fragments read as missing data, with a
     :class:`~daskcfa.CFAWarning`) and ``chunk_index`` apply to every aggregated
-    variable, as in :func:`from_cfa`.
+    variable, as in :func:`from_cfa`; so does ``version`` (an earlier version of the dataset).
     """
     url, access = open_aggregation(url, storage_options, allowed_locations, missing)
-    return Dataset.open(url, access=access, chunk_index=chunk_index)
+    contents = earlier(url, version, access.profile)
+    return Dataset.open(url, access=access, chunk_index=False if contents is not None else chunk_index,
+                        contents=contents)
+
+
+def earlier(url: str, version: str | datetime | None, profile: storage.ProfileRef) -> bytes | None:
+    """The aggregation file of the ``version`` of ``url`` that ``from_cfa``/``open_cfa`` read (None: the current)."""
+    if version is None:
+        return None
+    found = history.find(url, version, history.chain(url, profile))
+    return history.payload(url, found, profile)
 
 
 def to_cfa(
@@ -278,12 +300,14 @@ def to_cfa(
         at once across the cluster (a ``distributed.Semaphore``), to spare a
         shared object store. Local writes are not limited.
     keep_previous
-        Seconds to keep the fragments of the replaced generation after an
-        overwrite or update (for readers that opened the old aggregation and
-        are still reading it); the first write committed after that deletes
-        them. Default 0: deleted before the call returns, and a reader still
-        reading the old aggregation then gets a :class:`MissingFragmentError`
-        saying that the dataset was replaced.
+        Seconds to keep the fragments that leave with this commit (those of
+        versions beyond ``daskcfa.write.keep-versions``, see
+        :func:`daskcfa.history`) for readers still reading them; the first
+        write committed after that deletes them. Default 0: deleted before the
+        call returns, and a reader still reading such a version then gets a
+        :class:`MissingFragmentError` saying that the dataset was replaced.
+        Every write is recorded as a version; the newest
+        ``daskcfa.write.keep-versions`` (default 5) keep their fragments.
     uris
         ``"relative"`` (default): the aggregation file refers to its fragments
         relative to itself, so the archive can be moved as a whole.
@@ -352,6 +376,9 @@ def to_cfa(
             fragment_name=fragment_name, mode=mode, profile=profile,
             semaphore=_upload_semaphore(max_concurrent_uploads, url), lease=lease, hold=compute,
             keep_previous=keep_previous, uris=uris,
+            change=Change.of("to_cfa", mode=mode, variable=variable, dims=dims, append_dim=append_dim,
+                             region=region, format=dialect or DEFAULT_FORMAT, fragment_format=fragment_format,
+                             fragment_name=fragment_name, uris=uris),
         )
         return delayed.compute() if compute else delayed
 

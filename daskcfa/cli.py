@@ -135,6 +135,38 @@ def _relocate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log(args: argparse.Namespace) -> int:
+    from .archive.versions import history
+
+    versions = history(args.url, storage_options=args.storage_options)
+    if args.json:
+        _print(json.dumps([v.as_json() for v in versions], indent=1))
+    elif not versions:
+        _print(f"no versions recorded for {_flat(args.url)}: written before daskcfa recorded versions, or by "
+               "another tool (the next write records it)")
+    else:
+        for v in versions:
+            arguments = " ".join(f"{k}={json.dumps(value)}" for k, value in v.arguments.items())
+            _print(f"{v.id}  {v.time.isoformat(timespec='seconds').replace('+00:00', 'Z')}  {v.operation}"
+                   f"{'  ' + arguments if arguments else ''}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from .archive.versions import rollback
+
+    _print(rollback(args.url, args.version, storage_options=args.storage_options).id)
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from .archive.versions import prune
+
+    dropped = prune(args.url, keep=args.keep, storage_options=args.storage_options)
+    _print(f"dropped {len(dropped)} versions" + "".join(f"\n{i}" for i in dropped))
+    return 0
+
+
 def _references(args: argparse.Namespace) -> int:
     from .archive.references import to_references
 
@@ -327,6 +359,25 @@ def build_parser() -> argparse.ArgumentParser:
                           help="convert to this dialect (default: keep the file's own)")
     _uris_option(relocate)
     _mode_option(relocate)
+
+    log = command("log", _log, "list the versions of an aggregation, newest first",
+                  "List the versions of an aggregation (every committed write records one): id, time (UTC), "
+                  "operation and arguments, newest first.")
+    log.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
+    log.add_argument("--json", action="store_true", help="print the version records as JSON")
+    rollback = command("rollback", _rollback, "make an earlier version current again",
+                       "Make an earlier version of an aggregation current again, as a new version; prints its id.")
+    rollback.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
+    rollback.add_argument("version", metavar="VERSION",
+                          help="a version id (see 'daskcfa log'), or a time (ISO 8601, UTC unless it says): the "
+                               "version current then")
+    prune = command("prune", _prune, "drop old versions and the fragments only they use",
+                    "Keep the newest versions of an aggregation, drop the others and delete the fragments only "
+                    "they referenced (of the dataset's own generations only).")
+    prune.add_argument("url", metavar="URL", help="the aggregation file (path or URL)")
+    prune.add_argument("--keep", metavar="N", type=int,
+                       help="versions to keep (default: dask config daskcfa.write.keep-versions; 0 or 1: the "
+                            "current one only)")
     return parser
 
 

@@ -382,10 +382,12 @@ class OpenedDataset(ReadDataset, Group):
     url: str = ""
 
     @classmethod
-    def open(cls, url: str, *, access: Access, chunk_index: bool | str | None = False) -> "OpenedDataset":
+    def open(cls, url: str, *, access: Access, chunk_index: bool | str | None = False,
+             contents: bytes | None = None) -> "OpenedDataset":
         """The dataset of the aggregation file at ``url``; its variables read with ``access`` and,
-        as ``chunk_index`` asks (see :func:`daskcfa.from_cfa`), the chunk index beside the file."""
-        with storage.netcdf_file(url, profile=access.profile, whole=True) as ds:
+        as ``chunk_index`` asks (see :func:`daskcfa.from_cfa`), the chunk index beside the file.
+        ``contents``: the bytes of an earlier version of the file, its references still relative to ``url``."""
+        with storage.netcdf_file(url, profile=access.profile, whole=True, contents=contents) as ds:
             root = cls.from_netcdf(ds, url, access)
         if chunk_index is not False and root.aggregated_variables:  # (once the file is read, outside the lock)
             access = indexed(url, access, chunk_index)

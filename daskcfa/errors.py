@@ -22,6 +22,7 @@ __all__ = [
     "UnitsError",
     "StorageError",
     "NotFoundError",
+    "VersionNotFoundError",
     "UnsafeURIError",
     "BudgetError",
     "AggregationError",
@@ -151,6 +152,10 @@ class StorageError(CFAError, OSError):
 
 class NotFoundError(StorageError, FileNotFoundError):
     """An aggregation file (or other requested object) does not exist."""
+
+
+class VersionNotFoundError(NotFoundError):
+    """A version asked for is not in the dataset's history (unknown, or pruned)."""
 
 
 class UnsafeURIError(CFAError, PermissionError):

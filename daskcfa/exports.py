@@ -25,6 +25,7 @@ LAZY = {
     "aggregate": ".archive.aggregate", "rebuild": ".archive.aggregate",
     "describe": ".archive.info",
     "relocate": ".archive.relocate",
+    "history": ".archive.versions", "rollback": ".archive.versions", "prune": ".archive.versions",
     "verify": ".archive.verify", "verify_fixity": ".archive.verify", "record_fixity": ".archive.verify",
     "to_references": ".archive.references",
     "to_icechunk": ".archive.icechunk_export",

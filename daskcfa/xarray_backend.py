@@ -17,6 +17,7 @@ with ``group="/grp"``).
 from __future__ import annotations
 
 import warnings
+from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -143,31 +144,31 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
     description = "Open CFA-netCDF aggregations (CF-1.13, CFA-0.4 to 0.6, NCA) with daskcfa"
     url = "https://github.com/daskcfa/daskcfa"
     open_dataset_parameters = ("filename_or_obj", "drop_variables", "group", "storage_options",
-                               "allowed_locations", "missing", *_DECODERS)
+                               "allowed_locations", "missing", "version", *_DECODERS)
     supports_groups = True
 
     def open_dataset(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                      group: str | None = None, storage_options: Mapping[str, Any] | None = None,
                      allowed_locations: Iterable[str] | None = None, missing: str = "raise",
-                     **decoders: Any) -> XrDataset:
+                     version: str | datetime | None = None, **decoders: Any) -> XrDataset:
         from xarray.conventions import decode_cf
 
         _check_keywords(decoders, decode_cf)
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
-                      missing=missing)
+                      missing=missing, version=version)
         return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables, decoders.get("mask_and_scale", True)),
                          **decoders)
 
     def open_groups_as_dict(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                             group: str | None = None, storage_options: Mapping[str, Any] | None = None,
                             allowed_locations: Iterable[str] | None = None, missing: str = "raise",
-                            **decoders: Any) -> dict[str, XrDataset]:
+                            version: str | datetime | None = None, **decoders: Any) -> dict[str, XrDataset]:
         """Every group under ``group`` (default: the root), by path relative to it: "/", "/grp", ..."""
         from xarray.conventions import decode_cf
 
         _check_keywords(decoders, decode_cf)
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
-                      missing=missing)
+                      missing=missing, version=version)
         top = _group(ds, group)
         masking = decoders.get("mask_and_scale", True)
         return {_relative(node.path, top.path): decode_cf(_to_xarray(ds, node, drop_variables, masking), **decoders)

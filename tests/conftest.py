@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import dask
 import pytest
 
 # ---------------------------------------------------------------------------
@@ -186,3 +187,11 @@ def placed(request):
         return f"s3://{bucket}/ds/{path.name}", server.storage_options
 
     return place
+
+
+@pytest.fixture
+def one_version():
+    """Commits keep the current version only (``daskcfa.write.keep-versions`` = 1, the behaviour
+    before versions were kept): for tests of what a commit retires."""
+    with dask.config.set({"daskcfa.write.keep-versions": 1}):
+        yield

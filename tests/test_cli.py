@@ -32,9 +32,14 @@ COORDS = {"time": (np.arange(8.0), {"units": "days since 2000-01-01", "axis": "T
           "lon": (np.arange(0.0, 360.0, 60.0), {"units": "degrees_east"})}
 
 
+#: The command's environment: it imports the daskcfa under test (in a worktree, not the installed checkout's).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(daskcfa.__file__).parents[1]),
+                                                            os.environ.get("PYTHONPATH")) if p)}
+
+
 def run(*args, cwd=None, input=None) -> subprocess.CompletedProcess:
     return subprocess.run([DASKCFA, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          input=input)
+                          input=input, env=ENV)
 
 
 def truth():
@@ -370,3 +375,33 @@ def test_a_misspelt_option_gets_the_commands_usage(capsys):
     with pytest.raises(SystemExit):
         main(["--bogus"])
     assert capsys.readouterr().err.startswith("usage: daskcfa [-h]")
+
+
+def test_log_rollback_and_prune(tmp_path):
+    """``daskcfa log`` lists the versions newest first (``--json``: the records); ``rollback``
+    makes an earlier one current as a new version and prints its id; ``prune`` drops the rest."""
+    url = str(tmp_path / "t.nc")
+    proc = run("log", url)
+    assert_one_line_error(proc, "log", "no aggregation file")
+    write(url)
+    daskcfa.to_cfa(truth() + 1, url, variable="tas", dims=DIMS, fragment_shape=(4, 4, 6), mode="w")
+    proc = run("log", url)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    versions = daskcfa.history(url)
+    assert [line.split()[0] for line in lines] == [v.id for v in versions]
+    assert all(" to_cfa " in line for line in lines) and 'mode="w"' in lines[0] and 'mode="w-"' in lines[1]
+    assert [r["id"] for r in json.loads(run("log", url, "--json").stdout)] == [v.id for v in versions]
+    proc = run("rollback", url, versions[1].id)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == daskcfa.history(url)[0].id != versions[0].id
+    assert_matches(daskcfa.from_cfa(url).compute(), truth(), rtol=0)
+    proc = run("prune", url, "--keep", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["dropped 2 versions", versions[0].id, versions[1].id]
+    assert_one_line_error(run("rollback", url, versions[0].id), "rollback", "no version", "pruned")
+    assert_one_line_error(run("rollback", url, "last tuesday"), "rollback", "version id")
+    (tmp_path / "t" / ".daskcfa" / "manifest.json").unlink()
+    for each in (tmp_path / "t" / ".daskcfa" / "versions").iterdir():
+        each.unlink()
+    assert run("log", url).stdout.startswith("no versions recorded for")

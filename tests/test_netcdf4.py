@@ -320,6 +320,7 @@ def test_thousand_steps_on_s3_memory_bounded(s3_server, fmt):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("one_version")
 @pytest.mark.parametrize("fmt", ["CF-1.13", "CFA4", "CFA3"])
 def test_append_and_update(tmp_path, fmt):
     url = str(tmp_path / "u.nc")

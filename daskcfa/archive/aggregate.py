@@ -24,7 +24,9 @@ from ..choices import DEFAULT_FORMAT, DEFAULT_URIS
 from ..decode import same_value
 from ..errors import AggregationError
 from ..formats.encode import absolute_reference, encode_aggregation
-from ..storage.publish import WHOLE_FILE_MODES, put_aggregation
+from ..storage.history import Change
+from ..storage.publish import WHOLE_FILE_MODES
+from ..write.commit import publish
 from ..storage.lease import generation_of
 from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, PlainVariable,
                      is_coordinate_variable)
@@ -68,7 +70,9 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     written = WriteTarget.open(target, storage_options, mode, modes=WHOLE_FILE_MODES)
     url, profile = written.url, written.profile
     model = scan(sources, concat_dims=concat_dims, variables=variables, storage_options=storage_options)
-    return _write(model, url, profile, format=format, uris=uris, mode=mode)
+    return _write(model, url, profile, format=format, uris=uris, mode=mode,
+                  change=Change.of("aggregate", sources=sources, concat_dims=concat_dims, variables=variables,
+                                   format=format, uris=uris, mode=mode))
 
 
 def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAULT_FORMAT, uris: str = DEFAULT_URIS,
@@ -99,7 +103,8 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAUL
         group, name = posixpath.split(path)
         model = plan_aggregation(members, variables=[name], positions=positions, profile=source_profile)
         models.append(_in_group(model, group))
-    return _write(_merge(models), url, profile, format=format, uris=uris, mode=mode)
+    return _write(_merge(models), url, profile, format=format, uris=uris, mode=mode,
+                  change=Change.of("rebuild", fragments=fragments, format=format, uris=uris, mode=mode))
 
 
 # --------------------------------------------------------------------------
@@ -108,11 +113,11 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAUL
 
 
 def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, format: str, uris: str,
-           mode: str) -> str:
-    """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit."""
+           mode: str, change: Change) -> str:
+    """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit (as a version)."""
     model.aggregated = [_referenced(av, url, uris == "absolute", format) for av in model.aggregated]
     payload = encode_aggregation(model, format=format)  # every rule checked before anything is written
-    put_aggregation(url, payload, mode, profile, detail=f"{model.nfragments} fragments referenced")
+    publish(url, payload, mode, profile, change, detail=f"{model.nfragments} fragments referenced")
     return url
 
 

@@ -43,6 +43,7 @@ from ..graph.split import SplitSource, remove_staging, staging_root
 from ..graph.split_plan import STRATEGIES, SourceLayout, VariablePlan, plan_split
 from ..graph.write import fragment_grid, write_graph
 from ..write.request import WriteRequest, WriteSource, dataset_model
+from ..storage.history import Change
 from ..storage.publish import WHOLE_FILE_MODES
 from ..write.commit import check_chunk_index, run_write
 from ..write.target import WriteTarget
@@ -247,7 +248,10 @@ def refragment(source: Any, target: str, *, variables: Sequence[str] | None = No
     def write() -> Any:
         result = write_graph(request, url, fragment_shape=fragment_shape, max_fragment_size=max_fragment_size,
                              format=format, fragment_format=fragment_format, mode=mode,
-                             profile=profile, lease=lease, hold=compute, uris=uris)
+                             profile=profile, lease=lease, hold=compute, uris=uris,
+                             change=Change.of("refragment", source=source, mode=mode,
+                                              variables=variables, format=format, fragment_format=fragment_format,
+                                              max_fragment_size=max_fragment_size))
         if staged:
             result = delayed(remove_staging, pure=True)(result, staged, profile)
         return result.compute() if compute else result

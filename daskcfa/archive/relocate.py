@@ -60,7 +60,9 @@ from ..dataset import OpenedDataset
 from ..errors import ArgumentError, CFAError, CFAFormatError, CFAWarning, redact
 from ..formats.encode import FILE_FORMATS, absolute_reference, common_format, encode_aggregation
 from ..write.request import dataset_model
-from ..storage.publish import WHOLE_FILE_MODES, check_mode, put_aggregation
+from ..storage.history import Change
+from ..storage.publish import WHOLE_FILE_MODES, check_mode
+from ..write.commit import publish
 from ..write.target import WriteTarget
 from ..model import AggregatedVariable
 from ..storage import fixity
@@ -124,7 +126,9 @@ def relocate(
     file_format = data_model if data_model in FILE_FORMATS else "NETCDF4"
     payload = encode_aggregation(model, format=format, file_format=file_format)
     carried = _carried_fixity(url, access, variables, model.aggregated, local, new_url, rules)
-    put_aggregation(new_url, payload, out.mode, out_profile, detail=f"{model.nfragments} fragments referenced")
+    publish(new_url, payload, out.mode, out_profile,
+            Change.of("relocate", source=url, mapping=dict(mapping),
+                      format=format, uris=uris), detail=f"{model.nfragments} fragments referenced")
     if carried:
         fixity.write_record(new_url, carried, out_profile)
     return new_url

@@ -54,6 +54,7 @@ from ..storage import fixity
 from ..storage.access import open_aggregation
 from ..storage.fixity import Fixity
 from ..storage.lease import own_generations, retired_entries
+from ..write.commit import kept_fragments
 from ..storage.policy import LocationPolicy
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_fixity", "record_fixity", "check_fixity", "KINDS",
@@ -334,7 +335,8 @@ def _fixity_graph(url: str, access: Any, variables: Sequence[str] | None) -> Del
              for batch in batches]
     if variables is None:
         tasks += [dask.delayed(_extra_objects, pure=True)(directory, names, access.profile)
-                  for directory, names in _generation_directories(url, references, access.profile).items()]
+                  for directory, names in _generation_directories(
+                      url, references | kept_fragments(url, access.profile), access.profile).items()]
     return dask.delayed(_fixity_report, pure=True)(url, before, access.profile, len(items),
                                                    tuple(av.name for av in chosen), problems, *tasks)
 
@@ -493,7 +495,8 @@ def _measure_all(uris: Sequence[str], profile: storage.ProfileRef, policy: Locat
 
 def _generation_directories(url: str, references: set[str], profile: storage.ProfileRef) -> dict[str, list[str]]:
     """The dataset's own generation directories (as its manifest names them) holding fragments it
-    references or retired ones, by URI, with the names below each that account for objects there."""
+    (or a version kept) references or retired ones, by URI, with the names below each that account
+    for objects there."""
     manifest = storage.read_manifest(url, profile)
     retired = retired_entries(storage.retired_uri(url), profile)
     root = url.rpartition("/")[0] + "/"

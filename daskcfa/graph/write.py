@@ -42,6 +42,7 @@ from ..model import AggregatedVariable, AggregationDataset, FragmentGrid, is_coo
 from ..storage.uri import check_uri_style
 from ..storage.publish import refuse_existing
 from ..storage.lease import Lease, generation_name, in_generation, marker_of
+from ..storage.history import Change
 from ..write.commit import commit_aggregation, plan_commit
 from ..write.request import FragmentSource, WriteRequest, WriteSource
 from ..write.spec import (DEFAULT_FRAGMENT_NAME, check_apart, check_template, compression_keywords, dimension_size,
@@ -76,8 +77,10 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
                 format: str = DEFAULT_FORMAT, fragment_format: str = DEFAULT_FRAGMENT_FORMAT, compression: Any = None,
                 fragment_name: str = DEFAULT_FRAGMENT_NAME, mode: str = "w-",
                 profile: storage.ProfileRef = storage.NO_PROFILE, semaphore: Any = None, lease: Lease | None = None,
-                hold: bool = False, keep_previous: float = 0.0, uris: str = DEFAULT_URIS) -> Delayed:
-    """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`).
+                hold: bool = False, keep_previous: float = 0.0, uris: str = DEFAULT_URIS,
+                change: Change | None = None) -> Delayed:
+    """The delayed write of ``request`` to the aggregation file at ``url`` (see :func:`daskcfa.to_cfa`),
+    recorded as a version made by ``change``.
 
     Its first task takes ``lease`` (a new one if None) on the target, every
     fragment task checks it still holds it, and the commit releases it; the
@@ -118,7 +121,7 @@ def write_graph(request: WriteRequest, url: str, *, fragment_shape: Any = None,
         dependencies.append(plan.data)
     commit = plan_commit(request.model, url, format=format, fragment_format=fragment_format, generation=generation,
                          variables=[s.name for s in request.sources], mode=mode, profile=profile,
-                         keep_previous=keep_previous, expected=request.version)
+                         keep_previous=keep_previous, expected=request.version, change=change)
     if hold:
         lease.acquire()
     token = tokenize(commit.payload, [k for keys in record_keys for k in keys])

@@ -36,6 +36,7 @@ from ..choices import DEFAULT_URIS
 from ..errors import ArgumentError, CFAError, FragmentError, redact
 from ..fragments.write import FragmentRecord, FragmentTarget, encode_values, shared_chunks, write_fragment
 from ..formats.capabilities import dialects_that
+from ..storage.history import Change
 from ..write.commit import commit_aggregation, plan_commit, run_write
 from ..write.request import WriteSource
 from ..write.spec import DEFAULT_FRAGMENT_NAME, check_fragment_dtype, fragment_columns, fragment_name, fragment_spec, settle_unlimited
@@ -467,7 +468,7 @@ class AggregationWriter(Definitions, dataset.Group):
         commit = plan_commit(model, self.url, format=self._dialect, fragment_format=self._fragment_format,
                              file_format=self._file_format, generation=self._lease.generation, variables=paths,
                              mode=mode, profile=self._profile, keep_previous=self._keep_previous,
-                             expected=self._expected)
+                             expected=self._expected, change=Change.of("Dataset.close", mode=self._mode))
         index = None if self._index_options is None else partial(write_chunk_index, storage_options=self._index_options)
         run_write(partial(commit_aggregation, commit, records, self._lease), self._lease, index)
 

@@ -4,6 +4,7 @@ A facade over the modules that do the work, so that callers write
 ``storage.read_whole(...)`` wherever a file is: :mod:`.uri` (URIs),
 :mod:`.objects` (fsspec I/O), :mod:`.local` (regular local files only),
 :mod:`.identity` (what tells one version of a file from another),
+:mod:`.history` (a dataset's versions: imported as ``storage.history``),
 :mod:`.retry` (errors translated, transient faults retried), :mod:`.atomic`
 (temporaries and the move into place), :mod:`.publish` (putting an
 aggregation file in place), :mod:`.netcdf` (opening netCDF files under the
@@ -17,7 +18,7 @@ from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
 from .blocks import Blocks
 from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local
-from .manifest import listed_fragments, manifest_uri, retired_uri, missing_directory, read_manifest, replacing_generation
+from .manifest import checked_manifest, listed_fragments, manifest_uri, retired_uri, missing_directory, read_manifest, replacing_generation
 from .netcdf import netcdf_file
 from .objects import (
     BLOCKS_CACHED,
@@ -66,6 +67,7 @@ __all__ = [
     "manifest_uri",
     "retired_uri",
     "read_manifest",
+    "checked_manifest",
     "listed_fragments",
     "missing_directory",
     "replacing_generation",

@@ -15,7 +15,7 @@ from .objects import exists, read_bytes
 from .profiles import ProfileRef
 from .uri import resolve, scheme_of
 
-__all__ = ["manifest_uri", "retired_uri", "read_manifest", "listed_fragments", "replacing_generation", "missing_directory"]
+__all__ = ["manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments", "replacing_generation", "missing_directory"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
 _LISTABLE = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")
@@ -40,6 +40,11 @@ def read_manifest(url: str, profile: ProfileRef) -> dict[str, Any]:
         manifest = json.loads(read_bytes(manifest_uri(url), profile))
     except (NotFoundError, ValueError, RecursionError):
         manifest = {}
+    return checked_manifest(manifest)
+
+
+def checked_manifest(manifest: Any) -> dict[str, Any]:
+    """A manifest read from JSON (the current one, or a version's copy), its malformed parts left out."""
     if not isinstance(manifest, dict):
         manifest = {}
     fragments = manifest.get("fragments")

@@ -18,9 +18,10 @@ import h5py
 
 from ..limits import check_group_depth
 
-__all__ = ["check_nesting"]
+__all__ = ["HDF5_SIGNATURE", "check_nesting"]
 
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: The first bytes of an HDF5 (netCDF-4) file.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _IMAGES = itertools.count()
 
 
@@ -35,14 +36,14 @@ def check_nesting(source: str | os.PathLike[str] | Any, *, label: str) -> None:
     if isinstance(source, (str, os.PathLike)):
         try:
             with open(source, "rb") as f:
-                if f.read(8) != _HDF5_SIGNATURE:
+                if f.read(8) != HDF5_SIGNATURE:
                     return
         except OSError:
             return
         name = os.fsencode(source)
     else:
         image = bytes(memoryview(source)[:8])
-        if image != _HDF5_SIGNATURE:
+        if image != HDF5_SIGNATURE:
             return
         fapl.set_fapl_core(backing_store=False)
         fapl.set_file_image(bytes(source) if not isinstance(source, bytes) else source)

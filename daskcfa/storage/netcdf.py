@@ -39,18 +39,20 @@ WHOLE_FILE_BYTES = 1 << 28
 
 @contextmanager
 def netcdf_file(url: str, storage_options: Mapping[str, Any] | None = None, *,
-                profile: ProfileRef | None = None, whole: bool = False) -> Iterator[netCDF4.Dataset]:
+                profile: ProfileRef | None = None, whole: bool = False,
+                contents: bytes | None = None) -> Iterator[netCDF4.Dataset]:
     """A netCDF file (an aggregation file, or any) open for reading for the body of a ``with``
     block, wherever it is: opened, used and closed in one section under the netCDF-C lock.
-    ``whole``: its strings are read, so a local file is read whole first (see the module doc)."""
+    ``whole``: its strings are read, so a local file is read whole first (see the module doc).
+    ``contents``: the file's bytes, read elsewhere (an earlier version's copy), opened as ``url``."""
     profile = profile if profile is not None else register(storage_options, protocol=scheme_of(url))
-    data = None
+    data = None if contents is None else netcdf_memory(contents)
     with _opening(url):
-        if is_local(url):
+        if data is None and is_local(url):
             size = local_stat(url).st_size  # (a FIFO would block netCDF-C for ever)
             if whole and size <= WHOLE_FILE_BYTES:
                 data = netcdf_memory(read_bytes(url, profile))
-        elif not is_opendap(url):
+        elif data is None and not is_opendap(url):
             data = netcdf_memory(read_bytes(url, profile))  # (outside the lock)
     with NETCDF_LOCK:
         with _opening(url):

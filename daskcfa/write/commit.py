@@ -1,10 +1,14 @@
-"""The commit of a write: the aggregation file put in place once every fragment is, then the manifest,
-the generations the dataset owns, and the retirement of the fragments the new file no longer references.
+"""The commit of a write: the aggregation file put in place once every fragment is, as a new version,
+then the manifest; the versions beyond retention dropped and the fragments only they referenced retired.
 
 :func:`plan_commit` encodes the aggregation file on the client (every rule of
 the dialect checked before the first fragment is written);
 :func:`commit_aggregation` is the last task of the write graph, and what
-``daskcfa.Dataset``'s aggregation writer runs at ``close()``;
+``daskcfa.Dataset``'s aggregation writer runs at ``close()``; both, and a
+rollback, go through :func:`switch`, the one home of a commit's order and
+of the retention rule (``daskcfa.write.keep-versions``; :func:`prune_versions`
+applies it without a switch). :func:`publish` records the version of a
+writer that writes no fragment (``aggregate``, ``rebuild``, ``relocate``).
 :func:`run_write` is how every writer (``to_cfa``, ``refragment``,
 ``daskcfa.Dataset``) runs its write to that commit on the client, the lease
 given back whatever happens, and then writes the chunk index of what it
@@ -15,20 +19,24 @@ from __future__ import annotations
 
 import json
 import posixpath
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from .. import storage
-from ..errors import ArgumentError, CFAError, WriteConflictError
+from .. import config, storage
+from ..errors import ArgumentError, CFAError, CFAFormatError, CFAWarning, WriteConflictError
 from ..formats import aggregated_variables
 from ..formats.encode import encode_aggregation
 from ..fragments.write import FragmentRecord
 from ..model import AggregationDataset
+from ..storage import history
 from ..storage.fixity import entry
+from ..storage.history import Change
 from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
-from ..storage.publish import UPDATE_MODES, put_aggregation
+from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 
-__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "check_chunk_index", "run_write"]
+__all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "switch", "publish", "prune_versions",
+           "kept_fragments", "payload_fragments", "check_chunk_index", "run_write"]
 
 
 @dataclass(frozen=True)
@@ -46,11 +54,13 @@ class Commit:
     keep_previous: float  #: seconds the previous generation's fragments are kept after the commit
     expected: tuple[int, str] | None  #: r+: the aggregation file as the update found it
     references: frozenset[str]  #: every fragment URI the new aggregation file references
+    change: Change = Change("to_cfa")  #: what the version it makes records
 
 
 def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_format: str, generation: str,
                 variables: list[str], mode: str, profile: storage.ProfileRef, keep_previous: float = 0.0,
-                expected: tuple[int, str] | None = None, file_format: str = "NETCDF4") -> Commit:
+                expected: tuple[int, str] | None = None, file_format: str = "NETCDF4",
+                change: Change | None = None) -> Commit:
     """What :func:`commit_aggregation` puts in place: the aggregation file of ``model`` (its fragments
     complete), encoded now, which checks every rule of ``format``, and its manifest's description.
     ``variables`` are the paths of the aggregated variables whose fragment records the commit gets."""
@@ -64,12 +74,13 @@ def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_fo
         retired=storage.retired_uri(url), keep_previous=float(keep_previous),
         expected=expected,
         references=frozenset(storage.resolve(u, url) for av in model.aggregated for u in av.fragments.locations()),
+        change=change or Change.of("to_cfa", mode=mode, format=format, fragment_format=fragment_format),
     )
 
 
 def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], lease: Lease) -> str:
-    """Put the aggregation file in place (every fragment has succeeded), then the manifest;
-    then retire what the previous aggregation referenced and this one does not.
+    """Put the aggregation file in place (every fragment has succeeded) as a new version, then the
+    manifest; then retire what neither it nor the versions kept reference (:func:`switch`).
 
     Temporary files that writers killed mid-fragment left beside these
     fragments are removed first: every fragment is now in place, and the
@@ -81,31 +92,129 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
             raise WriteConflictError("the aggregation file was changed by another writer since this update read it; "
                                      "run the update again", file=commit.url)
         new = {storage.resolve(rec.uri, commit.url) for recs in records for rec in recs}
-        earlier = storage.read_manifest(commit.url, commit.profile)
-        previous = _previous_fragments(commit, earlier)
-        listed = schedule(previous, commit.references, commit.url, commit.retired, commit.profile,
-                          commit.keep_previous)
-        generations = own_generations(earlier, previous, commit.references, listed, commit.url,
-                                      commit.header["generation"])
-        storage.remove_stale_temporaries([commit.url, commit.manifest, commit.retired, *new], commit.profile)
-        resumed = sum(rec.resumed for recs in records for rec in recs)
-        put_aggregation(commit.url, commit.payload, commit.mode, commit.profile, lease,
-                        detail=f"generation {commit.header['generation']}: "
-                               f"{sum(map(len, records)) - resumed} fragments written, {resumed} resumed")
         fragments: dict[str, dict[str, Any]] = {}
         if commit.mode in UPDATE_MODES:  # the fragments written earlier are still part of the aggregation
-            fragments = earlier["fragments"]
+            fragments = storage.read_manifest(commit.url, commit.profile)["fragments"]
         for variable, recs in zip(commit.variables, records):
             entries = fragments.setdefault(variable, {})
             for rec in recs:
                 entries[".".join(map(str, rec.index))] = (
                     {"uri": rec.uri, "nbytes": rec.nbytes} if rec.fixity is None else entry(rec.uri, rec.fixity))
-        manifest = {**commit.header, "generations": generations, "fragments": fragments}
-        storage.put_atomic(commit.manifest, json.dumps(manifest, indent=1).encode(), commit.profile)
-        retire(commit.references, commit.url, commit.retired, commit.profile, generations)
+        resumed = sum(rec.resumed for recs in records for rec in recs)
+        switch(commit, fragments, lease, new, detail=f"generation {commit.header['generation']}: "
+                                                     f"{sum(map(len, records)) - resumed} fragments written, "
+                                                     f"{resumed} resumed")
     finally:
         lease.release()
     return commit.url
+
+
+def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterable[str] = (), *,
+           detail: str = "") -> history.Version:
+    """Under ``lease``: make ``commit.payload`` the current version of ``commit.url``, its manifest
+    listing ``fragments``; keep the newest versions (config ``daskcfa.write.keep-versions``, at
+    least the new one) and retire the fragments only the others referenced. The one home of the order that makes a killed write never a version and never costs
+    a kept version a fragment: the fragments leaving are listed, the version is recorded, the file
+    switched, the manifest written, then the versions beyond retention dropped and their fragments
+    retired (those of this dataset's own generations only: :mod:`daskcfa.storage.lease`)."""
+    url, profile = commit.url, commit.profile
+    earlier = storage.read_manifest(url, profile)
+    previous = _previous_fragments(commit, earlier)
+    past = _past(url, profile) if commit.mode != "w-" else []
+    kept = past[:_keep(None) - 1]
+    references, generations = _retain(url, profile, earlier, past, len(kept), set(commit.references), previous,
+                                      commit.keep_previous, commit.header["generation"])
+    storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new], profile)
+    manifest = {**commit.header, "generations": generations, "fragments": fragments}
+    version = history.record(url, commit.payload, commit.change, commit.header["generation"],
+                             past[0].id if past else None, profile, manifest)
+    put_aggregation(url, commit.payload, commit.mode, profile, lease, detail=detail)
+    storage.put_atomic(commit.manifest, json.dumps({**manifest, "version": version.id}, indent=1).encode(), profile)
+    history.drop_except(url, [version.id, *(v.id for v in kept)], profile)
+    retire(references, url, commit.retired, profile, generations)
+    return version
+
+
+def prune_versions(url: str, profile: storage.ProfileRef, lease: Lease, keep: int | None = None) -> list[str]:
+    """Under ``lease``: keep the ``keep`` newest versions of ``url`` (default config
+    ``daskcfa.write.keep-versions``; at least the current one), drop the others and delete the
+    fragments only they referenced, at once (the rules of :func:`switch`). Returns the ids dropped."""
+    lease.confirm(force=True)
+    earlier = storage.read_manifest(url, profile)
+    past = _past(url, profile)
+    kept = past[:_keep(keep)]
+    current = {u for v in kept[:1] for u in _referenced(url, v, profile)}
+    references, generations = _retain(url, profile, earlier, past, len(kept), current, set(), 0.0,
+                                      str(earlier.get("generation", "")))
+    history.drop_except(url, [v.id for v in kept], profile)
+    retire(references, url, storage.retired_uri(url), profile, generations)
+    return [v.id for v in past[len(kept):]]
+
+
+def _keep(keep: int | None) -> int:
+    """How many versions a commit keeps (``keep``, or the config's; 0 means 1: the current)."""
+    return max(1, int(config.number("daskcfa.write.keep-versions")) if keep is None else int(keep))
+
+
+def _retain(url: str, profile: storage.ProfileRef, earlier: dict[str, Any], past: list[history.Version],
+            kept: int, references: set[str], leaving: set[str], keep_for: float,
+            generation: str) -> tuple[set[str], list[str]]:
+    """What a commit keeps when the ``kept`` newest of ``past`` stay: every fragment URI referenced
+    (``references``, the new file's, and those of the kept versions), and the dataset's own
+    generations (:func:`own_generations`); the fragments ``leaving`` and those that only the
+    versions beyond are listed for retirement (in ``keep_for`` seconds) first."""
+    references = references.union(*(_referenced(url, v, profile) for v in past[:kept]))
+    leaving = leaving.union(*(_made(url, v, profile) for v in past[kept:]))
+    retired = storage.retired_uri(url)
+    listed = schedule(leaving, references, url, retired, profile, keep_for)
+    return references, own_generations(earlier, leaving, references, listed, url, generation)
+
+
+def _past(url: str, profile: storage.ProfileRef) -> list[history.Version]:
+    """The committed versions of ``url``, newest first; an aggregation file no version describes is
+    recorded first (:func:`history.adopt`). A malformed record ends the chain, with a warning: what
+    lies beyond it is neither read nor deleted."""
+    history.adopt(url, profile)
+    try:
+        return history.chain(url, profile)
+    except CFAFormatError as exc:
+        warnings.warn(f"the history stops at a malformed version record: {exc}", CFAWarning, stacklevel=3)
+        return history.chain(url, profile, strict=False)
+
+
+def kept_fragments(url: str, profile: storage.ProfileRef) -> set[str]:
+    """The fragment URIs the versions of ``url`` whose records are kept reference (the current one's
+    too): what retirement keeps, and what ``verify --fixity`` does not call extra."""
+    return set().union(*(_referenced(url, v, profile) for v in history.chain(url, profile, strict=False)))
+
+
+def payload_fragments(url: str, data: bytes, profile: storage.ProfileRef) -> set[str]:
+    """The fragment URIs (absolute) the aggregation file ``data`` of ``url`` references."""
+    with storage.netcdf_file(url, profile=profile, whole=True, contents=data) as ds:
+        found = aggregated_variables(ds, url)
+    return {storage.resolve(u, url) for v in found.values() for u in v.fragments.locations()}
+
+
+def _referenced(url: str, version: history.Version, profile: storage.ProfileRef) -> set[str]:
+    """The fragments a kept ``version`` references; none, with a warning, if its copy cannot be read
+    (then it cannot be read either: nothing is kept for it, and nothing of it is deleted)."""
+    try:
+        return payload_fragments(url, history.payload(url, version, profile), profile)
+    except (CFAError, ValueError) as exc:
+        warnings.warn(f"version {version.id} cannot be read ({exc}); its fragments are not kept for it",
+                      CFAWarning, stacklevel=3)
+        return set()
+
+
+def _made(url: str, version: history.Version, profile: storage.ProfileRef) -> set[str]:
+    """The fragments of a ``version`` leaving retention that a daskcfa writer made (in a generation
+    directory, or listed in its manifest): what may be retired if no kept version references them."""
+    try:
+        uris = payload_fragments(url, history.payload(url, version, profile), profile)
+    except (CFAError, ValueError):
+        return set()  # (unreadable: nothing of it is touched)
+    listed = storage.listed_fragments(storage.checked_manifest(history.manifest_of(url, version, profile)), url)
+    return {u for u in uris if generation_of(u) is not None or u in listed}
 
 
 def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
@@ -121,6 +230,23 @@ def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
     except (CFAError, ValueError):
         return set()  # not an aggregation we can read: nothing of it is touched
     return {u for u in uris if generation_of(u) is not None or u in listed}
+
+
+def publish(url: str, payload: bytes, mode: str, profile: storage.ProfileRef, change: Change, *,
+            detail: str = "") -> history.Version:
+    """Put an aggregation file over fragments written before (``aggregate``, ``rebuild``,
+    ``relocate``) in place as a new version, under a lease. It writes no fragment, so it deletes
+    none and drops no version: the next commit of a write (or :func:`daskcfa.prune`) applies the
+    retention rule."""
+    lease = Lease.new(url, profile).acquire()
+    try:
+        refuse_existing(url, mode, profile)
+        parent = _past(url, profile)[:1] if mode != "w-" else []
+        version = history.record(url, payload, change, None, parent[0].id if parent else None, profile)
+        put_aggregation(url, payload, mode, profile, lease, detail=detail)
+    finally:
+        lease.release()
+    return version
 
 
 #: What writes the chunk index of a committed aggregation (its URL given): the API layer's

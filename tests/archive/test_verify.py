@@ -251,6 +251,7 @@ def test_relocation_to_a_missing_prefix_says_nothing_is_there(archive, tmp_path)
         assert "overwritten" not in text and "reopen" not in text
 
 
+@pytest.mark.usefixtures("one_version")
 def test_a_fragment_of_a_replaced_write_says_the_dataset_was_overwritten(archive):
     old = daskcfa.from_cfa(str(archive / "t.nc"))
     daskcfa.to_cfa(make_truth(SHAPE, "f4", seed=4), str(archive / "t.nc"), variable="tas", dims=DIMS, mode="w",

@@ -321,6 +321,7 @@ def test_failed_fragment_write_names_the_fragment(tmp_path, sync_dask):
     assert {k: after[k] for k in before} == before and len(after) == 6
 
 
+@pytest.mark.usefixtures("one_version")
 def test_changed_call_rewrites_and_mode_w_rerun_skips(tmp_path):
     x = truth()
     target = tmp_path / "t.nc"
@@ -591,6 +592,7 @@ def test_fragments_declare_plain_cf_conventions(tmp_path):
 # ---------------------------------------------------------------------------
 # Generations: overwrites never touch the committed fragments (issue 14)
 # ---------------------------------------------------------------------------
+@pytest.mark.usefixtures("one_version")
 def test_overwrite_retires_the_old_generation_and_leaves_no_orphans(tmp_path):
     target = tmp_path / "t.nc"
     old = daskcfa.from_cfa(write(truth(seed=1), target, fragment_shape=(1, 1, 6)))  # 28 fragments
@@ -603,6 +605,7 @@ def test_overwrite_retires_the_old_generation_and_leaves_no_orphans(tmp_path):
         old.compute()  # a reader of the replaced dataset: a clear error, never the new values
 
 
+@pytest.mark.usefixtures("one_version")
 def test_keep_previous_leaves_old_readers_a_grace_period(tmp_path):
     target = tmp_path / "t.nc"
     old = daskcfa.from_cfa(write(truth(seed=1), target))

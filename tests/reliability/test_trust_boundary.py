@@ -50,6 +50,7 @@ def _ignored(caught, expected: str) -> bool:
     return len(found) == 1 and re.match(expected, found[0]) is not None
 
 
+@pytest.mark.usefixtures("one_version")
 def test_a_planted_retired_list_deletes_nothing_outside_the_dataset(tmp_path):
     ds, outside = tmp_path / "ds", tmp_path / "elsewhere"
     outside.mkdir()
@@ -108,6 +109,7 @@ def test_a_directory_in_our_own_generation_is_not_removed_unless_a_zarr_store(tm
     assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=2))
 
 
+@pytest.mark.usefixtures("one_version")
 def test_a_planted_retired_list_deletes_no_key_outside_the_dataset_on_s3(s3_server):
     fs, bucket = s3_server.filesystem(), s3_server.new_bucket()
     options = s3_server.storage_options
@@ -134,6 +136,7 @@ def test_a_planted_retired_list_deletes_no_key_outside_the_dataset_on_s3(s3_serv
     assert len({p.split("/")[3] for p in fs.find(f"{bucket}/ds/t") if "/g-" in p}) == 1  # ours retired
 
 
+@pytest.mark.usefixtures("one_version")
 def test_the_manifest_names_the_generations_retirement_may_touch(tmp_path):
     """Overwrites with a grace period: every generation still listed for retirement stays named by the
     manifest until its fragments are gone (a writer killed in between leaves them to the next commit)."""
@@ -305,6 +308,7 @@ def test_to_cfa_over_a_garbage_lease(tmp_path, record):
     assert not (tmp_path / ".t.nc.lease").exists()
 
 
+@pytest.mark.usefixtures("one_version")
 def test_a_stem_directory_that_is_a_link_is_never_retired_into(tmp_path):
     """``<stem>/`` replaced by a link (here to another dataset's directory): the overwrite succeeds and
     deletes nothing there, saying so; the documented price is that a legitimately linked ``<stem>/``
@@ -357,6 +361,7 @@ def test_a_link_planted_as_a_resume_marker_overwrites_nothing_outside(tmp_path):
     assert precious.read_text() == "precious data" and marker.is_symlink()
 
 
+@pytest.mark.usefixtures("one_version")
 def test_a_retired_entry_due_at_a_huge_integer_is_no_bare_error(tmp_path):
     """A JSON integer has no bound: an entry due at 10**400 made every overwrite fail with a bare
     OverflowError (converting it to a float). Such an entry is dropped; the others still count."""

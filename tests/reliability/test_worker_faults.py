@@ -34,6 +34,8 @@ import pytest
 
 import daskcfa
 from daskcfa.fragments.manager import manager
+from daskcfa.storage.access import open_aggregation
+from daskcfa.write.commit import kept_fragments
 from builders import assert_matches, build_cf113, generation_dir
 
 from .conftest import truth, wait_for
@@ -242,7 +244,10 @@ class Trials:
         self.script.write_text(TRIAL_WRITER)
         self.base, self.options, self.fs = base, options, fs
         self.name = "local" if fs is None else "S3"
-        self.env = {**os.environ, "TRIAL_STORAGE_OPTIONS": json.dumps(options)}
+        # (the writers import this daskcfa, not whichever the interpreter would find from the script's directory)
+        source = str(Path(daskcfa.__file__).parents[1])
+        self.env = {**os.environ, "TRIAL_STORAGE_OPTIONS": json.dumps(options),
+                    "PYTHONPATH": os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)}
 
     def url(self, name: str) -> str:
         return f"{self.base}/{name}/t.nca"
@@ -269,6 +274,27 @@ class Trials:
         mixed = sorted({int(v) for v in np.unique(np.floor(got))})
         raise AssertionError(f"{url} reads neither the old nor the new data (integer parts {mixed}): MIXED")
 
+    def versions(self, url: str) -> list:
+        try:
+            return daskcfa.history(url, storage_options=self.options)
+        except daskcfa.NotFoundError:
+            return []
+
+    def assert_history(self, url: str, before: list, outcome: str, old: int | None, new: int) -> None:
+        """A killed write is a version only if its switch happened (the target reads its data): no
+        half version; and every version kept reads back whole, old or new data (none of its
+        fragments was deleted)."""
+        after = self.versions(url)
+        if outcome == "new":
+            assert after[0].operation == "to_cfa" and after[0].parent == (before[0].id if before else None)
+            assert [v.id for v in after[1:]] == [v.id for v in before][:len(after) - 1]
+        else:
+            assert after == before
+        for version in after:
+            got = np.ma.getdata(daskcfa.from_cfa(url, storage_options=self.options, version=version.id)
+                                .compute(scheduler="sync"))
+            assert any(seed is not None and np.array_equal(got, trial_data(seed)) for seed in (old, new)), version
+
     def files(self, url: str) -> list[str]:
         """Every object under the target's directory, as absolute URIs."""
         directory = url.rsplit("/", 1)[0]
@@ -279,8 +305,10 @@ class Trials:
     def assert_tidy(self, url: str, stale_lease: bool = False) -> None:
         """Exactly the referenced fragments (and their markers, the manifest), no temporary, and no
         lease (but ``stale_lease``: a writer killed after its commit, never re-run, leaves its lease)."""
+        profile = open_aggregation(url, self.options)[1].profile
+        referenced = kept_fragments(url, profile)  # (the current version's, and those of the versions kept)
         av = daskcfa.read_aggregation(url, "tas", storage_options=self.options)
-        referenced = {daskcfa.storage.resolve(u, url) for u in av.fragments.locations()}
+        assert {daskcfa.storage.resolve(u, url) for u in av.fragments.locations()} <= referenced
         fragments = {f for f in self.files(url) if f.endswith(".nc")}
         assert fragments == referenced, f"unreferenced: {sorted(fragments - referenced)[:4]}"
         leftovers = [f for f in self.files(url) if (f.endswith(".lease") and not stale_lease) or f.endswith(".part")]
@@ -349,15 +377,19 @@ def test_writer_killed_at_random_moments(trials, mode, count):
         else:
             url = trials.url(f"created-{trial}")
         manager().close_all()
+        before = trials.versions(url)
         proc = _fork_writer(url, mode, 2, trials.options)
         time.sleep(rng.uniform(0, 1.3 * duration))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(60)
         outcome = trials.outcome(url, old, 2)
         outcomes[(outcome, "killed" if proc.exitcode == -signal.SIGKILL else "finished")] += 1
+        trials.assert_history(url, before, outcome, old, 2)
         finished = mode == "w-" and outcome == "new"  # (w- refuses to rerun over its own finished write)
         if not finished:
+            before = trials.versions(url)
             write_trial(url, 2, mode, trials.options)  # the same call again
+            trials.assert_history(url, before, "new", old, 2)
         assert trials.outcome(url, old, 2) == "new"
         trials.assert_tidy(url, stale_lease=finished)
     print(f"\nkill trials {mode} {trials.name}: {dict(outcomes)} (write {duration:.2f} s)")
