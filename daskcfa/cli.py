@@ -180,7 +180,7 @@ def _icechunk(args: argparse.Namespace) -> int:
     from .archive.icechunk_export import to_icechunk
 
     _print(to_icechunk(args.url, args.repo, args.variables, branch=args.branch, message=args.message,
-                       fallback=args.fallback, storage_options=args.storage_options))
+                       fallback=args.fallback, storage_options=args.storage_options, versions=args.versions))
     return 0
 
 
@@ -336,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     icechunk.add_argument("--fallback", choices=ICECHUNK_FALLBACKS, default=ICECHUNK_FALLBACKS[0],
                           help="a variable that cannot be presented by reference: raise (default) or copy its "
                                "values into the repository")
+    icechunk.add_argument("--versions", action="store_true",
+                          help="one commit per kept version of the dataset (daskcfa log), oldest first")
     _variables_option(icechunk)
 
     index = command("index", _index, "write the chunk index that lets reads skip HDF5 metadata",

@@ -32,6 +32,8 @@ from ..choices import ICECHUNK_FALLBACKS
 from ..errors import ArgumentError, CFAError, ReferencesError, WriteConflictError, redact
 from ..formats.netcdf import INSTRUCTION_ATTRS
 from ..model import AggregatedVariable
+from ..storage import history
+from ..storage.access import open_aggregation
 from ..storage.profiles import resolve_options
 from .references import References, build_references, json_attrs, xarray_fill_value, zarr_fill_value
 
@@ -45,7 +47,7 @@ _ENCODING_ATTRS = ("_FillValue", "missing_value", "scale_factor", "add_offset", 
 def to_icechunk(url: str, repo_or_session: Any, variable: str | Sequence[str] | None = None, *,
                 branch: str = "main", message: str | None = None, fallback: str = "raise",
                 storage_options: Mapping[str, Any] | None = None,
-                allowed_locations: Iterable[str] | None = None) -> str:
+                allowed_locations: Iterable[str] | None = None, versions: bool = False) -> str:
     """Write the aggregation at ``url`` into an Icechunk repository as virtual chunk references, and commit.
 
     ``repo_or_session``: an ``icechunk.Repository`` or the local directory
@@ -68,11 +70,41 @@ def to_icechunk(url: str, repo_or_session: Any, variable: str | Sequence[str] | 
     (nothing is committed); ``fallback="copy"`` writes its values instead,
     read and decoded through daskcfa (masked elements as ``_FillValue``:
     NaN for floats), on the threaded scheduler of this process.
+
+    ``versions=True``: one commit per kept version of the dataset
+    (:func:`daskcfa.history`), oldest first, each message naming the version,
+    its operation and time (a dataset with no history: its current state);
+    returns the last snapshot id. It needs a repository (each commit is made
+    in a session of its own), not a session.
     """
     ic = _icechunk()
     if fallback not in ICECHUNK_FALLBACKS:
         raise ArgumentError(f"fallback must be one of {', '.join(map(repr, ICECHUNK_FALLBACKS))}, got {fallback!r}")
-    built = build_references(url, variable, storage_options, allowed_locations, inline=True)
+    if not versions:
+        return _commit(ic, url, repo_or_session, variable, branch, message, fallback, storage_options,
+                       allowed_locations, None)
+    if isinstance(repo_or_session, ic.Session):
+        raise ArgumentError("versions=True makes one commit per version, each in a session of its own: "
+                            "give the repository (or its directory), not a session")
+    url, access = open_aggregation(url, storage_options, allowed_locations)
+    kept = list(reversed(history.chain(url, access.profile))) or [None]
+    repository = repo_or_session if isinstance(repo_or_session, ic.Repository) else _local_repository(
+        ic, repo_or_session)
+    snapshot = ""
+    for version in kept:
+        text = message if version is None else (
+            (message + ": " if message else "") + f"daskcfa version {version.id} ({version.operation}, "
+            f"{version.time.isoformat()}) of {redact(url)}")
+        snapshot = _commit(ic, url, repository, variable, branch, text, fallback, storage_options,
+                           allowed_locations, version)
+    return snapshot
+
+
+def _commit(ic: Any, url: str, repo_or_session: Any, variable: str | Sequence[str] | None, branch: str,
+            message: str | None, fallback: str, storage_options: Mapping[str, Any] | None,
+            allowed_locations: Iterable[str] | None, version: history.Version | None) -> str:
+    """One export of ``url`` (its ``version``, or its current state) into a session, committed."""
+    built = build_references(url, variable, storage_options, allowed_locations, inline=True, version=version)
     if built.refused and fallback == "raise":
         raise built.refusal("fallback='copy' writes their values into the repository as data; ")
     locations = {key: _location(value[0]) for key, value in built.references.items() if isinstance(value, tuple)}
@@ -82,7 +114,7 @@ def to_icechunk(url: str, repo_or_session: Any, variable: str | Sequence[str] | 
     try:
         _write_references(ic, store, built.references, locations)
         for av in refused:
-            _copy_variable(store, url, av, storage_options, allowed_locations)
+            _copy_variable(store, url, av, storage_options, allowed_locations, version)
     except CFAError:
         raise
     except Exception as exc:  # (icechunk, zarr: whatever they raise on what they refuse)
@@ -143,12 +175,14 @@ def _writable_session(ic: Any, repo_or_session: Any, branch: str, locations: lis
         raise ArgumentError(f"repo_or_session must be an icechunk Repository or Session, got "
                             f"{type(repo_or_session).__name__}")
     repo = repo_or_session
-    config = repo.config
+    saved = ic.Repository.fetch_config(repo.storage)
+    config = repo.config if saved is None else saved
     missing = _missing_containers(config, locations)
     if missing:
         for prefix in missing:
             config.set_virtual_chunk_container(ic.VirtualChunkContainer(prefix, _object_store(ic, prefix, built)))
-        repo = repo.reopen(config=config)
+        # opened anew: a Repository object older than the saved configuration (an earlier export's) cannot save
+        repo = ic.Repository.open(repo.storage, config=config) if saved is not None else repo.reopen(config=config)
         repo.save_config()
     return repo.writable_session(branch)
 
@@ -266,7 +300,7 @@ def _v3_codec(config: Mapping[str, Any]) -> Any:
 
 
 def _copy_variable(store: Any, url: str, av: AggregatedVariable, storage_options: Mapping[str, Any] | None,
-                   allowed_locations: Iterable[str] | None) -> None:
+                   allowed_locations: Iterable[str] | None, version: history.Version | None) -> None:
     """The variable's values as :func:`daskcfa.from_cfa` reads them, written chunk by chunk (the threaded
     scheduler: the session is this process's) on a regular grid of its first dask chunk's shape."""
     import zarr
@@ -274,7 +308,8 @@ def _copy_variable(store: Any, url: str, av: AggregatedVariable, storage_options
     from ..api import from_cfa
     from ..lazy import dask_array as da
 
-    array = from_cfa(url, av.name, storage_options=storage_options, allowed_locations=allowed_locations)
+    array = from_cfa(url, av.name, storage_options=storage_options, allowed_locations=allowed_locations,
+                     version=None if version is None else version.id)
     regular = tuple(max(c[0], 1) if c else 1 for c in array.chunks)
     array = array.rechunk(regular)
     text = array.dtype.kind in "OUS"

@@ -55,6 +55,7 @@ from ..fragments.layout import StoredLayout
 from ..fragments.zarr import is_reference_set, is_zarr
 from ..graph.batches import in_batches
 from ..model import AggregatedVariable, FragmentRef
+from ..storage import history
 from ..storage.access import Access, open_aggregation
 from ..storage.publish import WHOLE_FILE_MODES
 from ..write.target import WriteTarget
@@ -169,11 +170,17 @@ class References:
 
 def build_references(url: str, variable: str | Sequence[str] | None = None,
                      storage_options: Mapping[str, Any] | None = None,
-                     allowed_locations: Iterable[str] | None = None, *, inline: bool = True) -> References:
+                     allowed_locations: Iterable[str] | None = None, *, inline: bool = True,
+                     version: history.Version | None = None) -> References:
     """The references of the aggregation at ``url`` (every exporter's one source: :func:`to_references`,
-    :func:`daskcfa.to_icechunk`); the variables that cannot be presented are listed, not raised."""
+    :func:`daskcfa.to_icechunk`), or of its earlier ``version``; the variables that cannot be presented
+    are listed, not raised."""
+    if version is not None and not inline:
+        raise ArgumentError("an earlier version's coordinates are exported inline: its aggregation file is a "
+                            "stored copy, not the file the references would name")
     url, access = open_aggregation(url, storage_options, allowed_locations)
-    dataset = OpenedDataset.open(url, access=access)
+    contents = None if version is None else history.payload(url, version, access.profile)
+    dataset = OpenedDataset.open(url, access=access, contents=contents)
     names = [variable] if isinstance(variable, str) else variable
     chosen = select_aggregated(dataset, None if names is None else list(names), url)
     references = _metadata(dataset, url, access, inline)

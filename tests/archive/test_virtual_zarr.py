@@ -270,3 +270,58 @@ def test_to_references_inline_false_is_read_by_virtualizarr(tmp_path, vz):
     assert_matches(got, built.expected, rtol=0)
     np.testing.assert_array_equal(loaded["lat"].values, np.arange(18) * 1.5 + 10.0)
 
+
+
+#: every commit of ``main``, oldest first: its message and its ``tas``, read without daskcfa (asserted)
+_HISTORY_READER = r"""
+import json, sys
+import numpy as np, icechunk as ic, xarray as xr
+path, prefixes, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+repo = ic.Repository.open(ic.local_filesystem_storage(path),
+                          authorize_virtual_chunk_access=ic.containers_credentials({p: None for p in prefixes}))
+commits = [s for s in repo.ancestry(branch="main") if "daskcfa version" in s.message][::-1]
+values = {f"c{i}": xr.open_zarr(repo.readonly_session(snapshot_id=s.id).store, consolidated=False)["tas"].values
+          for i, s in enumerate(commits)}
+np.savez(out, **values)
+json.dump([s.message for s in commits], open(out + ".json", "w"))
+assert "daskcfa" not in sys.modules, "the reader imported daskcfa"
+"""
+
+
+def test_one_commit_per_kept_version_each_read_without_daskcfa(tmp_path, ic):
+    """``versions=True``: the dataset's kept versions (write, append, overwrite) as commits, oldest first,
+    each reading back its own values in a process without daskcfa; a pruned version is not exported."""
+    url = str(tmp_path / "ds" / "t.nca")
+    rng = np.random.default_rng(5)
+    first, extra, third = (rng.random((n, 6)).astype("f4") for n in (4, 2, 4))
+
+    def write(x, **kw):
+        daskcfa.to_cfa(x, url, variable="tas", dims=("time", "lat"), fragment_shape=(2, 3), **kw)
+
+    write(first)
+    write(extra, mode="a", append_dim="time")
+    write(third, mode="w")
+    versions = daskcfa.history(url)[::-1]  # oldest first
+    repo = tmp_path / "repo"
+    daskcfa.to_icechunk(url, str(repo), versions=True)
+    prefixes = list(ic.Repository.open(ic.local_filesystem_storage(str(repo))).config.virtual_chunk_containers)
+    out = str(tmp_path / "commits.npz")
+    run = subprocess.run([sys.executable, "-c", _HISTORY_READER, str(repo), json.dumps(prefixes), out],
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    messages = json.loads(Path(out + ".json").read_text())
+    assert [m.split("daskcfa version ")[1].split()[0] for m in messages] == [v.id for v in versions]
+    with np.load(out) as got:
+        for i, truth in enumerate([first, np.concatenate([first, extra]), third]):
+            np.testing.assert_array_equal(got[f"c{i}"], truth)
+
+    daskcfa.prune(url, keep=1)
+    again = tmp_path / "again"
+    run = cli("icechunk", url, again, "--versions")  # (the command line's way)
+    assert run.returncode == 0, run.stderr[-3000:]
+    commits = [s.message for s in ic.Repository.open(ic.local_filesystem_storage(str(again))).ancestry(branch="main")
+               if "daskcfa version" in s.message]
+    assert len(commits) == 1 and versions[-1].id in commits[0]
+    with pytest.raises(daskcfa.ArgumentError, match="not a session"):
+        daskcfa.to_icechunk(url, ic.Repository.open(ic.local_filesystem_storage(str(again))).writable_session("main"),
+                            versions=True)
