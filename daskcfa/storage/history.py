@@ -150,9 +150,10 @@ def _parse(raw: Any, version_id: str, uri: str) -> Version:
         raise bad("time, operation and sha256 must be strings")
     try:
         time = datetime.fromisoformat(texts["time"].replace("Z", "+00:00"))
-    except ValueError:
-        raise bad(f"time {texts['time'][:80]!r} is not an ISO 8601 time") from None
-    if time.tzinfo is None:
+        utc = time.astimezone(timezone.utc) if time.tzinfo is not None else None
+    except (ValueError, OverflowError):  # (an offset can carry a time past year 1 or 9999 in UTC)
+        raise bad(f"time {texts['time'][:80]!r} is not an ISO 8601 time in years 1 to 9999 UTC") from None
+    if utc is None:
         raise bad("time has no time zone")
     if not re.fullmatch(r"[0-9a-f]{64}", texts["sha256"]):
         raise bad("sha256 is not 64 hex digits")
@@ -163,7 +164,7 @@ def _parse(raw: Any, version_id: str, uri: str) -> Version:
         raise bad(f"generation {str(generation)[:80]!r} is not a generation's name")
     if not isinstance(arguments, dict) or type(nbytes) is not int or nbytes < 0:
         raise bad("arguments must be an object and size a count of bytes")
-    return Version(version_id, time.astimezone(timezone.utc), texts["operation"][:_MAX_TEXT], arguments, generation,
+    return Version(version_id, utc, texts["operation"][:_MAX_TEXT], arguments, generation,
                    parent, texts["sha256"], nbytes)
 
 
@@ -317,7 +318,10 @@ def _time(which: Any) -> datetime:
                                 f"an ISO 8601 string), not {which[:80]!r}") from None
     if not isinstance(which, datetime):
         raise ArgumentError(f"version= is a version id or a time, not {type(which).__name__}")
-    return which.replace(tzinfo=timezone.utc) if which.tzinfo is None else which.astimezone(timezone.utc)
+    try:
+        return which.replace(tzinfo=timezone.utc) if which.tzinfo is None else which.astimezone(timezone.utc)
+    except OverflowError:
+        raise ArgumentError(f"version= {which.isoformat()} is not a time in years 1 to 9999 UTC") from None
 
 
 def payload(url: str, version: Version, profile: ProfileRef) -> bytes:
