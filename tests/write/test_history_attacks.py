@@ -1,0 +1,75 @@
+"""History attacked (docs/reliability.md): what another writer or a careless user does to a
+dataset's versions never deletes another dataset's versions or a kept version's fragments, and
+out-of-range times are daskcfa errors. Real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import dask
+import numpy as np
+import pytest
+
+import daskcfa
+
+DIMS = ("time", "lat")
+
+
+def _write(url: str, x: np.ndarray, **kw) -> str:
+    return daskcfa.to_cfa(x, url, variable="tas", dims=DIMS, fragment_shape=(2, 3), **kw)
+
+
+def _data(seed: int, steps: int = 4) -> np.ndarray:
+    return np.random.default_rng(seed).random((steps, 6)).astype("f4") + seed
+
+
+def test_a_dataset_of_the_same_stem_never_drops_the_others_versions(tmp_path):
+    """a.nc and a.nca would share a/ (manifest, versions): the second is refused, the first keeps its history."""
+    first = str(tmp_path / "a.nc")
+    with dask.config.set({"daskcfa.write.keep-versions": 5}):
+        _write(first, _data(1))
+        _write(first, _data(2), mode="w")
+        before = [v.id for v in daskcfa.history(first)]
+        with pytest.raises(daskcfa.TargetExistsError, match="a.nc"):
+            _write(str(tmp_path / "a.nca"), _data(3))
+    assert [v.id for v in daskcfa.history(first)] == before
+    got = daskcfa.from_cfa(first, "tas", version=before[1]).compute()
+    np.testing.assert_array_equal(np.ma.getdata(got), _data(1))
+
+
+def test_a_kept_version_unreadable_during_a_commit_keeps_its_fragments(tmp_path):
+    """A kept version's copy missing for a while (a sync, an outage): the commit cannot tell what it
+    references, so it retires nothing; once back, it reads whole."""
+    url = str(tmp_path / "t.nc")
+    first, extra = _data(1), _data(2, steps=2)
+    with dask.config.set({"daskcfa.write.keep-versions": 3}):
+        _write(url, first)
+        _write(url, extra, mode="a", append_dim="time")  # shares the first write's fragments
+        _write(url, _data(3), mode="w")
+        appended = daskcfa.history(url)[1]
+        copy = tmp_path / "t" / ".daskcfa" / "versions" / f"{appended.id}.aggregation"
+        os.rename(copy, f"{copy}.away")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", daskcfa.CFAWarning)
+            _write(url, _data(4), mode="w")  # the first write leaves retention
+        os.rename(f"{copy}.away", copy)
+    assert appended.id in [v.id for v in daskcfa.history(url)]
+    got = daskcfa.from_cfa(url, "tas", version=appended.id).compute()
+    np.testing.assert_array_equal(np.ma.getdata(got), np.concatenate([first, extra]))
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-23:00"])
+def test_a_time_beyond_the_calendar_is_a_daskcfa_error(tmp_path, when):
+    url = str(tmp_path / "t.nc")
+    _write(url, _data(1))
+    _write(url, _data(2), mode="w")
+    with pytest.raises(daskcfa.ArgumentError, match="years 1 to 9999"):
+        daskcfa.from_cfa(url, "tas", version=when)
+    parent = daskcfa.history(url)[1]
+    record = tmp_path / "t" / ".daskcfa" / "versions" / f"{parent.id}.json"
+    planted = json.loads(record.read_text())
+    record.write_text(json.dumps({**planted, "time": when}))
+    with pytest.raises(daskcfa.CFAFormatError, match=parent.id):
+        daskcfa.history(url)
