@@ -73,3 +73,26 @@ def test_a_time_beyond_the_calendar_is_a_daskcfa_error(tmp_path, when):
     record.write_text(json.dumps({**planted, "time": when}))
     with pytest.raises(daskcfa.CFAFormatError, match=parent.id):
         daskcfa.history(url)
+
+
+def test_a_signed_source_url_leaves_no_signature_in_the_history(tmp_path, http_server, capsys):
+    """A source given as a signed URL (here Google Cloud Storage's ``X-Goog-Signature``) is recorded
+    in the version's arguments redacted: the record is kept beside the data for years."""
+    import netCDF4
+
+    from daskcfa.cli import main
+
+    with netCDF4.Dataset(http_server.root / "f.nc", "w") as nc:
+        nc.createDimension("time", 3)
+        nc.createVariable("time", "f8", ("time",))[:] = [0, 1, 2]
+        nc["time"].units = "days since 2000-01-01"
+        nc.createVariable("tas", "f4", ("time",))[:] = [1, 2, 3]
+    signature = "GOOGsig0123456789abcdef"
+    source = http_server.url_for("f.nc") + f"?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Credential=cred{signature}" \
+                                           f"&X-Goog-Signature={signature}"
+    url = str(tmp_path / "t.nc")
+    daskcfa.aggregate([source], url)
+    stored = "".join(p.read_text() for p in (tmp_path / "t" / ".daskcfa" / "versions").glob("*.json"))
+    assert "X-Goog-Signature=***" in stored and signature not in stored
+    main(["log", url])
+    assert signature not in capsys.readouterr().out
