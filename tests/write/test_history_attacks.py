@@ -96,3 +96,22 @@ def test_a_signed_source_url_leaves_no_signature_in_the_history(tmp_path, http_s
     assert "X-Goog-Signature=***" in stored and signature not in stored
     main(["log", url])
     assert signature not in capsys.readouterr().out
+
+
+def test_s3_datasets_whose_keys_share_a_prefix_keep_their_own_versions(s3_server):
+    """s3://b/a.nc and s3://b/ab.nc: their versions' keys share the prefix ``a``; pruning, rolling
+    back and overwriting one never drops a version, nor a fragment, of the other."""
+    base, options = f"s3://{s3_server.new_bucket()}", s3_server.storage_options
+    a, ab = f"{base}/a.nc", f"{base}/ab.nc"
+    with dask.config.set({"daskcfa.write.keep-versions": 5}):
+        for url in (a, ab):
+            _write(url, _data(1), storage_options=options)
+            _write(url, _data(2, steps=2), storage_options=options, mode="a", append_dim="time")
+        before = daskcfa.history(ab, storage_options=options)
+        daskcfa.rollback(a, daskcfa.history(a, storage_options=options)[1].id, storage_options=options)
+        _write(a, _data(3), storage_options=options, mode="w")
+        daskcfa.prune(a, keep=0, storage_options=options)
+    assert daskcfa.history(ab, storage_options=options) == before
+    for version, expected in zip(before, [np.concatenate([_data(1), _data(2, steps=2)]), _data(1)]):
+        got = daskcfa.from_cfa(ab, "tas", storage_options=options, version=version.id).compute()
+        np.testing.assert_array_equal(np.ma.getdata(got), expected)
