@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
-from ..errors import ArgumentError, CFAFormatError, NotFoundError, StorageError, VersionNotFoundError, redact
+from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, StorageError, VersionNotFoundError, redact
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
@@ -350,7 +350,7 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
     """Delete the objects of every version but ``keep`` (ids): versions beyond retention, and the
     records of writes killed before their switch. Only objects named as a version's, directly in
     the versions directory, and (locally) only when no symbolic link leads there; a malformed record
-    is left as it is. Returns the ids."""
+    is left as it is. Objects that cannot be removed stay, with a warning. Returns the ids."""
     keep = set(keep)
     if not _own_directory(url):
         return []
@@ -375,6 +375,8 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
                     delete(uri, profile)
             except NotFoundError:
                 pass
+            except CFAError as exc:  # (after the switch: a failure costs space, never the commit)
+                log.warning("could not remove %s of a dropped version (%s): it stays", redact(uri), exc)
     return sorted(dropped)
 
 

@@ -115,3 +115,20 @@ def test_s3_datasets_whose_keys_share_a_prefix_keep_their_own_versions(s3_server
     for version, expected in zip(before, [np.concatenate([_data(1), _data(2, steps=2)]), _data(1)]):
         got = daskcfa.from_cfa(ab, "tas", storage_options=options, version=version.id).compute()
         np.testing.assert_array_equal(np.ma.getdata(got), expected)
+
+
+def test_a_planted_version_that_cannot_be_removed_never_fails_a_committed_write(tmp_path):
+    """A well-formed planted record whose copy is a directory: dropping it fails after the switch;
+    the write is committed all the same (reported so, not as a StorageError), and the directory stays."""
+    url = str(tmp_path / "t.nc")
+    _write(url, _data(1))
+    versions = tmp_path / "t" / ".daskcfa" / "versions"
+    planted = "v-20200101T000000Z-deadbeef"
+    record = json.loads((versions / f"{daskcfa.history(url)[0].id}.json").read_text())
+    (versions / f"{planted}.json").write_text(json.dumps({**record, "id": planted, "time": "2020-01-01T00:00:00Z"}))
+    (versions / f"{planted}.aggregation" / "inner").mkdir(parents=True)
+    (versions / f"{planted}.aggregation" / "inner" / "keep.txt").write_text("not daskcfa's")
+    for seed in (2, 3):  # (and the next write too)
+        _write(url, _data(seed), mode="w")
+        np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(url, "tas").compute()), _data(seed))
+    assert (versions / f"{planted}.aggregation" / "inner" / "keep.txt").read_text() == "not daskcfa's"
