@@ -53,6 +53,8 @@ VERSION_ID = re.compile(r"v-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
 MAX_RECORD = 65536
 #: Longest chain of parents followed (a planted cycle or endless chain stops here).
 MAX_CHAIN = 100_000
+#: The length of the time at the start of a version id (``v-YYYYmmddTHHMMSSZ``).
+_ID_TIME = 18
 #: The suffixes of a version's objects.
 _SUFFIXES = (".json", ".aggregation", ".manifest.json")
 #: Longest string kept in a recorded argument, and most arguments kept.
@@ -346,12 +348,16 @@ def manifest_of(url: str, version: Version, profile: ProfileRef) -> dict[str, An
     return found if isinstance(found, dict) else {}
 
 
-def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]:
-    """Delete the objects of every version but ``keep`` (ids): versions beyond retention, and the
-    records of writes killed before their switch. Only objects named as a version's, directly in
-    the versions directory, and (locally) only when no symbolic link leads there; a malformed record
-    is left as it is. Objects that cannot be removed stay, with a warning. Returns the ids."""
-    keep = set(keep)
+def drop_except(url: str, keep: Iterable[str], beyond: Iterable[str], since: Version | None,
+                profile: ProfileRef) -> list[str]:
+    """Delete the objects of the versions ``beyond`` retention (ids), and of every other version
+    not in ``keep`` recorded no earlier than ``since`` (the current version before the commit;
+    None: all): writes killed before their switch. An older version the chain did not reach
+    (beyond a malformed record) stays. Only objects named as a version's, directly in the
+    versions directory, and (locally) only when no symbolic link leads there; a record that cannot
+    be read is left as it is, and so is an object that cannot be removed (with a warning).
+    Returns the ids."""
+    keep, beyond = set(keep), set(beyond)
     if not _own_directory(url):
         return []
     dropped = set()
@@ -360,13 +366,15 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
         version_id = name[:-len(suffix)] if suffix else ""
         if VERSION_ID.fullmatch(version_id) and version_id not in keep:
             dropped.add(version_id)
-    for version_id in sorted(dropped):
+    for version_id in sorted(dropped - beyond):
         try:
-            _read(url, version_id, profile)
-        except CFAFormatError:
-            dropped.discard(version_id)  # (not understood, not touched: a planted or damaged record stays)
-        except NotFoundError:
-            pass
+            recent = since is None or _read(url, version_id, profile).time >= since.time
+        except NotFoundError:  # (objects a removal left without their record: by the time in the id)
+            recent = since is None or version_id[:_ID_TIME] >= since.id[:_ID_TIME]
+        except CFAError:  # (not understood, not touched: a planted or damaged record stays)
+            recent = False
+        if not recent:
+            dropped.discard(version_id)
     for version_id in sorted(dropped):
         for suffix in (".json", ".aggregation", ".manifest.json"):  # (the record first: a half-removed version is none)
             uri = _object(url, version_id, suffix)

@@ -15,8 +15,8 @@ from .objects import exists, read_bytes
 from .profiles import ProfileRef
 from .uri import resolve, scheme_of
 
-__all__ = ["manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments", "replacing_generation", "missing_directory",
-           "other_owner"]
+__all__ = ["manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments",
+           "replacing_generation", "missing_directory", "other_owner"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
 _LISTABLE = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")

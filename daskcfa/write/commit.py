@@ -130,7 +130,8 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
                              past[0].id if past else None, profile, manifest)
     put_aggregation(url, commit.payload, commit.mode, profile, lease, detail=detail)
     storage.put_atomic(commit.manifest, json.dumps({**manifest, "version": version.id}, indent=1).encode(), profile)
-    history.drop_except(url, [version.id, *(v.id for v in kept)], profile)
+    history.drop_except(url, [version.id, *(v.id for v in kept)], [v.id for v in past[len(kept):]],
+                        past[0] if past else None, profile)
     retire(references, url, commit.retired, profile, generations)
     return version
 
@@ -145,7 +146,8 @@ def prune_versions(url: str, profile: storage.ProfileRef, lease: Lease, keep: in
     kept = past[:_keep(keep)]
     references, generations, kept = _retain(url, profile, earlier, past, kept, set(), set(), 0.0,
                                             str(earlier.get("generation", "")))
-    history.drop_except(url, [v.id for v in kept], profile)
+    history.drop_except(url, [v.id for v in kept], [v.id for v in past[len(kept):]], past[0] if past else None,
+                        profile)
     retire(references, url, storage.retired_uri(url), profile, generations)
     return [v.id for v in past[len(kept):]]
 

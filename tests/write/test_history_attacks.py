@@ -132,3 +132,36 @@ def test_a_planted_version_that_cannot_be_removed_never_fails_a_committed_write(
         _write(url, _data(seed), mode="w")
         np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(url, "tas").compute()), _data(seed))
     assert (versions / f"{planted}.aggregation" / "inner" / "keep.txt").read_text() == "not daskcfa's"
+
+
+def test_versions_beyond_a_damaged_record_are_not_dropped(tmp_path):
+    """A record damaged (or planted) in the middle of the chain cuts the history there; the commits
+    after it drop neither it nor the versions beyond it, so repairing it brings them back."""
+    url = str(tmp_path / "t.nc")
+    with dask.config.set({"daskcfa.write.keep-versions": 5}):
+        for seed in (1, 2, 3):
+            _write(url, _data(seed), mode="w")
+        versions = daskcfa.history(url)
+        record = tmp_path / "t" / ".daskcfa" / "versions" / f"{versions[1].id}.json"
+        good = record.read_text()
+        record.write_text("{damaged")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", daskcfa.CFAWarning)
+            _write(url, _data(4), mode="w")
+            _write(url, _data(5), mode="w")
+        record.write_text(good)
+    assert [v.id for v in daskcfa.history(url)][2:] == [v.id for v in versions]
+    got = daskcfa.from_cfa(url, "tas", version=versions[2].id).compute()
+    np.testing.assert_array_equal(np.ma.getdata(got), _data(1))
+
+
+def test_a_fifo_planted_as_a_record_never_fails_a_committed_write(tmp_path):
+    """A FIFO named as a version's record: never opened for reading (no hang), left as it is, and
+    the write commits and says so."""
+    url = str(tmp_path / "t.nc")
+    _write(url, _data(1))
+    versions = tmp_path / "t" / ".daskcfa" / "versions"
+    os.mkfifo(versions / "v-20990101T000000Z-00000001.json")
+    _write(url, _data(2), mode="w")
+    np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(url, "tas").compute()), _data(2))
+    assert (versions / "v-20990101T000000Z-00000001.json").exists()
