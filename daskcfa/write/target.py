@@ -66,6 +66,8 @@ class WriteTarget:
         check_mode(mode, modes)
         url, access = open_aggregation(url, storage_options, allowed_locations)
         exists = refuse_existing(url, mode, access.profile, hint)
+        if stem:
+            Lease.new(url, access.profile)  # (a target no lease can guard is refused before its <stem>/ is read)
         other = other_owner(url, access.profile) if stem else None
         if other is not None:
             raise TargetExistsError(f"its fragment directory is that of {redact(other)} (the same name before the "
