@@ -133,7 +133,8 @@ def to_references(
     and the reasons.
     """
     fmt = _format(format, output)
-    written = None if output is None else WriteTarget.open(output, storage_options, mode, modes=WHOLE_FILE_MODES)
+    written = None if output is None else WriteTarget.open(output, storage_options, mode, modes=WHOLE_FILE_MODES,
+                                                           stem=False)
     if int(record_size) < 1:
         raise ArgumentError(f"record_size must be at least 1, got {record_size!r}")
     built = build_references(url, variable, storage_options, allowed_locations, inline=bool(inline))

@@ -58,7 +58,7 @@ class PlainWriter(_PlainGroup):
 
     def __init__(self, url: str, mode: str, clobber: bool, format: str,
                  storage_options: Mapping[str, Any] | None, **options: Any) -> None:
-        target = WriteTarget.for_netcdf4(url, storage_options, mode, clobber)
+        target = WriteTarget.for_netcdf4(url, storage_options, mode, clobber, stem=False)
         url, profile = target.url, target.profile
         local = storage.is_local(url)
         if local:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
-from ..errors import ArgumentError, CFAFormatError, NotFoundError, StorageError, VersionNotFoundError, redact
+from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, StorageError, VersionNotFoundError, redact
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
@@ -54,6 +54,8 @@ VERSION_ID = re.compile(r"v-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
 MAX_RECORD = 65536
 #: Longest chain of parents followed (a planted cycle or endless chain stops here).
 MAX_CHAIN = 100_000
+#: The length of the time at the start of a version id (``v-YYYYmmddTHHMMSSZ``).
+_ID_TIME = 18
 #: The suffixes of a version's objects.
 _SUFFIXES = (".json", ".aggregation", ".manifest.json")
 #: Longest string kept in a recorded argument, and most arguments kept.
@@ -151,9 +153,10 @@ def _parse(raw: Any, version_id: str, uri: str) -> Version:
         raise bad("time, operation and sha256 must be strings")
     try:
         time = datetime.fromisoformat(texts["time"].replace("Z", "+00:00"))
-    except ValueError:
-        raise bad(f"time {texts['time'][:80]!r} is not an ISO 8601 time") from None
-    if time.tzinfo is None:
+        utc = time.astimezone(timezone.utc) if time.tzinfo is not None else None
+    except (ValueError, OverflowError):  # (an offset can carry a time past year 1 or 9999 in UTC)
+        raise bad(f"time {texts['time'][:80]!r} is not an ISO 8601 time in years 1 to 9999 UTC") from None
+    if utc is None:
         raise bad("time has no time zone")
     if not re.fullmatch(r"[0-9a-f]{64}", texts["sha256"]):
         raise bad("sha256 is not 64 hex digits")
@@ -164,7 +167,7 @@ def _parse(raw: Any, version_id: str, uri: str) -> Version:
         raise bad(f"generation {str(generation)[:80]!r} is not a generation's name")
     if not isinstance(arguments, dict) or type(nbytes) is not int or nbytes < 0:
         raise bad("arguments must be an object and size a count of bytes")
-    return Version(version_id, time.astimezone(timezone.utc), texts["operation"][:_MAX_TEXT], arguments, generation,
+    return Version(version_id, utc, texts["operation"][:_MAX_TEXT], arguments, generation,
                    parent, texts["sha256"], nbytes)
 
 
@@ -321,7 +324,10 @@ def _time(which: Any) -> datetime:
                                 f"an ISO 8601 string), not {which[:80]!r}") from None
     if not isinstance(which, datetime):
         raise ArgumentError(f"version= is a version id or a time, not {type(which).__name__}")
-    return which.replace(tzinfo=timezone.utc) if which.tzinfo is None else which.astimezone(timezone.utc)
+    try:
+        return which.replace(tzinfo=timezone.utc) if which.tzinfo is None else which.astimezone(timezone.utc)
+    except OverflowError:
+        raise ArgumentError(f"version= {which.isoformat()} is not a time in years 1 to 9999 UTC") from None
 
 
 def payload(url: str, version: Version, profile: ProfileRef) -> bytes:
@@ -346,12 +352,16 @@ def manifest_of(url: str, version: Version, profile: ProfileRef) -> dict[str, An
     return found if isinstance(found, dict) else {}
 
 
-def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]:
-    """Delete the objects of every version but ``keep`` (ids): versions beyond retention, and the
-    records of writes killed before their switch. Only objects named as a version's, directly in
-    the versions directory, and (locally) only when no symbolic link leads there; a malformed record
-    is left as it is. Returns the ids."""
-    keep = set(keep)
+def drop_except(url: str, keep: Iterable[str], beyond: Iterable[str], since: Version | None,
+                profile: ProfileRef) -> list[str]:
+    """Delete the objects of the versions ``beyond`` retention (ids), and of every other version
+    not in ``keep`` recorded no earlier than ``since`` (the current version before the commit;
+    None: all): writes killed before their switch. An older version the chain did not reach
+    (beyond a malformed record) stays. Only objects named as a version's, directly in the
+    versions directory, and (locally) only when no symbolic link leads there; a record that cannot
+    be read is left as it is, and so is an object that cannot be removed (with a warning).
+    Returns the ids."""
+    keep, beyond = set(keep), set(beyond)
     if not _own_directory(url):
         return []
     dropped = set()
@@ -360,13 +370,15 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
         version_id = name[:-len(suffix)] if suffix else ""
         if VERSION_ID.fullmatch(version_id) and version_id not in keep:
             dropped.add(version_id)
-    for version_id in sorted(dropped):
+    for version_id in sorted(dropped - beyond):
         try:
-            _read(url, version_id, profile)
-        except CFAFormatError:
-            dropped.discard(version_id)  # (not understood, not touched: a planted or damaged record stays)
-        except NotFoundError:
-            pass
+            recent = since is None or _read(url, version_id, profile).time >= since.time
+        except NotFoundError:  # (objects a removal left without their record: by the time in the id)
+            recent = since is None or version_id[:_ID_TIME] >= since.id[:_ID_TIME]
+        except CFAError:  # (not understood, not touched: a planted or damaged record stays)
+            recent = False
+        if not recent:
+            dropped.discard(version_id)
     for version_id in sorted(dropped):
         for suffix in (".json", ".aggregation", ".manifest.json"):  # (the record first: a half-removed version is none)
             uri = _object(url, version_id, suffix)
@@ -375,6 +387,8 @@ def drop_except(url: str, keep: Iterable[str], profile: ProfileRef) -> list[str]
                     delete(uri, profile)
             except NotFoundError:
                 pass
+            except CFAError as exc:  # (after the switch: a failure costs space, never the commit)
+                log.warning("could not remove %s of a dropped version (%s): it stays", redact(uri), exc)
     return sorted(dropped)
 
 

@@ -15,7 +15,8 @@ from .objects import exists, read_bytes
 from .profiles import ProfileRef
 from .uri import resolve, scheme_of
 
-__all__ = ["manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments", "replacing_generation", "missing_directory"]
+__all__ = ["manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments",
+           "replacing_generation", "missing_directory", "other_owner"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
 _LISTABLE = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")
@@ -41,6 +42,17 @@ def read_manifest(url: str, profile: ProfileRef) -> dict[str, Any]:
     except (NotFoundError, ValueError, RecursionError):
         manifest = {}
     return checked_manifest(manifest)
+
+
+def other_owner(url: str, profile: ProfileRef) -> str | None:
+    """The other aggregation file (its URL) whose fragment directory ``<stem>/`` is also ``url``'s
+    (``a.nc`` and ``a.nca`` share ``a/``), when its manifest names it and it exists: a write of
+    ``url`` there would replace its manifest, versions and retirement record. None otherwise."""
+    named = read_manifest(url, profile).get("aggregation")
+    if not isinstance(named, str) or named == posixpath.basename(url) or named in ("", ".", "..") or "/" in named:
+        return None
+    other = resolve(named, url)
+    return other if exists(other, profile) else None
 
 
 def checked_manifest(manifest: Any) -> dict[str, Any]:

@@ -122,15 +122,16 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     previous = _previous_fragments(commit, earlier)
     past = _past(url, profile) if commit.mode != "w-" else []
     kept = past[:_keep(None) - 1]
-    references, generations = _retain(url, profile, earlier, past, len(kept), set(commit.references), previous,
-                                      commit.keep_previous, commit.header["generation"])
+    references, generations, kept = _retain(url, profile, earlier, past, kept, set(commit.references), previous,
+                                            commit.keep_previous, commit.header["generation"])
     storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new], profile)
     manifest = {**commit.header, "generations": generations, "fragments": fragments}
     version = history.record(url, commit.payload, commit.change, commit.header["generation"],
                              past[0].id if past else None, profile, manifest)
     put_aggregation(url, commit.payload, commit.mode, profile, lease, detail=detail)
     storage.put_atomic(commit.manifest, json.dumps({**manifest, "version": version.id}, indent=1).encode(), profile)
-    history.drop_except(url, [version.id, *(v.id for v in kept)], profile)
+    history.drop_except(url, [version.id, *(v.id for v in kept)], [v.id for v in past[len(kept):]],
+                        past[0] if past else None, profile)
     retire(references, url, commit.retired, profile, generations)
     return version
 
@@ -143,10 +144,10 @@ def prune_versions(url: str, profile: storage.ProfileRef, lease: Lease, keep: in
     earlier = storage.read_manifest(url, profile)
     past = _past(url, profile)
     kept = past[:_keep(keep)]
-    current = {u for v in kept[:1] for u in _referenced(url, v, profile)}
-    references, generations = _retain(url, profile, earlier, past, len(kept), current, set(), 0.0,
-                                      str(earlier.get("generation", "")))
-    history.drop_except(url, [v.id for v in kept], profile)
+    references, generations, kept = _retain(url, profile, earlier, past, kept, set(), set(), 0.0,
+                                            str(earlier.get("generation", "")))
+    history.drop_except(url, [v.id for v in kept], [v.id for v in past[len(kept):]], past[0] if past else None,
+                        profile)
     retire(references, url, storage.retired_uri(url), profile, generations)
     return [v.id for v in past[len(kept):]]
 
@@ -157,17 +158,24 @@ def _keep(keep: int | None) -> int:
 
 
 def _retain(url: str, profile: storage.ProfileRef, earlier: dict[str, Any], past: list[history.Version],
-            kept: int, references: set[str], leaving: set[str], keep_for: float,
-            generation: str) -> tuple[set[str], list[str]]:
+            kept: list[history.Version], references: set[str], leaving: set[str], keep_for: float,
+            generation: str) -> tuple[set[str], list[str], list[history.Version]]:
     """What a commit keeps when the ``kept`` newest of ``past`` stay: every fragment URI referenced
-    (``references``, the new file's, and those of the kept versions), and the dataset's own
-    generations (:func:`own_generations`); the fragments ``leaving`` and those that only the
-    versions beyond are listed for retirement (in ``keep_for`` seconds) first."""
-    references = references.union(*(_referenced(url, v, profile) for v in past[:kept]))
-    leaving = leaving.union(*(_made(url, v, profile) for v in past[kept:]))
+    (``references``, the new file's, and those of the kept versions), the dataset's own
+    generations (:func:`own_generations`) and the versions kept; the fragments ``leaving`` and
+    those that only the versions beyond reference are listed for retirement (in ``keep_for``
+    seconds) first. If a kept version cannot be read, what it references is unknown: nothing
+    leaves and every version stays (space, never a kept version's fragment)."""
+    found = [_referenced(url, v, profile) for v in kept]
+    if any(uris is None for uris in found):
+        warnings.warn("a kept version cannot be read: this commit retires no fragment and drops no version",
+                      CFAWarning, stacklevel=3)
+        kept, leaving = past, set()
+    references = references.union(*(uris or set() for uris in found))
+    leaving = leaving.union(*(_made(url, v, profile) for v in past[len(kept):]))
     retired = storage.retired_uri(url)
     listed = schedule(leaving, references, url, retired, profile, keep_for)
-    return references, own_generations(earlier, leaving, references, listed, url, generation)
+    return references, own_generations(earlier, leaving, references, listed, url, generation), kept
 
 
 def _past(url: str, profile: storage.ProfileRef) -> list[history.Version]:
@@ -185,7 +193,7 @@ def _past(url: str, profile: storage.ProfileRef) -> list[history.Version]:
 def kept_fragments(url: str, profile: storage.ProfileRef) -> set[str]:
     """The fragment URIs the versions of ``url`` whose records are kept reference (the current one's
     too): what retirement keeps, and what ``verify --fixity`` does not call extra."""
-    return set().union(*(_referenced(url, v, profile) for v in history.chain(url, profile, strict=False)))
+    return set().union(*(_referenced(url, v, profile) or set() for v in history.chain(url, profile, strict=False)))
 
 
 def payload_fragments(url: str, data: bytes, profile: storage.ProfileRef) -> set[str]:
@@ -195,15 +203,14 @@ def payload_fragments(url: str, data: bytes, profile: storage.ProfileRef) -> set
     return {storage.resolve(u, url) for v in found.values() for u in v.fragments.locations()}
 
 
-def _referenced(url: str, version: history.Version, profile: storage.ProfileRef) -> set[str]:
-    """The fragments a kept ``version`` references; none, with a warning, if its copy cannot be read
-    (then it cannot be read either: nothing is kept for it, and nothing of it is deleted)."""
+def _referenced(url: str, version: history.Version, profile: storage.ProfileRef) -> set[str] | None:
+    """The fragments a kept ``version`` references; None, with a warning, if its copy cannot be read
+    (missing for now, damaged, unreachable): then no fragment may be retired on its account."""
     try:
         return payload_fragments(url, history.payload(url, version, profile), profile)
     except (CFAError, ValueError) as exc:
-        warnings.warn(f"version {version.id} cannot be read ({exc}); its fragments are not kept for it",
-                      CFAWarning, stacklevel=3)
-        return set()
+        warnings.warn(f"version {version.id} cannot be read ({exc})", CFAWarning, stacklevel=3)
+        return None
 
 
 def _made(url: str, version: history.Version, profile: storage.ProfileRef) -> set[str]:

@@ -18,9 +18,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dask
 
-from ..errors import NotFoundError
+from ..errors import NotFoundError, TargetExistsError, redact
 from ..storage.access import Access, open_aggregation
 from ..storage.lease import Lease
+from ..storage.manifest import other_owner
 from ..storage.profiles import ProfileRef
 from ..storage.publish import UPDATE_MODES, WRITE_MODES, check_mode, refuse_existing
 
@@ -52,27 +53,37 @@ class WriteTarget:
     @classmethod
     def open(cls, url: str, storage_options: Mapping[str, Any] | None, mode: str, *,
              modes: Sequence[str] = WRITE_MODES, hint: str = "use mode='w' to overwrite it",
-             asked: str | None = None, allowed_locations: Iterable[str] | None = None) -> "WriteTarget":
+             asked: str | None = None, allowed_locations: Iterable[str] | None = None,
+             stem: bool = True) -> "WriteTarget":
         """The target at ``url`` for a write in ``mode`` (one of ``modes``).
 
         ``"w-"`` refuses a target that exists (saying ``hint``), ``"r+"`` one
         that does not. ``asked`` is how the caller's user spelt the mode
-        (netCDF4-python's ``"a"`` is ``"r+"`` here), for the messages.
+        (netCDF4-python's ``"a"`` is ``"r+"`` here), for the messages. ``stem``: the target keeps
+        its fragments, manifest and versions in ``<stem>/`` (an aggregation file), which must then be
+        no other aggregation file's (``a.nc`` and ``a.nca`` would share ``a/``).
         """
         check_mode(mode, modes)
         url, access = open_aggregation(url, storage_options, allowed_locations)
         exists = refuse_existing(url, mode, access.profile, hint)
+        if stem:
+            Lease.new(url, access.profile)  # (a target no lease can guard is refused before its <stem>/ is read)
+        other = other_owner(url, access.profile) if stem else None
+        if other is not None:
+            raise TargetExistsError(f"its fragment directory is that of {redact(other)} (the same name before the "
+                                    f"extension): write it under another name", file=url)
         if mode == "r+" and not exists:
             raise nothing_to_update(asked or mode, url)
         return cls(url, access, mode, exists)
 
     @classmethod
     def for_netcdf4(cls, url: str, storage_options: Mapping[str, Any] | None, mode: str,
-                    clobber: bool) -> "WriteTarget":
+                    clobber: bool, stem: bool = True) -> "WriteTarget":
         """The target of ``daskcfa.Dataset(url, mode, clobber=clobber)`` (netCDF4-python's modes, ``"x"``
         already made ``"w"`` with ``clobber=False``): ``"a"`` and ``"r+"`` update an existing file."""
         ours = ("w" if clobber else "w-") if mode == "w" else "r+"
-        return cls.open(url, storage_options, ours, asked=mode, hint="clobber=False (or mode 'x') never overwrites")
+        return cls.open(url, storage_options, ours, asked=mode, hint="clobber=False (or mode 'x') never overwrites",
+                        stem=stem)
 
     def lease(self, generation: str = "", *, acquire: bool = False) -> Lease:
         """The lease on this target (see :mod:`daskcfa.storage.lease`), taken now when ``acquire``.
