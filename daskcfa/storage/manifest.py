@@ -7,15 +7,18 @@ which merges and retires from what the previous write listed.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import stat
 from typing import Any
 
-from ..errors import CFAError, NotFoundError
+from ..errors import CFAError, NotFoundError, UnsafeURIError
+from .local import local_path
 from .objects import exists, read_bytes
 from .profiles import ProfileRef
-from .uri import resolve, scheme_of
+from .uri import is_local, resolve, scheme_of
 
-__all__ = ["manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments",
+__all__ = ["check_bookkeeping", "manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments",
            "replacing_generation", "missing_directory", "other_owner"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
@@ -53,6 +56,23 @@ def other_owner(url: str, profile: ProfileRef) -> str | None:
         return None
     other = resolve(named, url)
     return other if exists(other, profile) else None
+
+
+def check_bookkeeping(url: str) -> None:
+    """Refuse a local dataset whose ``<stem>/.daskcfa`` (or its ``versions/``) is a symbolic link or no
+    directory: a writer keeps the manifest, retirement record and versions there, and a link planted
+    in their place would make it replace another dataset's (daskcfa makes them plain directories)."""
+    if not is_local(url):
+        return
+    bookkeeping = local_path(posixpath.dirname(manifest_uri(url)))
+    for path in (bookkeeping, os.path.join(bookkeeping, "versions")):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(mode):  # (lstat: a symbolic link is no directory)
+            raise UnsafeURIError(f"{path} is a symbolic link or no directory: a writer keeps this dataset's "
+                                 "manifest and versions there, never through a link", file=url)
 
 
 def checked_manifest(manifest: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import dask
 from ..errors import NotFoundError, TargetExistsError, redact
 from ..storage.access import Access, open_aggregation
 from ..storage.lease import Lease
-from ..storage.manifest import other_owner
+from ..storage.manifest import check_bookkeeping, other_owner
 from ..storage.profiles import ProfileRef
 from ..storage.publish import UPDATE_MODES, WRITE_MODES, check_mode, refuse_existing
 
@@ -66,14 +66,15 @@ class WriteTarget:
         check_mode(mode, modes)
         url, access = open_aggregation(url, storage_options, allowed_locations)
         exists = refuse_existing(url, mode, access.profile, hint)
+        if mode == "r+" and not exists:
+            raise nothing_to_update(asked or mode, url)
         if stem:
             Lease.new(url, access.profile)  # (a target no lease can guard is refused before its <stem>/ is read)
+            check_bookkeeping(url)
         other = other_owner(url, access.profile) if stem else None
         if other is not None:
             raise TargetExistsError(f"its fragment directory is that of {redact(other)} (the same name before the "
                                     f"extension): write it under another name", file=url)
-        if mode == "r+" and not exists:
-            raise nothing_to_update(asked or mode, url)
         return cls(url, access, mode, exists)
 
     @classmethod

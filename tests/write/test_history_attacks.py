@@ -165,3 +165,31 @@ def test_a_fifo_planted_as_a_record_never_fails_a_committed_write(tmp_path):
     _write(url, _data(2), mode="w")
     np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(url, "tas").compute()), _data(2))
     assert (versions / "v-20990101T000000Z-00000001.json").exists()
+
+
+@pytest.mark.parametrize("planted", [".daskcfa", ".daskcfa/versions"])
+def test_a_bookkeeping_directory_planted_as_a_link_is_refused(tmp_path, planted):
+    """Someone who can write in one dataset's directory links its ``<stem>/.daskcfa`` (or ``versions/``)
+    to another dataset's of the same file name: a write there would replace the other's manifest and
+    versions. It is refused (UnsafeURIError) and the other dataset keeps its history and values."""
+    other, mine = tmp_path / "b" / "t.nc", tmp_path / "a" / "t.nc"
+    other.parent.mkdir()
+    mine.parent.mkdir()
+    with dask.config.set({"daskcfa.write.keep-versions": 5}):
+        _write(str(other), _data(1))
+        _write(str(other), _data(2), mode="w")
+        before = [v.id for v in daskcfa.history(str(other))]
+        manifest = (tmp_path / "b" / "t" / ".daskcfa" / "manifest.json").read_bytes()
+        if planted == ".daskcfa":
+            (tmp_path / "a" / "t").mkdir()
+        else:
+            (tmp_path / "a" / "t" / ".daskcfa").mkdir(parents=True)
+        (tmp_path / "a" / "t" / planted).symlink_to(tmp_path / "b" / "t" / planted)
+        for mode in ("w-", "w"):
+            with pytest.raises(daskcfa.UnsafeURIError, match="symbolic link"):
+                _write(str(mine), _data(3), mode=mode)
+    assert (tmp_path / "b" / "t" / ".daskcfa" / "manifest.json").read_bytes() == manifest
+    assert [v.id for v in daskcfa.history(str(other))] == before
+    np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(str(other), "tas").compute()), _data(2))
+    got = daskcfa.from_cfa(str(other), "tas", version=before[1]).compute()
+    np.testing.assert_array_equal(np.ma.getdata(got), _data(1))

@@ -277,9 +277,11 @@ def test_a_planted_version_naming_another_dataset_deletes_nothing_of_it(tmp_path
         each.unlink()
     versions.rmdir()
     versions.symlink_to(elsewhere)
-    _write(url, _data(2), mode="w")
-    daskcfa.prune(url, keep=1)
-    assert bait.read_text() == "{}"
+    with pytest.raises(daskcfa.UnsafeURIError, match="symbolic link"):  # (nothing is written through the link)
+        _write(url, _data(2), mode="w")
+    with pytest.raises(daskcfa.UnsafeURIError, match="symbolic link"):
+        daskcfa.prune(url, keep=1)
+    assert bait.read_text() == "{}" and [p.name for p in elsewhere.iterdir()] == [bait.name]
 
 
 def test_xarray_reads_an_earlier_version(tmp_path):
