@@ -145,9 +145,9 @@ def _log(args: argparse.Namespace) -> int:
         _print(f"no versions recorded for {_flat(args.url)}: written before daskcfa recorded versions, or by "
                "another tool (the next write records it)")
     else:
-        for v in versions:
-            arguments = " ".join(f"{k}={json.dumps(value)}" for k, value in v.arguments.items())
-            _print(f"{v.id}  {v.time.isoformat(timespec='seconds').replace('+00:00', 'Z')}  {v.operation}"
+        for v in versions:  # (records are hostile input: their text shown escaped, never as terminal controls)
+            arguments = " ".join(f"{_printable(k)}={json.dumps(value)}" for k, value in v.arguments.items())
+            _print(f"{v.id}  {v.time.isoformat(timespec='seconds').replace('+00:00', 'Z')}  {_printable(v.operation)}"
                    f"{'  ' + arguments if arguments else ''}")
     return 0
 
@@ -616,6 +616,12 @@ _CLI_WORDING = [(re.compile(pattern), option) for pattern, option in (
     (r"allowed_locations=\[\.\.\.\] or dask config", "dask config"),
     (r"\bstorage_options\b", "--storage-options"),
 )]
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escapes, control and format characters)
+    shown as its Python escape."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _flat(text: str) -> str:

@@ -405,3 +405,19 @@ def test_log_rollback_and_prune(tmp_path):
     for each in (tmp_path / "t" / ".daskcfa" / "versions").iterdir():
         each.unlink()
     assert run("log", url).stdout.startswith("no versions recorded for")
+
+
+def test_log_shows_a_planted_records_text_escaped(tmp_path):
+    """A version record lies beside the data: its operation and argument names reach the terminal
+    escaped, never as control sequences (clear the screen, set the title...)."""
+    url = str(tmp_path / "t.nc")
+    write(url)
+    record = next((tmp_path / "t" / ".daskcfa" / "versions").glob("v-*[0-9a-f].json"))
+    planted = json.loads(record.read_text())
+    planted["operation"] = "to_cfa\x1b[2J\x1b]0;owned\x07"
+    planted["arguments"] = {"mode\x1b[31m": "w\x1b[0m", "\u202eevil": 1}
+    record.write_text(json.dumps(planted))
+    proc = run("log", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout and "\u202e" not in proc.stdout
+    assert "to_cfa\\x1b[2J" in proc.stdout and "mode\\x1b[31m=" in proc.stdout
