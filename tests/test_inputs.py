@@ -39,7 +39,7 @@ def fragment_files(directory):
     ({"time": slice(-3, -1), "lon": slice(1, -1)}, 4),  # numpy's negative indices
     ({"time": slice(4, 8)}, 2),  # on the boundaries: only those fragments
 ])
-def test_unaligned_regions_merge_with_what_is_stored(tmp_path, region, rewritten):
+def test_unaligned_regions_merge_with_what_is_stored(tmp_path, region, rewritten, one_version):
     url, x = start(tmp_path / "t.nc")
     where = tuple(region.get(d, slice(None)) for d in DIMS)
     new = make_truth(x[where].shape, "f4", masked=0.3, seed=2, lo=0, hi=10)
@@ -58,7 +58,7 @@ def stored(path, index):
         return nc["tas"][index]
 
 
-def test_fill_values_outside_the_region_are_kept_bit_for_bit(tmp_path):
+def test_fill_values_outside_the_region_are_kept_bit_for_bit(tmp_path, one_version):
     url, x = start(tmp_path / "t.nc", dtype="i2", attrs={"_FillValue": np.int16(-999)})
     first = next((tmp_path / "t").glob("g-*/t.tas.0.0.0.nc"))
     before = stored(first, slice(0, 1))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import posixpath
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .. import config, storage
@@ -55,6 +55,9 @@ class Commit:
     expected: tuple[int, str] | None  #: r+: the aggregation file as the update found it
     references: frozenset[str]  #: every fragment URI the new aggregation file references
     change: Change = Change("to_cfa")  #: what the version it makes records
+    #: versions the commit keeps (config ``daskcfa.write.keep-versions`` where the Commit is made, the
+    #: client: the commit task may run on a worker whose config is not the user's)
+    keep_versions: int = field(default_factory=lambda: _keep(None))
 
 
 def plan_commit(model: AggregationDataset, url: str, *, format: str, fragment_format: str, generation: str,
@@ -121,7 +124,7 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     earlier = storage.read_manifest(url, profile)
     previous = _previous_fragments(commit, earlier)
     past = _past(url, profile) if commit.mode != "w-" else []
-    kept = past[:_keep(None) - 1]
+    kept = past[:max(1, commit.keep_versions) - 1]
     references, generations, kept = _retain(url, profile, earlier, past, kept, set(commit.references), previous,
                                             commit.keep_previous, commit.header["generation"])
     storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new], profile)

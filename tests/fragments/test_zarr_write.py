@@ -182,7 +182,7 @@ def test_interrupted_upload_is_rewritten_on_s3(tmp_path, s3_server, sync_dask):
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_retired_zarr_fragments_are_deleted_whole(tmp_path, request, where):
+def test_retired_zarr_fragments_are_deleted_whole(tmp_path, request, where, one_version):
     if where == "local":
         url, options, fs, root = str(tmp_path / "t.nc"), None, None, tmp_path
     else:

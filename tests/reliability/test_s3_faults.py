@@ -176,6 +176,8 @@ def test_write_interrupted_by_a_crash_commits_nothing_then_resumes(tmp_path, s3_
 
     assert_matches(daskcfa.from_cfa(url, storage_options=server.storage_options).compute(), expected)
     objects = fs.find(f"{bucket}/out")
+    assert len(daskcfa.history(url, storage_options=server.storage_options)) == 1  # (the one commit: a version)
+    objects = [o for o in objects if "/tas/.daskcfa/versions/" not in o]
     fragments = sorted(o for o in objects if o.endswith(".nc") and "/.daskcfa/" not in o)
     assert len(fragments) == FRAGMENTS
     assert len([o for o in objects if "/.daskcfa/" in o and not o.endswith("manifest.json")]) == FRAGMENTS

@@ -308,3 +308,21 @@ def test_fixity_counts_the_fragments_of_kept_versions_as_the_datasets(tmp_path):
     stray = tmp_path / "t" / first / "stray.nc"
     stray.write_bytes(b"x")
     assert [p.kind for p in daskcfa.verify_fixity(url).problems] == ["extra"]
+
+
+def test_the_users_retention_holds_when_a_worker_commits(tmp_path):
+    """The commit is the write graph's last task: on a cluster a worker runs it, whose dask config is
+    not the user's. The retention set on the client (``keep-versions`` 1) still decides what it keeps."""
+    distributed = pytest.importorskip("distributed")
+    url = str(tmp_path / "t.nca")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  worker_dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        assert client.run(lambda: dask.config.get("daskcfa.write.keep-versions")) != {}
+        with dask.config.set({"daskcfa.write.keep-versions": 1}):
+            _write(url, _data(1))
+            _write(url, _data(2), mode="w")
+        assert len(daskcfa.history(url)) == 1
+        assert len(_generations([str(p) for p in tmp_path.rglob("*.nc")])) == 1
+        _write(url, _data(3), mode="w")  # (the default, 5, again: this version and the one before are kept)
+        assert len(daskcfa.history(url)) == 2
+    np.testing.assert_array_equal(_read(url), _data(3))
