@@ -115,11 +115,12 @@ def commit_aggregation(commit: Commit, records: list[list[FragmentRecord]], leas
 def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterable[str] = (), *,
            detail: str = "") -> history.Version:
     """Under ``lease``: make ``commit.payload`` the current version of ``commit.url``, its manifest
-    listing ``fragments``; keep the newest versions (config ``daskcfa.write.keep-versions``, at
-    least the new one) and retire the fragments only the others referenced. The one home of the order that makes a killed write never a version and never costs
-    a kept version a fragment: the fragments leaving are listed, the version is recorded, the file
-    switched, the manifest written, then the versions beyond retention dropped and their fragments
-    retired (those of this dataset's own generations only: :mod:`daskcfa.storage.lease`)."""
+    listing ``fragments``; keep the newest versions (``commit.keep_versions``, at least the new
+    one) and retire the fragments only the others referenced. The one home of the order that makes
+    a killed write never a version and never costs a kept version a fragment: the fragments leaving
+    are listed, the version is recorded, the file switched, the manifest written, then the versions
+    beyond retention dropped and their fragments retired (those of this dataset's own generations
+    only: :mod:`daskcfa.storage.lease`)."""
     url, profile = commit.url, commit.profile
     earlier = storage.read_manifest(url, profile)
     previous = _previous_fragments(commit, earlier)
@@ -199,8 +200,9 @@ def kept_fragments(url: str, profile: storage.ProfileRef) -> set[str]:
     return set().union(*(_referenced(url, v, profile) or set() for v in history.chain(url, profile, strict=False)))
 
 
-def payload_fragments(url: str, data: bytes, profile: storage.ProfileRef) -> set[str]:
-    """The fragment URIs (absolute) the aggregation file ``data`` of ``url`` references."""
+def payload_fragments(url: str, data: bytes | None, profile: storage.ProfileRef) -> set[str]:
+    """The fragment URIs (absolute) the aggregation file ``data`` of ``url`` references (None: the
+    file at ``url`` now)."""
     with storage.netcdf_file(url, profile=profile, whole=True, contents=data) as ds:
         found = aggregated_variables(ds, url)
     return {storage.resolve(u, url) for v in found.values() for u in v.fragments.locations()}
@@ -223,8 +225,7 @@ def _made(url: str, version: history.Version, profile: storage.ProfileRef) -> se
         uris = payload_fragments(url, history.payload(url, version, profile), profile)
     except (CFAError, ValueError):
         return set()  # (unreadable: nothing of it is touched)
-    listed = storage.listed_fragments(storage.checked_manifest(history.manifest_of(url, version, profile)), url)
-    return {u for u in uris if generation_of(u) is not None or u in listed}
+    return _made_by_daskcfa(url, uris, storage.checked_manifest(history.manifest_of(url, version, profile)))
 
 
 def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
@@ -232,13 +233,17 @@ def _previous_fragments(commit: Commit, manifest: dict[str, Any]) -> set[str]:
     made (in a generation directory, or listed in its manifest): what the commit may retire."""
     if commit.mode == "w-" or not storage.exists(commit.url, commit.profile):
         return set()
-    listed = storage.listed_fragments(manifest, commit.url)
     try:
-        with storage.netcdf_file(commit.url, profile=commit.profile, whole=True) as ds:
-            found = aggregated_variables(ds, commit.url)
-        uris = {storage.resolve(u, commit.url) for v in found.values() for u in v.fragments.locations()}
+        uris = payload_fragments(commit.url, None, commit.profile)
     except (CFAError, ValueError):
         return set()  # not an aggregation we can read: nothing of it is touched
+    return _made_by_daskcfa(commit.url, uris, manifest)
+
+
+def _made_by_daskcfa(url: str, uris: set[str], manifest: dict[str, Any]) -> set[str]:
+    """Those of ``uris`` that a daskcfa writer of ``url`` made: in a generation directory, or listed in
+    the writer's ``manifest``."""
+    listed = storage.listed_fragments(manifest, url)
     return {u for u in uris if generation_of(u) is not None or u in listed}
 
 
