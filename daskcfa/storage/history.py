@@ -37,7 +37,7 @@ from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, Sto
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
-from .manifest import manifest_uri
+from .manifest import manifest_uri, read_manifest
 from .nesting import HDF5_SIGNATURE
 from .objects import delete, exists, listdir, read_bytes, size
 from .profiles import ProfileRef
@@ -202,10 +202,7 @@ def current(url: str, profile: ProfileRef) -> Version | None:
 
 
 def _manifest_version(url: str, profile: ProfileRef) -> str | None:
-    try:
-        named = json.loads(read_bytes(manifest_uri(url), profile)).get("version")
-    except (NotFoundError, ValueError, RecursionError, AttributeError):
-        return None
+    named = read_manifest(url, profile).get("version")
     return named if isinstance(named, str) and VERSION_ID.fullmatch(named) else None
 
 
