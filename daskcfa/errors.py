@@ -41,7 +41,7 @@ __all__ = [
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 _SECRET_QUERY = re.compile(
     r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential|"
-    r"signature|sig|token|"
+    r"awsaccesskeyid|googleaccessid|signature|sig|token|"
     r"access_?key|secret_?key|password|key)=)[^&\s]*"
 )
 

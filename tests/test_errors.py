@@ -1,0 +1,27 @@
+"""Credentials in URIs are removed from every text daskcfa shows (daskcfa/errors.py)."""
+
+import pytest
+
+from daskcfa.errors import FragmentReadError, redact, uri_secrets
+
+SIGNED = {
+    # S3 query-string authentication, signature version 2 (still issued by older tools and mirrors)
+    "s3 v2": "https://bucket.s3.amazonaws.com/a.nc?AWSAccessKeyId=AKIAEXAMPLEKEYID1234&Expires=1893456000"
+             "&Signature=c2lnbmF0dXJlX3ZhbHVl",
+    # Google Cloud Storage V2 signed URL
+    "gcs v2": "https://storage.googleapis.com/b/a.nc?GoogleAccessId=reader%40project.iam.gserviceaccount.com"
+              "&Expires=1893456000&Signature=Z2NzX3NpZ25hdHVyZQ",
+    "s3 v4": "https://bucket.s3.amazonaws.com/a.nc?X-Amz-Credential=AKIAEXAMPLEKEYID1234%2F20261128%2Fus-east-1"
+             "&X-Amz-Signature=abcdef0123456789",
+}
+
+
+@pytest.mark.parametrize("form", SIGNED)
+def test_signed_urls_lose_their_key_ids_and_signatures(form):
+    url = SIGNED[form]
+    secrets = {part.split("=", 1)[1] for part in url.split("?", 1)[1].split("&") if not part.startswith("Expires")}
+    shown = redact(url)
+    assert not any(secret in shown for secret in secrets), shown
+    assert secrets <= uri_secrets(url)
+    message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
+    assert not any(secret in message for secret in secrets), message
