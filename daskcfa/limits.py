@@ -57,6 +57,13 @@ def max_memory() -> int:
     return parse_bytes(value) if isinstance(value, str) else int(value)
 
 
+def max_json_bytes() -> int:
+    """The largest JSON document daskcfa reads (a reference set, Zarr metadata, a manifest): parsed,
+    JSON takes up to :data:`JSON_EXPANSION` bytes per character, so a document may take at most
+    ``max-memory`` once parsed."""
+    return max_memory() // JSON_EXPANSION
+
+
 def max_fragments() -> int:
     value = dask.config.get("daskcfa.limits.max-fragments", None)
     return int(value) if value is not None else max_memory() // FRAGMENT_BYTES

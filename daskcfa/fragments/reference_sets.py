@@ -43,7 +43,7 @@ from .. import limits
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 
-__all__ = ["Target", "ReferenceSet", "open_reference_set", "max_reference_bytes", "METADATA_NAMES"]
+__all__ = ["Target", "ReferenceSet", "open_reference_set", "METADATA_NAMES"]
 
 #: The names of Zarr metadata documents (v2 and v3): everything else under an array is a chunk.
 METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
@@ -62,13 +62,6 @@ class Target:
     url: str
     offset: int
     length: int | None
-
-
-def max_reference_bytes() -> int:
-    """The largest JSON document read (a reference set, Zarr metadata): parsed, JSON takes up to
-    ``limits.JSON_EXPANSION`` bytes per character (measured: 30-40 for ``[{},{},...]``), so a
-    document may take at most ``max-memory`` once parsed."""
-    return limits.max_memory() // limits.JSON_EXPANSION
 
 
 class ReferenceSet(ABC):
@@ -149,9 +142,9 @@ class _JSONSet(ReferenceSet):
     def __init__(self, uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
         super().__init__(uri, profile, policy)
         size = storage.size(uri, profile, policy=policy)
-        if size > max_reference_bytes():
+        if size > limits.max_json_bytes():
             raise FragmentReadError(f"a JSON reference set of {size:,} bytes is more than daskcfa reads "
-                                    f"({max_reference_bytes():,}: dask config 'daskcfa.limits.max-memory' / {limits.JSON_EXPANSION}); "
+                                    f"({limits.max_json_bytes():,}: dask config 'daskcfa.limits.max-memory' / {limits.JSON_EXPANSION}); "
                                     "store large reference sets as Parquet", file=uri)
         try:
             document = json.loads(storage.read_bytes(uri, profile, known_size=size, policy=policy))
@@ -229,7 +222,7 @@ class _ParquetSet(ReferenceSet):
         self._root = uri.rstrip("/")
         head = f"{self._root}/.zmetadata"
         size = storage.size(head, profile, policy=policy)
-        if size > max_reference_bytes():
+        if size > limits.max_json_bytes():
             raise self._error(f".zmetadata of {size:,} bytes is more than daskcfa reads")
         try:
             document = json.loads(storage.read_bytes(head, profile, known_size=size, policy=policy))

@@ -43,7 +43,7 @@ import numpy as np
 from .. import storage
 from ..choices import FRAGMENT_FORMATS, ZARR_FRAGMENTS
 from ..decode import Encoding
-from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
+from ..errors import ArgumentError, BudgetError, CFAError, FragmentError, NotFoundError
 from ..lazy import dask_array as da
 from ..locks import NETCDF_LOCK
 from ..storage.fixity import Fixity, entry, local_fixity, marker_fixity
@@ -373,11 +373,11 @@ def write_fragment(spec: FragmentSpec, target: FragmentTarget, values: Any, slic
 def _verified(spec: FragmentSpec, target: FragmentTarget) -> FragmentRecord | None:
     """The record of this very fragment if an earlier run stored it and it is unchanged since."""
     try:
-        marker = json.loads(storage.read_bytes(target.marker, spec.profile))
+        marker = storage.read_json(target.marker, spec.profile)
         if marker.get("token") != target.token:
             return None
         nbytes, version = _stored(spec, target.uri)
-    except (NotFoundError, ValueError, AttributeError, RecursionError):  # (a planted marker: rewritten)
+    except (NotFoundError, ValueError, BudgetError, AttributeError):  # (a planted marker: rewritten)
         return None
     if nbytes != marker.get("nbytes") or version != marker.get("version"):
         return None

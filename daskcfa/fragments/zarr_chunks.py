@@ -38,7 +38,7 @@ from .. import limits
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .codecs import COMPRESSORS
-from .reference_sets import METADATA_NAMES, ReferenceSet, Target, max_reference_bytes
+from .reference_sets import METADATA_NAMES, ReferenceSet, Target
 
 __all__ = ["BoundedStore", "ReferenceStore", "FILTERS", "V3_TYPES"]
 
@@ -280,7 +280,7 @@ class BoundedStore(WrapperStore[Store]):
                 location, policy = self._confined
                 policy.check(f"{location.rstrip('/')}/{key}")
             if key.rsplit("/", 1)[-1] in METADATA_NAMES:
-                bound = max_reference_bytes()
+                bound = limits.max_json_bytes()
                 found = await self._store.get(key, prototype, RangeByteRequest(0, bound + 1))
                 if found is None:
                     return None

@@ -37,7 +37,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
-from ..errors import ArgumentError, CFAError, FragmentError, NotFoundError
+from ..errors import ArgumentError, BudgetError, CFAError, FragmentError, NotFoundError
 from ..fragments.write import Slabs, encode_values
 from ..model import FragmentGrid
 from .read import AggregatedArray
@@ -123,9 +123,9 @@ def read_block(array: AggregatedArray, cell: tuple[tuple[int, int], ...],
     where = {"file": marker, "variable": array.variable.name, "fragment": tuple(a for a, _ in cell)}
     try:
         try:
-            if json.loads(storage.read_bytes(marker, profile)).get("token") == token:
+            if storage.read_json(marker, profile).get("token") == token:
                 return token
-        except (NotFoundError, ValueError, AttributeError, RecursionError):
+        except (NotFoundError, ValueError, BudgetError, AttributeError):
             pass
         values = encode_values(array[tuple(slice(a, b) for a, b in cell)], attrs, dtype)
         corner = tuple(a for a, _ in cell)

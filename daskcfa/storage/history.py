@@ -37,7 +37,7 @@ from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, Sto
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
-from .manifest import manifest_uri, read_manifest
+from .manifest import manifest_json, manifest_uri, read_manifest
 from .nesting import HDF5_SIGNATURE
 from .objects import delete, exists, listdir, read_bytes, size
 from .profiles import ProfileRef
@@ -280,10 +280,7 @@ def adopt(url: str, profile: ProfileRef) -> Version | None:
         return None
     if not data.startswith((b"CDF", HDF5_SIGNATURE)):
         return None
-    try:
-        manifest = json.loads(read_bytes(manifest_uri(url), profile))
-    except (NotFoundError, ValueError, RecursionError):
-        manifest = None
+    manifest = manifest_json(manifest_uri(url), profile)
     generation = manifest.get("generation") if isinstance(manifest, dict) else None
     generation = generation if isinstance(generation, str) and re.fullmatch(r"g-[0-9a-f]{16}", generation) else None
     return record(url, data, Change("unrecorded"), generation, None, profile,
@@ -341,11 +338,7 @@ def payload(url: str, version: Version, profile: ProfileRef) -> bytes:
 
 def manifest_of(url: str, version: Version, profile: ProfileRef) -> dict[str, Any]:
     """The manifest ``version``'s writer wrote (empty if none was kept, or it is no JSON object)."""
-    uri = _object(url, version.id, ".manifest.json")
-    try:
-        found = json.loads(read_bytes(uri, profile))
-    except (NotFoundError, ValueError, RecursionError):
-        return {}
+    found = manifest_json(_object(url, version.id, ".manifest.json"), profile)
     return found if isinstance(found, dict) else {}
 
 

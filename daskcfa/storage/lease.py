@@ -65,7 +65,7 @@ from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, Storage
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
-from .objects import delete, delete_all, exists, filesystem, read_bytes
+from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
 from .uri import is_local, scheme_of
 from .profiles import ProfileRef
@@ -469,7 +469,7 @@ def _listed(record: str, profile: ProfileRef) -> dict[str, float]:
     """The entries of the retired record (references relative to the aggregation file's
     directory, unchecked: :func:`retire` checks each) and when each is due."""
     try:
-        listed = json.loads(read_bytes(record, profile)).get("retired", {})
+        listed = read_json(record, profile).get("retired", {})
         return {r: float(t) for r, t in listed.items() if isinstance(r, str) and _finite(t)}
     except (CFAError, ValueError, AttributeError, TypeError, RecursionError):
         return {}

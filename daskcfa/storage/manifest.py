@@ -6,19 +6,18 @@ which merges and retires from what the previous write listed.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import stat
 from typing import Any
 
-from ..errors import CFAError, NotFoundError, UnsafeURIError
+from ..errors import CFAError, CFAFormatError, NotFoundError, UnsafeURIError
 from .local import local_path
-from .objects import exists, read_bytes
+from .objects import exists, read_json
 from .profiles import ProfileRef
 from .uri import is_local, resolve, scheme_of
 
-__all__ = ["check_bookkeeping", "manifest_uri", "retired_uri", "read_manifest", "checked_manifest", "listed_fragments",
+__all__ = ["check_bookkeeping", "manifest_uri", "retired_uri", "read_manifest", "manifest_json", "checked_manifest", "listed_fragments",
            "replacing_generation", "missing_directory", "other_owner"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
@@ -40,11 +39,17 @@ def read_manifest(url: str, profile: ProfileRef) -> dict[str, Any]:
     """The manifest of the aggregation file ``url``, its malformed parts left out (empty if there is
     none, or it is no JSON object): it lies beside the data, and anyone who can write there can plant
     one, so it is never a bare error and never trusted further than its readers check."""
+    return checked_manifest(manifest_json(manifest_uri(url), profile))
+
+
+def manifest_json(uri: str, profile: ProfileRef) -> Any:
+    """The JSON of a manifest (the current one, or a version's copy) as :func:`.objects.read_json`
+    reads it, None if there is none or it is no JSON; one larger than daskcfa reads JSON is a
+    :class:`~daskcfa.errors.BudgetError` naming the setting, as every other limit."""
     try:
-        manifest = json.loads(read_bytes(manifest_uri(url), profile))
-    except (NotFoundError, ValueError, RecursionError):
-        manifest = {}
-    return checked_manifest(manifest)
+        return read_json(uri, profile)
+    except (NotFoundError, CFAFormatError):
+        return None
 
 
 def other_owner(url: str, profile: ProfileRef) -> str | None:

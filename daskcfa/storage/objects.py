@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import inspect
 import io
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,8 @@ import fsspec.asyn
 import yarl
 from dask.utils import parse_bytes
 
-from ..errors import CFAError, NotFoundError, StorageError, UnsafeURIError, redact
+from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, StorageError, UnsafeURIError, redact
+from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .identity import local_token, remote_token
 from .local import local_path, local_stat, open_local, pread
@@ -37,7 +39,7 @@ from .retry import Refused, precondition_failed, refusals, translated, with_retr
 from .uri import is_local, normalise, scheme_of
 
 __all__ = [
-    "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size",
+    "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size", "read_json",
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
     "read_ranges_unchanged", "fetch_range_soon",
     "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
@@ -245,6 +247,28 @@ def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
                policy: LocationPolicy | None = None) -> bytes:
     """A whole object's bytes, in one buffer (see :func:`read_whole`)."""
     return read_whole(uri, profile, known_size=known_size, policy=policy).tobytes()
+
+
+def read_json(uri: str, profile: ProfileRef = NO_PROFILE) -> Any:
+    """A JSON document daskcfa keeps beside the data (a manifest, a list of retired fragments, a
+    marker), parsed. Anyone who can write there can plant one, so it is read only up to
+    :func:`~daskcfa.limits.max_json_bytes` (a larger one: :class:`BudgetError`, without reading it;
+    a local file that grows meanwhile is read no further) and not JSON is a :class:`CFAFormatError`."""
+    bound = max_json_bytes()
+    if is_local(uri):
+        with open_local(uri) as f, translated(uri):
+            data = f.read(bound + 1)
+        nbytes = len(data)
+    else:
+        nbytes = size(uri, profile)
+        data = b"" if nbytes > bound else read_bytes(uri, profile, known_size=nbytes)
+    if nbytes > bound:
+        raise BudgetError(f"a JSON document larger than daskcfa reads ({bound:,} bytes: dask config "
+                          f"'daskcfa.limits.max-memory' / {JSON_EXPANSION})", file=uri)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # (UnicodeError and JSONDecodeError are ValueErrors)
+        raise CFAFormatError(f"not JSON ({type(exc).__name__})", file=uri) from None
 
 
 def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,

@@ -383,3 +383,36 @@ def test_a_deeply_nested_resume_marker_is_rewritten(tmp_path):
     write(truth(seed=1), tmp_path / "t.nc", mode="w")  # (the very same call: it resumes that generation)
     assert_matches(daskcfa.from_cfa(str(tmp_path / "t.nc")).compute(), truth(seed=1))
     assert json.loads((ours / ".daskcfa" / (fragment.name + ".json")).read_text())["uri"].endswith(fragment.name)
+
+
+#: 7 MiB of JSON that grows about 20-fold when parsed (``[[],[],...]``: a 56-byte list per 3 characters)
+_GROWING_JSON = "[" + ",".join(["[]"] * ((7 << 20) // 3)) + "]"
+
+
+@pytest.mark.parametrize("document", ["manifest", "retired"])
+def test_bookkeeping_json_is_read_only_if_it_fits_max_memory_once_parsed(tmp_path, document):
+    """The manifest and the list of retired fragments lie beside the data: 7 MiB of JSON planted as
+    either, under ``max-memory=64MiB``, was parsed whole (about 140 MiB). Now a manifest too large
+    to parse within the limit is a BudgetError naming it and the setting, before anything is written;
+    such a retired list is left unread (it only ever deletes), and the write goes on."""
+    import tracemalloc
+
+    url, x = str(tmp_path / "t.nc"), np.arange(24.0).reshape(4, 6)
+    keywords = {"variable": "v", "dims": ("a", "b"), "fragment_shape": (2, 6)}
+    daskcfa.to_cfa(x, url, **keywords)
+    planted = tmp_path / "t" / ".daskcfa" / ("manifest.json" if document == "manifest" else "retired.json")
+    planted.write_text(_GROWING_JSON)
+    tracemalloc.start()
+    try:
+        with dask.config.set({"daskcfa.limits.max-memory": "64MiB", "scheduler": "sync"}):
+            if document == "manifest":
+                with pytest.raises(daskcfa.BudgetError, match="max-memory") as caught:
+                    daskcfa.to_cfa(x + 1, url, mode="w", **keywords)
+                assert caught.value.file.endswith("manifest.json")
+            else:
+                daskcfa.to_cfa(x + 1, url, mode="w", **keywords)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
+    np.testing.assert_array_equal(daskcfa.from_cfa(url).compute(), x if document == "manifest" else x + 1)
