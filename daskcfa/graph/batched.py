@@ -117,7 +117,7 @@ def _distributed_threads() -> int | None:
     """The threads of the ``distributed`` client that dask's default scheduler is (None: another scheduler).
     distributed is never imported here: without it, there is no such client."""
     distributed = sys.modules.get("distributed")
-    if distributed is None or dask.config.get("scheduler", None) != "dask.distributed":
+    if distributed is None or dask.config.get("scheduler", None) not in ("dask.distributed", "distributed"):
         return None
     try:
         client = distributed.default_client()
