@@ -84,5 +84,7 @@ def test_on_a_distributed_cluster_batches_are_sized_by_its_threads_and_larger(tm
         series = daskcfa.from_cfa(str(built.path))[:, 2, 1]
         assert series.chunks[0] == (per_task,) * (320 // per_task) + ((320 % per_task,) if 320 % per_task else ())
         assert_matches(series.compute(), built.expected[:, 2, 1])
+        with dask.config.set(scheduler="threads", num_workers=1):  # (another scheduler chosen: its rule)
+            assert daskcfa.from_cfa(str(built.path))[:, 2, 1].numblocks == (320 // 8,)
     with dask.config.set(num_workers=1):  # (the client gone: the threaded scheduler's rule again)
         assert daskcfa.from_cfa(str(built.path))[:, 2, 1].numblocks == (320 // 8,)
