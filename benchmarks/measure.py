@@ -8,6 +8,18 @@ from typing import Callable, Optional
 Outcome = tuple[dict, list[dict], Optional[str]]
 
 
+def cpu_seconds(client=None) -> float:
+    """CPU seconds (user + system, all threads) used so far by this process, plus those of ``client``'s
+    workers (a ``LocalCluster``'s scheduler runs in this process: counted here)."""
+    import psutil
+
+    def used() -> float:
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
+
+    return used() + (sum(client.run(used).values()) if client is not None else 0.0)
+
+
 def repeated_runs(once: Callable[[], dict], repeats: int, budget: float) -> Outcome:
     """``(warm-up, measured runs, failure reason or None)``; slow tools get fewer repeats (at least one)."""
     return interleaved_runs({"": once}, repeats, budget)[""]

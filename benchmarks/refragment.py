@@ -63,6 +63,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from benchmarks import generate
+from benchmarks.measure import cpu_seconds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -106,17 +107,6 @@ def _peak() -> int:
     return int(peak_rss() or 0)
 
 
-def _cpu(client=None) -> float:
-    """CPU seconds (user + system, all threads) used so far by this process, plus its workers'."""
-    import psutil
-
-    def used() -> float:
-        times = psutil.Process().cpu_times()
-        return times.user + times.system
-
-    return used() + (sum(client.run(used).values()) if client is not None else 0.0)
-
-
 # ----------------------------------------------------------------------------
 # Tools (one measured run each, in this process)
 # ----------------------------------------------------------------------------
@@ -147,7 +137,7 @@ def raw_copy(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
                 "shuffle": bool(filters.get("shuffle")), "chunksizes": None if chunking == "contiguous" else chunking}
 
     os.sync()  # earlier runs' dirty pages are not this run's cost
-    t0, c0 = time.perf_counter(), _cpu()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     for src in data.fragments:
         with netCDF4.Dataset(src) as s, netCDF4.Dataset(os.path.join(out, os.path.basename(src)), "w") as d:
             for name, dim in s.dimensions.items():
@@ -156,7 +146,7 @@ def raw_copy(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
             for name, var in s.variables.items():
                 d[name][...] = var[...]
     os.sync()  # a copy is done when it is on disk
-    seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     peak = _peak()
     nt, ny, nx = data.frag_shape
     with netCDF4.Dataset(os.path.join(out, os.path.basename(data.fragments[-1]))) as d:
@@ -178,7 +168,7 @@ def memory_loop(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
     shape, compression = _tiles(spec, data.shape)
     tile = shape["lat"]
     os.sync()
-    t0, c0 = time.perf_counter(), _cpu()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     whole = np.empty(data.shape, np.float32)
     t = 0
     for src in data.fragments:
@@ -201,7 +191,7 @@ def memory_loop(variant: str, quick: bool, datadir: str, scratch: str) -> dict:
                     d[generate.VARNAME][...] = whole[:, j:j + tile, i:i + tile]
     del whole
     os.sync()
-    seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     peak = _peak()
     ok = True
     for j in range(0, ny, tile):
@@ -235,10 +225,10 @@ def _refragment(variant: str, quick: bool, datadir: str, scratch: str, tool: str
 
         memory = WorkerPeakMemory(client).__enter__()
     os.sync()
-    t0, c0 = time.perf_counter(), _cpu(client)
+    t0, c0 = time.perf_counter(), cpu_seconds(client)
     daskcfa.refragment(source, target, fragment_shape=shape, max_mem=MAX_MEM, compression=compression)
     os.sync()
-    seconds, cpu = time.perf_counter() - t0, _cpu(client) - c0
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds(client) - c0
     result = {"tool": tool, "variant": variant, "seconds": seconds, "cpu_seconds": cpu, "nbytes": _nbytes(data),
               "plan": str(plan),
               "output_bytes": sum(os.path.getsize(f) for f in glob.glob(os.path.join(out, "tiles", "**", "*.nc"),

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from benchmarks import s3 as s3mod
+from benchmarks.measure import cpu_seconds
 from benchmarks.generate import REDUCTION_SCENARIOS, S3_SCENARIOS, Dataset, at_scenario_point, climatology_summary
 
 SCENARIO_KIND = {
@@ -808,10 +809,11 @@ def measure(tool: str, scenario: str, dataset_dir: str, probe: bool = True,
     out["setup_seconds"] = time.perf_counter() - t0
     try:
         before = target.traffic() if target else None
-        t1, cpu1 = time.perf_counter(), time.process_time()
+        client = _DISTRIBUTED.get("client")  # (daskcfa-distributed: its workers' CPU too)
+        t1, cpu1 = time.perf_counter(), cpu_seconds(client)
         value = run()
         out["seconds"] = time.perf_counter() - t1
-        out["cpu_seconds"] = time.process_time() - cpu1  # (this process's threads; a loaded machine inflates it less)
+        out["cpu_seconds"] = cpu_seconds(client) - cpu1  # (a loaded machine inflates it less than wall time)
         if target:
             time.sleep(0.2)  # let the server finish accounting the last responses
             out["s3_traffic"] = s3mod.traffic_delta(before, target.traffic())

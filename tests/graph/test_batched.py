@@ -69,3 +69,22 @@ def test_a_selection_after_an_assignment_sees_the_assigned_values(archive):
     expected = archive.expected[:, 4, 7].copy()
     expected[10:20] = -1.0
     assert_matches(series.compute(), expected)
+
+
+@pytest.mark.parametrize(("threads", "per_task"), [(1, 20), (3, 6)])
+def test_on_a_distributed_cluster_batches_are_sized_by_its_threads_and_larger(tmp_path, threads, per_task):
+    """A task costs a distributed cluster milliseconds of CPU: batches of up to 32 fragments there (8 before),
+    at least 16 tasks for each of the cluster's threads (before: the client's cores); the same values."""
+    from distributed import Client, LocalCluster
+
+    truth = make_truth((320, 4, 4), "f4", seed=11, masked=0.2)
+    built = build_cf113(tmp_path, truth, ("time", "lat", "lon"), ((1,) * 320, (4,), (4,)))
+    with LocalCluster(n_workers=1, threads_per_worker=threads, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster):
+        series = daskcfa.from_cfa(str(built.path))[:, 2, 1]
+        assert series.chunks[0] == (per_task,) * (320 // per_task) + ((320 % per_task,) if 320 % per_task else ())
+        assert_matches(series.compute(), built.expected[:, 2, 1])
+        with dask.config.set(scheduler="threads", num_workers=1):  # (another scheduler chosen: its rule)
+            assert daskcfa.from_cfa(str(built.path))[:, 2, 1].numblocks == (320 // 8,)
+    with dask.config.set(num_workers=1):  # (the client gone: the threaded scheduler's rule again)
+        assert daskcfa.from_cfa(str(built.path))[:, 2, 1].numblocks == (320 // 8,)
