@@ -200,7 +200,6 @@ def test_no_credential_field_in_debug_logs_of_the_blocking_get(s3_server, tmp_pa
     """Large objects come down through daskcfa's own botocore client (storage/direct.py; the event
     loop held throughout), whose DEBUG lines (botocore's request headers, urllib3's requests) are
     redacted as s3fs's are; nor is a credential in its repr."""
-    from daskcfa.storage import direct
     from remote_helpers import event_loop_held, large_fragments
 
     url, data = large_fragments(tmp_path, s3_server.filesystem(), s3_server.new_bucket("secrets"), "ds", seed=67)
@@ -211,6 +210,8 @@ def test_no_credential_field_in_debug_logs_of_the_blocking_get(s3_server, tmp_pa
         got = x.compute(scheduler="threads")
         assert held_throughout()
     np.testing.assert_array_equal(np.ma.getdata(got), data)
+    from daskcfa.storage import direct
+
     made = [client for _, client in direct._CLIENTS.values() if client is not None]
     lines = list(debug_everywhere)
     assert any(line.startswith("botocore") and "uthorization" in line for line in lines), \
