@@ -224,8 +224,9 @@ class CorruptingProxy(_Proxy):
     successful GET response of at least ``min_body`` bytes, as a faulty network, NIC, middlebox or
     server would, the headers (the server's length and checksum among them) arriving as sent:
     ``how`` is ``"flip"`` (one byte changed), ``"truncate"`` (half the body, then the connection
-    closed), ``"extend"`` (1,000 bytes more than the declared length) or ``"stall"`` (half the
-    body, then nothing until the proxy closes). Requests must have no body (GET, HEAD). A context
+    closed), ``"extend"`` (1,000 bytes more than the declared length), ``"stall"`` (half the
+    body, then nothing until the proxy closes) or ``"declare"`` (a length of 10^15 bytes declared,
+    the body sent, the connection closed). Requests must have no body (GET, HEAD). A context
     manager; ``endpoint_url`` names it, ``corrupted`` counts the bodies damaged."""
 
     def __init__(self, target: tuple[str, int], min_body: int = 1, how: str = "flip") -> None:
@@ -284,6 +285,10 @@ class CorruptingProxy(_Proxy):
                     body[length // 2] ^= 0x01
                 elif self.how == "extend":
                     body += bytes(1000)
+                elif self.how == "declare":
+                    head = head.replace(fields[b"content-length"], str(10**15).encode())
+                    sink.sendall(head + b"\r\n\r\n" + bytes(body))
+                    return
                 else:  # truncate, stall
                     sink.sendall(head + b"\r\n\r\n" + bytes(body[:length // 2]))
                     while self.how == "stall" and not self._closed:

@@ -717,6 +717,25 @@ def test_s3_bodies_cut_short_are_retried_then_refused(tmp_path, s3_server, s3_bu
     assert s3_server.secret not in str(caught.value) and s3_server.key not in str(caught.value)
 
 
+def test_s3_a_declared_length_beyond_the_memory_budget_is_refused_before_the_body(tmp_path, s3_server, s3_bucket,
+                                                                                  s3fs_fs):
+    """A server declaring a body of 10^15 bytes: a BudgetError naming the fragment, before
+    the body is read (no buffer of that size allocated, no retry)."""
+    from remote_helpers import CorruptingProxy, event_loop_held, large_fragments
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, "declare")
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with CorruptingProxy(("127.0.0.1", port), min_body=1 << 20, how="declare") as proxy:
+        options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        with event_loop_held() as held_throughout, pytest.raises(daskcfa.errors.BudgetError) as refused:
+            x.compute(scheduler="synchronous")
+        assert held_throughout()
+    assert refused.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc") and "1,000,000,000,000,000" in str(refused.value)
+    assert proxy.corrupted == 1
+    assert s3_server.secret not in str(refused.value)
+
+
 def test_s3_bodies_longer_than_declared_give_the_declared_bytes(tmp_path, s3_server, s3_bucket, s3fs_fs):
     """A server sending more bytes than the length it declared: the object is the declared bytes
     (their CRC-32 checked), never the extra ones; the next request on that connection is not
