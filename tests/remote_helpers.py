@@ -225,13 +225,13 @@ class CorruptingProxy(_Proxy):
     server would, the headers (the server's length and checksum among them) arriving as sent:
     ``how`` is ``"flip"`` (one byte changed), ``"truncate"`` (half the body, then the connection
     closed), ``"extend"`` (1,000 bytes more than the declared length), ``"stall"`` (half the
-    body, then nothing until the proxy closes) or ``"declare"`` (a length of 10^15 bytes declared,
-    the body sent, the connection closed). Requests must have no body (GET, HEAD). A context
+    body, then nothing until the proxy closes), ``"declare"`` (a length of 10^15 bytes declared,
+    the body sent, the connection closed) or ``"redirect"`` (a 307 to ``location`` instead). Requests must have no body (GET, HEAD). A context
     manager; ``endpoint_url`` names it, ``corrupted`` counts the bodies damaged."""
 
-    def __init__(self, target: tuple[str, int], min_body: int = 1, how: str = "flip") -> None:
+    def __init__(self, target: tuple[str, int], min_body: int = 1, how: str = "flip", location: str = "") -> None:
         super().__init__()
-        self.target, self.min_body, self.how, self.corrupted = target, min_body, how, 0
+        self.target, self.min_body, self.how, self.location, self.corrupted = target, min_body, how, location, 0
 
     def _serve(self, client) -> None:
         import queue
@@ -285,6 +285,10 @@ class CorruptingProxy(_Proxy):
                     body[length // 2] ^= 0x01
                 elif self.how == "extend":
                     body += bytes(1000)
+                elif self.how == "redirect":
+                    sink.sendall(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n"
+                                 % self.location.encode())
+                    continue
                 elif self.how == "declare":
                     head = head.replace(fields[b"content-length"], str(10**15).encode())
                     sink.sendall(head + b"\r\n\r\n" + bytes(body))

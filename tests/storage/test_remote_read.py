@@ -736,6 +736,25 @@ def test_s3_a_declared_length_beyond_the_memory_budget_is_refused_before_the_bod
     assert s3_server.secret not in str(refused.value)
 
 
+def test_s3_a_redirected_get_is_not_followed(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """An S3 endpoint answering a large fragment's GET with a 307 to another origin: the blocking
+    GET does not follow it (botocore's HTTP layer follows no redirect): a CFAError naming the
+    fragment, and the other origin sees no request."""
+    from remote_helpers import CorruptingProxy, FailingProxy, event_loop_held, large_fragments
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, "redirect")
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with FailingProxy() as elsewhere, CorruptingProxy(("127.0.0.1", port), min_body=1 << 20, how="redirect",
+                                                      location=elsewhere.endpoint_url + "/planted.nc") as proxy:
+        options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        with event_loop_held() as held_throughout, pytest.raises(daskcfa.CFAError) as refused:
+            x.compute(scheduler="synchronous")
+        assert held_throughout()
+    assert refused.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc") and refused.value.fragment is not None
+    assert proxy.corrupted >= 1 and elsewhere.connections == 0
+
+
 def test_s3_bodies_longer_than_declared_give_the_declared_bytes(tmp_path, s3_server, s3_bucket, s3fs_fs):
     """A server sending more bytes than the length it declared: the object is the declared bytes
     (their CRC-32 checked), never the extra ones; the next request on that connection is not
