@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -94,6 +97,29 @@ def write_cf113(path: Path, name: str, dims: Sequence[str], sizes, uris, *, iden
         v.aggregated_data = "map: fragment_map uris: fragment_uris identifiers: fragment_identifiers"
     return path
 
+
+
+def large_fragments(tmp_path: Path, fs, bucket: str, prefix: str, layout="chunked", seed=6):
+    """A CF-1.13 aggregation of two fragment objects of 1.5 MiB on S3 (larger than
+    ``storage.objects._DIRECT_FROM``: received by a blocking GET), uploaded under ``prefix``: its URL and data."""
+    data = np.random.default_rng(seed).random((2 * 24, 128, 128), dtype="f4")
+    for k in range(2):
+        part = data[k * 24:(k + 1) * 24]
+        if layout == "chunked":
+            write_chunked_fragment(tmp_path / "ds" / "f" / f"{k}.nc", "tas", DIMS, part, chunks=(6, 128, 128))
+        else:
+            path = tmp_path / "ds" / "f" / f"{k}.nc"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with netCDF4.Dataset(path, "w") as nc:
+                for d, n in zip(DIMS, part.shape):
+                    nc.createDimension(d, n)
+                v = nc.createVariable("tas", "f4", DIMS, contiguous=True, fill_value=False)
+                v.units = "K"
+                v[...] = part
+    write_cf113(tmp_path / "ds" / "agg.nc", "tas", DIMS, ((24, 24), (128,), (128,)), [["f/0.nc"], ["f/1.nc"]])
+    base = upload(fs, tmp_path / "ds", bucket, prefix)
+    assert fs.size(f"{base}/f/0.nc".removeprefix("s3://")) > 1 << 20  # (storage.objects._DIRECT_FROM)
+    return f"{base}/agg.nc", data
 
 
 class _Proxy:
@@ -194,15 +220,18 @@ class FailingProxy(_Proxy):
 
 
 class CorruptingProxy(_Proxy):
-    """A TCP proxy on 127.0.0.1 to ``target`` (``(host, port)``) that changes one byte of the body
-    of every successful GET response of at least ``min_body`` bytes, as a faulty network, NIC or
-    middlebox would: the headers (the server's checksum among them) arrive as sent. Requests
-    must have no body (GET, HEAD). A context manager; ``endpoint_url`` names it, ``corrupted``
-    counts the bodies changed."""
+    """A TCP proxy on 127.0.0.1 to ``target`` (``(host, port)``) that damages the body of every
+    successful GET response of at least ``min_body`` bytes, as a faulty network, NIC, middlebox or
+    server would, the headers (the server's length and checksum among them) arriving as sent:
+    ``how`` is ``"flip"`` (one byte changed), ``"truncate"`` (half the body, then the connection
+    closed), ``"extend"`` (1,000 bytes more than the declared length), ``"stall"`` (half the
+    body, then nothing until the proxy closes), ``"declare"`` (a length of 10^15 bytes declared,
+    the body sent, the connection closed) or ``"redirect"`` (a 307 to ``location`` instead). Requests must have no body (GET, HEAD). A context
+    manager; ``endpoint_url`` names it, ``corrupted`` counts the bodies damaged."""
 
-    def __init__(self, target: tuple[str, int], min_body: int = 1) -> None:
+    def __init__(self, target: tuple[str, int], min_body: int = 1, how: str = "flip", location: str = "") -> None:
         super().__init__()
-        self.target, self.min_body, self.corrupted = target, min_body, 0
+        self.target, self.min_body, self.how, self.location, self.corrupted = target, min_body, how, location, 0
 
     def _serve(self, client) -> None:
         import queue
@@ -248,11 +277,51 @@ class CorruptingProxy(_Proxy):
                         return
                     buffer += data
                 body, buffer = bytearray(buffer[:length]), buffer[length:]
-                if lines[0].split(b" ")[1] == b"200" and length >= self.min_body:
+                if lines[0].split(b" ")[1] != b"200" or length < self.min_body:
+                    sink.sendall(head + b"\r\n\r\n" + bytes(body))
+                    continue
+                self.corrupted += 1
+                if self.how == "flip":
                     body[length // 2] ^= 0x01
-                    self.corrupted += 1
+                elif self.how == "extend":
+                    body += bytes(1000)
+                elif self.how == "redirect":
+                    sink.sendall(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n"
+                                 % self.location.encode())
+                    continue
+                elif self.how == "declare":
+                    head = head.replace(fields[b"content-length"], str(10**15).encode())
+                    sink.sendall(head + b"\r\n\r\n" + bytes(body))
+                    return
+                else:  # truncate, stall
+                    sink.sendall(head + b"\r\n\r\n" + bytes(body[:length // 2]))
+                    while self.how == "stall" and not self._closed:
+                        time.sleep(0.05)
+                    return
                 sink.sendall(head + b"\r\n\r\n" + bytes(body))
         except OSError:
             pass
         finally:
             _Proxy._close(source, sink)
+
+
+@contextmanager
+def event_loop_held(seconds: float = 30.0):
+    """fsspec's event loop thread (every s3fs request of the process runs on it) kept busy for
+    the block, at most ``seconds``: yields a function telling whether it was held throughout
+    (False: the block waited for the loop, which was let go after ``seconds``)."""
+    import fsspec.asyn
+
+    release, held, timed_out = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        if not release.wait(seconds):
+            timed_out.set()
+
+    fsspec.asyn.get_loop().call_soon_threadsafe(hold)
+    assert held.wait(10)
+    try:
+        yield lambda: not timed_out.is_set()
+    finally:
+        release.set()

@@ -409,9 +409,14 @@ def _open_ranged(uri: str, profile: ProfileRef, policy: LocationPolicy | None, n
 
 def _open_whole(uri: str, profile: ProfileRef, policy: LocationPolicy | None, nbytes: int | None,
                 size_hint: int, grower: Grower) -> FragmentFile:
+    # ``size_hint``: the bytes reserved for the object; one longer than the memory budget is refused
+    # before its body is received, and what it holds beyond the reservation is counted
     data = readahead.take(uri, profile, policy)
     if data is None:
-        data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint, policy=policy)
+        data = storage.read_whole(uri, profile, known_size=nbytes, size_hint=size_hint, policy=policy,
+                                  max_bytes=manager().budget.memory)
+    if len(data) > size_hint:
+        grower(len(data) - size_hint)()
     head = bytes(data.read(0, 8))
     label = storage.memory_label(uri)
     if not (head.startswith(NETCDF3_SIGNATURE) or head == HDF5_SIGNATURE):

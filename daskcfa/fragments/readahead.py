@@ -47,6 +47,7 @@ import dask.config
 from .. import storage
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
+from .manager import manager
 from .worker import on_distributed_worker
 
 __all__ = ["depth", "read_ahead", "read_ahead_ranges", "take", "take_range", "stats"]
@@ -173,8 +174,10 @@ def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy 
     """
     limit = _limit(nbytes)
     if limit:
+        most = manager().budget.memory  # (an object longer than a read may hold is not fetched ahead either)
         _READ_AHEAD.start((((_object(uri, profile, policy), None),
-                            functools.partial(storage.fetch_soon, uri, profile, policy=policy, size_hint=nbytes))
+                            functools.partial(storage.fetch_soon, uri, profile, policy=policy, size_hint=nbytes,
+                                              max_bytes=most))
                            for uri in uris), limit)
 
 

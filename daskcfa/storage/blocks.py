@@ -1,10 +1,10 @@
 """A whole object in memory, kept as the blocks it arrived in.
 
-A response body of tens of MB arrives in many blocks. Joining them into one
-``bytes`` (what ``cat_file`` does) copies every byte while holding the GIL,
-on the event loop that every transfer of the process shares. Kept as blocks,
-the bytes are copied once, by the reader, straight into the array it
-returns, with numpy copies that release the GIL.
+A large object fetched as concurrent ranged GETs arrives in parts. Joining
+them into one ``bytes`` copies every byte while holding the GIL. Kept as
+blocks, the bytes are copied once, by the reader, straight into the array it
+returns, with numpy copies that release the GIL; a read within one block (an
+object received whole into one buffer is one block) is a view of it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import stat as stat_module
+import threading
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Sequence
 
@@ -30,6 +31,7 @@ from dask.utils import parse_bytes
 from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, StorageError, UnsafeURIError, redact
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
+from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .identity import local_token, remote_token
 from .local import local_path, local_stat, open_local, pread
 from .policy import LocationPolicy
@@ -272,11 +274,13 @@ def read_json(uri: str, profile: ProfileRef = NO_PROFILE) -> Any:
 
 
 def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-               size_hint: int | None = None, policy: LocationPolicy | None = None) -> Blocks:
+               size_hint: int | None = None, policy: LocationPolicy | None = None,
+               max_bytes: int | None = None) -> Blocks:
     """A whole object in memory: one GET, or -- when ``known_size`` says it is
     large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
-    is about how large the object is expected to be: large S3 objects are
-    received as a stream of blocks, kept as they came (see :mod:`.blocks`).
+    is about how large the object is expected to be: a large S3 object is
+    received in this thread, into one buffer (:mod:`.direct`). An S3 object
+    longer than ``max_bytes`` is refused before its body is read.
     ``policy``: see :func:`filesystem`."""
     if is_local(uri):
         with open_local(uri) as f, translated(uri):
@@ -285,72 +289,84 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
-        get = _get_streamed if (known_size or size_hint or 0) >= _STREAM_FROM else _get_whole
-        return with_retries(uri, fsspec.asyn.sync, fs.loop, get, fs, path, uri)
+        client = _direct_client(fs, known_size or size_hint or 0)
+        if client is not None:
+            return Blocks([with_retries(uri, get_whole, client, fs, path, uri, max_bytes)])
+        return with_retries(uri, fsspec.asyn.sync, fs.loop, _get_whole, fs, path, uri, max_bytes)
     part = part_size()
     starts = list(range(0, known_size, part))
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
 
 
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
-               size_hint: int = 0) -> concurrent.futures.Future | None:
-    """Start fetching a whole remote object in the background (on fsspec's event
-    loop), without waiting: the future's result is its bytes, as :class:`Blocks`
-    (received as they arrived when ``size_hint`` says the object is large, as
-    :func:`read_whole` does). None when the object's filesystem has no event
-    loop to run it on (local files)."""
+               size_hint: int = 0, max_bytes: int | None = None) -> concurrent.futures.Future | None:
+    """Start fetching a whole remote object in the background, without waiting: the future's
+    result is its bytes, as :class:`Blocks` (as :func:`read_whole` reads them; a large S3 object
+    in a read-ahead thread, a small one on fsspec's event loop). None when the object's
+    filesystem has no event loop to run it on (local files)."""
     if is_local(uri) or is_opendap(uri):
         return None
     fs, path = filesystem(uri, profile, policy=policy)
     if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
         return None
-    if _streams(fs) and size_hint >= _STREAM_FROM:
-        return asyncio.run_coroutine_threadsafe(_get_streamed(fs, path, uri), fs.loop)
-    return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri), fs.loop)
+    client = _direct_client(fs, size_hint) if _streams(fs) else None
+    if client is not None:
+        return _fetchers().submit(lambda: Blocks([get_whole(client, fs, path, uri, max_bytes)]))
+    return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri, max_bytes), fs.loop)
 
 
-#: Most bytes taken from a streamed response body at a time (a read returns what has arrived).
-_STREAM_READ = 16 << 20
-#: Objects expected to be smaller are received whole: joining a few blocks costs less than streaming them.
-_STREAM_FROM = 1 << 20
+#: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
+_READ_BLOCK = 16 << 20
+#: Objects expected to be at least this large are received by a blocking GET (:mod:`.direct`);
+#: smaller ones on fsspec's event loop, where many are in flight at once.
+_DIRECT_FROM = 1 << 20
 
 
 def _streams(fs: Any) -> bool:
-    """Whether whole objects of ``fs`` are received as a stream of blocks (S3)
-    rather than with ``cat_file``, whose client joins the blocks into one
-    ``bytes`` on the event loop (see :mod:`.blocks`)."""
+    """Whether ``fs`` is S3's (whole objects are then received by daskcfa's own GET, checked
+    as :mod:`.transfer` says, rather than with ``cat_file``)."""
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return "s3" in protocols and getattr(fs, "loop", None) is not None
 
 
-async def _get_whole(fs: Any, path: str, uri: str) -> Blocks:
-    """One GET of a whole (small) object, in one block."""
-    if not _streams(fs):
-        return Blocks([await fs._cat_file(path, **_one_get(fs))])
-    blocks = await _get_blocks(fs, path, uri)
-    return Blocks([b"".join(blocks)] if len(blocks) > 1 else blocks)
+def _direct_client(fs: Any, expected: int) -> Any | None:
+    """The blocking client (:mod:`.direct`) for an S3 object of about ``expected`` bytes, or None:
+    a small object, or settings only s3fs follows."""
+    return client_for(fs) if expected >= _DIRECT_FROM else None
 
 
-async def _get_streamed(fs: Any, path: str, uri: str) -> Blocks:
-    return Blocks(await _get_blocks(fs, path, uri))
+_FETCHERS: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_FETCHERS_LOCK = threading.Lock()
 
 
-async def _get_blocks(fs: Any, path: str, uri: str) -> list[bytes]:
-    """One GET of a whole object (S3); its body as the blocks it arrived in, its checksum
-    checked as they arrive (:mod:`.transfer`)."""
+def _fetchers() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's read-ahead threads for large S3 objects (a forked child makes its own)."""
+    global _FETCHERS
+    with _FETCHERS_LOCK:
+        if _FETCHERS is None or _FETCHERS[0] != os.getpid():
+            _FETCHERS = (os.getpid(), concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "daskcfa-fetch"))
+        return _FETCHERS[1]
+
+
+async def _get_whole(fs: Any, path: str, uri: str, max_bytes: int | None = None) -> Blocks:
+    """One GET of a whole (small) object on fsspec's event loop, in one block (S3: its checksum
+    checked as the blocks arrive, :mod:`.transfer`; one longer than ``max_bytes`` refused)."""
     from .transfer import checked_body  # (here: it imports aiobotocore, which local reads never need)
 
-    # As s3fs's own _cat_file does it, less the join (and less its HEAD: see _one_get).
+    if not _streams(fs):
+        return Blocks([await fs._cat_file(path, **_one_get(fs))])
+    # As s3fs's own _cat_file does it, less its HEAD (see _one_get).
     bucket, key, version = fs.split_path(path)
     response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
     read = checked_body(response, uri)
     blocks = []
     try:
-        while block := await read(_STREAM_READ):
+        declared_length(response, max_bytes, uri)
+        while block := await read(_READ_BLOCK):
             blocks.append(block)
     finally:
         response["Body"].close()
-    return blocks
+    return Blocks([b"".join(blocks)] if len(blocks) > 1 else blocks)
 
 
 @functools.lru_cache(maxsize=None)

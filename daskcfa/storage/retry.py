@@ -102,9 +102,13 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def http_status(exc: BaseException) -> int | None:
-    """The HTTP error status of the response behind ``exc`` (its cause chain), if any."""
+    """The HTTP error status of the response behind ``exc`` (its cause chain), if any: aiohttp's
+    ``status``, or the status of a botocore ``ClientError``'s response."""
     for current in _chain(exc):
         status = getattr(current, "status", None)
+        response = getattr(current, "response", None)
+        if not isinstance(status, int) and isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if isinstance(status, int) and 400 <= status <= 599:
             return status
     return None
@@ -117,6 +121,7 @@ def _describe(exc: BaseException) -> str:
 _TRANSIENT_NAMES = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
     "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
+    "ResponseStreamingError", "IncompleteReadError",  # (botocore: a body cut short, as aiohttp's ClientPayloadError)
 }
 
 

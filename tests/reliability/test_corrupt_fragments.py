@@ -317,14 +317,14 @@ def _flip_in_chunk(data: bytes, built) -> bytes:
     return bytes(damaged)
 
 
-@pytest.mark.parametrize("strategy", ["whole", "streamed", "ranges"])
+@pytest.mark.parametrize("strategy", ["whole", "direct", "ranges"])
 @pytest.mark.parametrize("damage", sorted(REMOTE_DAMAGE))
 def test_damaged_fragment_on_s3(tmp_path, s3_server, s3_bucket, s3fs_fs, strategy, damage, monkeypatch):
-    if strategy == "streamed":  # as large objects are read: streamed into Blocks, HDF5 through a file object
+    if strategy == "direct":  # as large objects are read: a blocking GET into one buffer, HDF5 through a file object
         from daskcfa import storage
         from daskcfa.fragments import hdf5
 
-        monkeypatch.setattr(storage.objects, "_STREAM_FROM", 0)
+        monkeypatch.setattr(storage.objects, "_DIRECT_FROM", 0)
         monkeypatch.setattr(hdf5, "_IMAGE_BYTES", 0)
     built = _dataset(tmp_path, {"zlib": True, "chunksizes": (1, 2, 2)})
     victim = _victim(built)

@@ -86,7 +86,7 @@ def test_read_rides_out_a_server_restart(s3_dataset):
 
 
 def test_streamed_read_of_large_objects_rides_out_a_server_restart(tmp_path, s3_server_private):
-    """Objects over 1 MiB come down as a stream of blocks: a kill mid-read is retried whole."""
+    """Objects over 1 MiB come down by a blocking GET each (storage/direct.py): a kill mid-read is retried whole."""
     from daskcfa import storage
 
     server = s3_server_private
@@ -94,7 +94,7 @@ def test_streamed_read_of_large_objects_rides_out_a_server_restart(tmp_path, s3_
     built = build_cf113(tmp_path / "ds", expected, ("time", "lat", "lon"), ((1,) * 8, (600,), (600,)))
     bucket = server.new_bucket("streamed")
     server.filesystem().put(str(tmp_path / "ds") + "/", f"{bucket}/ds/", recursive=True)
-    assert server.filesystem().size(f"{bucket}/ds/{built.fragment_uris[(0, 0, 0)][0]}") > storage.objects._STREAM_FROM
+    assert server.filesystem().size(f"{bucket}/ds/{built.fragment_uris[(0, 0, 0)][0]}") > storage.objects._DIRECT_FROM
     restarts = []
     kill = KillAfter("cfa-", 3, lambda: restarts.append(threading.Thread(target=server.restart, daemon=True)) or
                      restarts[-1].start())

@@ -195,6 +195,34 @@ def test_no_credential_field_in_debug_logs_threaded(s3_server, tmp_path, debug_e
           f"({len(botocore):,} of botocore), {everything.count('***')} redactions")
 
 
+@pytest.mark.parametrize("field", ["key_secret", "client_kwargs"])
+def test_no_credential_field_in_debug_logs_of_the_blocking_get(s3_server, tmp_path, debug_everywhere, field):
+    """Large objects come down through daskcfa's own botocore client (storage/direct.py; the event
+    loop held throughout), whose DEBUG lines (botocore's request headers, urllib3's requests) are
+    redacted as s3fs's are; nor is a credential in its repr."""
+    from remote_helpers import event_loop_held, large_fragments
+
+    url, data = large_fragments(tmp_path, s3_server.filesystem(), s3_server.new_bucket("secrets"), "ds", seed=67)
+    options, hidden = _credential_options(s3_server, field)
+    x = daskcfa.from_cfa(url, "tas", storage_options=options)
+    debug_everywhere.clear()
+    with event_loop_held() as held_throughout:
+        got = x.compute(scheduler="threads")
+        assert held_throughout()
+    np.testing.assert_array_equal(np.ma.getdata(got), data)
+    from daskcfa.storage import direct
+
+    made = [client for _, client in direct._CLIENTS.values() if client is not None]
+    lines = list(debug_everywhere)
+    assert any(line.startswith("botocore") and "uthorization" in line for line in lines), \
+        "the blocking client's DEBUG lines with the request headers were not captured"
+    assert any(line.startswith("urllib3") and "GET /" in line for line in lines)
+    everything = "\n".join(lines + [repr(c) for c in made] + [repr(c.meta.config) for c in made])
+    for value in hidden:
+        assert value not in everything
+    assert "***" in everything
+
+
 def _config_texts(dask_worker=None) -> list[str]:
     """This process's dask config as repr and as ``dask.config.serialize`` (what SSH clusters pass on), decoded too."""
     import dask.config

@@ -605,46 +605,173 @@ def test_whole_object_gets_ask_for_one_request():
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "chunked"])
-def test_s3_large_objects_are_streamed_whole(tmp_path, s3_server, s3_bucket, s3fs_fs, layout, monkeypatch):
-    """Fragments of a few MiB come down as one streamed GET each (no HEAD), kept as blocks;
-    every read returns arrays of its own."""
-    rng = np.random.default_rng(6)
-    data = rng.random((2 * 24, 128, 128), dtype="f4")  # 1.5 MiB per fragment
-    for k in range(2):
-        part = data[k * 24:(k + 1) * 24]
-        if layout == "chunked":
-            write_chunked_fragment(tmp_path / "ds" / "f" / f"{k}.nc", "tas", DIMS, part, chunks=(6, 128, 128))
-        else:
-            path = tmp_path / "ds" / "f" / f"{k}.nc"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            import netCDF4
+def test_s3_large_objects_are_received_off_the_event_loop(tmp_path, s3_server, s3_bucket, s3fs_fs, layout,
+                                                          monkeypatch):
+    """Fragments of a few MiB come down as one GET each (no HEAD), received in the thread that
+    reads them or a read-ahead thread (storage/direct.py): the reads finish while fsspec's event
+    loop, which s3fs's requests need, is held busy. Every read returns arrays of its own."""
+    from remote_helpers import event_loop_held, large_fragments
 
-            with netCDF4.Dataset(path, "w") as nc:
-                for d, n in zip(DIMS, part.shape):
-                    nc.createDimension(d, n)
-                v = nc.createVariable("tas", "f4", DIMS, contiguous=True, fill_value=False)
-                v.units = "K"
-                v[...] = part
-    write_cf113(tmp_path / "ds" / "agg.nc", "tas", DIMS, ((24, 24), (128,), (128,)), [["f/0.nc"], ["f/1.nc"]])
-    base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "stream")
-    assert s3fs_fs.size(f"{base}/f/0.nc".removeprefix("s3://")) > storage.objects._STREAM_FROM
-    x = daskcfa.from_cfa(f"{base}/agg.nc", "tas", storage_options=s3_server.storage_options)
-    streamed = []
-    get_blocks = storage.objects._get_blocks
+    url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "direct", layout)
+    x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
+    received = []
+    get_whole = storage.objects.get_whole
 
-    async def counted(fs, path, uri):
-        streamed.append(path)
-        return await get_blocks(fs, path, uri)
+    def counted(client, fs, path, uri, max_bytes=None):
+        received.append(path)
+        return get_whole(client, fs, path, uri, max_bytes)
 
-    monkeypatch.setattr(storage.objects, "_get_blocks", counted)
+    monkeypatch.setattr(storage.objects, "get_whole", counted)
     for scheduler in ("synchronous", "threads"):
-        streamed.clear()
-        got = x.compute(scheduler=scheduler)
-        assert sorted(p.rsplit("/", 1)[-1] for p in streamed) == ["0.nc", "1.nc"]
+        received.clear()
+        with event_loop_held() as held_throughout:
+            got = x.compute(scheduler=scheduler)
+            assert held_throughout()
+        assert sorted(p.rsplit("/", 1)[-1] for p in received) == ["0.nc", "1.nc"]
         np.testing.assert_array_equal(np.ma.getdata(got), data)
         got[0, 0, 0] = -1.0  # a result is the caller's to change
         np.testing.assert_array_equal(np.ma.getdata(x[0].compute()), data[0])
     assert_matches(x[5:30:4, 100, ::3].compute(), data[5:30:4, 100, ::3])
+
+
+def test_s3_large_objects_missing_or_refused_name_the_fragment(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """On the blocking GET (the event loop held throughout): a fragment read with the wrong secret (a
+    storage profile matching its prefix) is an access-denied StorageError naming it, neither secret
+    in its text; an object gone is a NotFoundError, and so, read through an aggregation (which then
+    looks for the dataset's manifest through s3fs), a MissingFragmentError naming the fragment
+    (``missing="fill"``: masked, with a CFAWarning)."""
+    from remote_helpers import event_loop_held, large_fragments
+
+    url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "refused")
+    base = url.rsplit("/", 1)[0]
+    x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
+    filled = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options, missing="fill")
+    wrong = "wrong-" + s3_server.secret[::-1]
+    with dask.config.set({"daskcfa.storage.profiles": {"bad": {"match": f"{base}/f/", "secret": wrong}}}), \
+            event_loop_held() as held_throughout, pytest.raises(daskcfa.errors.StorageError, match="access denied") \
+            as denied:
+        x.compute(scheduler="synchronous")
+    assert held_throughout()
+    assert denied.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc") and denied.value.fragment is not None
+    assert s3_server.secret not in str(denied.value) and wrong not in str(denied.value)
+    s3fs_fs.rm(f"{base}/f/1.nc".removeprefix("s3://"))
+    profile = daskcfa.storage.profiles.register(s3_server.storage_options, protocol="s3")
+    with event_loop_held() as held_throughout, pytest.raises(daskcfa.errors.NotFoundError):
+        storage.read_whole(f"{base}/f/1.nc", profile, size_hint=2 << 20)
+    assert held_throughout()
+    with pytest.raises(daskcfa.MissingFragmentError) as missing:
+        x.compute(scheduler="threads")
+    with pytest.warns(daskcfa.CFAWarning, match="1.nc"):
+        got = filled.compute(scheduler="threads")
+    assert missing.value.file.endswith("/f/1.nc") and missing.value.fragment == (1, 0, 0)
+    np.testing.assert_array_equal(got[:24], data[:24])
+    assert np.ma.getmaskarray(got[24:]).all()
+
+
+def test_s3_large_objects_on_distributed_workers(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """On a cluster of processes each worker makes its own blocking client, from the storage
+    profile the StorageProfiles plugin installed there: the graph carries no client and no
+    secret, the client process made none, and the values are exact."""
+    import cloudpickle
+    from distributed import Client, LocalCluster
+
+    from daskcfa.storage import direct
+    from remote_helpers import large_fragments
+
+    url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "workers")
+    made_here = len(direct._CLIENTS)
+
+    def clients() -> int:
+        return sum(client is not None for _, client in direct._CLIENTS.values())
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
+        graph = cloudpickle.dumps(dict(x.__dask_graph__()))
+        assert b"botocore" not in graph and s3_server.secret.encode() not in graph
+        np.testing.assert_array_equal(np.ma.getdata(x.compute()), data)
+        assert sum(client.run(clients).values()) >= 1
+    assert len(direct._CLIENTS) == made_here
+
+
+@pytest.mark.parametrize("how", ["truncate", "stall"])
+def test_s3_bodies_cut_short_are_retried_then_refused(tmp_path, s3_server, s3_bucket, s3fs_fs, how):
+    """A large object's body that stops half way (the connection closed, or nothing more sent) is a
+    transient fault on the blocking GET: retried, then a StorageError naming the fragment, no
+    secret, within the read timeout of the storage options (``config_kwargs``, as s3fs takes it);
+    never values. The event loop is held throughout: it is the blocking GET that meets it."""
+    from remote_helpers import CorruptingProxy, event_loop_held, large_fragments
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, how)
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with CorruptingProxy(("127.0.0.1", port), min_body=1 << 20, how=how) as proxy:
+        options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url},
+                   "config_kwargs": {"read_timeout": 1}}
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        with dask.config.set({"daskcfa.storage.retries": 2, "scheduler": "synchronous"}), \
+                event_loop_held() as held_throughout, pytest.raises(daskcfa.errors.StorageError) as caught:
+            x.compute()
+        assert held_throughout()
+    assert caught.value.file is not None and caught.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc")
+    assert proxy.corrupted == 3  # (the first attempt at the first fragment read, and two retries)
+    assert s3_server.secret not in str(caught.value) and s3_server.key not in str(caught.value)
+
+
+def test_s3_a_declared_length_beyond_the_memory_budget_is_refused_before_the_body(tmp_path, s3_server, s3_bucket,
+                                                                                  s3fs_fs):
+    """A server declaring a body of 10^15 bytes: a BudgetError naming the fragment, before
+    the body is read (no buffer of that size allocated, no retry)."""
+    from remote_helpers import CorruptingProxy, event_loop_held, large_fragments
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, "declare")
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with CorruptingProxy(("127.0.0.1", port), min_body=1 << 20, how="declare") as proxy:
+        options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        with event_loop_held() as held_throughout, pytest.raises(daskcfa.errors.BudgetError) as refused:
+            x.compute(scheduler="synchronous")
+        assert held_throughout()
+    assert refused.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc") and "1,000,000,000,000,000" in str(refused.value)
+    assert proxy.corrupted == 1
+    assert s3_server.secret not in str(refused.value)
+
+
+def test_s3_a_redirected_get_is_not_followed(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """An S3 endpoint answering a large fragment's GET with a 307 to another origin: the blocking
+    GET does not follow it (botocore's HTTP layer follows no redirect): a CFAError naming the
+    fragment, and the other origin sees no request."""
+    from remote_helpers import CorruptingProxy, FailingProxy, event_loop_held, large_fragments
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, "redirect")
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with FailingProxy() as elsewhere, CorruptingProxy(("127.0.0.1", port), min_body=1 << 20, how="redirect",
+                                                      location=elsewhere.endpoint_url + "/planted.nc") as proxy:
+        options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        with event_loop_held() as held_throughout, pytest.raises(daskcfa.CFAError) as refused:
+            x.compute(scheduler="synchronous")
+        assert held_throughout()
+    assert refused.value.file.rsplit("/", 1)[-1] in ("0.nc", "1.nc") and refused.value.fragment is not None
+    assert proxy.corrupted >= 1 and elsewhere.connections == 0
+
+
+def test_s3_bodies_longer_than_declared_give_the_declared_bytes(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """A server sending more bytes than the length it declared: the object is the declared bytes
+    (their CRC-32 checked), never the extra ones; the next request on that connection is not
+    fooled by them (a fresh connection: the values are exact)."""
+    from remote_helpers import CorruptingProxy, event_loop_held, large_fragments
+
+    url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "extend")
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with CorruptingProxy(("127.0.0.1", port), min_body=1 << 20, how="extend") as proxy:
+        options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+        x = daskcfa.from_cfa(url, "tas", storage_options=options)
+        for scheduler in ("synchronous", "threads"):
+            with event_loop_held() as held_throughout:
+                got = x.compute(scheduler=scheduler)
+                assert held_throughout()
+            np.testing.assert_array_equal(np.ma.getdata(got), data)
+    assert proxy.corrupted >= 4
 
 
 @pytest.mark.parametrize("side", [32, 128])  # (objects of 0.1 MiB, fetched whole; of 1.5 MiB, streamed)
@@ -662,7 +789,7 @@ def test_s3_bytes_changed_in_transfer_are_refused(tmp_path, s3_server, s3_bucket
     write_cf113(tmp_path / "ds" / "agg.nc", "tas", DIMS, ((24, 24), (side,), (side,)), [["f/0.nc"], ["f/1.nc"]])
     base = upload(s3fs_fs, tmp_path / "ds", s3_bucket, "changed")
     fragment_bytes = s3fs_fs.size(f"{base}/f/0.nc".removeprefix("s3://"))
-    assert (fragment_bytes > storage.objects._STREAM_FROM) == (side == 128)
+    assert (fragment_bytes > storage.objects._DIRECT_FROM) == (side == 128)
     server = s3_server.endpoint_url.rsplit(":", 1)
     for min_body, corrupted in ((1 << 40, False), (fragment_bytes // 2, True)):  # (the aggregation file unchanged)
         with CorruptingProxy(("127.0.0.1", int(server[1])), min_body=min_body) as proxy:
