@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Any, BinaryIO, Callable, NamedTuple
+import threading
+from types import MappingProxyType
+from typing import Any, BinaryIO, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -78,6 +80,7 @@ class _Header:
 
     def __init__(self, buf: bytes, version: int) -> None:
         self.buf = buf
+        self.version = version
         self.wide = version == 5
         self._count, self._csize = (_U64, 8) if self.wide else (_U32, 4)
         self._offset = _U32 if version == 1 else _U64
@@ -132,6 +135,16 @@ class _Header:
             dims.append((name, count(buf, pos)[0]))
             pos += csize
         _, pos = self.attributes(pos)  # (global attributes: a fragment's are not read)
+        variables = _VARIABLE_LISTS.find(self, pos, ndims)
+        if variables is None:
+            start = pos
+            variables, pos = self._variables(pos, ndims)
+            _VARIABLE_LISTS.remember(self, start, pos, ndims, variables)
+        return _Layout(self, numrecs, dims, variables)
+
+    def _variables(self, pos: int, ndims: int) -> tuple[dict[str, _Var], int]:
+        """The variable list at ``pos`` (of a header with ``ndims`` dimensions) and the position after it."""
+        buf, count, csize = self.buf, self._count, self._csize
         nvars = count(buf, pos + 4)[0]  # (past the NC_VARIABLE or ABSENT tag)
         pos += 4 + csize
         variables: dict[str, _Var] = {}
@@ -153,7 +166,42 @@ class _Header:
             if rank and max(dimids) >= ndims:
                 raise ValueError("bad dimension id")
             variables[name] = _Var(name, dimids, attributes, code, begin)
-        return _Layout(self, numrecs, dims, variables)
+        return variables, pos
+
+
+class _VariableLists:
+    """The variable lists of the last few headers parsed, by their bytes. The fragments of an
+    archive mostly hold the same variables at the same places, and their headers differ before
+    (global attributes, dimension sizes) if at all: a list whose bytes, position, format version
+    and dimension count are those of one parsed before parses to the same variables, so it is
+    compared byte for byte instead of parsed again (the checks made on it held for those bytes)."""
+
+    #: lists remembered, and the longest remembered (in bytes)
+    ENTRIES = 8
+    LONGEST = 16 << 10
+
+    def __init__(self) -> None:
+        self._entries: tuple[tuple[int, int, int, bytes, Mapping[str, _Var]], ...] = ()
+        self._lock = threading.Lock()
+
+    def find(self, header: _Header, pos: int, ndims: int) -> Mapping[str, _Var] | None:
+        """The variables of the list at ``pos`` of ``header``, if its bytes were parsed before."""
+        buf = header.buf
+        for version, start, dimensions, raw, variables in self._entries:
+            if start == pos and version == header.version and dimensions == ndims and buf.startswith(raw, pos):
+                return variables
+        return None
+
+    def remember(self, header: _Header, start: int, end: int, ndims: int, variables: dict[str, _Var]) -> None:
+        """Keep the list parsed from ``start`` to ``end`` of ``header``."""
+        if end - start > self.LONGEST:
+            return
+        entry = (header.version, start, ndims, bytes(header.buf[start:end]), MappingProxyType(variables))
+        with self._lock:
+            self._entries = (entry,) + self._entries[:self.ENTRIES - 1]
+
+
+_VARIABLE_LISTS = _VariableLists()
 
 
 def _attribute(raw: bytes, code: int, n: int) -> Any:
@@ -169,7 +217,7 @@ class _Layout:
     """A parsed netCDF-3 header: dimensions, global attributes, variables and record size."""
 
     def __init__(self, header: _Header, numrecs: int, dims: list[tuple[str, int]],
-                 variables: dict[str, _Var]) -> None:
+                 variables: Mapping[str, _Var]) -> None:
         self.header = header
         self.streaming = numrecs == (1 << (64 if header.wide else 32)) - 1
         self.numrecs = 0 if self.streaming else numrecs
