@@ -170,13 +170,15 @@ class Fragments:
         index = tuple(int(i) for i in index)
         uris: tuple[str, ...] = ()
         names = self._cell(self.identifiers, index)
-        identifier = _str_or_none(names) if np.ndim(names) == 0 else None
+        rank = np.ndim(names)
+        identifier = _str_or_none(names) if rank == 0 else None
         identifiers: tuple[str | None, ...] = ()
         kept: list[int] = []
         if self.uris is not None:
-            kept = [i for i, u in enumerate(self.uris[index]) if u is not None and str(u) != ""]
-            uris = tuple(str(self.uris[index][i]) for i in kept)
-        if np.ndim(names) == 1:  # one name per alternative URI; a missing one: the first name given
+            row = list(self.uris[index])  # (indexed once: each fragment read looks its row up)
+            kept = [i for i, u in enumerate(row) if u is not None and str(u) != ""]
+            uris = tuple(str(row[i]) for i in kept)
+        if rank == 1:  # one name per alternative URI; a missing one: the first name given
             fallback = next(filter(None, map(_str_or_none, names)), None)
             identifiers = tuple(_str_or_none(names[i]) or fallback for i in kept)
             identifier = identifiers[0] if identifiers else _str_or_none(names[0]) or fallback

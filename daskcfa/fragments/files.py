@@ -302,9 +302,10 @@ def open_fragment(uri: str, name: str | Sequence[str], *, profile: ProfileRef = 
             raise
         except StorageError as exc:  # not a regular file, or not reachable: a fact about the fragment
             raise FragmentReadError(exc.reason) from None
-        key: tuple = ("file", path, storage.local_token(stat), _engine())  # (a replaced file: another key)
-        handle = manager().open(key, lambda: _open_local(path, lambda: manager().grow(key, files=1)), files=1,
-                                label=uri, family=("file", path))
+        engine = _engine()
+        key: tuple = ("file", path, storage.local_token(stat), engine)  # (a replaced file: another key)
+        handle = manager().open(key, lambda: _open_local(path, lambda: manager().grow(key, files=1), engine),
+                                files=1, label=uri, family=("file", path))
     elif storage.is_opendap(uri):
         handle = manager().open(("dap", storage.opendap_url(uri), policy), lambda: _open_dap(uri, profile, policy),
                                 files=1, label=uri)
@@ -335,12 +336,13 @@ def _open_dap(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> F
     return FragmentFile(url, netcdf4=lambda: NetCDF4File(url), how="OPeNDAP")
 
 
-def _open_local(path: str, second: Callable[[], None]) -> FragmentFile:
+def _open_local(path: str, second: Callable[[], None], engine: str) -> FragmentFile:
     # The engine follows the file's first bytes: netCDF-3 is read directly, and h5py
     # (whose refusal of a non-HDF5 file costs more than reading a small one) only
-    # tries the rest; what neither reads goes to netCDF4-python.
+    # tries the rest; what neither reads goes to netCDF4-python (``engine``: the
+    # configured one, which is part of the handle's key).
     direct = None
-    if _engine() != "netcdf4":
+    if engine != "netcdf4":
         direct = open_netcdf3(path) or _hdf5(path)
     return FragmentFile(path, direct=direct, netcdf4=lambda: NetCDF4File(path), second=second, how="local file")
 

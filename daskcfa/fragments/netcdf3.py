@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import os
 import struct
-from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+import threading
+from types import MappingProxyType
+from typing import Any, BinaryIO, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -49,8 +50,7 @@ _DENSE = 2
 _FIRST_READ = 1 << 16
 
 
-@dataclass(frozen=True)
-class _Var:
+class _Var(NamedTuple):  # (a tuple: made for every variable of every header parsed, faster than a dataclass)
     name: str
     dimids: tuple[int, ...]
     attributes: int  #: where its attribute list starts in the header (decoded on demand)
@@ -64,6 +64,12 @@ class _Truncated(Exception):
 
 _U32 = struct.Struct(">I").unpack_from
 _U64 = struct.Struct(">Q").unpack_from
+#: an attribute's type code and value count (the count 64-bit in CDF-5)
+_TYPE_AND_COUNT = struct.Struct(">II").unpack_from
+_TYPE_AND_COUNT_WIDE = struct.Struct(">IQ").unpack_from
+#: bytes a value of each type code takes: codes 7-11 exist in CDF-5 only
+_ITEMSIZES_WIDE = {code: dtype.itemsize for code, dtype in _TYPES.items()}
+_ITEMSIZES = {code: size for code, size in _ITEMSIZES_WIDE.items() if code <= 6}
 
 
 class _Header:
@@ -74,9 +80,12 @@ class _Header:
 
     def __init__(self, buf: bytes, version: int) -> None:
         self.buf = buf
+        self.version = version
         self.wide = version == 5
         self._count, self._csize = (_U64, 8) if self.wide else (_U32, 4)
         self._offset = _U32 if version == 1 else _U64
+        self._type_and_count = _TYPE_AND_COUNT_WIDE if self.wide else _TYPE_AND_COUNT
+        self._itemsizes = _ITEMSIZES_WIDE if self.wide else _ITEMSIZES
 
     def name(self, pos: int) -> tuple[str, int]:
         """The name at ``pos`` and the position after it."""
@@ -89,7 +98,9 @@ class _Header:
 
     def attributes(self, pos: int, decode: bool = False) -> tuple[dict[str, Any], int]:
         """The attribute list at ``pos`` (values decoded only with ``decode``) and the position after it."""
-        buf, count, csize, wide = self.buf, self._count, self._csize, self.wide
+        buf, count, csize, itemsizes, type_and_count = (self.buf, self._count, self._csize, self._itemsizes,
+                                                        self._type_and_count)
+        end = len(buf)
         n = count(buf, pos + 4)[0]  # (past the NC_ATTRIBUTE or ABSENT tag)
         pos += 4 + csize
         attrs: dict[str, Any] = {}
@@ -97,13 +108,13 @@ class _Header:
             length = count(buf, pos)[0]
             name_end = pos + csize + length
             pos = name_end + (-length % 4)
-            code = _U32(buf, pos)[0]
-            if code not in _TYPES or (code > 6 and not wide):
+            code, values = type_and_count(buf, pos)
+            itemsize = itemsizes.get(code)
+            if itemsize is None:
                 raise ValueError(f"unknown type {code}")
-            values = count(buf, pos + 4)[0]
             pos += 4 + csize
-            nbytes = values * _TYPES[code].itemsize
-            if pos + nbytes > len(buf):
+            nbytes = values * itemsize
+            if pos + nbytes > end:
                 raise _Truncated
             if decode:
                 name = buf[name_end - length:name_end].decode("utf-8", "replace")
@@ -124,6 +135,16 @@ class _Header:
             dims.append((name, count(buf, pos)[0]))
             pos += csize
         _, pos = self.attributes(pos)  # (global attributes: a fragment's are not read)
+        variables = _VARIABLE_LISTS.find(self, pos, ndims)
+        if variables is None:
+            start = pos
+            variables, pos = self._variables(pos, ndims)
+            _VARIABLE_LISTS.remember(self, start, pos, ndims, variables)
+        return _Layout(self, numrecs, dims, variables)
+
+    def _variables(self, pos: int, ndims: int) -> tuple[dict[str, _Var], int]:
+        """The variable list at ``pos`` (of a header with ``ndims`` dimensions) and the position after it."""
+        buf, count, csize = self.buf, self._count, self._csize
         nvars = count(buf, pos + 4)[0]  # (past the NC_VARIABLE or ABSENT tag)
         pos += 4 + csize
         variables: dict[str, _Var] = {}
@@ -133,19 +154,54 @@ class _Header:
             pos += csize
             if pos + rank * csize > len(buf):
                 raise _Truncated
-            dimids = tuple(count(buf, pos + k * csize)[0] for k in range(rank))
+            dimids = struct.unpack_from(f">{rank}{'Q' if self.wide else 'I'}", buf, pos)
             pos += rank * csize
             attributes = pos
             _, pos = self.attributes(pos)
             code = _U32(buf, pos)[0]
-            if code not in _TYPES or (code > 6 and not self.wide):
+            if code not in self._itemsizes:
                 raise ValueError(f"unknown type {code}")
             begin = self._offset(buf, pos + 4 + csize)[0]  # (past vsize: recomputed, it saturates)
             pos += 4 + csize + (4 if self._offset is _U32 else 8)
-            if any(d >= ndims for d in dimids):
+            if rank and max(dimids) >= ndims:
                 raise ValueError("bad dimension id")
             variables[name] = _Var(name, dimids, attributes, code, begin)
-        return _Layout(self, numrecs, dims, variables)
+        return variables, pos
+
+
+class _VariableLists:
+    """The variable lists of the last few headers parsed, by their bytes. The fragments of an
+    archive mostly hold the same variables at the same places, and their headers differ before
+    (global attributes, dimension sizes) if at all: a list whose bytes, position, format version
+    and dimension count are those of one parsed before parses to the same variables, so it is
+    compared byte for byte instead of parsed again (the checks made on it held for those bytes)."""
+
+    #: lists remembered, and the longest remembered (in bytes)
+    ENTRIES = 8
+    LONGEST = 16 << 10
+
+    def __init__(self) -> None:
+        self._entries: tuple[tuple[int, int, int, bytes, Mapping[str, _Var]], ...] = ()
+        self._lock = threading.Lock()
+
+    def find(self, header: _Header, pos: int, ndims: int) -> Mapping[str, _Var] | None:
+        """The variables of the list at ``pos`` of ``header``, if its bytes were parsed before."""
+        buf = header.buf
+        for version, start, dimensions, raw, variables in self._entries:
+            if start == pos and version == header.version and dimensions == ndims and buf.startswith(raw, pos):
+                return variables
+        return None
+
+    def remember(self, header: _Header, start: int, end: int, ndims: int, variables: dict[str, _Var]) -> None:
+        """Keep the list parsed from ``start`` to ``end`` of ``header``."""
+        if end - start > self.LONGEST:
+            return
+        entry = (header.version, start, ndims, bytes(header.buf[start:end]), MappingProxyType(variables))
+        with self._lock:
+            self._entries = (entry,) + self._entries[:self.ENTRIES - 1]
+
+
+_VARIABLE_LISTS = _VariableLists()
 
 
 def _attribute(raw: bytes, code: int, n: int) -> Any:
@@ -161,21 +217,25 @@ class _Layout:
     """A parsed netCDF-3 header: dimensions, global attributes, variables and record size."""
 
     def __init__(self, header: _Header, numrecs: int, dims: list[tuple[str, int]],
-                 variables: dict[str, _Var]) -> None:
+                 variables: Mapping[str, _Var]) -> None:
         self.header = header
         self.streaming = numrecs == (1 << (64 if header.wide else 32)) - 1
         self.numrecs = 0 if self.streaming else numrecs
         self.dims = dims
         self.vars = variables
+        # (worked out once a header: the checks and every variable opened use them)
+        sizes = [self.numrecs if length == 0 else length for _, length in dims]
+        self._shapes = {name: tuple(sizes[d] for d in var.dimids) for name, var in variables.items()}
+        self._records = {name for name, var in variables.items() if var.dimids and dims[var.dimids[0]][1] == 0}
         records = [v for v in variables.values() if self.is_record(v)]
         # one record variable: its records are not padded; else each holds every record variable's padded slice
         self.recsize = self.slab(records[0]) if len(records) == 1 else sum(_padded(self.slab(v)) for v in records)
 
     def is_record(self, var: _Var) -> bool:
-        return bool(var.dimids) and self.dims[var.dimids[0]][1] == 0
+        return var.name in self._records
 
     def shape(self, var: _Var) -> tuple[int, ...]:
-        return tuple(self.numrecs if length == 0 else length for _, length in (self.dims[d] for d in var.dimids))
+        return self._shapes[var.name]
 
     def slab(self, var: _Var) -> int:
         """Bytes of one record of a record variable, or of the whole of any other variable."""

@@ -197,8 +197,10 @@ class AggregatedArray:
         # values and mask assembled apart: masked-array item assignment costs ~3x a copy
         values = np.empty(shape, self.target.dtype)
         mask = np.ma.nomask
+        depth = readahead.depth()  # (looked up once a chunk: it reads the dask config)
         for k, pieces in enumerate(combos):
-            self._read_ahead_within(combos, k)
+            if depth:
+                self._read_ahead_within(combos, k, depth)
             block = self._piece(pieces)
             where = _placement(pieces)
             values[where] = np.ma.getdata(block)
@@ -292,12 +294,11 @@ class AggregatedArray:
         self._entries[index] = found
         return found
 
-    def _read_ahead_within(self, combos: list[tuple], k: int) -> None:
+    def _read_ahead_within(self, combos: list[tuple], k: int, depth: int) -> None:
         """In a chunk of several fragments, start fetching its own next small remote objects (never
-        another chunk's: a thread running that chunk would fetch them too)."""
-        depth = readahead.depth()
+        another chunk's: a thread running that chunk would fetch them too), ``depth`` of them."""
         index = tuple(p.fragment for p in combos[k])
-        if not depth or self.is_local(index):
+        if self.is_local(index):
             return
         ahead = [self._ahead_uri(tuple(p.fragment for p in pieces), 0.0) for pieces in combos[k + 1:k + 1 + depth]]
         readahead.read_ahead([uri for uri, _ in ahead if uri], self.target.profile, self.target.policy,

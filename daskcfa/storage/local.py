@@ -68,11 +68,13 @@ def _kernel_filesystems() -> frozenset[int]:
 def local_stat(uri: str) -> os.stat_result:
     """``os.stat`` of a local file (links followed), refused unless it is a regular file of data."""
     path = local_path(uri)
-    with translated(uri):
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            raise NotFoundError("file not found", file=uri) from None
+    try:
+        info = os.stat(path)  # (no context manager on the way that succeeds: a read stats every fragment)
+    except FileNotFoundError:
+        raise NotFoundError("file not found", file=uri) from None
+    except OSError as exc:
+        with translated(uri):
+            raise exc
     _refuse_irregular(info.st_mode, uri)
     if info.st_dev in _kernel_filesystems():
         raise StorageError("a file of the kernel's /proc or /sys, not data: never read", file=uri)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 
 import dask
 import netCDF4
@@ -174,3 +175,42 @@ def test_a_small_truncated_file_is_refused_and_its_descriptor_closed_once(tmp_pa
         with pytest.raises(FragmentReadError, match="truncated"):
             open_netcdf3(str(path))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def _classic(dims: list[tuple[str, int]], dimids: tuple[int, ...], values: np.ndarray) -> bytes:
+    """A netCDF-3 classic file written byte by byte: ``dims``, no global attributes, and one
+    float variable ``v`` over ``dimids`` with ``units`` "K", holding ``values`` (a header may
+    be made wrong on purpose)."""
+    def name(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack(">I", len(raw)) + raw + b"\0" * (-len(raw) % 4)
+
+    dim_list = struct.pack(">II", 0x0A, len(dims)) + b"".join(name(n) + struct.pack(">I", size) for n, size in dims)
+    units = struct.pack(">II", 0x0C, 1) + name("units") + struct.pack(">II", 2, 1) + b"K\0\0\0"
+    data = values.astype(">f4").tobytes()
+    head = b"CDF\x01" + struct.pack(">I", 0) + dim_list + struct.pack(">II", 0, 0)
+    var = name("v") + struct.pack(f">I{len(dimids)}I", len(dimids), *dimids) + units + struct.pack(">II", 5, len(data))
+    var_list = struct.pack(">II", 0x0B, 1) + var
+    begin = len(head) + len(var_list) + 4
+    return head + var_list + struct.pack(">I", begin) + data
+
+
+def test_a_variable_list_read_before_is_reused_only_in_a_header_where_it_means_the_same(tmp_path):
+    """Headers of an archive's fragments mostly hold the same variable list, which is parsed once and
+    then compared byte for byte (issue #31). The same bytes after a dimension list as long but with
+    fewer dimensions name a dimension that does not exist there: that header is refused, as when
+    parsed afresh, not given the variables of the first (nor a bare IndexError)."""
+    values = np.arange(6, dtype="f4").reshape(2, 3, 1)
+    good = _classic([("t", 2), ("y", 3), ("q", 1)], (0, 1, 2), values)
+    wrong = _classic([("t", 2), ("yyyyyyyyyyyyyyyy", 3)], (0, 1, 2), values)  # (its dimension list as long)
+    assert good[52:] == wrong[52:]  # (all but the dimension lists, 44 bytes after the first 8, are the same)
+    for _ in range(2):  # (the second time, the good file's variable list is the one remembered)
+        path = tmp_path / "good.nc"
+        path.write_bytes(good)
+        with netCDF4.Dataset(path) as nc:
+            want = nc["v"][:].data
+        got = open_netcdf3(str(path)).variable("v")
+        np.testing.assert_array_equal(got.read((slice(None),) * 3), want)
+        assert got.attrs == {"units": "K"}
+        with pytest.raises(FragmentReadError, match="malformed"):
+            NetCDF3File(data=wrong)
