@@ -223,3 +223,96 @@ def test_one_endpoint_two_secrets_each_sends_its_own(tmp_path, s3_server, s3_buc
                 storage.read_whole(fragment, profile, size_hint=2 << 20)
     x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
     np.testing.assert_array_equal(np.ma.getdata(x.compute(scheduler="threads")), data)
+
+
+# ---------------------------------------------------------------------------
+# Processes and threads
+# ---------------------------------------------------------------------------
+_EXITING = """
+import sys, time
+from daskcfa import storage
+profile = storage.profiles.register({"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": sys.argv[1]},
+                                     "config_kwargs": {"read_timeout": 300}}, protocol="s3")
+for i in range(8):
+    storage.fetch_soon(f"s3://bucket/f/{i}.nc", profile, size_hint=int(sys.argv[2]))
+time.sleep(1)
+print("leaving", flush=True)
+"""
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_an_interpreter_with_stalled_read_ahead_exits(servers, way):
+    """Objects fetched ahead whose bodies never come (the server stalls after the request): the
+    process that asked for them, done with its work, still ends. Before, the blocking GETs ran on a
+    concurrent.futures pool, whose threads the interpreter joins at exit: each stalled GET held the
+    exit for its read timeout (15 s by default, here 300 s), the queued ones in turn."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    stall = threading.Event()
+    endpoint = servers(lambda method, *_: (stall.wait(120), (200, {}, BODY))[1])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        done = subprocess.run([sys.executable, "-c", _EXITING, endpoint.url, str(WAYS[way])], cwd=root,
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interpreter did not exit within 60 s of its last statement")
+    finally:
+        stall.set()
+        time.sleep(0.1)
+    assert "leaving" in done.stdout, done.stderr
+    assert endpoint.log, "no GET was started"
+
+
+def test_a_forked_process_makes_its_own_blocking_client(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """A process forked after the parent made its blocking client (and its connection pool) reads
+    with a client of its own, and reads right."""
+    import multiprocessing
+
+    from remote_helpers import large_fragments
+    from daskcfa.storage import direct, objects
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, "fork")
+    fragment = url.rsplit("/", 1)[0] + "/f/0.nc"
+    profile = storage.profiles.register(s3_server.storage_options, protocol="s3")
+    expected = bytes(storage.read_whole(fragment, profile, size_hint=2 << 20).read(0, 1 << 20))
+    parent = id(direct.client_for(objects.filesystem(fragment, profile)[0]))
+
+    def child(queue):
+        try:
+            got = bytes(storage.read_whole(fragment, profile, size_hint=2 << 20).read(0, 1 << 20))
+            mine = id(direct.client_for(objects.filesystem(fragment, profile)[0]))
+            queue.put((got == expected, mine != parent))
+        except BaseException as exc:  # (reported to the parent, which asserts)
+            queue.put(repr(exc))
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    answer = queue.get(timeout=120)
+    process.join(30)
+    assert answer == (True, True), answer
+
+
+def test_many_threads_at_once_through_one_blocking_client(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """More threads than the client's connection pool holds, each a whole GET at once: none waits
+    for a connection forever, every body is whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from remote_helpers import large_fragments
+
+    url, _ = large_fragments(tmp_path, s3fs_fs, s3_bucket, "threads")
+    fragment = url.rsplit("/", 1)[0] + "/f/0.nc"
+    profile = storage.profiles.register(s3_server.storage_options, protocol="s3")
+    expected = s3fs_fs.cat_file(fragment.removeprefix("s3://"))
+    barrier = threading.Barrier(32)
+
+    def read(_):
+        barrier.wait(60)
+        return bytes(storage.read_whole(fragment, profile, size_hint=2 << 20).read(0, len(expected))) == expected
+
+    with ThreadPoolExecutor(32) as pool:
+        assert all(pool.map(read, range(32), timeout=300))
