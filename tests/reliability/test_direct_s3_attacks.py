@@ -316,3 +316,26 @@ def test_many_threads_at_once_through_one_blocking_client(tmp_path, s3_server, s
 
     with ThreadPoolExecutor(32) as pool:
         assert all(pool.map(read, range(32), timeout=300))
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("header", ["x-amz-checksum-crc32", "x-amz-checksum-sha256"])
+def test_a_checksum_header_that_is_not_base64_is_a_storage_error(servers, way, header):
+    """botocore decodes the server's checksum at the body's end: before, a bare binascii.Error."""
+    endpoint = servers(lambda *_: (200, {header: "!!notbase64"}, BODY + bytes((2 << 20) - len(BODY))))
+    with pytest.raises(Exception) as info:
+        _read(endpoint.url, way)
+    _refused(info)
+    assert isinstance(info.value, daskcfa.errors.StorageError)
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("header", ["x-amz-checksum-crc32", "x-amz-checksum-sha256"])
+def test_a_wrong_checksum_of_either_algorithm_is_refused(servers, way, header):
+    import base64
+
+    wrong = base64.b64encode(bytes(4 if header.endswith("crc32") else 32)).decode()
+    endpoint = servers(lambda *_: (200, {header: wrong}, BODY + bytes((2 << 20) - len(BODY))))
+    with pytest.raises(daskcfa.errors.StorageError) as info:
+        _read(endpoint.url, way)
+    _refused(info)
