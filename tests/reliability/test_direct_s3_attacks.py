@@ -339,3 +339,64 @@ def test_a_wrong_checksum_of_either_algorithm_is_refused(servers, way, header):
     with pytest.raises(daskcfa.errors.StorageError) as info:
         _read(endpoint.url, way)
     _refused(info)
+
+
+def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
+    """Every logger at DEBUG (botocore prints request headers, urllib3 requests) through a read,
+    a region redirect, endless redirects and a refusal, both ways; and the blocking clients' reprs."""
+    import io
+    import logging
+
+    from daskcfa.storage import direct, objects
+
+    captured = io.StringIO()
+    handler = logging.StreamHandler(captured)
+    handler.setLevel(logging.DEBUG)
+    names = ("", "botocore", "urllib3", "aiobotocore", "s3fs", "fsspec", "daskcfa")
+    saved = {name: logging.getLogger(name).level for name in names}
+    logging.getLogger().addHandler(handler)
+    whole = BODY + bytes((2 << 20) - len(BODY))
+    answers = [lambda *_: (200, {}, whole),
+               lambda *_: (301, {"x-amz-bucket-region": "eu-west-2"}, _error("PermanentRedirect")),
+               lambda *_: (307, {}, _error("TemporaryRedirect")),
+               lambda *_: (403, {}, _error("AccessDenied"))]
+    clients = []
+    try:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+        for answer in answers:
+            for way in WAYS:
+                endpoint = servers(answer)
+                try:
+                    _read(endpoint.url, way)
+                except daskcfa.CFAError:
+                    pass
+                profile = storage.profiles.register({"key": KEY, "secret": SECRET, "token": TOKEN,
+                                                     "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
+                clients.append(direct.client_for(objects.filesystem(URI, profile)[0]))
+    finally:
+        logging.getLogger().removeHandler(handler)
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+    text = captured.getvalue()
+    assert "X-Amz-Security-Token" in text or "x-amz-security-token" in text.lower(), "no request headers captured"
+    everything = text + "".join(repr(c) + repr(c.meta.config) for c in clients if c is not None)
+    for value in (KEY, SECRET, TOKEN):
+        assert value not in everything
+
+
+def test_an_aggregation_elsewhere_reaches_no_s3_object(tmp_path, servers, make_http_server):
+    """An aggregation on an HTTP origin naming a large fragment on S3, the user's S3 options given
+    (keyed): the safe-URI policy refuses it, and the S3 endpoint receives no request."""
+    from remote_helpers import DIMS, write_cf113
+
+    endpoint = servers(lambda *_: (200, {}, BODY))
+    write_cf113(tmp_path / "www" / "agg.nc", "tas", DIMS, ((24,), (128,), (128,)), [[URI]])
+    http = make_http_server(tmp_path / "www")
+    options = {"s3": {"key": KEY, "secret": SECRET, "token": TOKEN, "client_kwargs": {"endpoint_url": endpoint.url}}}
+    x = daskcfa.from_cfa(http.url_for("agg.nc"), "tas", storage_options=options)
+    with dask.config.set({"daskcfa.io.small-object": 64 << 20}), pytest.raises(daskcfa.UnsafeURIError) as info:
+        x.compute(scheduler="threads")
+    for value in (KEY, SECRET, TOKEN):
+        assert value not in str(info.value)
+    assert endpoint.log == []
