@@ -253,7 +253,7 @@ def test_an_interpreter_with_stalled_read_ahead_exits(servers, way):
 
     stall = threading.Event()
     endpoint = servers(lambda method, *_: (stall.wait(120), (200, {}, BODY))[1])
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(daskcfa.__file__)))  # (the child imports the same daskcfa)
     try:
         done = subprocess.run([sys.executable, "-c", _EXITING, endpoint.url, str(WAYS[way])], cwd=root,
                               capture_output=True, text=True, timeout=60)
