@@ -96,8 +96,10 @@ def get_whole(client: Any, fs: Any, path: str, uri: str, max_bytes: int | None =
 
 
 def declared_length(response: Mapping[str, Any], max_bytes: int | None, uri: str) -> int | None:
-    """The length a GET response declares for its body (None: none), refused (:class:`BudgetError`)
-    when longer than ``max_bytes``: before the body is read."""
+    """The length a response to a whole GET declares for its body (None: none), refused (:class:`BudgetError`)
+    when longer than ``max_bytes``: before the body is read. A part of the object (HTTP 206) is refused."""
+    if response.get("ContentRange"):
+        raise StorageError("the server answered with a part of the object (HTTP 206), not the whole", file=uri)
     length = response.get("ContentLength")
     if not isinstance(length, int) or length < 0:
         return None

@@ -15,6 +15,7 @@ import inspect
 import io
 import json
 import os
+import queue
 import re
 import shutil
 import stat as stat_module
@@ -335,16 +336,41 @@ def _direct_client(fs: Any, expected: int) -> Any | None:
     return client_for(fs) if expected >= _DIRECT_FROM else None
 
 
-_FETCHERS: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+class _Fetchers:
+    """Daemon threads running fetches ahead of their reads. (Not a ``ThreadPoolExecutor``: the
+    interpreter joins its threads at exit, so a process done with its work waited for every GET
+    fetched ahead, a stalled one for its whole read timeout, as fsspec's daemon loop thread never made it.)"""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for k in range(FETCH_THREADS):
+            threading.Thread(target=self._work, name=f"daskcfa-fetch-{k}", daemon=True).start()
+
+    def submit(self, fetch: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((future, fetch))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fetch = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fetch())
+                except BaseException as exc:  # (the reader that takes the future meets it)
+                    future.set_exception(exc)
+
+
+_FETCHERS: tuple[int, _Fetchers] | None = None
 _FETCHERS_LOCK = threading.Lock()
 
 
-def _fetchers() -> concurrent.futures.ThreadPoolExecutor:
+def _fetchers() -> _Fetchers:
     """This process's read-ahead threads for large S3 objects (a forked child makes its own)."""
     global _FETCHERS
     with _FETCHERS_LOCK:
         if _FETCHERS is None or _FETCHERS[0] != os.getpid():
-            _FETCHERS = (os.getpid(), concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "daskcfa-fetch"))
+            _FETCHERS = (os.getpid(), _Fetchers())
         return _FETCHERS[1]
 
 

@@ -8,6 +8,7 @@ family, never a secret.
 
 from __future__ import annotations
 
+import binascii
 import errno
 import random
 import time
@@ -67,6 +68,10 @@ def translated(uri: str) -> Iterator[None]:
         raise StorageError(f"access denied ({_describe(exc)})", file=uri) from None
     except (OSError, *_TRANSIENT) as exc:  # (a nested tuple here is a TypeError)
         raise StorageError(f"storage error ({_describe(exc)})", file=uri) from None
+    except RecursionError:  # (botocore's S3 region redirector, when every answer redirects again naming no region)
+        raise StorageError("the server's redirects did not end", file=uri) from None
+    except binascii.Error:  # (botocore decodes the checksum a server sends only at the body's end)
+        raise StorageError("the server sent a value that is not base64 (a checksum)", file=uri) from None
     except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
         if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
             status = http_status(exc)
