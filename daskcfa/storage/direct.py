@@ -57,11 +57,15 @@ def _make_client(fs: Any) -> Any | None:
     import botocore
     import botocore.config
 
+    from .s3_http import UnredirectedSession
+
     if fs.cache_regions or fs.s3_additional_kwargs or fs.req_kw or set(fs.kwargs) - {"profile"}:
         return None
     config = {"connect_timeout": fs.connect_timeout, "read_timeout": fs.read_timeout,
               # (a connection for each thread that may read at once: dask's, and the read-ahead's)
               "max_pool_connections": (os.cpu_count() or 1) + FETCH_THREADS, **fs.config_kwargs}
+    if config.get("http_session_cls") is UnredirectedSession:  # (s3fs's session; botocore's follows no redirect either)
+        del config["http_session_cls"]
     arguments = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret, "aws_session_token": fs.token,
                  "endpoint_url": fs.endpoint_url, "use_ssl": fs.use_ssl}
     arguments = {**{k: v for k, v in arguments.items() if v is not None}, **fs.client_kwargs}

@@ -146,6 +146,7 @@ def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tup
     if protocol == "s3":
         options.setdefault("use_listings_cache", False)
         _single_attempts(options)
+        _unredirected(options)
     if hops is not None and protocol in ("http", "https"):
         client = dict(options.get("client_kwargs") or {})
         client["middlewares"] = (*client.get("middlewares", ()), hops)
@@ -158,6 +159,16 @@ def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tup
         fs.retries = 1  # s3fs's attempts per call (a class attribute, no option; see _single_attempts)
     path = target if protocol in ("http", "https") else fs._strip_protocol(target)
     return fs, path
+
+
+def _unredirected(options: dict[str, Any]) -> None:
+    """s3fs's requests through an HTTP session that follows no redirect (:mod:`.s3_http`), unless the
+    user gave their own session class."""
+    from .s3_http import UnredirectedSession
+
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("http_session_cls", UnredirectedSession)
+    options["config_kwargs"] = config
 
 
 def _single_attempts(options: dict[str, Any]) -> None:

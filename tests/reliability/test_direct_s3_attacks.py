@@ -107,13 +107,7 @@ def _error(code: str) -> bytes:
 # ---------------------------------------------------------------------------
 # Secrets and bytes from another origin
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("way", [
-    "blocking",
-    pytest.param("event-loop", marks=pytest.mark.xfail(strict=True, reason=(
-        "s3fs path (not the new door; main too): aiobotocore's aiohttp session follows the endpoint's Location "
-        "to another origin, sending X-Amz-Security-Token there and returning its body as the object; "
-        "aiobotocore makes that session itself (no middleware or allow_redirects=False can be given)"))),
-])
+@pytest.mark.parametrize("way", list(WAYS))
 @pytest.mark.parametrize("status", [301, 302, 307])
 def test_s3_redirect_to_another_origin_reaches_nothing_there(servers, way, status):
     """An S3 endpoint answering a GET with a redirect to another host (``Location``, and the host in the

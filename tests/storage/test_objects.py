@@ -7,6 +7,7 @@ import pytest
 
 import daskcfa
 from daskcfa import storage
+from daskcfa.storage.s3_http import UnredirectedSession
 
 from remote_helpers import FailingProxy
 
@@ -31,4 +32,4 @@ def test_botocore_retries_the_user_asked_for_win():
             storage.read_bytes("s3://bucket/x.nc", storage.register(options, protocol="s3"))
         assert server.connections == 3
     fs, _ = storage.filesystem("s3://bucket/x.nc", storage.register(options, protocol="s3"))
-    assert fs.config_kwargs == {"retries": retries, "read_timeout": 30}
+    assert fs.config_kwargs == {"retries": retries, "read_timeout": 30, "http_session_cls": UnredirectedSession}
