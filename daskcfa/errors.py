@@ -39,10 +39,10 @@ __all__ = [
 ]
 
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+#: a query parameter whose name ends in a word that holds secrets (``X-Amz-Signature``, ``AWSAccessKeyId``,
+#: ``sig``, ``access_token``, ``api_key``, ``client_secret``...): its value is redacted
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential|"
-    r"awsaccesskeyid|googleaccessid|signature|sig|token|"
-    r"access_?key|secret_?key|password|key)=)[^&\s]*"
+    r"(?i)([?&][\w.-]*?(?:signature|credential|token|secret|password|passwd|sig|key|keyid|accessid)=)[^&\s]*"
 )
 
 

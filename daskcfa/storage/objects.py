@@ -275,7 +275,8 @@ def read_json(uri: str, profile: ProfileRef = NO_PROFILE) -> Any:
         nbytes = len(data)
     else:
         nbytes = size(uri, profile)
-        data = b"" if nbytes > bound else read_bytes(uri, profile, known_size=nbytes)
+        # (bounded again at the GET: the object may have grown since, or the server lie)
+        data = b"" if nbytes > bound else read_whole(uri, profile, known_size=nbytes, max_bytes=bound).tobytes()
     if nbytes > bound:
         raise BudgetError(f"a JSON document larger than daskcfa reads ({bound:,} bytes: dask config "
                           f"'daskcfa.limits.max-memory' / {JSON_EXPANSION})", file=uri)
