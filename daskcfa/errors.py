@@ -38,7 +38,8 @@ __all__ = [
     "uri_secrets",
 ]
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+#: a URI's ``user:password@``, up to the authority's last ``@`` (a password may hold one, as URL parsers take it)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 #: a query parameter whose name ends in a word that holds secrets (``X-Amz-Signature``, ``AWSAccessKeyId``,
 #: ``sig``, ``access_token``, ``api_key``, ``client_secret``...): its value is redacted
 _SECRET_QUERY = re.compile(

@@ -107,6 +107,25 @@ def test_a_secret_query_parameter_never_reaches_an_error_or_a_log(http_server, c
     assert secret not in caplog.text
 
 
+def test_a_password_holding_an_at_sign_is_redacted_whole(tmp_path, make_http_server):
+    """``http://reader:pa@ss@host/`` is read with the password ``pa@ss`` (URL parsers take the
+    authority's last ``@``), but redaction stopped at the first: before, a source given so to
+    ``aggregate`` was kept in the version record as ``http://***@ss...@host/f.nc``, beside the data."""
+    import netCDF4
+
+    with netCDF4.Dataset(tmp_path / "f.nc", "w") as nc:
+        nc.createDimension("time", 3)
+        nc.createVariable("time", "f8", ("time",))[:] = [0, 1, 2]
+        nc["time"].units = "days since 2000-01-01"
+        nc.createVariable("tas", "f4", ("time",))[:] = [1, 2, 3]
+    password = "pa@ss-attack13-never-shown"
+    server = make_http_server(tmp_path, username="reader", password=password)
+    url = str(tmp_path / "out" / "t.nc")
+    daskcfa.aggregate([server.url.replace("://", f"://reader:{password}@") + "/f.nc"], url)
+    stored = "".join(p.read_text() for p in (tmp_path / "out" / "t" / ".daskcfa" / "versions").glob("*.json"))
+    assert "://***@127.0.0.1" in stored and "ss-attack13" not in stored
+
+
 # ---------------------------------------------------------------------------
 # The netCDF-3 header parser and its cache of variable lists (fragments/netcdf3.py)
 # ---------------------------------------------------------------------------
