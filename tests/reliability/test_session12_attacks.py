@@ -203,6 +203,31 @@ def test_hostile_netcdf3_headers_are_fragment_errors_naming_the_fragment(tmp_pat
     assert info.value.file.endswith(victim.name)
 
 
+def test_a_header_claiming_more_than_the_memory_budget_is_not_read_that_far(tmp_path):
+    """A 14-byte header whose first name claims 2 GiB, in a 600 MiB (sparse) fragment: the parser read
+    the file again, twice as much each time, up to 256 MiB whatever the memory budget (before: 512 MiB
+    traced under ``daskcfa.budget.memory=64MiB``, then "malformed"). Now a BudgetError naming the
+    fragment once the header passes a quarter of the budget."""
+    url = str(tmp_path / "a.nc")
+    daskcfa.to_cfa(np.arange(24, dtype="f4").reshape(4, 6), url, variable="v", dims=("t", "x"),
+                   fragment_shape=(2, 6), fragment_format="NETCDF3_CLASSIC")
+    victim = sorted((tmp_path / "a").rglob("*.nc"))[1]
+    victim.unlink()
+    with open(victim, "wb") as f:
+        f.write(b"CDF\x01" + struct.pack(">IIII", 0, 0x0A, 1, 2**31 - 1) + b"t")
+        f.truncate(600 << 20)
+    forget_open_files()
+    tracemalloc.start()
+    try:
+        with dask.config.set({"daskcfa.budget.memory": "64MiB"}), pytest.raises(daskcfa.BudgetError) as info:
+            daskcfa.from_cfa(url).compute(scheduler="sync")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.fragment == (1, 0) and info.value.file.endswith(victim.name)
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
+
+
 def test_a_cached_variable_list_is_checked_again_against_each_file(tmp_path):
     """The variable list of a benign file, remembered, byte for byte the list of a hostile one whose
     dimensions or record count differ: every check that depends on more than the list's bytes runs
