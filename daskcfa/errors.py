@@ -50,7 +50,7 @@ _SECRET_QUERY = re.compile(
 def redact(text: str) -> str:
     """Remove credentials that may be embedded in a URI (``user:pw@`` or signed queries)."""
     text = _USERINFO.sub(r"\g<scheme>***@", text)
-    return _SECRET_QUERY.sub(r"\1***", text)
+    return _SECRET_QUERY.sub(r"\1***", text) if "=" in text else text  # (a plain path: no query to look at)
 
 
 def uri_secrets(text: str) -> set[str]:
