@@ -45,6 +45,28 @@ def test_an_s3_redirect_named_by_a_uri_header_reaches_nothing_there(servers, sta
     assert not {KEY, SECRET, TOKEN} & set(str(info.value).split())
 
 
+@pytest.mark.parametrize("header", ["Location", "URI"])
+def test_no_s3_operation_through_s3fs_follows_a_redirect(servers, header):
+    """Every S3 request daskcfa makes through s3fs (HEAD, LIST, PUT of a small and a 12 MiB object,
+    DELETE) answered 307 with a redirect to another origin: an UnsafeURIError naming the object, and
+    nothing reaches that origin (before, with ``URI``: each request, and its session token, went there)."""
+    other = servers.elsewhere
+    endpoint = servers(lambda method, path, headers: (307, {header: other.url + path}, b""))
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "token": TOKEN,
+                                         "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
+    operations = {"s3://bucket/x.nc": lambda uri: storage.exists(uri, profile),
+                  "s3://bucket/d/": lambda uri: storage.listdir(uri, profile),
+                  "s3://bucket/small.nc": lambda uri: storage.put_bytes(uri, b"CDF", profile),
+                  "s3://bucket/large.nc": lambda uri: storage.put_bytes(uri, bytes(12 << 20), profile),
+                  "s3://bucket/gone.nc": lambda uri: storage.delete(uri, profile)}
+    with dask.config.set({"daskcfa.storage.retries": 0}):
+        for uri, operation in operations.items():
+            with pytest.raises(daskcfa.UnsafeURIError) as info:
+                operation(uri)
+            assert info.value.file == uri
+            assert other.log == [], f"another origin received {other.log}"
+
+
 # ---------------------------------------------------------------------------
 # Bodies of no bound: a whole GET on fsspec's event loop, and bookkeeping JSON (storage/objects.py)
 # ---------------------------------------------------------------------------
