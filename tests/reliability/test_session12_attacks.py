@@ -110,6 +110,7 @@ def test_bookkeeping_json_on_s3_is_bounded_at_its_get_too(servers, answer):
         tracemalloc.stop()
     assert info.value.file == uri
     assert isinstance(info.value, daskcfa.BudgetError if answer == "longer" else daskcfa.errors.StorageError)
+    assert answer == "chunked" or "max-memory" in str(info.value)  # (the setting that bounds it)
     assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
 
 
@@ -347,6 +348,32 @@ def test_planted_bookkeeping_json_is_never_a_bare_error_nor_a_hang(tmp_path, doc
     expected = x if outcome[0] is not None else x + 1
     np.testing.assert_array_equal(daskcfa.from_cfa(url).compute(scheduler="sync"), expected)
     assert Path("/etc/passwd").exists()
+
+
+# ---------------------------------------------------------------------------
+# The cache of resolved local references (storage/uri.py)
+# ---------------------------------------------------------------------------
+def test_the_same_relative_fragment_names_in_two_directories_each_read_their_own(tmp_path):
+    """Two aggregations in different directories whose fragments have the same relative names, read
+    in turn (the cache of resolved references is keyed by the aggregation's path too); then a fragment
+    of the first replaced by a link to the second's, after it was read: the new bytes are read."""
+    import shutil
+
+    import netCDF4
+
+    x = np.arange(24.0).reshape(4, 6)
+    daskcfa.to_cfa(x, str(tmp_path / "a" / "t.nc"), variable="v", dims=("p", "q"), fragment_shape=(2, 6))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for fragment in (tmp_path / "b").rglob("t.v.*.nc"):
+        with netCDF4.Dataset(fragment, "a") as nc:
+            nc["v"][:] = -nc["v"][:]
+    for _ in range(2):
+        np.testing.assert_array_equal(daskcfa.from_cfa(str(tmp_path / "a" / "t.nc")).compute(), x)
+        np.testing.assert_array_equal(daskcfa.from_cfa(str(tmp_path / "b" / "t.nc")).compute(), -x)
+    first = sorted((tmp_path / "a").rglob("t.v.*.nc"))[0]
+    first.unlink()
+    first.symlink_to(tmp_path / "b" / first.relative_to(tmp_path / "a"))
+    np.testing.assert_array_equal(daskcfa.from_cfa(str(tmp_path / "a" / "t.nc")).compute(), np.r_[-x[:2], x[2:]])
 
 
 # ---------------------------------------------------------------------------
