@@ -38,18 +38,19 @@ __all__ = [
     "uri_secrets",
 ]
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+#: a URI's ``user:password@``, up to the authority's last ``@`` (a password may hold one, as URL parsers take it)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+#: a query parameter whose name ends in a word that holds secrets (``X-Amz-Signature``, ``AWSAccessKeyId``,
+#: ``sig``, ``access_token``, ``api_key``, ``client_secret``...): its value is redacted
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential|"
-    r"awsaccesskeyid|googleaccessid|signature|sig|token|"
-    r"access_?key|secret_?key|password|key)=)[^&\s]*"
+    r"(?i)([?&][\w.-]*?(?:signature|credential|token|secret|password|passwd|sig|key|keyid|accessid)=)[^&\s]*"
 )
 
 
 def redact(text: str) -> str:
     """Remove credentials that may be embedded in a URI (``user:pw@`` or signed queries)."""
     text = _USERINFO.sub(r"\g<scheme>***@", text)
-    return _SECRET_QUERY.sub(r"\1***", text)
+    return _SECRET_QUERY.sub(r"\1***", text) if "=" in text else text  # (a plain path: no query to look at)
 
 
 def uri_secrets(text: str) -> set[str]:

@@ -28,6 +28,7 @@ from ..storage.history import Change
 from ..storage.publish import WHOLE_FILE_MODES
 from ..write.commit import publish
 from ..storage.lease import generation_of
+from ..storage.profiles import take_login
 from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, PlainVariable,
                      is_coordinate_variable)
 from ..storage.uri import absolute as absolute_uri, check_uri_style
@@ -62,7 +63,8 @@ def aggregate(sources: str | Sequence[str], target: str, *, concat_dims: Sequenc
     fsspec reference sets (JSON, Parquet), mixed as needed. Fragment URIs are stored relative to
     the aggregation file when both are on the same storage (same bucket), else
     absolute; ``uris="absolute"`` always stores absolute URIs (for readers
-    that resolve relative ones against their working directory). ``mode``:
+    that resolve relative ones against their working directory); a login in a source URL
+    (``http://user:pw@host/...``) reads the source but is not written into the file. ``mode``:
     ``"w-"`` refuses an existing target, ``"w"`` overwrites it. The file is
     written under a temporary name and moved into place. Returns its URL.
     """
@@ -122,8 +124,14 @@ def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, 
 
 
 def _referenced(av: AggregatedVariable, url: str, absolute: bool, format: str) -> AggregatedVariable:
-    uris = av.fragments.uris
-    stored = np.frompyfunc(lambda u: absolute_reference(u, format) if absolute else reference(u, url), 1, 1)(uris)
+    """``av`` with its fragment URIs as the file at ``url`` stores them: relative or absolute, and
+    without a login a source was given with (a file is shared: whoever reads it gives the login again)."""
+
+    def stored_uri(uri: str) -> str:
+        uri = take_login(uri)[0]
+        return absolute_reference(uri, format) if absolute else reference(uri, url)
+
+    stored = np.frompyfunc(stored_uri, 1, 1)(av.fragments.uris)
     stored = stored.astype(object)
     return replace(av, fragments=replace(av.fragments, uris=stored), source=url, dialect=format)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dask
@@ -43,6 +44,8 @@ _AHEAD_REMEMBERED = 4096
 #: Most reference-set fragments whose chunk grids cut the default chunks (their metadata is read on
 #: the client when the graph is built); beyond it each fragment is one chunk.
 _CHUNKED_INSPECTED = 256
+#: Reference sets whose metadata is read at once when the graph is built.
+_INSPECTING_THREADS = 16
 #: Most chunks reference sets' chunk grids may make: beyond it, chunks are whole multiples of theirs.
 _MOST_CHUNKS = 100_000
 
@@ -393,8 +396,10 @@ def _fragment_chunks(array: AggregatedArray) -> tuple[tuple[int, ...], ...]:
     if not sets or len(sets) > _CHUNKED_INSPECTED:
         return grid.sizes
     found: list[list[set[int | None]]] = [[set() for _ in sizes] for sizes in grid.sizes]
-    for index in sets:
-        chunks = reference_set_chunks(fragments[index], array.target)
+    # (each set's metadata is a request or two, remote ones tens of milliseconds: read side by side)
+    with ThreadPoolExecutor(min(len(sets), _INSPECTING_THREADS), thread_name_prefix="daskcfa-inspect") as pool:
+        grids = list(pool.map(lambda index: reference_set_chunks(fragments[index], array.target), sets))
+    for index, chunks in zip(sets, grids):
         for d, i in enumerate(index):
             found[d][i].add(None if chunks is None else chunks[d])
     lengths = [[next(iter(s)) if len(s) == 1 else None for s in row] for row in found]

@@ -97,21 +97,21 @@ def get_whole(client: Any, fs: Any, path: str, uri: str, max_bytes: int | None =
     bucket, key, version = fs.split_path(path)
     response = client.get_object(Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
     try:
-        if declared_length(response, max_bytes, uri) is None:
-            raise StorageError("the server did not declare the object's length", file=uri)
+        declared_length(response, max_bytes, uri)
         return whole_body(response, uri)
     finally:
         response["Body"].close()
 
 
-def declared_length(response: Mapping[str, Any], max_bytes: int | None, uri: str) -> int | None:
-    """The length a response to a whole GET declares for its body (None: none), refused (:class:`BudgetError`)
-    when longer than ``max_bytes``: before the body is read. A part of the object (HTTP 206) is refused."""
+def declared_length(response: Mapping[str, Any], max_bytes: int | None, uri: str) -> int:
+    """The length a response to a whole GET declares for its body, refused (:class:`BudgetError`) when
+    longer than ``max_bytes``: before the body is read. A part of the object (HTTP 206) is refused, and so
+    is a body of no declared length (chunked): nothing would bound it."""
     if response.get("ContentRange"):
         raise StorageError("the server answered with a part of the object (HTTP 206), not the whole", file=uri)
     length = response.get("ContentLength")
     if not isinstance(length, int) or length < 0:
-        return None
+        raise StorageError("the server did not declare the object's length", file=uri)
     if max_bytes is not None and length > max_bytes:
         raise BudgetError(f"the object is {length:,} bytes, more than the {max_bytes:,} bytes this read may hold "
                           "in memory (daskcfa.budget.memory)", file=uri)

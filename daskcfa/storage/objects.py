@@ -274,8 +274,11 @@ def read_json(uri: str, profile: ProfileRef = NO_PROFILE) -> Any:
             data = f.read(bound + 1)
         nbytes = len(data)
     else:
-        nbytes = size(uri, profile)
-        data = b"" if nbytes > bound else read_bytes(uri, profile, known_size=nbytes)
+        nbytes, data = size(uri, profile), b""
+        try:  # (bounded again at the GET: the object may have grown since, or the server lie)
+            data = b"" if nbytes > bound else read_whole(uri, profile, known_size=nbytes, max_bytes=bound).tobytes()
+        except BudgetError:  # (refused before its body: the error below, naming the setting)
+            nbytes = bound + 1
     if nbytes > bound:
         raise BudgetError(f"a JSON document larger than daskcfa reads ({bound:,} bytes: dask config "
                           f"'daskcfa.limits.max-memory' / {JSON_EXPANSION})", file=uri)

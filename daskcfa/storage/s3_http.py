@@ -8,7 +8,7 @@ another host got the request sent there, with its ``X-Amz-Security-Token``
 body taken as the object's. botocore's own HTTP client follows no ``Location``:
 S3's region redirects are handled above it, by botocore, which signs again for
 the region and keeps a configured endpoint. So does this session: the first
-redirect of a request is an :class:`~daskcfa.errors.UnsafeURIError` (naming the
+redirect of a request that aiohttp would follow (one naming a ``Location`` or a ``URI``) is an :class:`~daskcfa.errors.UnsafeURIError` (naming the
 object read, through :func:`.retry.refusals`), before anything is sent to where it points.
 """
 
@@ -26,8 +26,9 @@ __all__ = ["UnredirectedSession"]
 
 
 async def _refuse(session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestRedirectParams) -> None:
-    location = params.response.headers.get("Location")
-    if location is None:  # (not followed: botocore reads it, as S3's redirects to another region)
+    # (where aiohttp goes next: a ``Location``, or else an obsolete ``URI`` header, which it follows too)
+    location = params.response.headers.get("Location") or params.response.headers.get("URI")
+    if not location:  # (not followed: botocore reads it, as S3's redirects to another region)
         return
     raise Refused(UnsafeURIError(f"the S3 endpoint answered {params.response.status} with a redirect to "
                                  f"{redact(location)[:200]!r}: S3 requests follow no redirect"))

@@ -155,6 +155,43 @@ def write_reference_set_aggregation(directory, length: int, chunk: int, stored: 
     return str(path)
 
 
+def test_many_reference_sets_are_each_cut_by_their_own_chunk_grid(tmp_path):
+    """40 reference-set fragments, their metadata read side by side when the graph is built: each
+    fragment's chunk is cut by its own set's chunk grid (3 or 4 long: a set matched with another's grid
+    shows), and every value comes back where it belongs."""
+    import base64
+
+    import netCDF4
+
+    n, length = 40, 12
+    chunk_of = {k: (3 if k % 7 else 4) for k in range(n)}
+    for k in range(n):
+        values = np.arange(k * length, (k + 1) * length, dtype="<f4")
+        c = chunk_of[k]
+        zarray = {"shape": [length], "chunks": [c], "dtype": "<f4", "compressor": None, "fill_value": None,
+                  "filters": None, "order": "C", "zarr_format": 2}
+        refs = {".zgroup": json.dumps({"zarr_format": 2}), "x/.zarray": json.dumps(zarray),
+                "x/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["t"]})}
+        for i in range(length // c):
+            refs[f"x/{i}"] = "base64:" + base64.b64encode(values[i * c:(i + 1) * c].tobytes()).decode()
+        (tmp_path / f"r{k}.json").write_text(json.dumps({"version": 1, "refs": refs}))
+    path = tmp_path / "agg.nc"
+    with netCDF4.Dataset(str(path), "w") as ds:
+        ds.Conventions = "CF-1.11 CFA-0.6.2"
+        for name, size in (("t", n * length), ("f_t", n), ("i", 1), ("j", n)):
+            ds.createDimension(name, size)
+        ds.createVariable("cfa_location", "i8", ("i", "j"))[...] = [[length] * n]
+        write_strings(ds, "cfa_file", ("f_t",), np.array([f"r{k}.json" for k in range(n)], dtype=object))
+        write_strings(ds, "cfa_address", ("f_t",), np.array(["x"] * n, dtype=object))
+        write_strings(ds, "cfa_format", (), "nc")
+        var = ds.createVariable("x", "f4", ())
+        var.aggregated_dimensions = "t"
+        var.aggregated_data = "location: cfa_location file: cfa_file format: cfa_format address: cfa_address"
+    x = daskcfa.from_cfa(str(path), "x")
+    assert x.chunks == (sum(((chunk_of[k],) * (length // chunk_of[k]) for k in range(n)), ()),)
+    np.testing.assert_array_equal(x.compute(), np.arange(n * length, dtype="f4"))
+
+
 def test_a_reference_set_of_a_trillion_chunks_is_cut_in_bounded_memory(tmp_path):
     """A reference set declaring 10**12 one-element chunks: dask chunks of whole multiples of them,
     counted without listing a trillion pieces (which was a bare MemoryError; 10**8 of them took

@@ -46,6 +46,7 @@ class _FakeS3:
                 pass
 
             def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))  # (a PUT's body)
                 outer.log.append((self.command, self.path, dict(self.headers)))
                 status, headers, body = outer.respond(self.command, self.path, dict(self.headers))
                 self.send_response(status)
@@ -56,7 +57,7 @@ class _FakeS3:
                 if self.command != "HEAD":
                     self.wfile.write(body)
 
-            do_GET = do_HEAD = _answer
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _answer
 
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True

@@ -487,3 +487,30 @@ def test_signed_query_of_the_aggregation_url_stays_out_of_reprs_and_logs(tmp_pat
     texts += [record.getMessage() for record in caplog.records]
     assert any("X-Amz-Signature=" in text for text in texts)  # (the URL is shown, redacted)
     assert not [text for text in texts if signature in text]
+
+
+def test_a_login_given_with_a_source_is_not_written_into_the_aggregation(tmp_path, make_http_server):
+    """``aggregate`` over ``http://reader:<pw>@host/f.nc`` authenticates its reads with that login, but
+    the file it writes holds the fragment URI without it (before: the password in clear, in a file
+    made to be shared); whoever reads the file gives the login again, as for ``relocate``."""
+    import netCDF4
+
+    password = f"agg-pw-{secrets.token_urlsafe(18)}"
+    (tmp_path / "www").mkdir()
+    for k in range(2):
+        with netCDF4.Dataset(tmp_path / "www" / f"f{k}.nc", "w") as nc:
+            nc.createDimension("time", 3)
+            nc.createVariable("time", "f8", ("time",))[:] = np.arange(3 * k, 3 * k + 3)
+            nc["time"].units = "days since 2000-01-01"
+            nc.createVariable("tas", "f4", ("time",))[:] = np.arange(3 * k, 3 * k + 3) + 0.5
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    sources = [server.url_for(f"f{k}.nc").replace("://", f"://reader:{password}@", 1) for k in range(2)]
+    target = daskcfa.aggregate(sources, str(tmp_path / "agg.nc"))
+    written = (tmp_path / "agg.nc").read_bytes()
+    assert password.encode() not in written and b"reader:" not in written
+    assert server.url_for("f1.nc").encode() in written  # (the URI, without the login)
+    with pytest.raises(daskcfa.CFAError):  # (the server refuses a read without it)
+        daskcfa.from_cfa(target, "tas").compute(scheduler="sync")
+    login = {"headers": {"Authorization": "Basic " + base64.b64encode(f"reader:{password}".encode()).decode()}}
+    again = daskcfa.from_cfa(target, "tas", storage_options={server.url_for(""): login})
+    np.testing.assert_array_equal(again.compute(scheduler="sync"), np.arange(6) + 0.5)
