@@ -19,8 +19,9 @@ an object it read is read once more (the same reduction computed twice, or
 another over the same fragments): from then on only the new walk's reads
 count, so it reads ahead as the first did, however short. Fetched
 objects wait for their reader at most :data:`_KEPT_SECONDS`; at most
-:data:`_AHEAD_BYTES` of them are in flight (at least one), and memory is
-bounded by :data:`_KEPT_PER_REQUEST` times that. A fetch that fails is forgotten: the task
+:data:`_AHEAD_BYTES` of them are in flight (at least one; whole objects: at least
+:data:`_OBJECTS_PER_THREAD` per dask thread, within 1/:data:`_BUDGET_SHARE` of the memory
+budget), and memory is bounded by :data:`_KEPT_PER_REQUEST` times that. A fetch that fails is forgotten: the task
 that needs the object fetches it again, with the usual retries and errors.
 
 Fragments read through a chunk index (:mod:`.chunk_index`) are read by byte
@@ -43,6 +44,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable, Sequence
 
 import dask.config
+from dask.system import CPU_COUNT
 
 from .. import storage
 from ..storage.policy import LocationPolicy
@@ -61,6 +63,12 @@ _KEPT_PER_REQUEST = 4
 #: Bytes of larger objects fetched ahead at a time: one or two objects of tens of megabytes
 #: (fetched while the previous ones decode), as many as the depth of small ones.
 _AHEAD_BYTES = 32 << 20
+#: Whole objects in flight per dask thread at least: one received while the thread decodes another
+#: (the S3 floor of issue #31 keeps four GETs in flight on two cores; three left the threads waiting).
+_OBJECTS_PER_THREAD = 2
+#: Whole objects fetched ahead take at most this share of the memory budget (``daskcfa.budget.memory``)
+#: beyond :data:`_AHEAD_BYTES`.
+_BUDGET_SHARE = 8
 #: Reads remembered (each object's latest): the current walk's, up to this many.
 _RECENT_READS = 256
 
@@ -159,22 +167,30 @@ def _object(uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> _Ob
     return (uri, profile.name, policy)
 
 
-def _limit(nbytes: int) -> int:
+def _limit(nbytes: int, least: int = 1) -> int:
     """Fetches in flight at a time, each of up to ``nbytes``: at most :func:`depth`, and no more
-    than :data:`_AHEAD_BYTES` of them (at least one)."""
-    return min(depth(), max(1, _AHEAD_BYTES // max(1, nbytes)))
+    than :data:`_AHEAD_BYTES` of them (at least ``least``)."""
+    return min(depth(), max(least, _AHEAD_BYTES // max(1, nbytes)))
+
+
+def _objects_least(nbytes: int, memory: int) -> int:
+    """Whole objects of ``nbytes`` kept in flight at least: :data:`_OBJECTS_PER_THREAD` per thread of
+    the local scheduler, within 1/:data:`_BUDGET_SHARE` of the ``memory`` budget (at least one)."""
+    threads = dask.config.get("num_workers", None) or CPU_COUNT
+    return max(1, min(_OBJECTS_PER_THREAD * threads, memory // _BUDGET_SHARE // max(1, nbytes)))
 
 
 def read_ahead(uris: Iterable[str], profile: ProfileRef, policy: LocationPolicy | None = None, *,
                nbytes: int = 0) -> None:
     """Start fetching these whole remote objects, nearest first (at most :func:`depth` in flight,
-    and for objects of up to ``nbytes`` each, no more than :data:`_AHEAD_BYTES` of them).
+    and for objects of up to ``nbytes`` each, no more than :data:`_AHEAD_BYTES` of them, unless
+    fewer than :func:`_objects_least`).
 
     The URIs must be allowed by ``policy``, which also decides where HTTP redirects may lead.
     """
-    limit = _limit(nbytes)
+    most = manager().budget.memory  # (an object longer than a read may hold is not fetched ahead either)
+    limit = _limit(nbytes, _objects_least(nbytes, most))
     if limit:
-        most = manager().budget.memory  # (an object longer than a read may hold is not fetched ahead either)
         _READ_AHEAD.start((((_object(uri, profile, policy), None),
                             functools.partial(storage.fetch_soon, uri, profile, policy=policy, size_hint=nbytes,
                                               max_bytes=most))

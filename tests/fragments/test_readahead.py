@@ -96,3 +96,23 @@ def test_no_ranges_read_ahead_without_a_version_check_on_the_get(tmp_path, place
         readahead.read_ahead_ranges([(str(local), storage.stat(str(local)), RANGES)], storage.NO_PROFILE)
         readahead.read_ahead_ranges([(uri, (size, "1700000000.0"), RANGES)], profile)
     assert started_since(before)["started"] == 0
+
+
+@pytest.mark.parametrize("threads, memory, started", [(2, "512MiB", 4), (1, "512MiB", 2), (3, "512MiB", 6),
+                                                      (2, 3 * 8 * 1000, 3), (2, 8 * 1000, 2)])
+def test_whole_objects_in_flight_keep_every_thread_fed(s3_server, s3_bucket, s3fs_fs, monkeypatch, threads, memory,
+                                                       started):
+    """Whole objects fetched ahead: two per dask thread at least (one received while the thread decodes
+    another), within an eighth of the memory budget; never fewer than ``_AHEAD_BYTES`` allow (here two)."""
+    uris = [f"s3://{s3_bucket}/whole-{k}.bin" for k in range(8)]
+    for uri in uris:
+        s3fs_fs.pipe_file(uri.removeprefix("s3://"), DATA[:1000])
+    profile = storage.register(s3_server.storage_options, protocol="s3")
+    monkeypatch.setattr(readahead, "_AHEAD_BYTES", 2000)
+    before = readahead.stats()
+    with dask.config.set({"daskcfa.io.readahead": 8, "num_workers": threads, "daskcfa.budget.memory": memory}):
+        readahead.read_ahead(uris, profile, nbytes=1000)
+    assert started_since(before)["started"] == started
+    for uri in uris:  # (what was fetched ahead is handed out whole, once)
+        got = readahead.take(uri, profile)
+        assert got is None or got.tobytes() == DATA[:1000]

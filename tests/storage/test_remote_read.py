@@ -634,6 +634,19 @@ def test_s3_large_objects_are_received_off_the_event_loop(tmp_path, s3_server, s
     assert_matches(x[5:30:4, 100, ::3].compute(), data[5:30:4, 100, ::3])
 
 
+def test_s3_blocking_client_takes_the_service_models_s3fs_parsed(s3_server, s3_bucket):
+    """The blocking client of a filesystem s3fs has connected is made with the S3 service models its
+    session parsed already (the same profile, so the same data path): they are not parsed again."""
+    import s3fs
+
+    from daskcfa.storage import direct
+
+    fs = s3fs.S3FileSystem(**s3_server.storage_options, skip_instance_cache=True)
+    fs.ls(s3_bucket)  # (s3fs has connected: its session holds the models)
+    assert direct.client_for(fs) is not None
+    assert direct._session(None).get_component("data_loader") is fs.session.get_component("data_loader")
+
+
 def test_s3_large_objects_missing_or_refused_name_the_fragment(tmp_path, s3_server, s3_bucket, s3fs_fs):
     """On the blocking GET (the event loop held throughout): a fragment read with the wrong secret (a
     storage profile matching its prefix) is an access-denied StorageError naming it, neither secret
