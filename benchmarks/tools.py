@@ -537,9 +537,11 @@ def tool_raw_bytes(kind, ds):
     return run, lambda v, p: {"bytes": int(v)}, None
 
 
-def tool_dask_floor(kind, ds):
+def tool_dask_floor(kind, ds, masked=False):
     """dask alone on an array of the same chunks with no I/O (``da.zeros``): the cost of
-    scheduling one task per fragment, below which no reader of one chunk per fragment can go."""
+    scheduling one task per fragment, below which no reader of one chunk per fragment can go.
+    ``masked``: the same zeros as numpy masked arrays (``da.ma.masked_array``, nothing masked),
+    the chunk type netCDF4-python gives and daskcfa's chunks are: what masked chunks cost dask."""
     if kind == "open":
         raise CannotDo("not applicable")
     if kind == CLIMATOLOGY:
@@ -547,7 +549,8 @@ def tool_dask_floor(kind, ds):
     import dask.array as da
 
     def run():
-        return _dask_op(kind, ds, da.zeros(ds.shape, chunks=tuple(ds.frag_shape), dtype="f4"))
+        x = da.zeros(ds.shape, chunks=tuple(ds.frag_shape), dtype="f4")
+        return _dask_op(kind, ds, da.ma.masked_array(x) if masked else x)
 
     return run, lambda v, p: {"context": "no I/O"}, None
 
@@ -730,6 +733,7 @@ TOOLS = {
     "raw-loop": tool_raw_loop,
     "raw-bytes": tool_raw_bytes,
     "dask-floor": tool_dask_floor,
+    "dask-floor-masked": lambda kind, ds: tool_dask_floor(kind, ds, masked=True),
     "decode-floor": tool_decode_floor,
     "daskcfa": tool_daskcfa,
     "daskcfa-processes": tool_daskcfa_processes,

@@ -85,9 +85,10 @@ def _selection_shape(key: tuple) -> tuple[int, ...]:
     return tuple(len(range(k.start, k.stop, k.step)) for k in key if isinstance(k, slice))
 
 
-def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
+def read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ndarray:
     """Values of fragment ``ref`` at ``key`` (normalised: non-negative ints and
-    slices with explicit start/stop/positive step, one per aggregated dim).
+    slices with explicit start/stop/positive step, one per aggregated dim): a masked
+    array where anything is missing, else (a fragment file's values) a plain array.
 
     With ``target.missing == "fill"`` a fragment that is absent or unreadable
     (its file missing, not netCDF, corrupt, of the wrong shape or type) reads
@@ -115,7 +116,7 @@ def _missing(shape: tuple[int, ...], dtype: np.dtype) -> np.ma.MaskedArray:
     return np.ma.masked_all(shape, dtype=dtype)
 
 
-def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ma.MaskedArray:
+def _read_fragment(ref: FragmentRef, key: tuple, target: Target) -> np.ndarray:
     where = {"file": target.source, "variable": target.variable, "fragment": ref.index}
     shape = _selection_shape(key)
     if ref.is_missing:
@@ -220,7 +221,7 @@ def _filled(value: Any, shape: tuple[int, ...], target: Target) -> np.ma.MaskedA
     return np.ma.MaskedArray(np.full(shape, np.ma.getdata(one)[()], target.dtype))
 
 
-def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ma.MaskedArray:
+def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction: float) -> np.ndarray:
     names = ref.variable_names(target.default_identifier)
     entry = None if target.chunk_index is None else target.chunk_index.entry(uri, names)
     if entry is not None:  # no HDF5 metadata: the chunks' byte ranges, if the object is still the one indexed
@@ -235,7 +236,7 @@ def _read_file(uri: str, ref: FragmentRef, key: tuple, target: Target, fraction:
 
 
 def _read_variable(opened: Any, uri: str, ref: FragmentRef, key: tuple, target: Target,
-                   name: str) -> np.ma.MaskedArray:
+                   name: str) -> np.ndarray:
     """The fragment variable ``opened`` (a context manager giving it) read at ``key``, in canonical form."""
     with opened as var:
         if target.dtype.kind == "O" and np.dtype(var.dtype).kind == "S":
@@ -517,8 +518,10 @@ def _convert_units(data: np.ndarray, attrs: dict, ref: FragmentRef, target: Targ
     return np.ma.MaskedArray(converted, mask=mask)
 
 
-def _cast(data: np.ndarray, target: Target, what: str) -> np.ma.MaskedArray:
-    """Values as the canonical dtype; what that dtype cannot hold is refused, never wrapped."""
+def _cast(data: np.ndarray, target: Target, what: str) -> np.ndarray:
+    """Values as the canonical dtype; what that dtype cannot hold is refused, never wrapped. A masked
+    array where anything is masked, else a plain one (one masked array fewer a fragment read: the
+    caller takes values and mask apart, with ``np.ma.getdata`` and ``np.ma.getmask``)."""
     mask = np.ma.getmask(data)
     values = np.ma.getdata(data)
     if values.dtype != target.dtype:
@@ -532,7 +535,7 @@ def _cast(data: np.ndarray, target: Target, what: str) -> np.ma.MaskedArray:
                 values = np.char.encode(values.astype(str), "utf-8")
             _check_fits(values, target.dtype, what)
             values = values.astype(target.dtype)
-    return np.ma.MaskedArray(values, mask=mask, copy=False)
+    return values if mask is np.ma.nomask else np.ma.MaskedArray(values, mask=mask, copy=False)
 
 
 def _check_fits(values: np.ndarray, dtype: np.dtype, what: str) -> None:

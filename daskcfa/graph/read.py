@@ -188,8 +188,9 @@ class AggregatedArray:
         result.set_fill_value("" if strings.dtype.kind == "U" else b"")
         return result
 
-    def _assemble(self, dims: list) -> np.ma.MaskedArray:
-        """Read every fragment piece the index touches, in canonical (stored) form."""
+    def _assemble(self, dims: list) -> np.ndarray:
+        """Read every fragment piece the index touches, in canonical (stored) form (masked where any
+        is missing: taken apart with ``np.ma.getdata`` and ``np.ma.getmask``)."""
         shape = output_shape(dims)
         combos = list(itertools.product(*(d.pieces for d in dims)))
         if not combos:
@@ -214,7 +215,7 @@ class AggregatedArray:
                 mask[where] = block_mask
         return np.ma.MaskedArray(values, mask=mask, copy=False)
 
-    def _piece(self, pieces: tuple) -> np.ma.MaskedArray:
+    def _piece(self, pieces: tuple) -> np.ndarray:
         """One fragment's part of the index, in canonical form."""
         ref = self.variable.fragments[tuple(p.fragment for p in pieces)]
         return _take(read_fragment(ref, tuple(p.local for p in pieces), self.target), pieces)
@@ -340,7 +341,7 @@ class AggregatedArray:
         return known
 
 
-def _take(block: np.ma.MaskedArray, pieces: tuple) -> np.ma.MaskedArray:
+def _take(block: np.ndarray, pieces: tuple) -> np.ndarray:
     axis = 0
     for p in pieces:
         if p.out is None:

@@ -98,6 +98,31 @@ def test_merged_chunks_read_several_fragments_per_task(tmp_path):
     assert_matches(x[1:6:2, 3, ::-7].compute(), built.expected[1:6:2, 3, ::-7])
 
 
+def test_a_fragment_read_is_a_masked_array_only_where_something_is_masked(tmp_path):
+    """A fragment read makes no masked array that its caller only takes apart (nothing masked: a plain
+    array); what users get is as before: masked arrays, nothing masked (nomask) or the missing points."""
+    from daskcfa.fragments.canonical import read_fragment
+    from daskcfa.graph.read import AggregatedArray
+
+    truth = make_truth((4, 3, 5), "f4", seed=5)
+    truth[3, 1, 2] = np.ma.masked
+    # (missing_value in the fragments, _FillValue in the aggregation: each fragment masks its own values)
+    built = build_cf113(tmp_path, truth, ("time", "lat", "lon"), ((2, 2), (3,), (5,)),
+                        frags=lambda index: Frag(missing="missing_value", format="NETCDF3_CLASSIC"))
+    x = daskcfa.from_cfa(str(built.path))
+    (array,) = [v for v in dict(x.__dask_graph__()).values() if isinstance(v, AggregatedArray)]
+    key = (slice(0, 2, 1), slice(0, 3, 1), slice(0, 5, 1))
+    clean = read_fragment(array.variable.fragments[(0, 0, 0)], key, array.target)
+    holed = read_fragment(array.variable.fragments[(1, 0, 0)], key, array.target)
+    assert type(clean) is np.ndarray
+    assert isinstance(holed, np.ma.MaskedArray) and holed.mask[1, 1, 2] and holed.mask.sum() == 1
+    blocks = [x.blocks[i].compute(scheduler="sync") for i in range(2)]
+    assert [type(b) for b in blocks] == [np.ma.MaskedArray] * 2
+    assert blocks[0].mask is np.ma.nomask
+    assert_matches(np.ma.concatenate(blocks), truth)
+    assert_matches(x.compute(scheduler="sync"), truth)
+
+
 def test_token_is_deterministic_and_tracks_the_file(tmp_path):
     built = chunked_archive(tmp_path)
     a = daskcfa.from_cfa(str(built.path))
