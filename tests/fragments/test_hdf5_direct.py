@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskcfa.fragments.hdf5 import DirectReadUnsupported, HDF5File
+from read_helpers import bytes_read
 
 DTYPES = ["i1", "u2", "i4", "i8", "f4", "f8"]
 STORAGE = {
@@ -622,12 +623,6 @@ def test_file_in_memory_reads_are_fresh_writable_arrays(tmp_path):
         np.testing.assert_array_equal(second, data)
 
 
-def _bytes_read() -> int:
-    """Bytes this process has read from files so far (Linux's ``rchar``)."""
-    with open("/proc/self/io") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
-
-
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O counters")
 def test_a_point_in_a_local_deflated_chunk_reads_only_the_head_of_its_stream(tmp_path):
     # Incompressible values in one 4 MB chunk: a point a tenth of the way in needs about a tenth of
@@ -640,9 +635,9 @@ def test_a_point_in_a_local_deflated_chunk_reads_only_the_head_of_its_stream(tmp
         create(nc, "v", "i4", ("y", "x"), zlib=True, shuffle=False, chunksizes=(1000, 1000))[:] = data
     with HDF5File(path) as f:
         var = f.variable("v")
-        before = _bytes_read()
+        before = bytes_read()
         assert var.read((100, 500)) == data[100, 500]
-        assert _bytes_read() - before < 0.2 * data.nbytes
+        assert bytes_read() - before < 0.2 * data.nbytes
 
 
 def test_a_chunk_whose_head_holds_less_than_its_share_is_read_on(tmp_path):
