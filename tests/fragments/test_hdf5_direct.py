@@ -622,18 +622,21 @@ def test_file_in_memory_reads_are_fresh_writable_arrays(tmp_path):
         first[0, 0, 0] = -1  # the caller's to change
         np.testing.assert_array_equal(second, data)
 
+def one_deflated_chunk(path: Path, data: np.ndarray) -> Path:
+    """A file whose 2-D variable ``v`` holds ``data`` in one chunk, deflated only (no shuffle)."""
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("y", data.shape[0])
+        nc.createDimension("x", data.shape[1])
+        create(nc, "v", data.dtype.str, ("y", "x"), zlib=True, shuffle=False, chunksizes=data.shape)[:] = data
+    return path
+
 
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O counters")
 def test_a_point_in_a_local_deflated_chunk_reads_only_the_head_of_its_stream(tmp_path):
     # Incompressible values in one 4 MB chunk: a point a tenth of the way in needs about a tenth of
     # the stream, and only that much (plus a small margin) is read from the file.
     data = np.random.default_rng(3).integers(0, 2**31, size=(1000, 1000), dtype="<i4")
-    path = tmp_path / "f.nc"
-    with netCDF4.Dataset(path, "w") as nc:
-        nc.createDimension("y", 1000)
-        nc.createDimension("x", 1000)
-        create(nc, "v", "i4", ("y", "x"), zlib=True, shuffle=False, chunksizes=(1000, 1000))[:] = data
-    with HDF5File(path) as f:
+    with HDF5File(one_deflated_chunk(tmp_path / "f.nc", data)) as f:
         var = f.variable("v")
         before = bytes_read()
         assert var.read((100, 500)) == data[100, 500]
@@ -645,12 +648,7 @@ def test_a_chunk_whose_head_holds_less_than_its_share_is_read_on(tmp_path):
     # values, so the head first read falls short and the rest of the stream is read after it.
     data = np.zeros((1000, 250), "<f4")
     data[:500] = np.random.default_rng(4).normal(size=(500, 250))
-    path = tmp_path / "f.nc"
-    with netCDF4.Dataset(path, "w") as nc:
-        nc.createDimension("y", 1000)
-        nc.createDimension("x", 250)
-        create(nc, "v", "f4", ("y", "x"), zlib=True, shuffle=False, chunksizes=(1000, 250))[:] = data
-    with HDF5File(path) as f:
+    with HDF5File(one_deflated_chunk(tmp_path / "f.nc", data)) as f:
         var = f.variable("v")
         for key in [(400, 7), (499, 249), (10, slice(None)), (slice(300, 600, 7), 3), (700, 1)]:
             np.testing.assert_array_equal(var.read(key), data[key])
