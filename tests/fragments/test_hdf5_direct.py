@@ -652,3 +652,33 @@ def test_a_chunk_whose_head_holds_less_than_its_share_is_read_on(tmp_path):
         var = f.variable("v")
         for key in [(400, 7), (499, 249), (10, slice(None)), (slice(300, 600, 7), 3), (700, 1)]:
             np.testing.assert_array_equal(var.read(key), data[key])
+
+
+def test_numeric_types_are_read_only_when_exactly_the_numpy_type(tmp_path):
+    # Types with the size, sign and byte order of a numpy type but other bits (a 24-bit integer in
+    # 4 bytes, an enumeration, a 16-bit float with an odd exponent) are refused; big-endian
+    # attributes read as netCDF4-python reads them.
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("x", 3)
+        create(nc, "v", "f4", ("x",))[:] = [1, 2, 3]
+    odd_int = h5py.h5t.STD_I32LE.copy()
+    odd_int.set_precision(24)
+    odd_float = h5py.h5t.IEEE_F64LE.copy()
+    odd_float.set_fields(63, 52, 11, 0, 52)
+    odd_float.set_ebias(1000)
+    with h5py.File(path, "r+") as f:
+        for name, tid in (("odd_int", odd_int), ("odd_float", odd_float)):
+            h5py.h5d.create(f.id, name.encode(), tid, h5py.h5s.create(h5py.h5s.SCALAR))
+        f.create_dataset("enum", data=np.int16(1), dtype=h5py.enum_dtype({"a": 0, "b": 1}, basetype="i2"))
+        for k, dtype in enumerate([">i2", ">u4", ">i8", ">f4", ">f8", "<u8", "i1"]):
+            f["v"].attrs.create(f"a{k}", np.array([1, 2, 250]).astype(dtype), dtype=dtype)
+    with HDF5File(path) as f, netCDF4.Dataset(path) as nc:
+        for name in ("odd_int", "odd_float", "enum"):
+            with pytest.raises(DirectReadUnsupported, match="data type"):
+                f.variable(name)
+        attrs = f.variable("v").attrs
+        for k in range(7):
+            expected = nc["v"].getncattr(f"a{k}")
+            np.testing.assert_array_equal(attrs[f"a{k}"], expected)
+            assert attrs[f"a{k}"].dtype == expected.dtype
