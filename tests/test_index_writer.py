@@ -23,6 +23,7 @@ import pytest
 
 import daskcfa
 from builders import Frag, assert_matches, build, make_truth
+from read_helpers import bytes_read
 from remote_helpers import upload
 from daskcfa.errors import CFAFormatError, CFAWarning, NotFoundError
 from daskcfa.fragments import canonical, readahead
@@ -583,3 +584,17 @@ def test_an_index_written_on_disk_and_served_over_http_warns_once(built, make_ht
     assert_matches(got, built.expected, rtol=1e-5)
     assert_matches(point, built.expected[:, 1, 6], rtol=1e-5)
     assert len(stale_warnings(caught)) == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O counters")
+def test_a_point_read_through_the_index_reads_only_the_head_of_a_local_chunk(tmp_path):
+    # One fragment in one deflated chunk of 2 MB of poorly compressible values: a point a tenth of the
+    # way into it needs about a tenth of the stream, and only that much (and a margin) is read
+    # (with the index: no HDF5 metadata read either).
+    built = build("CF-1.13", tmp_path / "ds", make_truth((1, 500, 1000), "f4", seed=5), DIMS, ((1,), (500,), (1000,)),
+                  frags=lambda index: Frag(storage={"zlib": True, "shuffle": False, "chunksizes": (1, 500, 1000)}))
+    daskcfa.index(str(built.path))
+    x = daskcfa.from_cfa(str(built.path), "tas", chunk_index=True)
+    before = bytes_read()
+    assert x[0, 50, 500].compute(scheduler="sync") == built.expected[0, 50, 500]
+    assert bytes_read() - before < 0.3 * 4 * 500 * 1000

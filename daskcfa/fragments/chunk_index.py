@@ -426,6 +426,7 @@ class IndexedVariable(StoredVariable):
         self._uri, self._expected, self._profile, self._policy = uri, (entry.size, entry.token), profile, policy
         contiguous = entry.contiguous
         self._ahead = _read_ahead_applies(uri, entry)
+        self._local = storage.is_local(uri)
         offset = int(layout.byte_offsets[0]) if contiguous and len(layout.byte_offsets) else None
         super().__init__(layout.dtype, layout.shape, None if contiguous else layout.chunks, offset,
                          pipeline_of(layout.filters), layout.fill_value, self._fetch,

@@ -65,9 +65,19 @@ def deflate(data: Any, level: int) -> bytes:
     return _fast_compress(data, 1) if level == 1 else zlib.compress(data, level)
 
 
-def inflate_head(raw: bytes | np.ndarray, nbytes: int, wbits: int = 15) -> bytes:
-    """The first ``nbytes`` of a zlib stream (gzip: ``wbits=31``), inflating no further."""
-    return _decompressobj(wbits).decompress(raw, nbytes)
+def inflate_head(raw: bytes | np.ndarray, nbytes: int, wbits: int = 15,
+                 rest: Callable[[], Any] | None = None) -> bytes:
+    """The first ``nbytes`` of a zlib stream (gzip: ``wbits=31``), inflating no further.
+
+    ``raw`` may be only the start of the stream, and ``rest()`` the bytes after it: they are
+    fetched only when ``raw`` inflates to fewer than ``nbytes`` (a point in a chunk needs
+    about as much of the stream as of the chunk)."""
+    decompressor = _decompressobj(wbits)
+    head = decompressor.decompress(raw, nbytes)
+    if rest is None or len(head) >= nbytes or decompressor.eof:
+        return head
+    more = bytes(decompressor.unconsumed_tail) + bytes(memoryview(rest()))
+    return head + decompressor.decompress(more, nbytes - len(head))
 
 
 def _bounded(decompressor: Any, raw: bytes | np.ndarray, size: int, name: str,

@@ -66,6 +66,11 @@ _RANGE_COST = 64 << 10
 #: A deflated chunk is inflated only up to the selection when that saves at
 #: least this share of it (stopping early has a small fixed cost).
 _PARTIAL_INFLATE = 0.8
+#: A chunk inflated only in part is first fetched up to its share of the stream that holds the
+#: selection, plus this share of the stream and :data:`_HEAD_MARGIN` bytes (the rest is fetched
+#: only if that falls short): a point at the centre of a chunk needs half its bytes.
+_HEAD_SLACK = 1 / 32
+_HEAD_MARGIN = 512
 #: Chunk lookups one by one cost about this many times more per chunk than a
 #: walk over the whole chunk index; past that ratio the walk is cheaper.
 _WALK_RATIO = 16
@@ -171,8 +176,8 @@ class HDF5File:
         if dsid is None:
             raise KeyError(name)
         where = f"variable {group + base!r} of {self.path!r}"
-        return HDF5Variable(
-            dsid, base, self._pread_ranges if self._read_ranges is None else self._read_ranges, where, names)
+        local = self._read_ranges is None
+        return HDF5Variable(dsid, base, self._pread_ranges if local else self._read_ranges, where, names, local=local)
 
     def close(self) -> None:
         # Dropping the one reference to the file's identifier closes the file and (strong close
@@ -221,6 +226,9 @@ class StoredVariable:
     dtype: np.dtype
     chunks: tuple[int, ...] | None
     chunk_nbytes: int
+    #: whether a byte range costs no round trip (a local file), so that a chunk inflated in part
+    #: is fetched in two steps (its head, then the rest if needed) rather than whole
+    _local = False
 
     def __init__(self, stored: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...] | None, offset: int | None,
                  pipeline: list[tuple[int, int]], fill: Any, read_ranges: ReadRanges, where: str) -> None:
@@ -338,9 +346,11 @@ class StoredVariable:
                 stored.append((info, inner, outer))
         stored.sort(key=lambda item: item[0].byte_offset)
         for batch in _batches(stored):
-            buffers = self._read_ranges([(info.byte_offset, info.size) for info, _, _ in batch])
-            for (info, inner, outer), raw in zip(batch, buffers):
-                out[outer] = self._selected(raw, info, inner)
+            parts = [self._partly(info, inner) for info, inner, _ in batch]
+            ranges = [(info.byte_offset, self._fetched(info, needed)) for (info, _, _), needed in zip(batch, parts)]
+            buffers = self._read_ranges(ranges)
+            for (info, inner, outer), needed, (_, fetched), raw in zip(batch, parts, ranges, buffers):
+                out[outer] = self._selected(raw, info, inner, needed, fetched)
         return out
 
     def _bytes_needed(self, inner: tuple[slice, ...]) -> int:
@@ -350,18 +360,36 @@ class StoredVariable:
             last += (s.start + (len(range(s.start, s.stop, s.step)) - 1) * s.step) * stride
         return (last + 1) * self._stored.itemsize
 
-    def _selected(self, raw: Buffer, info: StoreInfo, inner: tuple[slice, ...]) -> np.ndarray:
-        """The selection ``inner`` of one stored chunk, its filters undone.
-
-        A chunk only deflated (no shuffle or checksum) is inflated just up to the
-        bytes that hold the selection: a point in the middle of a chunk costs half
-        the decompression, and the selection is taken from those bytes as they are.
-        """
+    def _partly(self, info: StoreInfo, inner: tuple[slice, ...]) -> int | None:
+        """The bytes of a stored chunk's decoded values that hold the selection ``inner``, when
+        only they are inflated (a chunk only deflated: no shuffle or checksum); else None."""
         needed = self._bytes_needed(inner)
         if (needed < _PARTIAL_INFLATE * self._chunk_nbytes
                 and [code for code, _ in self._filters] == [DEFLATE] and not info.filter_mask & 1):
+            return needed
+        return None
+
+    def _fetched(self, info: StoreInfo, needed: int | None) -> int:
+        """How many of a stored chunk's bytes are fetched first, ``needed`` bytes of its values
+        being inflated (None: all of them)."""
+        if needed is None or not self._local:
+            return info.size
+        return min(info.size, info.size * needed // self._chunk_nbytes + int(info.size * _HEAD_SLACK) + _HEAD_MARGIN)
+
+    def _selected(self, raw: Buffer, info: StoreInfo, inner: tuple[slice, ...], needed: int | None,
+                  fetched: int) -> np.ndarray:
+        """The selection ``inner`` of one stored chunk, its filters undone; ``raw`` holds its
+        first ``fetched`` bytes (the rest is fetched if needed).
+
+        A chunk only deflated (no shuffle or checksum) is inflated just up to the
+        ``needed`` bytes that hold the selection (:meth:`_partly`): a point in the middle of a
+        chunk costs half the decompression, and the selection is taken from those bytes as they are.
+        """
+        if needed is not None:
+            offset, size = info.byte_offset + fetched, info.size - fetched
+            rest = None if size <= 0 else lambda: self._read_ranges([(offset, size)])[0]
             try:
-                head = inflate_head(raw, needed)
+                head = inflate_head(raw, needed, rest=rest)
             except INFLATE_ERRORS as err:
                 raise OSError(f"corrupt chunk at {info.chunk_offset} ({err}; {self._where})") from None
             if len(head) != needed:
@@ -390,9 +418,11 @@ class HDF5Variable(StoredVariable):
     attrs: dict[str, Any]
 
     def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str,
-                 names: frozenset[str]) -> None:
-        # ``names``: the dataset's attribute names (:func:`.hdf5_netcdf.attribute_names`)
+                 names: frozenset[str], *, local: bool = False) -> None:
+        # ``names``: the dataset's attribute names (:func:`.hdf5_netcdf.attribute_names`); ``local``:
+        # ``read_ranges`` reads a local file
         self.name = name
+        self._local = local
         self._dsid = dsid
         stored = check_dtype(dsid, where)
         dcpl = dsid.get_create_plist()

@@ -71,6 +71,9 @@ def is_dimension_only(dsid: h5py.h5d.DatasetID, names: frozenset[str]) -> bool:
 def check_dtype(dsid: h5py.h5d.DatasetID, where: str) -> np.dtype:
     """The numpy dtype of a plain numeric dataset; anything else is unsupported."""
     stored = dsid.get_type()
+    plain = _plain(stored)
+    if plain is not None:
+        return plain[0]
     dtype = stored.dtype
     if dtype.kind in "iuf" and h5py.check_enum_dtype(dtype) is None:
         # the bytes on disk must be exactly this numpy type (no odd precision or
@@ -78,6 +81,29 @@ def check_dtype(dsid: h5py.h5d.DatasetID, where: str) -> np.dtype:
         if stored.equal(_native_type(dtype, stored.get_order() if dtype.itemsize == 1 else None)):
             return dtype
     raise DirectReadUnsupported(f"data type {dtype} is not supported ({where})")
+
+
+def _plain(tid: h5py.h5t.TypeID) -> tuple[np.dtype, h5py.h5t.TypeID] | None:
+    """The numpy dtype of an HDF5 type that is exactly one of the common integer and float types,
+    and that type made once (None: another type). Told by class, size, sign and byte order, then
+    found equal by HDF5: h5py's dtype of a type, and its type of a dtype, cost several times more."""
+    kind = tid.get_class()
+    if kind != h5py.h5t.INTEGER and kind != h5py.h5t.FLOAT:  # (enumerations are a class of their own)
+        return None
+    plain = _plain_type(kind, tid.get_size(), tid.get_sign() if kind == h5py.h5t.INTEGER else None, tid.get_order())
+    return plain if plain is not None and tid.equal(plain[1]) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_type(kind: int, size: int, sign: int | None, order: int) -> tuple[np.dtype, h5py.h5t.TypeID] | None:
+    """The numpy dtype and HDF5 type of an integer (``sign`` given) or float ``kind`` of HDF5's of
+    ``size`` bytes in byte ``order`` (None: not one of the common ones)."""
+    if size not in ((1, 2, 4, 8) if sign is not None else (4, 8)) or (
+            size > 1 and order not in (h5py.h5t.ORDER_LE, h5py.h5t.ORDER_BE)):
+        return None
+    letter = "f" if sign is None else "i" if sign == h5py.h5t.SGN_2 else "u"
+    dtype = np.dtype(f"{'>' if order == h5py.h5t.ORDER_BE else '<'}{letter}{size}")
+    return dtype, _native_type(dtype, order if size == 1 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -204,25 +230,30 @@ def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
             strings = [_text(s) for s in np.ravel(_read_attr(aid, tid, space))]
             return strings[0] if len(strings) == 1 else strings
         # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
-        raw = np.empty(space.shape, tid.dtype)
+        raw = np.empty(space.shape, f"S{tid.get_size()}")
         aid.read(raw, mtype=tid)
         return _text(raw.tobytes())
     if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
-        native = tid.dtype.newbyteorder("=")
+        plain = _plain(tid)
+        native = (tid.dtype if plain is None else plain[0]).newbyteorder("=")
         if space.shape is None:  # an HDF5 null dataspace
             return np.empty(0, native)
-        values = np.asarray(_read_attr(aid, tid, space), native).ravel()
+        values = np.asarray(_read_attr(aid, tid, space, plain), native).ravel()
         return values[0] if values.size == 1 else values
     raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
 
 
-def _read_attr(aid: h5py.h5a.AttrID, tid: h5py.h5t.TypeID | None = None, space: h5py.h5s.SpaceID | None = None) -> Any:
-    """An attribute's value as numpy (variable-length strings as ``bytes`` objects); its type
-    and dataspace when the caller has them."""
+def _read_attr(aid: h5py.h5a.AttrID, tid: h5py.h5t.TypeID | None = None, space: h5py.h5s.SpaceID | None = None,
+               plain: tuple[np.dtype, h5py.h5t.TypeID] | None = None) -> Any:
+    """An attribute's value as numpy (variable-length strings as ``bytes`` objects); its type,
+    dataspace and :func:`_plain` type when the caller has them."""
     shape = (aid.get_space() if space is None else space).shape
-    dtype = (aid.get_type() if tid is None else tid).dtype
+    if plain is None:
+        dtype = (aid.get_type() if tid is None else tid).dtype
+        plain = dtype, h5py.h5t.py_create(dtype)
+    dtype, mtype = plain
     value = np.zeros(shape if shape is not None else (), dtype)
-    aid.read(value, mtype=h5py.h5t.py_create(dtype))
+    aid.read(value, mtype=mtype)
     return value[()] if shape == () else value
 
 

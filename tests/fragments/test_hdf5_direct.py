@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskcfa.fragments.hdf5 import DirectReadUnsupported, HDF5File
+from read_helpers import bytes_read
 
 DTYPES = ["i1", "u2", "i4", "i8", "f4", "f8"]
 STORAGE = {
@@ -620,3 +621,64 @@ def test_file_in_memory_reads_are_fresh_writable_arrays(tmp_path):
         assert not np.shares_memory(first, second)
         first[0, 0, 0] = -1  # the caller's to change
         np.testing.assert_array_equal(second, data)
+
+def one_deflated_chunk(path: Path, data: np.ndarray) -> Path:
+    """A file whose 2-D variable ``v`` holds ``data`` in one chunk, deflated only (no shuffle)."""
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("y", data.shape[0])
+        nc.createDimension("x", data.shape[1])
+        create(nc, "v", data.dtype.str, ("y", "x"), zlib=True, shuffle=False, chunksizes=data.shape)[:] = data
+    return path
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O counters")
+def test_a_point_in_a_local_deflated_chunk_reads_only_the_head_of_its_stream(tmp_path):
+    # Incompressible values in one 4 MB chunk: a point a tenth of the way in needs about a tenth of
+    # the stream, and only that much (plus a small margin) is read from the file.
+    data = np.random.default_rng(3).integers(0, 2**31, size=(1000, 1000), dtype="<i4")
+    with HDF5File(one_deflated_chunk(tmp_path / "f.nc", data)) as f:
+        var = f.variable("v")
+        before = bytes_read()
+        assert var.read((100, 500)) == data[100, 500]
+        assert bytes_read() - before < 0.2 * data.nbytes
+
+
+def test_a_chunk_whose_head_holds_less_than_its_share_is_read_on(tmp_path):
+    # Random values then zeros in one chunk: the stream's first 40% holds far less than 40% of the
+    # values, so the head first read falls short and the rest of the stream is read after it.
+    data = np.zeros((1000, 250), "<f4")
+    data[:500] = np.random.default_rng(4).normal(size=(500, 250))
+    with HDF5File(one_deflated_chunk(tmp_path / "f.nc", data)) as f:
+        var = f.variable("v")
+        for key in [(400, 7), (499, 249), (10, slice(None)), (slice(300, 600, 7), 3), (700, 1)]:
+            np.testing.assert_array_equal(var.read(key), data[key])
+
+
+def test_numeric_types_are_read_only_when_exactly_the_numpy_type(tmp_path):
+    # Types with the size, sign and byte order of a numpy type but other bits (a 24-bit integer in
+    # 4 bytes, an enumeration, a 16-bit float with an odd exponent) are refused; big-endian
+    # attributes read as netCDF4-python reads them.
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("x", 3)
+        create(nc, "v", "f4", ("x",))[:] = [1, 2, 3]
+    odd_int = h5py.h5t.STD_I32LE.copy()
+    odd_int.set_precision(24)
+    odd_float = h5py.h5t.IEEE_F64LE.copy()
+    odd_float.set_fields(63, 52, 11, 0, 52)
+    odd_float.set_ebias(1000)
+    with h5py.File(path, "r+") as f:
+        for name, tid in (("odd_int", odd_int), ("odd_float", odd_float)):
+            h5py.h5d.create(f.id, name.encode(), tid, h5py.h5s.create(h5py.h5s.SCALAR))
+        f.create_dataset("enum", data=np.int16(1), dtype=h5py.enum_dtype({"a": 0, "b": 1}, basetype="i2"))
+        for k, dtype in enumerate([">i2", ">u4", ">i8", ">f4", ">f8", "<u8", "i1"]):
+            f["v"].attrs.create(f"a{k}", np.array([1, 2, 250]).astype(dtype), dtype=dtype)
+    with HDF5File(path) as f, netCDF4.Dataset(path) as nc:
+        for name in ("odd_int", "odd_float", "enum"):
+            with pytest.raises(DirectReadUnsupported, match="data type"):
+                f.variable(name)
+        attrs = f.variable("v").attrs
+        for k in range(7):
+            expected = nc["v"].getncattr(f"a{k}")
+            np.testing.assert_array_equal(attrs[f"a{k}"], expected)
+            assert attrs[f"a{k}"].dtype == expected.dtype
