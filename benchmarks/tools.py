@@ -816,6 +816,8 @@ def measure(tool: str, scenario: str, dataset_dir: str, probe: bool = True,
         before = target.traffic() if target else None
         client = _DISTRIBUTED.get("client")  # (daskcfa-distributed: its workers' CPU too)
         gc.collect()  # the garbage of imports and set-up collected before the clock, not in the run
+        if client is not None:
+            client.run(gc.collect)  # (and in the workers' processes, which imported and warmed up too)
         t1, cpu1 = time.perf_counter(), cpu_seconds(client)
         value = run()
         out["seconds"] = time.perf_counter() - t1
