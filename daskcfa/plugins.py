@@ -17,7 +17,8 @@ class FragmentBudget(WorkerPlugin):
 
     ``client.register_plugin(FragmentBudget(memory="1GiB", filehandles=64))``
     configures the fragment file manager of every worker, including workers
-    that join later; at teardown every cached fragment is closed. Read the
+    that join later; at teardown every cached fragment is closed (and an in-process
+    worker's process follows the dask config's budgets again). Read the
     counters with ``client.run(daskcfa.fragment_stats)``.
     """
 
@@ -31,6 +32,7 @@ class FragmentBudget(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         manager().close_all()
+        manager().configure(None)  # (a worker in this very process: its budgets follow the dask config again)
 
     def __repr__(self) -> str:
         return f"FragmentBudget(memory={self.budget.memory}, filehandles={self.budget.filehandles})"

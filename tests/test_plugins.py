@@ -177,3 +177,17 @@ def test_a_budget_that_is_not_a_size_is_an_argument_error():
     assert daskcfa.FragmentBudget(memory="1GiB", filehandles=4).budget.memory == 2**30
     with pytest.raises(daskcfa.ArgumentError, match="memory: the value must be a size .* not 'lots'"):
         daskcfa.FragmentBudget(memory="lots", filehandles=4)
+
+
+def test_an_in_process_worker_leaves_the_budgets_to_the_dask_config_at_teardown():
+    """A ``FragmentBudget`` on a cluster of threads in this process configures this process's file
+    manager; once the cluster is closed, a ``dask.config.set`` budget applies again (before: the
+    plugin's budget stayed in force for the rest of the session)."""
+    from daskcfa.fragments.manager import manager
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(daskcfa.FragmentBudget(memory="3MiB", filehandles=3))
+        assert manager().budget.memory == 3 << 20
+    with dask.config.set({"daskcfa.budget.memory": "5MiB"}):
+        assert manager().budget.memory == 5 << 20

@@ -118,11 +118,12 @@ class FileManager:
             return self._budget
         return Budget.from_config()
 
-    def configure(self, budget: Budget) -> None:
-        """Change the budgets; idle handles beyond the new limits are closed now."""
+    def configure(self, budget: Budget | None) -> None:
+        """Change the budgets (None: back to those of the dask config in force at each use); idle
+        handles beyond the new limits are closed now."""
         with self._cond:
             self._budget = budget
-            closing = self._evict_locked(0, 0, budget)
+            closing = self._evict_locked(0, 0, budget or Budget.from_config())
             self._cond.notify_all()
         self._close_all(closing)
 

@@ -204,6 +204,9 @@ def test_the_budget_is_the_config_in_force_now(tmp_path):
     fresh.configure(Budget(2, 4096))  # a worker plugin's budget: kept, whatever the config
     with dask.config.set({"daskcfa.budget.memory": "1GiB"}):
         assert fresh.budget == Budget(2, 4096)
+    fresh.configure(None)  # (a plugin torn down, a test's fixture undone): the config's budgets again
+    with dask.config.set({"daskcfa.budget.memory": "1MiB"}):
+        assert fresh.budget.memory == 1 << 20
 
 
 @pytest.mark.parametrize("setting", [

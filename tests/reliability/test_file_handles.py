@@ -60,12 +60,11 @@ def build(directory: Path, compressions: list[str]) -> tuple[Path, np.ndarray]:
 
 @pytest.fixture
 def four_handles():
-    before = manager().budget
     manager().close_all()
     manager().configure(Budget.parse(filehandles=4, memory="256MiB"))
     yield
     manager().close_all()
-    manager().configure(before)
+    manager().configure(None)  # (the config's budgets again: a later test's dask.config.set applies)
 
 
 @pytest.mark.parametrize("kinds", [["zstd"], ["szip"], ["zstd", "szip"]], ids=["zstd", "szip", "mixed"])

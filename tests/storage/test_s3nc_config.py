@@ -50,9 +50,8 @@ def s3nc_file(tmp_path, monkeypatch):
     path = tmp_path / "s3nc.json"
     monkeypatch.setenv("S3_NC_CONFIG", str(path))
     monkeypatch.setattr(s3nc, "_S3NC_RECHECK_SECONDS", 0.0)
-    budget = manager().budget
     yield path
-    manager().configure(budget)
+    manager().configure(None)  # (the config's budgets again: a later test's dask.config.set applies)
 
 
 def _host(s3_server, alias="tenancy-0", url=None):
