@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, redact
+from ..errors import BudgetError, CFAError, CFAFormatError, FragmentReadError, redact
 from .. import limits
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
@@ -141,15 +141,12 @@ class _JSONSet(ReferenceSet):
 
     def __init__(self, uri: str, profile: ProfileRef, policy: LocationPolicy | None) -> None:
         super().__init__(uri, profile, policy)
-        size = storage.size(uri, profile, policy=policy)
-        if size > limits.max_json_bytes():
-            raise FragmentReadError(f"a JSON reference set of {size:,} bytes is more than daskcfa reads "
-                                    f"({limits.max_json_bytes():,}: dask config 'daskcfa.limits.max-memory' / {limits.JSON_EXPANSION}); "
-                                    "store large reference sets as Parquet", file=uri)
         try:
-            document = json.loads(storage.read_bytes(uri, profile, known_size=size, policy=policy))
-        except (ValueError, UnicodeError, RecursionError) as exc:
-            raise self._error(f"not JSON ({exc})") from None
+            document = storage.read_json(uri, profile, policy=policy)
+        except BudgetError as exc:
+            raise FragmentReadError(f"{exc.reason}; store large reference sets as Parquet", file=uri) from None
+        except CFAFormatError as exc:
+            raise self._error(exc.reason) from None
         if not isinstance(document, dict):
             raise self._error("not a JSON object")
         version = document.get("version")
@@ -221,13 +218,11 @@ class _ParquetSet(ReferenceSet):
                                     file=uri) from None
         self._root = uri.rstrip("/")
         head = f"{self._root}/.zmetadata"
-        size = storage.size(head, profile, policy=policy)
-        if size > limits.max_json_bytes():
-            raise self._error(f".zmetadata of {size:,} bytes is more than daskcfa reads")
+        size = storage.size(head, profile, policy=policy)  # (charged below as it expands when parsed)
         try:
-            document = json.loads(storage.read_bytes(head, profile, known_size=size, policy=policy))
-        except (ValueError, UnicodeError, RecursionError) as exc:
-            raise self._error(f".zmetadata is not JSON ({exc})") from None
+            document = storage.read_json(head, profile, known_size=size, policy=policy)
+        except (BudgetError, CFAFormatError) as exc:
+            raise self._error(f".zmetadata: {exc.reason}") from None
         if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
             raise self._error(".zmetadata holds no 'metadata' object")
         record_size = document.get("record_size")

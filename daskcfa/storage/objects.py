@@ -263,20 +263,24 @@ def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     return read_whole(uri, profile, known_size=known_size, policy=policy).tobytes()
 
 
-def read_json(uri: str, profile: ProfileRef = NO_PROFILE) -> Any:
-    """A JSON document daskcfa keeps beside the data (a manifest, a list of retired fragments, a
-    marker), parsed. Anyone who can write there can plant one, so it is read only up to
+def read_json(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
+              policy: LocationPolicy | None = None) -> Any:
+    """A JSON document, parsed: one daskcfa keeps beside the data (a manifest, a list of retired
+    fragments, a marker) or a reference set. Anyone who can write there can plant one, so it is read only up to
     :func:`~daskcfa.limits.max_json_bytes` (a larger one: :class:`BudgetError`, without reading it;
-    a local file that grows meanwhile is read no further) and not JSON is a :class:`CFAFormatError`."""
+    a local file that grows meanwhile is read no further) and not JSON is a :class:`CFAFormatError`.
+    ``known_size``: the object's size, if the caller has it (no second request for it); ``policy``:
+    see :func:`filesystem`."""
     bound = max_json_bytes()
     if is_local(uri):
         with open_local(uri) as f, translated(uri):
             data = f.read(bound + 1)
         nbytes = len(data)
     else:
-        nbytes, data = size(uri, profile), b""
+        nbytes, data = size(uri, profile, policy=policy) if known_size is None else known_size, b""
         try:  # (bounded again at the GET: the object may have grown since, or the server lie)
-            data = b"" if nbytes > bound else read_whole(uri, profile, known_size=nbytes, max_bytes=bound).tobytes()
+            data = b"" if nbytes > bound else read_whole(uri, profile, known_size=nbytes, policy=policy,
+                                                         max_bytes=bound).tobytes()
         except BudgetError:  # (refused before its body: the error below, naming the setting)
             nbytes = bound + 1
     if nbytes > bound:

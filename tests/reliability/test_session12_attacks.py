@@ -114,6 +114,33 @@ def test_bookkeeping_json_on_s3_is_bounded_at_its_get_too(servers, answer):
     assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
 
 
+def test_a_json_reference_set_on_s3_is_bounded_at_its_get_too(servers):
+    """A JSON reference set had its own copy of the bounded read: its size at the HEAD checked, then
+    the GET's body read and parsed whole (the gap ``read_json`` had). Now it is read by ``read_json``:
+    a body longer than the HEAD said is refused before it is read, a FragmentReadError naming the set."""
+    from daskcfa.fragments.reference_sets import open_reference_set
+
+    growing = b"[" + b"[]," * (10 << 20) + b"[]]"
+
+    def respond(method, path, headers):
+        return (200, {"Content-Length": "12"}, b"") if method == "HEAD" else (200, {}, growing)
+
+    endpoint = servers(respond)
+    uri = "s3://bucket/t/refs.json"
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint.url}},
+                                        protocol="s3")
+    tracemalloc.start()
+    try:
+        with dask.config.set({"daskcfa.limits.max-memory": "64MiB", "daskcfa.storage.retries": 0}):
+            with pytest.raises(daskcfa.FragmentReadError) as info:
+                open_reference_set(uri, profile)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.file == uri and "max-memory" in str(info.value)
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
+
+
 # ---------------------------------------------------------------------------
 # Redaction (errors.py)
 # ---------------------------------------------------------------------------
