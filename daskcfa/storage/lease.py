@@ -471,7 +471,7 @@ def _listed(record: str, profile: ProfileRef) -> dict[str, float]:
     try:
         listed = read_json(record, profile).get("retired", {})
         return {r: float(t) for r, t in listed.items() if isinstance(r, str) and _finite(t)}
-    except (CFAError, ValueError, AttributeError, TypeError, RecursionError):
+    except (CFAError, ValueError, AttributeError, TypeError):  # (read_json's errors are CFAErrors)
         return {}
 
 
