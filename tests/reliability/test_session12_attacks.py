@@ -84,6 +84,25 @@ def test_a_body_of_no_declared_length_is_refused_on_the_event_loop_too(servers):
     assert info.value.file == "s3://bucket/f/0.nc"
 
 
+def _read_where_head_and_get_disagree(servers, get, read, uri, error):
+    """``read(uri, profile)`` of an S3 object whose HEAD says 12 bytes and whose GET answers ``get``,
+    under ``max-memory=64MiB``, expected to raise ``error``: ``(pytest's ExceptionInfo, peak bytes traced)``."""
+    def respond(method, path, headers):
+        return (200, {"Content-Length": "12"}, b"") if method == "HEAD" else get
+
+    endpoint = servers(respond)
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint.url}},
+                                        protocol="s3")
+    tracemalloc.start()
+    try:
+        with dask.config.set({"daskcfa.limits.max-memory": "64MiB", "daskcfa.storage.retries": 0}):
+            with pytest.raises(error) as info:
+                read(uri, profile)
+        return info, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize("answer", ["longer", "chunked"])
 def test_bookkeeping_json_on_s3_is_bounded_at_its_get_too(servers, answer):
     """``read_json`` bounded an S3 document by its size at the HEAD, then read the GET's body whole: an
@@ -92,22 +111,8 @@ def test_bookkeeping_json_on_s3_is_bounded_at_its_get_too(servers, answer):
     ``max-memory=64MiB``; now a daskcfa error naming the document, before the body."""
     growing = b"[" + b"[]," * (10 << 20) + b"[]]"
     get = _chunked(growing) if answer == "chunked" else (200, {}, growing)  # (made before memory is traced)
-
-    def respond(method, path, headers):
-        return (200, {"Content-Length": "12"}, b"") if method == "HEAD" else get
-
-    endpoint = servers(respond)
     uri = "s3://bucket/t/.daskcfa/manifest.json"
-    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint.url}},
-                                        protocol="s3")
-    tracemalloc.start()
-    try:
-        with dask.config.set({"daskcfa.limits.max-memory": "64MiB", "daskcfa.storage.retries": 0}):
-            with pytest.raises(daskcfa.CFAError) as info:
-                storage.read_json(uri, profile)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    info, peak = _read_where_head_and_get_disagree(servers, get, storage.read_json, uri, daskcfa.CFAError)
     assert info.value.file == uri
     assert isinstance(info.value, daskcfa.BudgetError if answer == "longer" else daskcfa.errors.StorageError)
     assert answer == "chunked" or "max-memory" in str(info.value)  # (the setting that bounds it)
@@ -120,23 +125,9 @@ def test_a_json_reference_set_on_s3_is_bounded_at_its_get_too(servers):
     a body longer than the HEAD said is refused before it is read, a FragmentReadError naming the set."""
     from daskcfa.fragments.reference_sets import open_reference_set
 
-    growing = b"[" + b"[]," * (10 << 20) + b"[]]"
-
-    def respond(method, path, headers):
-        return (200, {"Content-Length": "12"}, b"") if method == "HEAD" else (200, {}, growing)
-
-    endpoint = servers(respond)
+    growing = (200, {}, b"[" + b"[]," * (10 << 20) + b"[]]")
     uri = "s3://bucket/t/refs.json"
-    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint.url}},
-                                        protocol="s3")
-    tracemalloc.start()
-    try:
-        with dask.config.set({"daskcfa.limits.max-memory": "64MiB", "daskcfa.storage.retries": 0}):
-            with pytest.raises(daskcfa.FragmentReadError) as info:
-                open_reference_set(uri, profile)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    info, peak = _read_where_head_and_get_disagree(servers, growing, open_reference_set, uri, daskcfa.FragmentReadError)
     assert info.value.file == uri and "max-memory" in str(info.value)
     assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
 
