@@ -1,0 +1,147 @@
+"""Attacks on the doors session 13 changed (attack14): the head-only inflate of a local deflated HDF5
+chunk, numeric types told from the HDF5 datatype (``_plain``), fragment reads returning plain arrays
+when nothing is masked, and every place a URI is written for others to read.
+
+Real parts only: netCDF-4 files written by netCDF4-python, then changed with h5py (chunks written
+raw with ``write_direct_chunk``, attributes of odd HDF5 types made with ``h5py.h5t``) or byte by byte
+(a chunk index entry); the suite's HTTP server requiring a login. The ground truth is
+netCDF4-python's own reading of the same file. Each test of a fix failed on the code before it
+(docs/reliability.md, "Session 13's doors attacked (attack14)").
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import zlib
+from pathlib import Path
+
+import dask
+import h5py
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+
+from remote_helpers import write_cf113
+
+#: elements of the one float32 chunk of the fragments below (64 KiB of values)
+N = 1 << 14
+VALUES = np.arange(N, dtype="f4") * 0.5
+
+
+def _one_chunk_fragment(directory: Path, raw: bytes | None = None) -> tuple[Path, Path]:
+    """A CF-1.13 aggregation of one netCDF-4 fragment ``x(n)``, one zlib chunk holding ``VALUES``
+    (or the stored bytes ``raw``): (the aggregation, the fragment)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fragment = directory / "f.nc"
+    with netCDF4.Dataset(fragment, "w") as nc:
+        nc.createDimension("n", N)
+        nc.createVariable("x", "f4", ("n",), zlib=True, shuffle=False, chunksizes=(N,))[...] = VALUES
+    if raw is not None:
+        with h5py.File(fragment, "r+") as h5:
+            h5["x"].id.write_direct_chunk((0,), raw, 0)
+    return write_cf113(directory / "agg.nc", "x", ("n",), [[N]], [["f.nc"]]), fragment
+
+
+def _read_point(aggregation: Path, index) -> np.ndarray:
+    with dask.config.set({"daskcfa.io.engine": "direct"}):
+        got = daskcfa.open_cfa(str(aggregation))["x"][index]
+    return np.ma.asarray(got.compute(scheduler="sync") if hasattr(got, "compute") else got)
+
+
+def _set_chunk_size(fragment: Path, size: int) -> None:
+    """Rewrite the stored size of the one chunk in the fragment's v1 B-tree (found by its whole key:
+    size, filter mask, offsets, then the chunk's address)."""
+    with h5py.File(fragment, "r") as h5:
+        info = h5["x"].id.get_chunk_info(0)
+    data = bytearray(fragment.read_bytes())
+    key = struct.pack("<IIQQQ", info.size, info.filter_mask, 0, 0, info.byte_offset)
+    at = data.find(key)
+    assert at >= 0 and data.find(key, at + 1) < 0
+    data[at:at + 4] = struct.pack("<I", size)
+    fragment.write_bytes(bytes(data))
+
+
+# ---------------------------------------------------------------------------
+# head-only inflate of a local deflated chunk (fragments/hdf5.py, codecs.inflate_head)
+# ---------------------------------------------------------------------------
+def _deflated(values: np.ndarray) -> bytes:
+    return zlib.compress(values.tobytes(), 6)
+
+
+DAMAGED = {
+    "cut to half": lambda: _deflated(VALUES)[: len(_deflated(VALUES)) // 2],
+    "garbage after the stream": lambda: _deflated(VALUES) + bytes(range(256)) * 20,
+    "a stream of half the chunk": lambda: _deflated(VALUES[: N // 2]),
+    "a stream of twice the chunk": lambda: _deflated(np.concatenate([VALUES, VALUES])),
+    "not zlib": lambda: bytes(range(7, 250)) * 12,
+}
+
+
+@pytest.mark.parametrize("index", [0, 5, N // 2 - 1, N // 2, N - 1, slice(0, 10), slice(None)])
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_a_damaged_chunk_read_by_its_head_gives_its_values_or_names_the_fragment(tmp_path, damage, index):
+    """Point and slice reads of a chunk whose stream is cut, padded, too short, too long or not zlib:
+    the values the stream holds there (equal to what was written) or a FragmentReadError naming file,
+    variable and fragment; never another value nor another error. (Held: a read that needs only the
+    stream's head does not see damage after it, as before session 13: the stream's checksum is checked
+    by whole reads only, and the chunk has no Fletcher-32 checksum.)"""
+    aggregation, fragment = _one_chunk_fragment(tmp_path, DAMAGED[damage]())
+    try:
+        got = _read_point(aggregation, index)
+    except daskcfa.FragmentReadError as exc:
+        assert exc.file == str(fragment) and exc.variable == "/x" and exc.fragment == (0,), exc
+        return
+    np.testing.assert_array_equal(got, VALUES[index])
+    assert not np.ma.is_masked(got)
+
+
+@pytest.mark.parametrize("index", [0, N // 2, N - 1, slice(None)])
+def test_a_chunk_running_past_the_end_of_its_file_is_refused_at_every_point(tmp_path, index):
+    """A chunk whose B-tree entry claims 100 bytes more than the file holds after it (as a file cut
+    short would): netCDF4 refuses every read. Before session 13 the direct reader did too (the whole
+    chunk was read); its head-only reads returned the head's values, whatever the rest."""
+    aggregation, fragment = _one_chunk_fragment(tmp_path)
+    with h5py.File(fragment, "r") as h5:
+        info = h5["x"].id.get_chunk_info(0)
+    assert info.byte_offset + info.size == fragment.stat().st_size  # (the chunk ends the file)
+    _set_chunk_size(fragment, info.size + 100)
+    with pytest.raises(daskcfa.FragmentReadError) as refused:
+        _read_point(aggregation, index)
+    assert refused.value.file == str(fragment) and refused.value.fragment == (0,)
+    with netCDF4.Dataset(fragment) as nc, pytest.raises(RuntimeError):
+        nc["x"][index]
+
+
+def test_a_chunk_of_stored_size_zero_is_refused_as_a_corrupt_chunk(tmp_path):
+    """A B-tree entry giving the one chunk 0 stored bytes: a FragmentReadError saying the chunk is
+    corrupt (before: "list index out of range", from the batching of the chunks to fetch)."""
+    aggregation, fragment = _one_chunk_fragment(tmp_path)
+    _set_chunk_size(fragment, 0)
+    for index in (0, slice(None)):
+        with pytest.raises(daskcfa.FragmentReadError, match=r"chunk at \(0,\)") as refused:
+            _read_point(aggregation, index)
+        assert refused.value.file == str(fragment)
+
+
+def test_a_chunk_index_entry_running_past_the_end_of_its_fragment_is_left_out(tmp_path):
+    """The same lie in a chunk index (``daskcfa.index``'s ``.agg.nc.chunks.json``, edited: the chunk
+    100 bytes longer than the file holds after it), read with ``chunk_index=True``: the entry is left
+    out with a CFAWarning (the index's reader checks every byte range against the fragment's recorded
+    size) and the fragment read without it, exactly. (Held.)"""
+    import json
+
+    aggregation, fragment = _one_chunk_fragment(tmp_path)
+    daskcfa.index(str(aggregation))
+    path = tmp_path / ".agg.nc.chunks.json"
+    document = json.loads(path.read_text())
+    entry = document["variables"]["/x"][0]
+    assert entry["offsets"][0] + entry["sizes"][0] == fragment.stat().st_size
+    entry["sizes"][0] += 100
+    path.write_text(json.dumps(document))
+    for index in (0, N // 2, slice(None)):
+        with pytest.warns(daskcfa.CFAWarning, match="outside the fragment"):
+            got = daskcfa.from_cfa(str(aggregation), "x", chunk_index=True)[index].compute(scheduler="sync")
+        np.testing.assert_array_equal(got, VALUES[index])
