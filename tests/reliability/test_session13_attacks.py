@@ -145,3 +145,127 @@ def test_a_chunk_index_entry_running_past_the_end_of_its_fragment_is_left_out(tm
         with pytest.warns(daskcfa.CFAWarning, match="outside the fragment"):
             got = daskcfa.from_cfa(str(aggregation), "x", chunk_index=True)[index].compute(scheduler="sync")
         np.testing.assert_array_equal(got, VALUES[index])
+
+
+# ---------------------------------------------------------------------------
+# numeric types told from the HDF5 datatype (hdf5_netcdf._plain) and what netCDF shows
+# ---------------------------------------------------------------------------
+SMALL = np.array([0, 1, 2, np.nan, -0.0, 5, 6, 7], "f4")
+
+
+def _scalar_attribute(dsid, name: str, tid, value: np.ndarray, mtype) -> None:
+    attribute = h5py.h5a.create(dsid, name.encode(), tid, h5py.h5s.create(h5py.h5s.SCALAR))
+    attribute.write(value, mtype=mtype)
+
+
+def _odd_type(bits: int, *, offset: int = 0):
+    """A little-endian 32-bit integer type holding ``bits`` bits from bit ``offset``."""
+    tid = h5py.h5t.STD_I32LE.copy()
+    tid.set_precision(bits)
+    tid.set_offset(offset)
+    return tid
+
+
+def _odd_float():
+    """A 32-bit float whose exponent bias is not IEEE's (HDF5 converts it; netCDF-C reads it as a float)."""
+    tid = h5py.h5t.IEEE_F32LE.copy()
+    tid.set_ebias(100)
+    return tid
+
+
+ATTRIBUTES = {  # case: (the attribute, how to add it to dataset x with h5py)
+    "16-bit float scale_factor": ("scale_factor", lambda ds: ds.attrs.create("scale_factor", np.float16(2.0))),
+    "128-bit float scale_factor": ("scale_factor", lambda ds: ds.attrs.create("scale_factor", np.longdouble(2.0))),
+    "16-bit float missing_value": ("missing_value", lambda ds: ds.attrs.create("missing_value", np.float16(5.0))),
+    "enum missing_value": ("missing_value", lambda ds: ds.attrs.create(
+        "missing_value", np.array(5, "i4"), dtype=h5py.enum_dtype({"A": 5, "B": 6}, basetype="i4"))),
+    "compound missing_value": ("missing_value", lambda ds: ds.attrs.create(
+        "missing_value", np.array((5.0, 1), dtype=[("a", "f4"), ("b", "i4")]))),
+    "bit-field missing_value": ("missing_value", lambda ds: _scalar_attribute(
+        ds.id, "missing_value", h5py.h5t.STD_B32LE, np.array(5, "u4"), h5py.h5t.STD_B32LE)),
+    "opaque missing_value": ("missing_value", lambda ds: ds.attrs.create("missing_value",
+                                                                         np.void(b"\x05\x00\x00\x00"))),
+    # held: types netCDF-C reads (HDF5 converting them), as the direct reader does
+    "big-endian double missing_value": ("missing_value", lambda ds: ds.attrs.create(
+        "missing_value", np.array([5.0], ">f8"))),
+    "12-bit integer missing_value": ("missing_value", lambda ds: _scalar_attribute(
+        ds.id, "missing_value", _odd_type(12), np.array(5, "i4"), h5py.h5t.NATIVE_INT32)),
+    "12-bit integer at bit 4 missing_value": ("missing_value", lambda ds: _scalar_attribute(
+        ds.id, "missing_value", _odd_type(12, offset=4), np.array(5, "i4"), h5py.h5t.NATIVE_INT32)),
+    "non-IEEE float missing_value": ("missing_value", lambda ds: _scalar_attribute(
+        ds.id, "missing_value", _odd_float(), np.array(5, "f4"), h5py.h5t.NATIVE_FLOAT)),
+    "big-endian scale_factor and add_offset": ("scale_factor", lambda ds: (
+        ds.attrs.create("scale_factor", np.array(2.5, ">f8")), ds.attrs.create("add_offset", np.array(1, ">f4")))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTRIBUTES))
+@pytest.mark.parametrize("engine", ["direct", "netcdf4"])
+def test_an_attribute_of_an_odd_hdf5_type_reads_as_netcdf4_shows_it(tmp_path, case, engine):
+    """A fragment variable's ``scale_factor`` or ``missing_value`` of an HDF5 type netCDF does not
+    know (16- and 128-bit floats, enum, compound, bit-field, opaque) or one HDF5 converts (big-endian,
+    12-bit integers, a non-IEEE float): the values and mask netCDF4-python reads from the fragment.
+    Before, the direct reader applied a 16- or 128-bit ``scale_factor`` that netCDF4 does not show
+    (every value doubled), and refused the others as "KeyError: 'missing_value'" (netCDF4 reads them)."""
+    _, add = ATTRIBUTES[case]
+    fragment = tmp_path / "f.nc"
+    with netCDF4.Dataset(fragment, "w") as nc:
+        nc.createDimension("n", SMALL.size)
+        nc.createVariable("x", "f4", ("n",), zlib=True)[...] = SMALL
+    with h5py.File(fragment, "r+") as h5:
+        add(h5["x"])
+    aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[SMALL.size]], [["f.nc"]], dtype="f8")
+    with netCDF4.Dataset(fragment) as nc:
+        truth = np.ma.asarray(nc["x"][...]).astype("f8")
+    with dask.config.set({"daskcfa.io.engine": engine}):
+        got = np.ma.asarray(daskcfa.from_cfa(str(aggregation), "x").compute(scheduler="sync"))
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(truth))
+    np.testing.assert_array_equal(np.ma.filled(got, -1.0), np.ma.filled(truth, -1.0))
+
+
+# ---------------------------------------------------------------------------
+# plain arrays when nothing is masked (fragments/canonical.py)
+# ---------------------------------------------------------------------------
+MASKING = {  # name: (stored dtype, stored values, attributes, _FillValue)
+    "NaN _FillValue": ("f4", SMALL, {}, np.float32("nan")),
+    "-0.0 _FillValue": ("f4", SMALL, {}, np.float32(-0.0)),
+    "0.0 _FillValue": ("f4", SMALL, {}, np.float32(0.0)),
+    "missing_value array": ("f4", SMALL, {"missing_value": np.array([1, 6], "f4")}, None),
+    "NaN missing_value": ("f4", SMALL, {"missing_value": np.float32("nan")}, None),
+    "valid_min above valid_max": ("f4", SMALL, {"valid_min": np.float32(6), "valid_max": np.float32(2)}, None),
+    "valid_range reversed": ("f4", SMALL, {"valid_range": np.array([6, 2], "f4")}, None),
+    "valid_range with NaN": ("f4", SMALL, {"valid_range": np.array([np.nan, 5], "f4")}, None),
+    "packed onto the fill": ("i2", np.array([0, 1, 2, -1, 4, 5, 6, 7]), {
+        "scale_factor": np.float32(0.5), "add_offset": np.float32(1.0), "missing_value": np.int16(-1)}, np.int16(5)),
+    "_Unsigned with valid_max": ("i1", np.array([-1, -2, 0, 1, 2, 3, -128, 127]), {
+        "_Unsigned": "true", "valid_max": np.int8(-3)}, np.int8(-2)),
+    "int64 missing_value past 2**53": ("i8", np.array([2**62, 1, 2, 3, 4, 5, 6, 2**53 + 1]), {
+        "missing_value": np.int64(2**53 + 1)}, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASKING))
+@pytest.mark.parametrize("index", [slice(None), 3, 4, slice(2, 6, 3)])
+def test_what_netcdf4_masks_is_masked_whether_or_not_the_read_is_plain(tmp_path, case, index):
+    """Fill values NaN, -0.0 and 0.0, ``missing_value`` arrays and NaN, ``valid_min`` above
+    ``valid_max``, a reversed or NaN ``valid_range``, packed values landing on the fill, ``_Unsigned``,
+    int64 beyond float precision: every point netCDF4-python masks is masked, every other value equal,
+    for whole and partial reads by both engines. (Held.)"""
+    dtype, values, attrs, fill = MASKING[case]
+    fragment = tmp_path / "f.nc"
+    with netCDF4.Dataset(fragment, "w") as nc:
+        nc.createDimension("n", len(values))
+        var = nc.createVariable("x", dtype, ("n",), zlib=True, fill_value=fill)
+        var.set_auto_maskandscale(False)
+        var.setncatts(attrs)
+        var[...] = np.asarray(values).astype(dtype)
+    target = "f8" if "scale_factor" in attrs or dtype == "f4" else "i8"
+    aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[len(values)]], [["f.nc"]], dtype=target)
+    with netCDF4.Dataset(fragment) as nc:
+        truth = np.ma.asarray(nc["x"][index])
+    for engine in ("direct", "netcdf4"):
+        with dask.config.set({"daskcfa.io.engine": engine}):
+            got = daskcfa.from_cfa(str(aggregation), "x")[index].compute(scheduler="sync")
+        np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(truth), err_msg=engine)
+        np.testing.assert_array_equal(np.ma.getdata(got)[~np.ma.getmaskarray(got)],
+                                      np.ma.getdata(truth)[~np.ma.getmaskarray(truth)].astype(target), err_msg=engine)
