@@ -269,3 +269,31 @@ def test_what_netcdf4_masks_is_masked_whether_or_not_the_read_is_plain(tmp_path,
         np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(truth), err_msg=engine)
         np.testing.assert_array_equal(np.ma.getdata(got)[~np.ma.getmaskarray(got)],
                                       np.ma.getdata(truth)[~np.ma.getmaskarray(truth)].astype(target), err_msg=engine)
+
+
+# ---------------------------------------------------------------------------
+# URIs written for others to read
+# ---------------------------------------------------------------------------
+def test_a_login_in_relocate_s_new_prefix_is_not_written(tmp_path, make_http_server):
+    """``relocate(agg, {old: "http://reader:<pw>@host/"})``: the fragments are read with the login
+    given to the reader, and neither the relocated file nor its version copy holds it (before: the
+    password in clear in both; ``aggregate`` and ``rebuild`` already store URIs without a login)."""
+    import base64
+
+    password = f"moved-pw-{secrets.token_urlsafe(12)}"
+    (tmp_path / "www").mkdir()
+    for k in range(2):
+        with netCDF4.Dataset(tmp_path / "www" / f"f{k}.nc", "w") as nc:
+            nc.createDimension("n", 4)
+            nc.createVariable("x", "f4", ("n",))[:] = np.arange(4 * k, 4 * k + 4)
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    aggregation = write_cf113(tmp_path / "out" / "agg.nc", "x", ("n",), [[4, 4]],
+                              [[str(tmp_path / "www" / "f0.nc"), str(tmp_path / "www" / "f1.nc")]])
+    new = server.url_for("").replace("://", f"://reader:{password}@", 1)
+    moved = daskcfa.relocate(str(aggregation), {str(tmp_path / "www"): new}, target=str(tmp_path / "out" / "m.nc"))
+    written = {path: path.read_bytes() for path in (tmp_path / "out").rglob("*") if path.is_file()}
+    assert len(written) >= 3  # (the file, its version record and copy)
+    assert not [path for path, data in written.items() if password.encode() in data or b"reader:" in data]
+    login = {"headers": {"Authorization": "Basic " + base64.b64encode(f"reader:{password}".encode()).decode()}}
+    got = daskcfa.from_cfa(moved, "x", storage_options={server.url_for(""): login})
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), np.arange(8))
