@@ -297,3 +297,107 @@ def test_a_login_in_relocate_s_new_prefix_is_not_written(tmp_path, make_http_ser
     login = {"headers": {"Authorization": "Basic " + base64.b64encode(f"reader:{password}".encode()).decode()}}
     got = daskcfa.from_cfa(moved, "x", storage_options={server.url_for(""): login})
     np.testing.assert_array_equal(got.compute(scheduler="sync"), np.arange(8))
+
+
+def _chain(exc: BaseException) -> str:
+    """The text of an exception and of every exception it chains to (what a traceback prints)."""
+    texts = []
+    while exc is not None:
+        texts.append(f"{type(exc).__name__}: {exc} {exc.args!r}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("where", ["the aggregation URL", "a fragment URI"])
+@pytest.mark.parametrize("mark", ["/", "?", "#"])
+def test_a_password_holding_a_slash_not_encoded_reaches_no_error_nor_log(tmp_path, make_http_server, caplog,
+                                                                        where, mark):
+    """``http://reader:pw<mark>rest@host/f.nc`` (a password holding ``/``, ``?`` or ``#`` typed as it is):
+    URL parsers end the authority there, so no login is taken out and no redaction finds the password.
+    Now a daskcfa error saying so, without the URL: ``ArgumentError`` (the aggregation URL) or a
+    ``CFAFormatError`` naming the aggregation file and variable (a fragment URI). Before: the aggregation
+    URL gave a bare ``ValueError`` whose chained error quoted the password, and fsspec's DEBUG record
+    held the URL; a fragment URI gave a ``FragmentReadError`` naming it, password included."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    password = f"{secrets.token_hex(8)}{mark}{secrets.token_hex(8)}"
+    (tmp_path / "www").mkdir()
+    with netCDF4.Dataset(tmp_path / "www" / "f.nc", "w") as nc:
+        nc.createDimension("n", 4)
+        nc.createVariable("x", "f4", ("n",))[:] = np.arange(4)
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    fragment = server.url_for("f.nc").replace("://", f"://reader:{password}@", 1)
+    if where == "a fragment URI":
+        aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [[fragment]])
+        with pytest.raises(daskcfa.CFAFormatError) as refused:
+            daskcfa.from_cfa(str(aggregation), "x").compute(scheduler="sync")
+        assert refused.value.file == str(aggregation) and refused.value.variable == "/x"
+    else:
+        aggregation = write_cf113(tmp_path / "www" / "agg.nc", "x", ("n",), [[4]], [["f.nc"]])
+        url = server.url_for("agg.nc").replace("://", f"://reader:{password}@", 1)
+        with pytest.raises(daskcfa.ArgumentError) as refused:
+            daskcfa.open_cfa(url)
+    assert "percent-encoded" in str(refused.value)
+    texts = [_chain(refused.value)] + [record.getMessage() for record in caplog.records]
+    assert not [text for text in texts for part in password.split(mark) if part in text]
+
+
+# ---------------------------------------------------------------------------
+# reference sets read through read_json (storage/objects.py)
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def lying_http_server():
+    """An HTTP server on 127.0.0.1 whose HEAD of any path says 12 bytes and whose GET sends
+    30 MiB of ``[[],...]``: its base URL."""
+    import http.server
+    import threading
+
+    body = b"[" + b"[]," * (10 << 20) + b"[]]"
+
+    class Lying(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "12")
+            self.end_headers()
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:  # (the reader stopped reading: what is wanted)
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Lying)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_json_reference_set_over_http_is_bounded_at_its_get_too(lying_http_server):
+    """A JSON reference set over HTTP whose HEAD says 12 bytes and whose GET sends 30 MiB, under
+    ``max-memory=64MiB``: a FragmentReadError naming the set and the setting, little memory traced.
+    Before: session 12 bounded the S3 GET only; fsspec's HTTP ``cat_file`` read the body whole and it
+    was parsed (710 MiB traced at the peak, then "not a JSON object")."""
+    import tracemalloc
+
+    from daskcfa.fragments.reference_sets import open_reference_set
+
+    uri = f"{lying_http_server}/refs.json"
+    tracemalloc.start()
+    try:
+        with dask.config.set({"daskcfa.limits.max-memory": "64MiB", "daskcfa.storage.retries": 0}):
+            with pytest.raises(daskcfa.FragmentReadError) as refused:
+                open_reference_set(uri)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.file == uri and "max-memory" in str(refused.value), refused.value
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB traced at the peak"
