@@ -274,6 +274,15 @@ def test_what_netcdf4_masks_is_masked_whether_or_not_the_read_is_plain(tmp_path,
 # ---------------------------------------------------------------------------
 # URIs written for others to read
 # ---------------------------------------------------------------------------
+def _small_fragments(directory: Path, count: int) -> None:
+    """``f0.nc``, ``f1.nc``... in ``directory``, each ``x(n=4)``: 0-3, 4-7..."""
+    directory.mkdir()
+    for k in range(count):
+        with netCDF4.Dataset(directory / f"f{k}.nc", "w") as nc:
+            nc.createDimension("n", 4)
+            nc.createVariable("x", "f4", ("n",))[:] = np.arange(4 * k, 4 * k + 4)
+
+
 def test_a_login_in_relocate_s_new_prefix_is_not_written(tmp_path, make_http_server):
     """``relocate(agg, {old: "http://reader:<pw>@host/"})``: the fragments are read with the login
     given to the reader, and neither the relocated file nor its version copy holds it (before: the
@@ -281,11 +290,7 @@ def test_a_login_in_relocate_s_new_prefix_is_not_written(tmp_path, make_http_ser
     import base64
 
     password = f"moved-pw-{secrets.token_urlsafe(12)}"
-    (tmp_path / "www").mkdir()
-    for k in range(2):
-        with netCDF4.Dataset(tmp_path / "www" / f"f{k}.nc", "w") as nc:
-            nc.createDimension("n", 4)
-            nc.createVariable("x", "f4", ("n",))[:] = np.arange(4 * k, 4 * k + 4)
+    _small_fragments(tmp_path / "www", 2)
     server = make_http_server(tmp_path / "www", username="reader", password=password)
     aggregation = write_cf113(tmp_path / "out" / "agg.nc", "x", ("n",), [[4, 4]],
                               [[str(tmp_path / "www" / "f0.nc"), str(tmp_path / "www" / "f1.nc")]])
@@ -322,19 +327,16 @@ def test_a_password_holding_a_slash_not_encoded_reaches_no_error_nor_log(tmp_pat
 
     caplog.set_level(logging.DEBUG)
     password = f"{secrets.token_hex(8)}{mark}{secrets.token_hex(8)}"
-    (tmp_path / "www").mkdir()
-    with netCDF4.Dataset(tmp_path / "www" / "f.nc", "w") as nc:
-        nc.createDimension("n", 4)
-        nc.createVariable("x", "f4", ("n",))[:] = np.arange(4)
+    _small_fragments(tmp_path / "www", 1)
     server = make_http_server(tmp_path / "www", username="reader", password=password)
-    fragment = server.url_for("f.nc").replace("://", f"://reader:{password}@", 1)
+    fragment = server.url_for("f0.nc").replace("://", f"://reader:{password}@", 1)
     if where == "a fragment URI":
         aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [[fragment]])
         with pytest.raises(daskcfa.CFAFormatError) as refused:
             daskcfa.from_cfa(str(aggregation), "x").compute(scheduler="sync")
         assert refused.value.file == str(aggregation) and refused.value.variable == "/x"
     else:
-        aggregation = write_cf113(tmp_path / "www" / "agg.nc", "x", ("n",), [[4]], [["f.nc"]])
+        aggregation = write_cf113(tmp_path / "www" / "agg.nc", "x", ("n",), [[4]], [["f0.nc"]])
         url = server.url_for("agg.nc").replace("://", f"://reader:{password}@", 1)
         with pytest.raises(daskcfa.ArgumentError) as refused:
             daskcfa.open_cfa(url)
