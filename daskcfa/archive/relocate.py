@@ -69,6 +69,7 @@ from ..storage import fixity
 from ..storage.access import Access, open_aggregation
 from ..storage.fixity import Fixity
 from ..storage.policy import LocationPolicy
+from ..storage.profiles import take_login
 from ..storage.uri import check_uri_style
 from .aggregate import reference
 
@@ -196,11 +197,12 @@ def _bare(prefix: str) -> str:
 
 
 def _new_prefix(prefix: str) -> str:
-    """The replacement prefix as it will be written: local ones made absolute, in the form given."""
+    """The replacement prefix as it will be written: local ones made absolute, in the form given;
+    without a login (a file is shared: whoever reads it gives the login again, as for ``aggregate``)."""
     if storage.is_local(prefix):
         path = _bare(storage.normalise(prefix))
         return pathlib.Path(path).as_uri() if prefix.startswith("file:") else path
-    return _bare(prefix)
+    return _bare(take_login(prefix)[0])
 
 
 @contextmanager

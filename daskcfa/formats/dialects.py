@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import netCDF4
 import numpy as np
 
-from ..errors import CFAError, CFAFormatError
+from ..errors import ArgumentError, CFAError, CFAFormatError
 from ..model import AggregatedVariable
 from . import netcdf as nc
 from . import cf
@@ -71,7 +71,10 @@ def _without_logins(parsed: AggregatedVariable) -> AggregatedVariable:
     origin, the last fragment's in the file's order is sent (one per origin, the same in every run)."""
     uris = parsed.fragments.uris
     with_login = {u for u in parsed.fragments.locations() if "@" in u}
-    taken = {u: take_login(u) for u in with_login}
+    try:
+        taken = {u: take_login(u) for u in with_login}
+    except ArgumentError as exc:  # (the file's own URI: the file is malformed)
+        raise CFAFormatError(f"a fragment URI: {exc.reason}", file=parsed.source, variable=parsed.name) from None
     logins = {origin: options for u in (uris.ravel() if taken else ()) if u in taken
               for origin, options in taken[u][1].items()}
     if not logins:

@@ -122,7 +122,8 @@ def _fallback_attrs(fallback: Callable[[], Any], name: str) -> Mapping[str, Any]
 
 
 class _Attributes(Mapping[str, Any]):
-    """The direct reader's (lazily read) attributes, falling back to netCDF4 for a value it cannot read."""
+    """The direct reader's (lazily read) attributes, falling back to netCDF4 for a value it cannot read:
+    an attribute netCDF4 does not show either (of a type netCDF-C does not know) is absent."""
 
     def __init__(self, direct: Mapping[str, Any], fallback: Callable[[], Mapping[str, Any]]) -> None:
         self._direct = direct
@@ -139,11 +140,17 @@ class _Attributes(Mapping[str, Any]):
             raise
 
     def __contains__(self, name: object) -> bool:
-        return name in self._direct
+        if name not in self._direct:
+            return False
+        try:  # (decoding reads what it finds here: the value is remembered)
+            self[name]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
 
     def get(self, name: str, default: Any = None) -> Any:
         # (decoding asks for attributes most fragments lack: no exception raised for each)
-        return self[name] if name in self._direct else default
+        return self[name] if name in self else default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._direct)

@@ -177,7 +177,8 @@ class HDF5File:
             raise KeyError(name)
         where = f"variable {group + base!r} of {self.path!r}"
         local = self._read_ranges is None
-        return HDF5Variable(dsid, base, self._pread_ranges if local else self._read_ranges, where, names, local=local)
+        return HDF5Variable(dsid, base, self._pread_ranges if local else self._read_ranges, where, names,
+                            end=self._size if local else None)
 
     def close(self) -> None:
         # Dropping the one reference to the file's identifier closes the file and (strong close
@@ -191,6 +192,13 @@ class HDF5File:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @functools.cached_property
+    def _size(self) -> int:
+        """The local file's size (asked for once)."""
+        if self._fd is None:
+            raise ValueError(f"{self.path!r} is closed")
+        return os.fstat(self._fd).st_size
 
     def _pread_ranges(self, ranges: list[tuple[int, int]]) -> list[Buffer]:
         if self._fd is None:
@@ -229,6 +237,9 @@ class StoredVariable:
     #: whether a byte range costs no round trip (a local file), so that a chunk inflated in part
     #: is fetched in two steps (its head, then the rest if needed) rather than whole
     _local = False
+    #: the size of the local file holding the chunks: a chunk whose head alone is fetched must
+    #: still lie within it, as a whole fetch checks (None: not known)
+    _end: int | None = None
 
     def __init__(self, stored: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...] | None, offset: int | None,
                  pipeline: list[tuple[int, int]], fill: Any, read_ranges: ReadRanges, where: str) -> None:
@@ -374,6 +385,9 @@ class StoredVariable:
         being inflated (None: all of them)."""
         if needed is None or not self._local:
             return info.size
+        if self._end is not None and info.byte_offset + info.size > self._end:
+            raise OSError(f"chunk at {info.chunk_offset} runs past the end of the file, at byte {self._end} "
+                          f"(truncated file?) ({self._where})")
         return min(info.size, info.size * needed // self._chunk_nbytes + int(info.size * _HEAD_SLACK) + _HEAD_MARGIN)
 
     def _selected(self, raw: Buffer, info: StoreInfo, inner: tuple[slice, ...], needed: int | None,
@@ -418,11 +432,11 @@ class HDF5Variable(StoredVariable):
     attrs: dict[str, Any]
 
     def __init__(self, dsid: h5py.h5d.DatasetID, name: str, read_ranges: ReadRanges, where: str,
-                 names: frozenset[str], *, local: bool = False) -> None:
-        # ``names``: the dataset's attribute names (:func:`.hdf5_netcdf.attribute_names`); ``local``:
-        # ``read_ranges`` reads a local file
+                 names: frozenset[str], *, end: int | None = None) -> None:
+        # ``names``: the dataset's attribute names (:func:`.hdf5_netcdf.attribute_names`); ``end``:
+        # the size of the local file ``read_ranges`` reads (None: not a local file)
         self.name = name
-        self._local = local
+        self._local, self._end = end is not None, end
         self._dsid = dsid
         stored = check_dtype(dsid, where)
         dcpl = dsid.get_create_plist()
@@ -569,9 +583,9 @@ def _chunk_spans(start: int, step: int, count: int, size: int) -> list[tuple[int
 def _batches(items: list[_ChunkRead]) -> list[list[_ChunkRead]]:
     """Split chunk reads into groups of at most ``_BATCH_BYTES`` stored bytes (at least one each)."""
     batches: list[list[_ChunkRead]] = []
-    size = _BATCH_BYTES
+    size = 0
     for item in items:
-        if size + item[0].size > _BATCH_BYTES:
+        if not batches or size + item[0].size > _BATCH_BYTES:
             batches.append([])
             size = 0
         batches[-1].append(item)

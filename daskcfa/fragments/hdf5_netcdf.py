@@ -235,6 +235,9 @@ def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
         return _text(raw.tobytes())
     if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
         plain = _plain(tid)
+        if plain is None and isinstance(tid, h5py.h5t.TypeFloatID) and tid.get_size() not in (4, 8):
+            # (16- and 128-bit floats: netCDF-C has no such type and shows no such attribute)
+            raise DirectReadUnsupported(f"attribute {name!r} is a {8 * tid.get_size()}-bit float ({where})")
         native = (tid.dtype if plain is None else plain[0]).newbyteorder("=")
         if space.shape is None:  # an HDF5 null dataspace
             return np.empty(0, native)

@@ -299,12 +299,15 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
     is about how large the object is expected to be: a large S3 object is
     received in this thread, into one buffer (:mod:`.direct`). An S3 object
-    longer than ``max_bytes`` is refused before its body is read.
+    longer than ``max_bytes`` is refused before its body is read; an HTTP one, once
+    that many bytes of it are read (:class:`BudgetError`).
     ``policy``: see :func:`filesystem`."""
     if is_local(uri):
         with open_local(uri) as f, translated(uri):
             return Blocks([f.read()])
     fs, path = filesystem(uri, profile, policy=policy)
+    if max_bytes is not None and scheme_of(uri) in ("http", "https"):
+        return Blocks([with_retries(uri, _http_get_bounded, fs, path, uri, known_size, max_bytes)])
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
@@ -315,6 +318,19 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     part = part_size()
     starts = list(range(0, known_size, part))
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
+
+
+def _http_get_bounded(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int) -> bytes:
+    """One GET of an HTTP object, its body read no further than ``max_bytes`` and one byte (fsspec's
+    ``cat_file`` reads a body whole, whatever its length: the server's HEAD may have said less)."""
+    parts, got = [], 0
+    with fs.open(path, "rb", block_size=0, size=known_size) as stream:  # (0: streamed, no HEAD first)
+        while got <= max_bytes and (part := stream.read(max_bytes + 1 - got)):
+            parts.append(part)
+            got += len(part)
+    if got > max_bytes:
+        raise BudgetError(f"the object is longer than the {max_bytes:,} bytes read of it", file=uri)
+    return b"".join(parts)
 
 
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,

@@ -39,12 +39,12 @@ import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import dask.config
 
 from ..arguments import check_storage_options
-from ..errors import StorageError
+from ..errors import ArgumentError, StorageError
 from . import redaction
 from .s3nc import s3nc_config
 from .uri import scheme_of
@@ -114,15 +114,32 @@ def split_url_credentials(url: str, storage_options: Mapping[str, Any] | None) -
 
 def take_login(url: str) -> tuple[str, dict[str, Any]]:
     """An HTTP(S) URL without its ``user:pw@``, and the options sending that login to its
-    origin (scheme, host, port) only: ``{"https://host/": {"headers": ...}}`` (empty: none)."""
+    origin (scheme, host, port) only: ``{"https://host/": {"headers": ...}}`` (empty: none).
+
+    :class:`ArgumentError`, not showing the URL, when its authority holds no valid port but an ``@`` follows
+    (a password holding ``/``, ``?`` or ``#`` not percent-encoded): no reader can use such a URL, and
+    neither redaction nor a URL parser can tell where its password ends."""
     parts = urlsplit(url)
-    if parts.scheme.lower() not in ("http", "https") or "@" not in parts.netloc:
+    if parts.scheme.lower() not in ("http", "https"):
+        return url, {}
+    if "@" not in parts.netloc:
+        if "@" in url and not _has_valid_port(parts):
+            raise ArgumentError("an HTTP URL whose login holds '/', '?' or '#' not percent-encoded "
+                             "(%2F, %3F, %23): the URL is not shown, it holds a password")
         return url, {}
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     login = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
     origin = f"{parts.scheme.lower()}://{host.lower()}/"
     return urlunsplit(parts._replace(netloc=host)), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
+
+
+def _has_valid_port(parts: SplitResult) -> bool:
+    try:
+        parts.port
+    except ValueError:
+        return False
+    return True
 
 
 def with_profile(ref: ProfileRef, extra: ProfileRef) -> ProfileRef:
