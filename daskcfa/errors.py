@@ -40,10 +40,12 @@ __all__ = [
 
 #: a URI's ``user:password@``, up to the authority's last ``@`` (a password may hold one, as URL parsers take it)
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
-#: a query parameter whose name ends in a word that holds secrets (``X-Amz-Signature``, ``AWSAccessKeyId``,
-#: ``sig``, ``access_token``, ``api_key``, ``client_secret``...): its value is redacted
+#: a query (or fragment) parameter whose name ends in a word that holds secrets (``X-Amz-Signature``,
+#: ``AWSAccessKeyId``, ``sig``, ``access_token``, ``api_key``, ``client_secret``, ``auth``, an OAuth ``code``,
+#: a ``session``...), its name percent-encoded or not, after ``?``, ``&``, ``;`` or ``#``: its value is redacted
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&][\w.-]*?(?:signature|credential|token|secret|password|passwd|sig|key|keyid|accessid)=)[^&\s]*"
+    r"(?i)([?&;#][\w.%-]*?(?:signature|credential|token|secret|password|passwd|pwd|sig|key|keyid|accessid|auth"
+    r"|authorization|code|session|jwt)=)[^&;#\s]*"
 )
 
 

@@ -25,3 +25,22 @@ def test_signed_urls_lose_their_key_ids_and_signatures(form):
     assert secrets <= uri_secrets(url)
     message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
     assert not any(secret in message for secret in secrets), message
+
+
+@pytest.mark.parametrize("url, secret", [
+    ("https://h/a.nc?auth=c2VjcmV0X2F1dGg", "c2VjcmV0X2F1dGg"),
+    ("https://h/a.nc?x=1&Authorization=Bearer%20abcdef123456", "Bearer%20abcdef123456"),
+    ("https://h/cb?code=4%2F0AbCdEfGh&state=x", "4%2F0AbCdEfGh"),
+    ("https://h/a.nc?session=S3SSIONID0123", "S3SSIONID0123"),
+    ("https://h/a.nc?X%2DAmz%2DSignature=abcdef0123456789", "abcdef0123456789"),
+    ("https://h/a.nc;token=tok0123456789", "tok0123456789"),
+    ("https://h/a.nc#access_token=frag0123456789&type=bearer", "frag0123456789"),
+    ("https://h/a.nc?a=1;sig=semi0123456789", "semi0123456789"),
+])
+def test_secret_parameters_in_other_spellings_and_places_are_redacted(url, secret):
+    """Found by attack14: ``auth``/``code``/``session`` parameters, percent-encoded names, and
+    parameters after ``;`` or in the fragment kept their values."""
+    assert secret not in redact(url), redact(url)
+    assert secret in uri_secrets(url)
+    message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
+    assert secret not in message, message
