@@ -175,8 +175,10 @@ def _joined(arrays: Any, axis: int = 0) -> np.ma.MaskedArray:
 
 
 def _plain_lone(chunk: Any) -> bool:
-    """Whether ``chunk`` is a :class:`MaskedChunk` of numbers masking nothing (:func:`_lone_joined` joins it)."""
-    return type(chunk) is MaskedChunk and chunk._mask is np.ma.nomask and chunk.dtype.kind in "biuf"
+    """Whether ``chunk`` is a :class:`MaskedChunk` of numbers masking nothing, with a scalar fill value or
+    none (:func:`_lone_joined` joins it; dask refuses to join an array of fill values)."""
+    return (type(chunk) is MaskedChunk and chunk._mask is np.ma.nomask and chunk.dtype.kind in "biuf"
+            and np.ndim(chunk._fill_value) == 0)
 
 
 def _lone_joined(chunk: MaskedChunk, axis: int) -> np.ma.MaskedArray:

@@ -429,3 +429,7 @@ def test_a_lone_chunk_masking_nothing_is_joined_without_numpy_mas_join(monkeypat
     join([values, values], axis=0)
     join([np.ma.MaskedArray(np.array([b"a", b"b"])).view(MaskedChunk)], axis=0)
     assert len(calls) == 3
+    several = np.ma.MaskedArray(np.arange(3.0)).view(MaskedChunk)
+    several._fill_value = np.array([1.0, 2.0, 3.0])  # (an array of fill values: dask refuses to join it)
+    with pytest.raises(ValueError, match="non-scalar"):
+        join([several], axis=0)
