@@ -169,7 +169,25 @@ def plain_masked(values: Any) -> Any:
 def _joined(arrays: Any, axis: int = 0) -> np.ma.MaskedArray:
     """Chunks joined as dask joins masked arrays, as numpy's own masked array (a computed result;
     chunks joined inside a graph, by a rechunk, then reduce at numpy.ma's pace)."""
+    if isinstance(arrays, (list, tuple)) and len(arrays) == 1 and _plain_lone(arrays[0]):
+        return _lone_joined(arrays[0], axis)
     return plain_masked(concatenate_lookup.dispatch(np.ma.MaskedArray)(arrays, axis=axis))
+
+
+def _plain_lone(chunk: Any) -> bool:
+    """Whether ``chunk`` is a :class:`MaskedChunk` of numbers masking nothing, with a scalar fill value or
+    none (:func:`_lone_joined` joins it; dask refuses to join an array of fill values)."""
+    return (type(chunk) is MaskedChunk and chunk._mask is np.ma.nomask and chunk.dtype.kind in "biuf"
+            and np.ndim(chunk._fill_value) == 0)
+
+
+def _lone_joined(chunk: MaskedChunk, axis: int) -> np.ma.MaskedArray:
+    """What dask's join of masked arrays gives for one chunk of numbers masking nothing (a copy of its
+    values, no mask, the chunk's fill value, as numpy's masked array), without numpy.ma's generic join
+    and the sort dask's join makes of the fill values: every chunk's partial sum of a mean is joined so."""
+    joined = np.concatenate([chunk._data], axis=axis).view(np.ma.MaskedArray)
+    joined.fill_value = chunk.fill_value  # (read as dask's join reads it: the chunk keeps the default it is given)
+    return joined
 
 
 @numel_lookup.register(MaskedChunk)

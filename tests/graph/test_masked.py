@@ -376,3 +376,60 @@ def test_filled_with_the_default_fill_value_keeps_numpy_mas_type_and_values(tmp_
     expected = np.ma.filled(np.ma.masked_greater(other[:4], 12) + first)
     assert got.dtype == expected.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got[:4], expected)
+
+
+def _lone_chunks(dtype: str) -> list[MaskedChunk]:
+    """Chunks of numbers masking nothing, as reads and partial sums give them: default and set fill
+    values, C- and F-ordered, a view with strides; each made afresh (reading ``fill_value`` sets it)."""
+    values = np.arange(24).reshape(2, 3, 4).astype(dtype)
+    set_fill = np.ma.MaskedArray(values.copy(), fill_value=True if dtype == "?" else 7).view(MaskedChunk)
+    return [np.ma.MaskedArray(values.copy()).view(MaskedChunk), set_fill,
+            np.ma.MaskedArray(np.asfortranarray(values)).view(MaskedChunk),
+            np.ma.MaskedArray(values.copy()).view(MaskedChunk)[:, ::2, 1:]]
+
+
+@pytest.mark.parametrize("dtype", ["?", "i1", "u2", "i4", "i8", "f4", "f8"])
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_a_lone_chunk_masking_nothing_is_joined_as_dask_joins_numpys_masked_arrays(dtype, axis):
+    """Each partial sum of a mean is one chunk joined alone (``_concatenate2``): joined without numpy.ma's
+    generic join, it is still exactly dask's join of masked arrays, as numpy's own masked array: a copy of
+    the values, no mask, the chunk's fill value (numpy.ma's default where it has none), every attribute."""
+    from dask.array.dispatch import concatenate_lookup
+
+    dask_join = concatenate_lookup.dispatch(np.ma.MaskedArray)
+    for case, (chunk, twin) in enumerate(zip(_lone_chunks(dtype), _lone_chunks(dtype))):
+        got = concatenate_lookup.dispatch(MaskedChunk)([chunk], axis=axis)
+        want = dask_join([twin], axis=axis).view(np.ma.MaskedArray)
+        assert type(got) is np.ma.MaskedArray and got.mask is np.ma.nomask, case
+        assert got.dtype == want.dtype and got.shape == want.shape and got.strides == want.strides, case
+        assert got.tobytes() == want.tobytes() and not np.shares_memory(got.data, chunk.data), case
+        assert got.fill_value == want.fill_value and got._fill_value.dtype == want._fill_value.dtype, case
+        assert got.__dict__.keys() == want.__dict__.keys(), case
+        for name in got.__dict__:
+            if name not in ("_fill_value", "_mask"):
+                assert got.__dict__[name] == want.__dict__[name], (case, name)
+        assert chunk.fill_value == twin.fill_value, case  # (the join read it: it is set on the chunk, as by dask)
+
+
+def test_a_lone_chunk_masking_nothing_is_joined_without_numpy_mas_join(monkeypatch):
+    """Only a lone chunk of numbers masking nothing skips numpy.ma's join; a masked one, several, or
+    characters still take it (and give what they gave)."""
+    from dask.array.dispatch import concatenate_lookup
+
+    join = concatenate_lookup.dispatch(MaskedChunk)
+    generic = np.ma.concatenate
+    calls = []
+    monkeypatch.setattr(np.ma, "concatenate", lambda *a, **k: calls.append(1) or generic(*a, **k))
+    values = np.ma.MaskedArray(np.arange(6.0).reshape(2, 3)).view(MaskedChunk)
+    join([values], axis=1)
+    assert calls == []
+    masked = np.ma.MaskedArray(np.arange(6.0).reshape(2, 3), mask=[[0, 1, 0], [0, 0, 0]]).view(MaskedChunk)
+    joined = join([masked], axis=0)
+    assert type(joined) is np.ma.MaskedArray and joined.mask.tolist() == masked.mask.tolist() and len(calls) == 1
+    join([values, values], axis=0)
+    join([np.ma.MaskedArray(np.array([b"a", b"b"])).view(MaskedChunk)], axis=0)
+    assert len(calls) == 3
+    several = np.ma.MaskedArray(np.arange(3.0)).view(MaskedChunk)
+    several._fill_value = np.array([1.0, 2.0, 3.0])  # (an array of fill values: dask refuses to join it)
+    with pytest.raises(ValueError, match="non-scalar"):
+        join([several], axis=0)
