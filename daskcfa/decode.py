@@ -262,14 +262,6 @@ def _tested(raw: np.ndarray, tests: list[tuple[Any, Any]]) -> np.ndarray:
     return mask
 
 
-def _within(equal: tuple, low: Any, high: Any) -> tuple:
-    """The values of ``equal`` not below ``low`` nor above ``high``: a stored value equal to one
-    beyond them is masked by the valid range's test already (the same mask, one comparison fewer
-    a value: a ``missing_value`` or default fill outside ``valid_range``, as data masked as users
-    have it holds them). Numbers only; NaN is kept (it compares with nothing)."""
-    return tuple(v for v in equal if not ((low is not None and v < low) or (high is not None and v > high)))
-
-
 def _beyond(value: Any, smallest: Any, largest: Any) -> bool:
     """Whether ``value`` lies outside the known extremes (a NaN value: none is NaN, the extremes being numbers)."""
     if np.isnan(value):

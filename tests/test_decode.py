@@ -118,23 +118,6 @@ def test_decode_of_arrays_larger_than_the_scan_blocks_matches_netcdf4(tmp_path, 
             _check_against_netcdf4(tmp_path, dtype, values, attrs, True)
 
 
-@pytest.mark.parametrize("dtype", ["i2", "u2", "i4", "f4", "f8"])
-@pytest.mark.parametrize("missing", [-99, 5, 6, 70, 71, 1000])
-def test_missing_values_beyond_the_valid_range_mask_as_netcdf4(tmp_path, dtype, missing):
-    """A ``missing_value`` or fill value beyond ``valid_range`` is masked by the range's test alone
-    (its own comparison skipped); one on a bound or within it is still compared: large arrays (the
-    extremes test and the block-wise comparisons), values at, below and above each bound."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "u" and missing < 0:
-        pytest.skip("no negative unsigned value")
-    data = (np.arange(300_000) % 80).astype(dtype)
-    data[::997] = dtype.type(missing)
-    for attrs in ({"missing_value": dtype.type(missing), "valid_range": np.array([6, 70], dtype)},
-                  {"_FillValue": dtype.type(missing), "valid_min": dtype.type(6)},
-                  {"_FillValue": dtype.type(missing), "missing_value": dtype.type(3), "valid_max": dtype.type(70)}):
-        _check_against_netcdf4(tmp_path, dtype, data, attrs, True)
-
-
 def _check_against_netcdf4(tmp_path, dtype, data, attrs, mask):
     path = tmp_path / "v.nc"
     with netCDF4.Dataset(path, "w") as ds:
