@@ -415,6 +415,7 @@ def _layout(aggregation: AggregatedVariable, access: Access) -> SourceLayout:
     if ref is None or ref.axes is not None:
         return SourceLayout(grid)
     uri = storage.resolve(ref.uris[0], aggregation.source)
+    access = access.with_logins(aggregation.logins)  # (as every reader of the fragments sends them)
     try:
         access.policy.check(uri)
         with open_fragment(uri, ref.variable_names(aggregation.basename), profile=access.profile,

@@ -292,3 +292,30 @@ def test_refragment_writes_the_chunk_index(tmp_path):
     np.testing.assert_array_equal(daskcfa.from_cfa(out, chunk_index=True).compute(), x)
     with pytest.raises(daskcfa.ArgumentError, match="needs compute=True"):
         daskcfa.refragment(src, str(tmp_path / "q.nc"), chunk_index=True, compute=False)
+
+
+def test_fragments_behind_a_login_in_their_uris_are_refragmented(tmp_path, make_http_server):
+    """Fragment URIs holding ``user:pw@`` are read by ``from_cfa`` with that login; ``refragment`` read the
+    first fragment's layout without it (noticed by attack14: HTTP 401 from the server). The new
+    fragments hold the values; no file written holds the password."""
+    import secrets
+
+    from remote_helpers import rewrite_uris
+
+    password = f"rf-pw-{secrets.token_urlsafe(18)}"
+    data = np.arange(4 * 6 * 8, dtype="f4").reshape(4, 6, 8)
+    (tmp_path / "www").mkdir()
+    source = cfa_source(tmp_path / "www" / "src.nc", data, (2, 6, 8))
+    server = make_http_server(tmp_path / "www", username="reader", password=password)
+    with netCDF4.Dataset(source) as nc:
+        uris_variable = next(v for v in nc.variables.values() if v.dtype is str and v.ndim)
+        name = uris_variable.name
+    rewrite_uris(Path(source), name, lambda u: server.url_for(
+        os.path.relpath(os.path.join(os.path.dirname(source), u), tmp_path / "www")).replace(
+        "://", f"://reader:{password}@", 1))
+    np.testing.assert_array_equal(read_back(source, "tas"), data)  # (the login in the URIs is sent)
+    target = str(tmp_path / "out" / "tiles.nc")
+    daskcfa.refragment(source, target, fragment_shape=(4, 3, 4))
+    np.testing.assert_array_equal(read_back(target, "tas"), data)
+    written = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert password.encode() not in written
