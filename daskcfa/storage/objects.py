@@ -33,6 +33,7 @@ from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, Stora
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
+from .lean import get_small, lean_for
 from .identity import local_token, remote_token
 from .local import local_path, local_stat, open_local, pread
 from .policy import LocationPolicy
@@ -308,9 +309,9 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
-        client = _direct_client(fs, known_size or size_hint or 0)
-        if client is not None:
-            return Blocks([with_retries(uri, get_whole, client, fs, path, uri, max_bytes)])
+        blocking = _blocking_get(fs, known_size or size_hint or 0)
+        if blocking is not None:
+            return Blocks([with_retries(uri, blocking, fs, path, uri, max_bytes)])
         return with_retries(uri, fsspec.asyn.sync, fs.loop, _get_whole, fs, path, uri, max_bytes)
     part = part_size()
     starts = list(range(0, known_size, part))
@@ -328,16 +329,16 @@ def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPo
     fs, path = filesystem(uri, profile, policy=policy)
     if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
         return None
-    client = _direct_client(fs, size_hint) if _streams(fs) else None
-    if client is not None:
-        return _fetchers().submit(lambda: Blocks([get_whole(client, fs, path, uri, max_bytes)]))
+    blocking = _blocking_get(fs, size_hint) if _streams(fs) else None
+    if blocking is not None:
+        return _fetchers().submit(lambda: Blocks([blocking(fs, path, uri, max_bytes)]))
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri, max_bytes), fs.loop)
 
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 _READ_BLOCK = 16 << 20
-#: Objects expected to be at least this large are received by a blocking GET (:mod:`.direct`);
-#: smaller ones on fsspec's event loop, where many are in flight at once.
+#: Objects expected to be at least this large are received through the blocking client (:mod:`.direct`);
+#: smaller ones by a lean GET (:mod:`.lean`) where it applies.
 _DIRECT_FROM = 1 << 20
 
 
@@ -348,10 +349,16 @@ def _streams(fs: Any) -> bool:
     return "s3" in protocols and getattr(fs, "loop", None) is not None
 
 
-def _direct_client(fs: Any, expected: int) -> Any | None:
-    """The blocking client (:mod:`.direct`) for an S3 object of about ``expected`` bytes, or None:
-    a small object, or settings only s3fs follows."""
-    return client_for(fs) if expected >= _DIRECT_FROM else None
+def _blocking_get(fs: Any, expected: int) -> Callable[..., bytes] | None:
+    """``(fs, path, uri, max_bytes) -> bytes``: the GET of a whole S3 object of about ``expected`` bytes
+    in the calling thread -- a small one signed and sent without the SDK (:mod:`.lean`), a large one
+    through the blocking client (:mod:`.direct`) -- or None: settings only s3fs follows (a small
+    object is then received on fsspec's event loop, where many are in flight at once)."""
+    if expected < _DIRECT_FROM:
+        lean = lean_for(fs)
+        return None if lean is None else functools.partial(get_small, lean)
+    client = client_for(fs)
+    return None if client is None else functools.partial(get_whole, client)
 
 
 class _Fetchers:
