@@ -130,7 +130,7 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
     """A plain 200's whole body, checked; None for any other answer (its body left unread)."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
-    from botocore.exceptions import ReadTimeoutError, ResponseStreamingError
+    from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
     from botocore.utils import percent_encode
     from urllib3.exceptions import HTTPError, ReadTimeoutError as Urllib3ReadTimeout
 
@@ -161,6 +161,8 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
             raise ReadTimeoutError(endpoint_url=urllib.parse.quote(uri, safe=":/"), error=exc) from None
         except HTTPError as exc:  # (a body cut short)
             raise ResponseStreamingError(error=exc) from None
+        if len(data) < length:  # (as botocore reports it: transient, retried)
+            raise IncompleteReadError(actual_bytes=len(data), expected_bytes=length)
         if beyond or len(data) != length:
             raise StorageError(f"the object's body is not the {length:,} bytes the server declared", file=uri)
         whole = True
