@@ -16,7 +16,8 @@ endpoint with the same region, addressing style, ``verify`` and timeouts; one
 per filesystem and process (botocore clients are thread-safe). Settings only
 s3fs follows (region caching, extra request arguments, aiobotocore-only
 options) give no client: such objects are read through s3fs. Errors are
-translated and retried by the caller (:func:`.retry.with_retries`).
+translated and retried by the caller (:func:`.retry.with_retries`). Small
+objects are sent by :mod:`.lean`, whose every answer but a plain 200 comes here.
 """
 
 from __future__ import annotations

@@ -298,8 +298,8 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
                max_bytes: int | None = None) -> Blocks:
     """A whole object in memory: one GET, or -- when ``known_size`` says it is
     large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
-    is about how large the object is expected to be: a large S3 object is
-    received in this thread, into one buffer (:mod:`.direct`). An S3 object
+    is about how large the object is expected to be: an S3 object is received
+    in this thread (:func:`_blocking_get`), a large one into one buffer. An S3 object
     longer than ``max_bytes`` is refused before its body is read.
     ``policy``: see :func:`filesystem`."""
     if is_local(uri):
@@ -321,8 +321,8 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
                size_hint: int = 0, max_bytes: int | None = None) -> concurrent.futures.Future | None:
     """Start fetching a whole remote object in the background, without waiting: the future's
-    result is its bytes, as :class:`Blocks` (as :func:`read_whole` reads them; a large S3 object
-    in a read-ahead thread, a small one on fsspec's event loop). None when the object's
+    result is its bytes, as :class:`Blocks` (as :func:`read_whole` reads them; an S3 object in a
+    read-ahead thread, or on fsspec's event loop with settings only s3fs follows). None when the object's
     filesystem has no event loop to run it on (local files)."""
     if is_local(uri) or is_opendap(uri):
         return None
