@@ -82,21 +82,20 @@ def lean_for(fs: Any) -> LeanGets | None:
 
 def _make(fs: Any) -> LeanGets | None:
     import botocore
+    import botocore.config
     from botocore.credentials import Credentials
     from botocore.httpsession import URLLib3Session
-    from botocore.utils import get_environ_proxies
 
     settings = client_settings(fs)
-    client = client_for(fs) if settings is not None else None
-    if client is None:
+    endpoint = settings[1].get("endpoint_url") if settings is not None else None
+    # (judged on the settings given before a client is made for them, then on the client's, with its profile's)
+    if not endpoint or not _reachable(botocore.config.Config(**settings[0]), endpoint):
+        return None
+    client = client_for(fs)
+    if client is None or not _reachable(client.meta.config, endpoint):
         return None
     config, arguments = settings
-    endpoint = arguments.get("endpoint_url")
     meta = client.meta.config
-    if (not endpoint or meta.proxies or get_environ_proxies(endpoint) or meta.client_cert or meta.tcp_keepalive
-            or set(meta.s3 or {}) - {"addressing_style"}
-            or meta.signature_version not in (None, "s3v4", botocore.UNSIGNED)):
-        return None
     session = profile_session(fs.kwargs.get("profile"))
     credentials = None
     if meta.signature_version is not botocore.UNSIGNED:
@@ -115,6 +114,16 @@ def _make(fs: Any) -> LeanGets | None:
                           max_pool_connections=meta.max_pool_connections)
     return LeanGets(client, http, credentials, client.meta.region_name or "us-east-1",
                     meta.response_checksum_validation != "when_required")
+
+
+def _reachable(config: Any, endpoint: str) -> bool:
+    """Whether a lean GET reaches what a client of ``config`` reaches at ``endpoint``."""
+    import botocore
+    from botocore.utils import get_environ_proxies
+
+    return not (config.proxies or get_environ_proxies(endpoint) or config.client_cert or config.tcp_keepalive
+                or set(config.s3 or {}) - {"addressing_style"}
+                or config.signature_version not in (None, "s3v4", botocore.UNSIGNED))
 
 
 def get_small(lean: LeanGets, fs: Any, path: str, uri: str, max_bytes: int | None = None) -> bytes:
