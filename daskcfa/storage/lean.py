@@ -54,7 +54,7 @@ class LeanGets:
 
     client: Any
     http: Any
-    credentials: Any | None  # (None: anonymous)
+    credentials: Any | None = field(repr=False)  # (None: anonymous)
     region: str
     checksums: bool
     #: bucket -> the URL of its objects up to the key (botocore's addressing), or "" where not known
