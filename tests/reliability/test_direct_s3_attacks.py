@@ -345,11 +345,12 @@ def test_a_wrong_checksum_of_either_algorithm_is_refused(servers, way, header):
 
 def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
     """Every logger at DEBUG (botocore prints request headers, urllib3 requests) through a read,
-    a region redirect, endless redirects and a refusal, both ways; and the blocking clients' reprs."""
+    a region redirect, endless redirects and a refusal, every way; and the blocking clients' and
+    lean GETs' reprs."""
     import io
     import logging
 
-    from daskcfa.storage import direct, objects
+    from daskcfa.storage import direct, lean, objects
 
     captured = io.StringIO()
     handler = logging.StreamHandler(captured)
@@ -362,7 +363,7 @@ def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
                lambda *_: (301, {"x-amz-bucket-region": "eu-west-2"}, _error("PermanentRedirect")),
                lambda *_: (307, {}, _error("TemporaryRedirect")),
                lambda *_: (403, {}, _error("AccessDenied"))]
-    clients = []
+    clients, leans = [], []
     try:
         for name in names:
             logging.getLogger(name).setLevel(logging.DEBUG)
@@ -376,13 +377,15 @@ def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
                 profile = storage.profiles.register({"key": KEY, "secret": SECRET, "token": TOKEN,
                                                      "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
                 clients.append(direct.client_for(objects.filesystem(URI, profile)[0]))
+                leans.append(lean.lean_for(objects.filesystem(URI, profile)[0]))
     finally:
         logging.getLogger().removeHandler(handler)
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
     text = captured.getvalue()
     assert "X-Amz-Security-Token" in text or "x-amz-security-token" in text.lower(), "no request headers captured"
-    everything = text + "".join(repr(c) + repr(c.meta.config) for c in clients if c is not None)
+    everything = text + "".join(repr(c) + repr(c.meta.config) for c in clients if c is not None) + repr(leans)
+    assert any(g is not None for g in leans)
     for value in (KEY, SECRET, TOKEN):
         assert value not in everything
 
