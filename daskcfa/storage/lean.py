@@ -22,8 +22,9 @@ bucket, so path or virtual-host addressing is botocore's choice), signature
 version 4 or anonymous, no proxy (configured or in the environment), no client
 certificate or keep-alive option, credentials botocore resolves (frozen for
 each request, so refreshed ones are used); elsewhere (AWS's own endpoints,
-with their region redirects) the blocking client or s3fs reads the object.
-Credentials travel in the ``Authorization`` header only, never in a URL.
+with their region redirects, among them) s3fs reads small objects on fsspec's
+event loop, as before. Credentials travel in headers only (``Authorization``,
+``X-Amz-Security-Token``), never in a URL.
 """
 
 from __future__ import annotations
