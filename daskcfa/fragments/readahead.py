@@ -4,7 +4,8 @@ A one-point time series through 1,000 small objects is bound by request
 latency: each dask thread waits for one GET at a time, and on a real object
 store a GET takes tens of milliseconds. When the reads of an aggregated
 variable walk along one fragment axis, the objects of the next fragments on
-that axis are fetched in the background (on fsspec's event loop) and handed
+that axis are fetched in the background (S3 objects by read-ahead threads; other
+remote objects, or S3 settings only s3fs follows, on fsspec's event loop) and handed
 to the tasks that need them, so that up to ``daskcfa.io.readahead`` requests
 (default 8, none on ``distributed`` workers; 0 turns read-ahead off) are in
 flight per process.

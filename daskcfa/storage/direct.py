@@ -16,7 +16,8 @@ endpoint with the same region, addressing style, ``verify`` and timeouts; one
 per filesystem and process (botocore clients are thread-safe). Settings only
 s3fs follows (region caching, extra request arguments, aiobotocore-only
 options) give no client: such objects are read through s3fs. Errors are
-translated and retried by the caller (:func:`.retry.with_retries`).
+translated and retried by the caller (:func:`.retry.with_retries`). Small
+objects are sent by :mod:`.lean`, whose every answer but a plain 200 comes here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any, Mapping
 from ..errors import BudgetError, StorageError
 from .transfer import whole_body
 
-__all__ = ["client_for", "get_whole", "declared_length"]
+__all__ = ["client_for", "client_settings", "profile_session", "get_whole", "declared_length"]
 
 #: Threads fetching objects ahead of their reads (:func:`.objects.fetch_soon`), per process.
 FETCH_THREADS = 8
@@ -53,7 +54,10 @@ def client_for(fs: Any) -> Any | None:
         return made[1]
 
 
-def _make_client(fs: Any) -> Any | None:
+def client_settings(fs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The botocore ``Config`` options and ``create_client`` arguments that reach what ``fs`` reaches
+    (endpoint, region, addressing style, credentials, ``verify``, timeouts); None when ``fs`` is set up
+    in a way only s3fs follows."""
     import botocore
     import botocore.config
 
@@ -74,7 +78,17 @@ def _make_client(fs: Any) -> Any | None:
     if fs.anon:
         arguments = {k: v for k, v in arguments.items() if k not in _CREDENTIALS}
         config["signature_version"] = botocore.UNSIGNED
-    session = _session(fs.kwargs.get("profile"))
+    return config, arguments
+
+
+def _make_client(fs: Any) -> Any | None:
+    import botocore.config
+
+    settings = client_settings(fs)
+    if settings is None:
+        return None
+    config, arguments = settings
+    session = profile_session(fs.kwargs.get("profile"))
     theirs = getattr(fs, "session", None)  # (s3fs's own botocore session, once it has connected)
     if theirs is not None:
         # the service models s3fs has parsed already (same profile, so the same data path): parsing
@@ -84,7 +98,7 @@ def _make_client(fs: Any) -> Any | None:
 
 
 @functools.cache
-def _session(profile: str | None) -> Any:
+def profile_session(profile: str | None) -> Any:
     """One botocore session per AWS profile."""
     import botocore.session
 

@@ -33,6 +33,7 @@ from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, Stora
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
+from .lean import get_small, lean_for
 from .identity import local_token, remote_token
 from .local import local_path, local_stat, open_local, pread
 from .policy import LocationPolicy
@@ -297,8 +298,8 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
                max_bytes: int | None = None) -> Blocks:
     """A whole object in memory: one GET, or -- when ``known_size`` says it is
     large -- concurrent ranged GETs of :func:`part_size` bytes. ``size_hint``
-    is about how large the object is expected to be: a large S3 object is
-    received in this thread, into one buffer (:mod:`.direct`). An S3 object
+    is about how large the object is expected to be: an S3 object is received
+    in this thread (:func:`_blocking_get`), a large one into one buffer. An S3 object
     longer than ``max_bytes`` is refused before its body is read; an HTTP one, once
     that many bytes of it are read (:class:`BudgetError`).
     ``policy``: see :func:`filesystem`."""
@@ -311,9 +312,9 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
-        client = _direct_client(fs, known_size or size_hint or 0)
-        if client is not None:
-            return Blocks([with_retries(uri, get_whole, client, fs, path, uri, max_bytes)])
+        blocking = _blocking_get(fs, known_size or size_hint or 0)
+        if blocking is not None:
+            return Blocks([with_retries(uri, blocking, fs, path, uri, max_bytes)])
         return with_retries(uri, fsspec.asyn.sync, fs.loop, _get_whole, fs, path, uri, max_bytes)
     part = part_size()
     starts = list(range(0, known_size, part))
@@ -336,24 +337,24 @@ def _http_get_bounded(fs: Any, path: str, uri: str, known_size: int | None, max_
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
                size_hint: int = 0, max_bytes: int | None = None) -> concurrent.futures.Future | None:
     """Start fetching a whole remote object in the background, without waiting: the future's
-    result is its bytes, as :class:`Blocks` (as :func:`read_whole` reads them; a large S3 object
-    in a read-ahead thread, a small one on fsspec's event loop). None when the object's
+    result is its bytes, as :class:`Blocks` (as :func:`read_whole` reads them; an S3 object in a
+    read-ahead thread, or on fsspec's event loop with settings only s3fs follows). None when the object's
     filesystem has no event loop to run it on (local files)."""
     if is_local(uri) or is_opendap(uri):
         return None
     fs, path = filesystem(uri, profile, policy=policy)
     if not getattr(fs, "async_impl", False) or getattr(fs, "loop", None) is None:
         return None
-    client = _direct_client(fs, size_hint) if _streams(fs) else None
-    if client is not None:
-        return _fetchers().submit(lambda: Blocks([get_whole(client, fs, path, uri, max_bytes)]))
+    blocking = _blocking_get(fs, size_hint) if _streams(fs) else None
+    if blocking is not None:
+        return _fetchers().submit(lambda: Blocks([blocking(fs, path, uri, max_bytes)]))
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri, max_bytes), fs.loop)
 
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 _READ_BLOCK = 16 << 20
-#: Objects expected to be at least this large are received by a blocking GET (:mod:`.direct`);
-#: smaller ones on fsspec's event loop, where many are in flight at once.
+#: Objects expected to be at least this large are received through the blocking client (:mod:`.direct`);
+#: smaller ones by a lean GET (:mod:`.lean`) where it applies.
 _DIRECT_FROM = 1 << 20
 
 
@@ -364,10 +365,16 @@ def _streams(fs: Any) -> bool:
     return "s3" in protocols and getattr(fs, "loop", None) is not None
 
 
-def _direct_client(fs: Any, expected: int) -> Any | None:
-    """The blocking client (:mod:`.direct`) for an S3 object of about ``expected`` bytes, or None:
-    a small object, or settings only s3fs follows."""
-    return client_for(fs) if expected >= _DIRECT_FROM else None
+def _blocking_get(fs: Any, expected: int) -> Callable[..., bytes] | None:
+    """``(fs, path, uri, max_bytes) -> bytes``: the GET of a whole S3 object of about ``expected`` bytes
+    in the calling thread -- a small one signed and sent without the SDK (:mod:`.lean`), a large one
+    through the blocking client (:mod:`.direct`) -- or None: settings only s3fs follows (a small
+    object is then received on fsspec's event loop, where many are in flight at once)."""
+    if expected < _DIRECT_FROM:
+        lean = lean_for(fs)
+        return None if lean is None else functools.partial(get_small, lean)
+    client = client_for(fs)
+    return None if client is None else functools.partial(get_whole, client)
 
 
 class _Fetchers:

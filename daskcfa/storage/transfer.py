@@ -25,7 +25,7 @@ from isal.isal_zlib import crc32
 
 from ..errors import StorageError
 
-__all__ = ["checked_body", "whole_body"]
+__all__ = ["checked_body", "whole_body", "expected_crc32", "check_crc32"]
 
 
 class _Crc32:
@@ -61,7 +61,7 @@ class _Crc32Body:
         return block
 
 
-def _expected_crc32(response: Mapping[str, Any]) -> bytes | None:
+def expected_crc32(response: Mapping[str, Any]) -> bytes | None:
     """The whole object's CRC-32 the server sent (4 bytes), if it sent one: a multipart
     object's composite checksum (``COMPOSITE``, written ``<base64>-<parts>``, not base64) is
     not the CRC-32 of its bytes."""
@@ -82,7 +82,7 @@ def checked_body(response: Mapping[str, Any], uri: str) -> Callable[[int], Await
     from aiobotocore.response import AioStreamingBody
 
     body = response["Body"]
-    expected = _expected_crc32(response)
+    expected = expected_crc32(response)
     if expected is None or not isinstance(body, AioStreamingChecksumBody):
         return body.read
     # (the body's read less botocore's check)
@@ -100,14 +100,19 @@ def whole_body(response: Mapping[str, Any], uri: str) -> bytes:
 
     body = response["Body"]
     length = int(response["ContentLength"])
-    expected = _expected_crc32(response)
+    expected = expected_crc32(response)
     ours = expected is not None and isinstance(body, StreamingChecksumBody)
     read = functools.partial(StreamingBody.read, body) if ours else body.read  # (the body's read less botocore's check)
     data = read(length) if length else b""
     if read(1) or len(data) != length:  # (the end: botocore checks the length there, and raises when short)
         raise StorageError(f"the object's body is not the {length:,} bytes the server declared", file=uri)
     if ours:
-        crc = _Crc32(expected, uri)
-        crc.update(data)
-        crc.check()
+        check_crc32(data, expected, uri)
     return data
+
+
+def check_crc32(data: Any, expected: bytes, uri: str) -> None:
+    """Raise :class:`StorageError` unless ``data``'s CRC-32 is ``expected`` (4 bytes, as :func:`expected_crc32`)."""
+    crc = _Crc32(expected, uri)
+    crc.update(data)
+    crc.check()

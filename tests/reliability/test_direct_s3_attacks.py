@@ -1,10 +1,12 @@
-"""Attacks on whole S3 objects received by the blocking botocore GET (storage/direct.py).
+"""Attacks on whole S3 objects received by the blocking botocore GET (storage/direct.py)
+and by the lean signed GET (storage/lean.py).
 
 Each attack is a real HTTP server on 127.0.0.1 answering as S3 (``_FakeS3``:
 whatever status, headers and body the test says), or the real SeaweedFS.
-Every case runs the blocking GET (objects of at least 1 MiB expected) and,
-for comparison, the GET on fsspec's event loop (smaller objects), both
-through ``storage.read_whole`` as the fragment readers call it. A second
+Every case runs the blocking GET (objects of at least 1 MiB expected), the
+lean GET (smaller objects) and, for comparison, the GET on fsspec's event
+loop (smaller objects, with a setting the lean GET leaves to s3fs: TCP
+keep-alive), all through ``storage.read_whole`` as the fragment readers call it. A second
 server (``elsewhere``) stands for another origin: nothing may reach it.
 """
 
@@ -26,7 +28,9 @@ KEY, SECRET, TOKEN = "AKIDATTACK12", "SeCrEt-attack12-never-shown", "ToKeN-attac
 URI = "s3://bucket/f/0.nc"
 BODY = b"CDF\x01" + bytes(4096)
 #: ``size_hint`` of each way a whole object is received
-WAYS = {"blocking": 2 << 20, "event-loop": 0}
+WAYS = {"blocking": 2 << 20, "lean": 0, "event-loop": 0}
+#: S3 settings that send a small object to fsspec's event loop rather than the lean GET
+_EVENT_LOOP = {"config_kwargs": {"tcp_keepalive": True}}
 
 Answer = tuple[int, dict[str, str], bytes]
 
@@ -88,6 +92,7 @@ def servers():
 
 def _read(endpoint: str, way: str, *, anon: bool = False, max_bytes: int | None = 1 << 30):
     options = {"anon": True} if anon else {"key": KEY, "secret": SECRET, "token": TOKEN}
+    options = {**options, **(_EVENT_LOOP if way == "event-loop" else {})}
     profile = storage.profiles.register({**options, "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
     with dask.config.set({"daskcfa.storage.retries": 1}):
         return storage.read_whole(URI, profile, size_hint=WAYS[way], max_bytes=max_bytes)
@@ -175,8 +180,9 @@ def test_partial_content_to_a_whole_get_is_refused(servers, way):
     assert isinstance(info.value, daskcfa.errors.StorageError)
 
 
-def test_a_body_of_no_declared_length_is_refused(servers):
-    """Chunked transfer encoding, no Content-Length: the blocking GET has no length to receive into."""
+@pytest.mark.parametrize("way", ["blocking", "lean"])
+def test_a_body_of_no_declared_length_is_refused(servers, way):
+    """Chunked transfer encoding, no Content-Length: a blocking GET has no length to receive into."""
 
     def respond(*_):
         chunk = BODY + bytes(2 << 20)
@@ -185,7 +191,7 @@ def test_a_body_of_no_declared_length_is_refused(servers):
 
     endpoint = servers(respond)
     with pytest.raises(daskcfa.errors.StorageError, match="did not declare") as info:
-        _read(endpoint.url, "blocking")
+        _read(endpoint.url, way)
     _refused(info)
 
 
@@ -227,7 +233,8 @@ _EXITING = """
 import sys, time
 from daskcfa import storage
 profile = storage.profiles.register({"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": sys.argv[1]},
-                                     "config_kwargs": {"read_timeout": 300}}, protocol="s3")
+                                     "config_kwargs": {"read_timeout": 300, "tcp_keepalive": sys.argv[3] == "event-loop"}},
+                                    protocol="s3")
 for i in range(8):
     storage.fetch_soon(f"s3://bucket/f/{i}.nc", profile, size_hint=int(sys.argv[2]))
 time.sleep(1)
@@ -250,7 +257,7 @@ def test_an_interpreter_with_stalled_read_ahead_exits(servers, way):
     endpoint = servers(lambda method, *_: (stall.wait(120), (200, {}, BODY))[1])
     root = os.path.dirname(os.path.dirname(os.path.abspath(daskcfa.__file__)))  # (the child imports the same daskcfa)
     try:
-        done = subprocess.run([sys.executable, "-c", _EXITING, endpoint.url, str(WAYS[way])], cwd=root,
+        done = subprocess.run([sys.executable, "-c", _EXITING, endpoint.url, str(WAYS[way]), way], cwd=root,
                               capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("the interpreter did not exit within 60 s of its last statement")
@@ -338,11 +345,12 @@ def test_a_wrong_checksum_of_either_algorithm_is_refused(servers, way, header):
 
 def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
     """Every logger at DEBUG (botocore prints request headers, urllib3 requests) through a read,
-    a region redirect, endless redirects and a refusal, both ways; and the blocking clients' reprs."""
+    a region redirect, endless redirects and a refusal, every way; and the blocking clients' and
+    lean GETs' reprs."""
     import io
     import logging
 
-    from daskcfa.storage import direct, objects
+    from daskcfa.storage import direct, lean, objects
 
     captured = io.StringIO()
     handler = logging.StreamHandler(captured)
@@ -355,7 +363,7 @@ def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
                lambda *_: (301, {"x-amz-bucket-region": "eu-west-2"}, _error("PermanentRedirect")),
                lambda *_: (307, {}, _error("TemporaryRedirect")),
                lambda *_: (403, {}, _error("AccessDenied"))]
-    clients = []
+    clients, leans = [], []
     try:
         for name in names:
             logging.getLogger(name).setLevel(logging.DEBUG)
@@ -369,13 +377,15 @@ def test_no_key_secret_or_session_token_in_debug_logs_or_reprs(servers):
                 profile = storage.profiles.register({"key": KEY, "secret": SECRET, "token": TOKEN,
                                                      "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
                 clients.append(direct.client_for(objects.filesystem(URI, profile)[0]))
+                leans.append(lean.lean_for(objects.filesystem(URI, profile)[0]))
     finally:
         logging.getLogger().removeHandler(handler)
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
     text = captured.getvalue()
     assert "X-Amz-Security-Token" in text or "x-amz-security-token" in text.lower(), "no request headers captured"
-    everything = text + "".join(repr(c) + repr(c.meta.config) for c in clients if c is not None)
+    everything = text + "".join(repr(c) + repr(c.meta.config) for c in clients if c is not None) + repr(leans)
+    assert any(g is not None for g in leans)
     for value in (KEY, SECRET, TOKEN):
         assert value not in everything
 
@@ -395,3 +405,80 @@ def test_an_aggregation_elsewhere_reaches_no_s3_object(tmp_path, servers, make_h
     for value in (KEY, SECRET, TOKEN):
         assert value not in str(info.value)
     assert endpoint.log == []
+
+
+# ---------------------------------------------------------------------------
+# The lean GET (storage/lean.py): its own request, and every other answer through the client
+# ---------------------------------------------------------------------------
+def test_a_small_object_is_one_lean_get_signed_in_its_header(servers):
+    """One GET, path-style as botocore addresses this endpoint, signed (SigV4) in the ``Authorization``
+    header with the session token beside it, the checksum asked for: no SDK's request machinery
+    (before: aiobotocore's, on fsspec's event loop) and no credential in the URL."""
+    endpoint = servers(lambda *_: (200, {}, BODY))
+    assert bytes(_read(endpoint.url, "lean").read(0, len(BODY))) == BODY
+    assert len(endpoint.log) == 1, endpoint.log
+    method, path, headers = endpoint.log[0]
+    assert (method, path) == ("GET", "/bucket/f/0.nc")
+    assert headers["Authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={KEY}/")
+    assert headers["X-Amz-Security-Token"] == TOKEN
+    assert headers["x-amz-checksum-mode"] == "ENABLED"
+    assert "botocore" not in headers.get("User-Agent", "").lower(), headers
+
+
+@pytest.mark.parametrize("status, code, error, match", [
+    (403, "AccessDenied", daskcfa.errors.StorageError, "access denied"),
+    (404, "NoSuchKey", daskcfa.NotFoundError, "not found"),
+    (400, "AuthorizationHeaderMalformed", daskcfa.errors.StorageError, "storage error"),
+    (503, "SlowDown", daskcfa.errors.StorageError, "storage error"),
+])
+def test_an_error_answer_to_a_lean_get_is_the_clients_to_map(servers, status, code, error, match):
+    """Any answer but a plain 200 (its body is never the object) is sent again through the blocking
+    botocore client, whose error the one retry layer maps: the same daskcfa error as before."""
+    endpoint = servers(lambda *_: (status, {"Content-Type": "application/xml", "x-amz-bucket-region": "eu-west-2"},
+                                   _error(code)))
+    with pytest.raises(error, match=match) as info:
+        _read(endpoint.url, "lean")
+    _refused(info)
+    agents = [headers.get("User-Agent", "") for _, _, headers in endpoint.log]
+    assert any("botocore" in agent.lower() for agent in agents), agents
+
+
+def test_a_lean_body_cut_short_is_a_storage_error(servers):
+    """The server declares 64 KiB, sends 100 bytes and closes the connection: retried, then a
+    StorageError naming the object (never the short bytes as the object, never a bare urllib3 error)."""
+    endpoint = servers(lambda *_: (200, {"Content-Length": str(64 << 10), "Connection": "close"}, BODY[:100]))
+    with pytest.raises(daskcfa.errors.StorageError) as info:
+        _read(endpoint.url, "lean")
+    _refused(info)
+    assert len(endpoint.log) >= 2, "the cut body was not retried"
+
+
+def test_a_lean_body_that_stalls_ends_at_the_read_timeout(servers):
+    """Headers, part of the body, then nothing: the read timeout ends the GET with a StorageError."""
+    import time
+
+    def respond(*_):
+        return 200, {"Content-Length": str(len(BODY) + 1)}, BODY
+
+    endpoint = servers(respond)
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "token": TOKEN, "config_kwargs": {"read_timeout": 1},
+                                         "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
+    began = time.monotonic()
+    with dask.config.set({"daskcfa.storage.retries": 0}), pytest.raises(daskcfa.errors.StorageError) as info:
+        storage.read_whole(URI, profile, size_hint=0)
+    _refused(info)
+    assert time.monotonic() - began < 30
+
+
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy"])
+def test_a_proxy_in_the_environment_leaves_small_objects_to_the_sdk(servers, monkeypatch, variable):
+    """botocore sends through a proxy named in the environment; the lean GET would not: not taken."""
+    from daskcfa.storage import lean, objects
+
+    endpoint = servers(lambda *_: (200, {}, BODY))
+    monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint.url}},
+                                        protocol="s3")
+    assert lean.lean_for(objects.filesystem(URI, profile)[0]) is None

@@ -644,7 +644,7 @@ def test_s3_blocking_client_takes_the_service_models_s3fs_parsed(s3_server, s3_b
     fs = s3fs.S3FileSystem(**s3_server.storage_options, skip_instance_cache=True)
     fs.ls(s3_bucket)  # (s3fs has connected: its session holds the models)
     assert direct.client_for(fs) is not None
-    assert direct._session(None).get_component("data_loader") is fs.session.get_component("data_loader")
+    assert direct.profile_session(None).get_component("data_loader") is fs.session.get_component("data_loader")
 
 
 def test_s3_large_objects_missing_or_refused_name_the_fragment(tmp_path, s3_server, s3_bucket, s3fs_fs):
@@ -684,7 +684,7 @@ def test_s3_large_objects_missing_or_refused_name_the_fragment(tmp_path, s3_serv
 def test_s3_large_objects_on_distributed_workers(tmp_path, s3_server, s3_bucket, s3fs_fs):
     """On a cluster of processes each worker makes its own blocking client, from the storage
     profile the StorageProfiles plugin installed there: the graph carries no client and no
-    secret, the client process made none, and the values are exact."""
+    secret, the client process made none for the compute, and the values are exact."""
     import cloudpickle
     from distributed import Client, LocalCluster
 
@@ -692,7 +692,6 @@ def test_s3_large_objects_on_distributed_workers(tmp_path, s3_server, s3_bucket,
     from remote_helpers import large_fragments
 
     url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "workers")
-    made_here = len(direct._CLIENTS)
 
     def clients() -> int:
         return sum(client is not None for _, client in direct._CLIENTS.values())
@@ -700,6 +699,7 @@ def test_s3_large_objects_on_distributed_workers(tmp_path, s3_server, s3_bucket,
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
+        made_here = len(direct._CLIENTS)  # (opening the aggregation file here, a small object, may make one)
         graph = cloudpickle.dumps(dict(x.__dask_graph__()))
         assert b"botocore" not in graph and s3_server.secret.encode() not in graph
         np.testing.assert_array_equal(np.ma.getdata(x.compute()), data)
