@@ -118,13 +118,18 @@ def _make(fs: Any) -> LeanGets | None:
 
 
 def _reachable(config: Any, endpoint: str) -> bool:
-    """Whether a lean GET reaches what a client of ``config`` reaches at ``endpoint``."""
+    """Whether a lean GET reaches what a client of ``config`` reaches at ``endpoint``, and the client makes
+    one attempt per call (daskcfa's setting: where the user asked botocore for retries, the count they
+    gave holds, which a first lean attempt before the client's would exceed)."""
     import botocore
     from botocore.utils import get_environ_proxies
 
-    return not (config.proxies or get_environ_proxies(endpoint) or config.client_cert or config.tcp_keepalive
-                or set(config.s3 or {}) - {"addressing_style"}
-                or config.signature_version not in (None, "s3v4", botocore.UNSIGNED))
+    retries = config.retries or {}
+    one_attempt = retries.get("total_max_attempts") == 1 or retries.get("max_attempts") == 0
+    return one_attempt and not (
+        config.proxies or get_environ_proxies(endpoint) or config.client_cert or config.tcp_keepalive
+        or set(config.s3 or {}) - {"addressing_style"}
+        or config.signature_version not in (None, "s3v4", botocore.UNSIGNED))
 
 
 def get_small(lean: LeanGets, fs: Any, path: str, uri: str, max_bytes: int | None = None) -> bytes:

@@ -307,9 +307,9 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
         with open_local(uri) as f, translated(uri):
             return Blocks([f.read()])
     fs, path = filesystem(uri, profile, policy=policy)
-    if max_bytes is not None and scheme_of(uri) in ("http", "https"):
-        return Blocks([with_retries(uri, _http_get_bounded, fs, path, uri, known_size, max_bytes)])
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
+        if max_bytes is not None and scheme_of(uri) in ("http", "https"):
+            return Blocks([with_retries(uri, _http_get_bounded, fs, path, uri, known_size, max_bytes)])
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
         blocking = _blocking_get(fs, known_size or size_hint or 0)
