@@ -131,7 +131,8 @@ def get_small(lean: LeanGets, fs: Any, path: str, uri: str, max_bytes: int | Non
     """The whole object at ``path``: one lean GET, or -- for any answer but a plain 200 -- the blocking
     client's (see the module's docstring). One longer than ``max_bytes`` is refused before its body."""
     bucket, key, version = fs.split_path(path)
-    prefix = "" if version else lean.prefix(bucket)
+    # (no key: the bucket's URL, whose GET is a listing; the client refuses it, as botocore validates a key)
+    prefix = "" if version or not key else lean.prefix(bucket)
     data = _get(lean, prefix, key, uri, max_bytes) if prefix else None
     return get_whole(lean.client, fs, path, uri, max_bytes) if data is None else data
 
@@ -162,7 +163,9 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
         length = headers.get("content-length", "")
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = declared_length({"ContentRange": headers.get("content-range"),
-                                  "ContentLength": int(length) if length.isdigit() and not chunked else None},
+                                  # (ASCII digits only: str.isdigit takes "²", which int() refuses)
+                                  "ContentLength": int(length) if length.isascii() and length.isdigit()
+                                  and not chunked else None},
                                  max_bytes, uri)
         try:
             data = response.read(length) if length else b""

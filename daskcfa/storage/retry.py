@@ -72,6 +72,10 @@ def translated(uri: str) -> Iterator[None]:
         raise StorageError("the server's redirects did not end", file=uri) from None
     except binascii.Error:  # (botocore decodes the checksum a server sends only at the body's end)
         raise StorageError("the server sent a value that is not base64 (a checksum)", file=uri) from None
+    except ValueError as exc:  # (botocore's parser meeting a header it cannot read: a length, a date, a count)
+        if not _from_parser(exc):
+            raise
+        raise StorageError(f"the server's answer could not be parsed ({_describe(exc)})", file=uri) from None
     except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
         if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
             status = http_status(exc)
@@ -117,6 +121,16 @@ def http_status(exc: BaseException) -> int | None:
         if isinstance(status, int) and 400 <= status <= 599:
             return status
     return None
+
+
+def _from_parser(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while botocore (or aiobotocore) parsed a response."""
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_globals.get("__name__") in ("botocore.parsers", "aiobotocore.parsers"):
+            return True
+        frame = frame.tb_next
+    return False
 
 
 def _describe(exc: BaseException) -> str:

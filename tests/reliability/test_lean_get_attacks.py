@@ -1,0 +1,55 @@
+"""Attacks on the lean signed GET of small S3 objects (storage/lean.py), compared with the blocking
+botocore GET and the GET on fsspec's event loop.
+
+Each attack is a real HTTP server on 127.0.0.1 answering as S3 (``_FakeS3`` of
+test_direct_s3_attacks: the status, headers and body the test says), read through
+``storage.read_whole`` as the fragment readers call it, every way an object is received.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import daskcfa
+from daskcfa import storage
+
+from .test_direct_s3_attacks import (  # noqa: F401 (servers: a fixture)
+    BODY, KEY, SECRET, TOKEN, WAYS, _EVENT_LOOP, _read, _refused, servers)
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("uri", ["s3://bucket/", "s3://bucket"])
+def test_a_uri_naming_no_key_is_never_read_as_the_bucket_listing(servers, way, uri):
+    """A fragment URI naming a bucket and no object: the URL of the bucket, whose GET is its listing
+    (a 200 with a declared length, no checksum). botocore refuses a GET of no key; before, the lean
+    GET sent it and returned the listing's XML as the object's bytes."""
+    endpoint = servers(lambda *_: (200, {}, b"<ListBucketResult><Name>bucket</Name></ListBucketResult>"))
+    options = {"key": KEY, "secret": SECRET, "token": TOKEN, "client_kwargs": {"endpoint_url": endpoint.url},
+               **(_EVENT_LOOP if way == "event-loop" else {})}
+    profile = storage.profiles.register(options, protocol="s3")
+    with pytest.raises(daskcfa.errors.StorageError) as info:
+        storage.read_whole(uri, profile, size_hint=WAYS[way])
+    assert info.value.file == uri
+    assert endpoint.log == [], endpoint.log
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("header, value", [
+    ("Content-Length", "\u00b2"),  # (latin-1 superscript two: str.isdigit says yes, int() says no)
+    ("Content-Length", "abc"),
+    ("x-amz-mp-parts-count", "abc"),
+    ("Last-Modified", "garbage"),
+])
+def test_a_header_botocore_cannot_parse_is_a_storage_error(servers, way, header, value):
+    """A 200 whose header botocore's response parser cannot read (an integer, a date): before, a bare
+    ValueError from botocore's parser (the blocking GET, and the event loop's but for a Content-Length,
+    which aiohttp refuses first), and from the lean GET's own reading of the length. Now a StorageError
+    naming the object -- or the object itself, where the header plays no part (the lean GET reads
+    only its status, length and checksum)."""
+    endpoint = servers(lambda *_: (200, {header: value, "Connection": "close"}, BODY))
+    if way == "lean" and header != "Content-Length":
+        assert bytes(_read(endpoint.url, way).read(0, len(BODY))) == BODY
+        return
+    with pytest.raises(daskcfa.errors.StorageError) as info:
+        _read(endpoint.url, way)
+    _refused(info)
