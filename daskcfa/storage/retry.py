@@ -19,9 +19,11 @@ from .. import config
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..logs import logger
 
-__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries"]
+__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries", "TRANSIENT_STATUSES"]
 
 _TRANSIENT = (ConnectionError, TimeoutError)
+#: HTTP statuses tried again (after a backoff): a server restarting, overloaded or behind a failing proxy
+TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 log = logger(__name__)
 
 
@@ -153,7 +155,7 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS:
         return True
-    return http_status(exc) in (500, 502, 503, 504)  # a server restarting, overloaded or behind a failing proxy
+    return http_status(exc) in TRANSIENT_STATUSES
 
 
 def precondition_failed(exc: BaseException) -> bool:

@@ -53,3 +53,20 @@ def test_a_header_botocore_cannot_parse_is_a_storage_error(servers, way, header,
     with pytest.raises(daskcfa.errors.StorageError) as info:
         _read(endpoint.url, way)
     _refused(info)
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_a_server_error_is_one_request_an_attempt(servers, status):
+    """A server answering "slow down" (503) or failing (500): each attempt of the retry layer is one
+    request, the next one after its backoff. Before, each lean GET's 5xx was sent again at once
+    through the blocking client: two requests an attempt, the second without any backoff."""
+    import dask
+
+    endpoint = servers(lambda *_: (status, {"Content-Type": "application/xml"},
+                                   b"<Error><Code>SlowDown</Code><Message>reduce your request rate</Message></Error>"))
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "token": TOKEN,
+                                         "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
+    with dask.config.set({"daskcfa.storage.retries": 2}), pytest.raises(daskcfa.errors.StorageError) as info:
+        storage.read_whole("s3://bucket/f/0.nc", profile, size_hint=0)
+    assert len(endpoint.log) == 3, [(method, path) for method, path, _ in endpoint.log]
+    _refused(info)
