@@ -70,3 +70,33 @@ def test_a_server_error_is_one_request_an_attempt(servers, status):
         storage.read_whole("s3://bucket/f/0.nc", profile, size_hint=0)
     assert len(endpoint.log) == 3, [(method, path) for method, path, _ in endpoint.log]
     _refused(info)
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_no_request_signature_in_debug_logs(servers, way):
+    """botocore.auth logs each request's SigV4 signature at DEBUG ("Signature:" and the value), and
+    botocore.endpoint the ``Authorization`` header holding it: with the request's other headers, a
+    signature replays that GET for minutes. Before, it was in the records of every way; now blanked
+    as the credentials are."""
+    import io
+    import logging
+
+    endpoint = servers(lambda *_: (200, {}, BODY + bytes(WAYS[way])))
+    captured = io.StringIO()
+    handler = logging.StreamHandler(captured)
+    names = ("botocore", "urllib3", "aiobotocore", "s3fs")
+    saved = {name: logging.getLogger(name).level for name in names}
+    logging.getLogger().addHandler(handler)
+    try:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+        _read(endpoint.url, way)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+    signatures = {headers["Authorization"].rsplit("Signature=", 1)[1] for _, _, headers in endpoint.log}
+    text = captured.getvalue()
+    assert signatures and "Signature" in text, "no signing captured"
+    for signature in signatures:
+        assert signature not in text
