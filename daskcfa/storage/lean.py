@@ -13,8 +13,8 @@ checksum other than CRC-32 -- is sent again through the blocking botocore
 client (:func:`.direct.get_whole`), so that error mapping, region redirects
 and retries keep one home; but a server error the retry layer tries again
 (:data:`.retry.TRANSIENT_STATUSES`) is its to try again, after its backoff: sent
-again at once, it doubled the requests to a server answering "slow down". A 200 is held to the same rules there: its declared
-length (:func:`.direct.declared_length`: none, or a part, is refused; one over
+again at once, it doubled the requests to a server answering "slow down". A
+200 is held to the same rules there: its declared length (:func:`.direct.declared_length`: none, or a part, is refused; one over
 the budget is refused before the body), the whole body, its CRC-32
 (:mod:`.transfer`).
 

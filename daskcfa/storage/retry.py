@@ -19,7 +19,8 @@ from .. import config
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..logs import logger
 
-__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries", "TRANSIENT_STATUSES"]
+__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries",
+           "TRANSIENT_STATUSES"]
 
 _TRANSIENT = (ConnectionError, TimeoutError)
 #: HTTP statuses tried again (after a backoff): a server restarting, overloaded or behind a failing proxy
