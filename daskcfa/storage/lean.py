@@ -14,9 +14,9 @@ client (:func:`.direct.get_whole`), so that error mapping, region redirects
 and retries keep one home; but a server error the retry layer tries again
 (:data:`.retry.TRANSIENT_STATUSES`) is its to try again, after its backoff: sent
 again at once, it doubled the requests to a server answering "slow down". A
-200 is held to the same rules there: its declared length (:func:`.direct.declared_length`: none, or a part, is refused; one over
-the budget is refused before the body), the whole body, its CRC-32
-(:mod:`.transfer`).
+200 is held to the same rules there: its declared length
+(:func:`.direct.declared_length`: none, or a part, is refused; one over the
+budget is refused before the body), the whole body, its CRC-32 (:mod:`.transfer`).
 
 Taken only where it reaches what the client reaches: a configured endpoint
 (where the object's URL is botocore's own, from a presigned URL of the
