@@ -11,10 +11,12 @@ This is the success path only: an answer other than a plain 200 with the
 whole body -- an error, a redirect (a region's included), a part (206), a
 checksum other than CRC-32 -- is sent again through the blocking botocore
 client (:func:`.direct.get_whole`), so that error mapping, region redirects
-and retries keep one home. A 200 is held to the same rules there: its declared
-length (:func:`.direct.declared_length`: none, or a part, is refused; one over
-the budget is refused before the body), the whole body, its CRC-32
-(:mod:`.transfer`).
+and retries keep one home; but a server error the retry layer tries again
+(:data:`.retry.TRANSIENT_STATUSES`) is its to try again, after its backoff: sent
+again at once, it doubled the requests to a server answering "slow down". A
+200 is held to the same rules there: its declared length
+(:func:`.direct.declared_length`: none, or a part, is refused; one over the
+budget is refused before the body), the whole body, its CRC-32 (:mod:`.transfer`).
 
 Taken only where it reaches what the client reaches: a configured endpoint
 (where the object's URL is botocore's own, from a presigned URL of the
@@ -38,6 +40,7 @@ from typing import Any
 
 from ..errors import StorageError
 from .direct import client_for, client_settings, declared_length, get_whole, profile_session
+from .retry import TRANSIENT_STATUSES
 from .transfer import check_crc32, expected_crc32
 
 __all__ = ["LeanGets", "lean_for", "get_small"]
@@ -136,7 +139,8 @@ def get_small(lean: LeanGets, fs: Any, path: str, uri: str, max_bytes: int | Non
     """The whole object at ``path``: one lean GET, or -- for any answer but a plain 200 -- the blocking
     client's (see the module's docstring). One longer than ``max_bytes`` is refused before its body."""
     bucket, key, version = fs.split_path(path)
-    prefix = "" if version else lean.prefix(bucket)
+    # (no key: the bucket's URL, whose GET is a listing; the client refuses it, as botocore validates a key)
+    prefix = "" if version or not key else lean.prefix(bucket)
     data = _get(lean, prefix, key, uri, max_bytes) if prefix else None
     return get_whole(lean.client, fs, path, uri, max_bytes) if data is None else data
 
@@ -145,7 +149,7 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
     """A plain 200's whole body, checked; None for any other answer (its body left unread)."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
-    from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
+    from botocore.exceptions import ClientError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError
     from botocore.utils import percent_encode
     from urllib3.exceptions import HTTPError, ReadTimeoutError as Urllib3ReadTimeout
 
@@ -162,12 +166,18 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
         sums = {k for k in headers if k.startswith("x-amz-checksum-") and k != "x-amz-checksum-type"}
         expected = expected_crc32({"ChecksumCRC32": headers.get(_CRC32),
                                    "ChecksumType": headers.get("x-amz-checksum-type", "FULL_OBJECT")})
+        if response.status in TRANSIENT_STATUSES:  # (tried again by the caller, after its backoff: sent again
+            # at once through the client, an overloaded server had two requests an attempt)
+            raise ClientError({"Error": {"Code": str(response.status), "Message": response.reason or ""},
+                               "ResponseMetadata": {"HTTPStatusCode": response.status}}, "GetObject")
         if response.status != 200 or (sums and (sums != {_CRC32} or expected is None)):
             return None
         length = headers.get("content-length", "")
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = declared_length({"ContentRange": headers.get("content-range"),
-                                  "ContentLength": int(length) if length.isdigit() and not chunked else None},
+                                  # (ASCII digits only: str.isdigit takes "²", which int() refuses)
+                                  "ContentLength": int(length) if length.isascii() and length.isdigit()
+                                  and not chunked else None},
                                  max_bytes, uri)
         try:
             data = response.read(length) if length else b""

@@ -1,10 +1,11 @@
 """Secret values kept out of every log record of the process.
 
 botocore, aiobotocore, s3fs and aiohttp print request headers (session
-tokens, ``Authorization``), canonical requests and credentials at DEBUG
-level. Once daskcfa holds credentials in a process (registered storage
+tokens, ``Authorization``), canonical requests, signatures and credentials at
+DEBUG level. Once daskcfa holds credentials in a process (registered storage
 options, or options resolved for I/O), every log record created there has
-those values replaced by ``***`` before any handler sees it. A record
+those values, and any SigV4 signature, replaced by ``***`` before any handler
+sees it. A record
 factory, not a logger filter: filters on ``botocore`` do not apply to
 records of ``botocore.auth`` or ``botocore.endpoint``, and handlers added
 later (a worker's, a test's) would miss a handler filter.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
@@ -30,6 +32,8 @@ CREDENTIAL_KEYS = frozenset({
 #: Shorter values are not redacted (they would blank unrelated text).
 _MIN_LENGTH = 6
 
+#: A SigV4 signature (64 hex digits) after ``Signature=`` or ``Signature:`` (and white space)
+_SIGNATURE = re.compile(r"(?i)(signature\s*[=:]\s*)[0-9a-f]{64}")
 #: The values to redact, longest first (a token before its parts); replaced whole, never mutated.
 _SECRETS: tuple[str, ...] = ()
 _LOCK = threading.Lock()
@@ -112,4 +116,6 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, "***")
-    return text
+    # (a request's SigV4 signature, known to no one before it is made: botocore.auth logs it at DEBUG,
+    # botocore.endpoint the ``Authorization`` header holding it)
+    return _SIGNATURE.sub(r"\1***", text) if "ignature" in text else text

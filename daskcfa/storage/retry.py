@@ -19,9 +19,12 @@ from .. import config
 from ..errors import CFAError, NotFoundError, StorageError, redact
 from ..logs import logger
 
-__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries"]
+__all__ = ["Refused", "translated", "refusals", "http_status", "precondition_failed", "with_retries",
+           "TRANSIENT_STATUSES"]
 
 _TRANSIENT = (ConnectionError, TimeoutError)
+#: HTTP statuses tried again (after a backoff): a server restarting, overloaded or behind a failing proxy
+TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 log = logger(__name__)
 
 
@@ -72,6 +75,10 @@ def translated(uri: str) -> Iterator[None]:
         raise StorageError("the server's redirects did not end", file=uri) from None
     except binascii.Error:  # (botocore decodes the checksum a server sends only at the body's end)
         raise StorageError("the server sent a value that is not base64 (a checksum)", file=uri) from None
+    except ValueError as exc:  # (botocore's parser meeting a header it cannot read: a length, a date, a count)
+        if not _from_parser(exc):
+            raise
+        raise StorageError(f"the server's answer could not be parsed ({_describe(exc)})", file=uri) from None
     except Exception as exc:  # client libraries raise their own types (botocore, aiohttp)
         if type(exc).__module__.split(".")[0] in ("botocore", "aiohttp", "aiobotocore", "s3fs", "fsspec"):
             status = http_status(exc)
@@ -119,6 +126,16 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
+def _from_parser(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while botocore (or aiobotocore) parsed a response."""
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_globals.get("__name__") in ("botocore.parsers", "aiobotocore.parsers"):
+            return True
+        frame = frame.tb_next
+    return False
+
+
 def _describe(exc: BaseException) -> str:
     return redact(f"{type(exc).__name__}: {exc}")[:300]
 
@@ -139,7 +156,7 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS:
         return True
-    return http_status(exc) in (500, 502, 503, 504)  # a server restarting, overloaded or behind a failing proxy
+    return http_status(exc) in TRANSIENT_STATUSES
 
 
 def precondition_failed(exc: BaseException) -> bool:

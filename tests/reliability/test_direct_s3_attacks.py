@@ -429,8 +429,7 @@ def test_a_small_object_is_one_lean_get_signed_in_its_header(servers):
     (403, "AccessDenied", daskcfa.errors.StorageError, "access denied"),
     (404, "NoSuchKey", daskcfa.NotFoundError, "not found"),
     (400, "AuthorizationHeaderMalformed", daskcfa.errors.StorageError, "storage error"),
-    (503, "SlowDown", daskcfa.errors.StorageError, "storage error"),
-])
+])  # (a 503: tests/reliability/test_lean_get_attacks.py, tried again by the retry layer only)
 def test_an_error_answer_to_a_lean_get_is_the_clients_to_map(servers, status, code, error, match):
     """Any answer but a plain 200 (its body is never the object) is sent again through the blocking
     botocore client, whose error the one retry layer maps: the same daskcfa error as before."""
