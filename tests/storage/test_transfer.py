@@ -14,8 +14,8 @@ CRC = base64.b64encode(bytes.fromhex("0a1b2c3d")).decode()
 
 
 def test_a_full_object_crc32_is_taken():
-    assert transfer._expected_crc32({"ChecksumCRC32": CRC}) == bytes.fromhex("0a1b2c3d")
-    assert transfer._expected_crc32({"ChecksumCRC32": CRC, "ChecksumType": "FULL_OBJECT"}) == bytes.fromhex("0a1b2c3d")
+    assert transfer.expected_crc32({"ChecksumCRC32": CRC}) == bytes.fromhex("0a1b2c3d")
+    assert transfer.expected_crc32({"ChecksumCRC32": CRC, "ChecksumType": "FULL_OBJECT"}) == bytes.fromhex("0a1b2c3d")
 
 
 @pytest.mark.parametrize("response", [
@@ -27,4 +27,4 @@ def test_a_full_object_crc32_is_taken():
     {"ChecksumCRC32": base64.b64encode(b"12345").decode()},  # not 4 bytes
 ])
 def test_anything_else_is_left_to_botocore(response):
-    assert transfer._expected_crc32(response) is None
+    assert transfer.expected_crc32(response) is None
