@@ -91,14 +91,16 @@ def _make(fs: Any) -> LeanGets | None:
     from botocore.httpsession import URLLib3Session
 
     settings = client_settings(fs)
-    endpoint = settings[1].get("endpoint_url") if settings is not None else None
+    if settings is None:
+        return None
+    options, arguments = settings
+    endpoint = arguments.get("endpoint_url")
     # (judged on the settings given before a client is made for them, then on the client's, with its profile's)
-    if not endpoint or not _reachable(botocore.config.Config(**settings[0]), endpoint):
+    if not endpoint or not _reachable(botocore.config.Config(**options), endpoint):
         return None
     client = client_for(fs)
     if client is None or not _reachable(client.meta.config, endpoint):
         return None
-    config, arguments = settings
     meta = client.meta.config
     session = profile_session(fs.kwargs.get("profile"))
     credentials = None

@@ -118,4 +118,4 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
             text = text.replace(secret, "***")
     # (a request's SigV4 signature, known to no one before it is made: botocore.auth logs it at DEBUG,
     # botocore.endpoint the ``Authorization`` header holding it)
-    return _SIGNATURE.sub(r"\1***", text) if "ignature" in text else text
+    return _SIGNATURE.sub(r"\1***", text)
