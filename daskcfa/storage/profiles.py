@@ -118,8 +118,12 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
 
     :class:`ArgumentError`, not showing the URL, when its authority holds no valid port but an ``@`` follows
     (a password holding ``/``, ``?`` or ``#`` not percent-encoded): no reader can use such a URL, and
-    neither redaction nor a URL parser can tell where its password ends."""
+    neither redaction nor a URL parser can tell where its password ends; and for an S3 URI holding a
+    ``user:password@`` (no S3 reader takes a login there: it would reach the SDK's messages as a bucket name)."""
     parts = urlsplit(url)
+    if parts.scheme.lower() in ("s3", "s3a") and "@" in parts.netloc:
+        raise ArgumentError("an S3 URI holding a login ('user:password@' before the bucket): S3 credentials go in "
+                            "storage_options or a profile; the URI is not shown, it holds a secret")
     if parts.scheme.lower() not in ("http", "https"):
         return url, {}
     if "@" not in parts.netloc:

@@ -1,0 +1,103 @@
+"""Attacks on the doors session 14 changed and the least-attacked front doors (attack15): secrets in
+URIs reaching errors, the command line and logs; the HTTP bounded GET; HDF5 chunk entries; masked
+reductions joined without numpy.ma.
+
+Real parts only: netCDF-4 files written by netCDF4-python, the suite's HTTP server requiring a login,
+the command line run in-process (``daskcfa.cli.main``). Each test of a fix failed on main as it was
+(e7106d3) (docs/reliability.md, "Session 14's doors attacked (attack15)").
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import warnings
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+from daskcfa import cli
+from daskcfa.errors import CFAError
+
+from remote_helpers import write_cf113
+
+PASSWORD = "Pw15attack9q"
+
+
+def _aggregation(directory: Path) -> Path:
+    """A CF-1.13 aggregation of one netCDF-4 fragment ``x(n)`` of four values."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with netCDF4.Dataset(directory / "f.nc", "w") as nc:
+        nc.createDimension("n", 4)
+        nc.createVariable("x", "f4", ("n",))[:] = np.arange(4)
+    return write_cf113(directory / "agg.nc", "x", ("n",), [[4]], [["f.nc"]])
+
+
+def _every_front_door(url: str) -> list[str]:
+    """What ``from_cfa``, ``Dataset``, the xarray backend and ``to_cfa`` show of ``url``: results,
+    warnings, tracebacks (chained errors too); each error must be daskcfa's."""
+    import xarray as xr
+
+    shown = []
+    for call in (lambda: daskcfa.from_cfa(url, "x").compute(), lambda: daskcfa.Dataset(url)["x"][:],
+                 lambda: xr.open_dataset(url, engine="daskcfa").load(),
+                 lambda: daskcfa.to_cfa(np.arange(4.0), url.replace("agg.nc", "new.nc"), variable="y", dims=("n",))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                shown.append(repr(call()))
+            except CFAError:
+                shown.append(traceback.format_exc())
+        shown += [str(w.message) for w in caught]
+    return shown
+
+
+def _command_line(argv: list[str], capsys) -> tuple[int, str]:
+    status = cli.main(argv)
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+# ---------------------------------------------------------------------------
+# secrets in URIs: other spellings (errors._SECRET_QUERY, profiles.take_login)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("query", ["auth[token]", "credentials[secret]", "api_key[]", "user%5Bpassword%5D"])
+def test_a_secret_parameter_named_in_brackets_is_redacted(tmp_path, make_http_server, query, capsys):
+    """``?auth[token]=...`` (the bracketed names of PHP and Rails forms): the 401 error of every front
+    door and of ``daskcfa info`` quoted the URI with the secret (main, e7106d3)."""
+    _aggregation(tmp_path / "srv")
+    server = make_http_server(tmp_path / "srv", username="reader", password="other-login-1")
+    url = f"{server.url}/agg.nc?{query}={PASSWORD}"
+    status, text = _command_line(["info", url], capsys)
+    assert status == 1 and "access denied" in text
+    shown = "\n".join([text, *_every_front_door(url)])
+    assert PASSWORD not in shown
+    assert f"{query}=***" in shown
+
+
+@pytest.mark.parametrize("scheme", ["s3", "s3a"])
+def test_an_s3_uri_holding_a_login_is_refused_without_showing_it(tmp_path, scheme, capsys, caplog):
+    """``s3://KEY:SECRET@bucket/agg.nc``: no S3 reader takes a login there; botocore's validation error
+    quoted the whole "bucket name", secret included, inside daskcfa's message, in every front door,
+    ``daskcfa info``/``verify`` and s3fs's DEBUG record (main, e7106d3). Now an ``ArgumentError``."""
+    caplog.set_level(logging.DEBUG)
+    url = f"{scheme}://AKIAEXAMPLE15:{PASSWORD}@bucket/agg.nc"
+    for command in (["info", url], ["verify", url], ["info", "--debug", url]):
+        status, text = _command_line(command, capsys)
+        assert status == 1 and "S3 URI holding a login" in text and PASSWORD not in text
+    shown = _every_front_door(url)
+    assert all("S3 URI holding a login" in s for s in shown)
+    assert PASSWORD not in "\n".join(shown) + "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_an_s3_fragment_uri_holding_a_login_is_refused_without_showing_it(tmp_path):
+    """The same URI as a fragment of an aggregation file: the variable's ``CFAFormatError`` names the file."""
+    agg = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [[f"s3://AKIAEXAMPLE15:{PASSWORD}@bucket/f.nc"]])
+    with pytest.raises(daskcfa.errors.CFAFormatError) as caught:
+        daskcfa.from_cfa(str(agg), "x").compute()
+    text = traceback.format_exception(caught.value)
+    assert "S3 URI holding a login" in str(caught.value) and str(agg) in str(caught.value)
+    assert PASSWORD not in "".join(text)
