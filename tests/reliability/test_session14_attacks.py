@@ -10,6 +10,8 @@ the command line run in-process (``daskcfa.cli.main``). Each test of a fix faile
 from __future__ import annotations
 
 import logging
+import struct
+import tracemalloc
 import traceback
 import warnings
 from pathlib import Path
@@ -101,3 +103,44 @@ def test_an_s3_fragment_uri_holding_a_login_is_refused_without_showing_it(tmp_pa
     text = traceback.format_exception(caught.value)
     assert "S3 URI holding a login" in str(caught.value) and str(agg) in str(caught.value)
     assert PASSWORD not in "".join(text)
+
+
+# ---------------------------------------------------------------------------
+# HDF5 chunk entries (fragments/hdf5.py)
+# ---------------------------------------------------------------------------
+def _set_chunk_address(fragment: Path, address: int) -> None:
+    """Rewrite the address of the one chunk in the fragment's v1 B-tree (found by its whole key)."""
+    import h5py
+
+    with h5py.File(fragment, "r") as h5:
+        info = h5["x"].id.get_chunk_info(0)
+    data = bytearray(fragment.read_bytes())
+    key = struct.pack("<IIQQQ", info.size, info.filter_mask, 0, 0, info.byte_offset)
+    at = data.find(key)
+    assert at >= 0 and data.find(key, at + 1) < 0
+    data[at + 24:at + 32] = struct.pack("<Q", address)
+    fragment.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("entry", ["size 2**32-16", "size 2**31-1", "address 2**63", "address 2**63-16"])
+def test_a_chunk_entry_far_past_the_end_of_a_small_file_is_refused_before_a_buffer_is_made(tmp_path, entry):
+    """A 27 KB fragment whose one chunk's B-tree entry claims 4 GiB: a whole read made a buffer of 4 GiB
+    before finding the file shorter (4,162 MiB traced on main, e7106d3); an address past 2**63 was an
+    ``OverflowError`` quoted in the message. Now every read of a local chunk checks it lies within the
+    file (as point reads did since session 14) first: a ``FragmentReadError`` naming the fragment."""
+    from .test_session13_attacks import _one_chunk_fragment, _read_point, _set_chunk_size
+
+    aggregation, fragment = _one_chunk_fragment(tmp_path)
+    what, value = entry.split(" ")
+    (_set_chunk_size if what == "size" else _set_chunk_address)(fragment, eval(value))  # noqa: S307 (the ids above)
+    for index in (slice(None), 5, slice(0, 10)):
+        tracemalloc.start()
+        try:
+            with pytest.raises(daskcfa.errors.FragmentReadError) as caught:
+                _read_point(aggregation, index)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 64 << 20
+        assert "runs past the end of the file" in str(caught.value)
+        assert caught.value.fragment == (0,) and str(fragment) in str(caught.value)
