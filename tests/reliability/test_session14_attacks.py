@@ -144,3 +144,49 @@ def test_a_chunk_entry_far_past_the_end_of_a_small_file_is_refused_before_a_buff
         assert peak < 64 << 20
         assert "runs past the end of the file" in str(caught.value)
         assert caught.value.fragment == (0,) and str(fragment) in str(caught.value)
+
+
+# ---------------------------------------------------------------------------
+# updates of a hostile archive: Dataset(url, "a"), to_cfa(mode="r+"/"a")
+# ---------------------------------------------------------------------------
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def _write(path: Path, values: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("n", len(values))
+        nc.createVariable("x", "f4", ("n",))[:] = values
+
+
+@pytest.mark.parametrize("update", ["r+ region", "Dataset a region", "Dataset r+ region", "a append"])
+def test_an_update_of_an_archive_naming_fragments_elsewhere_writes_nothing_there(tmp_path, update):
+    """An archive whose fragments are ``../victim/f.nc``, an absolute path and a ``file://`` URI outside
+    its directory: an update rewrites fragments it touches as new ones beside the archive, appends beside
+    it too, and never writes, replaces or deletes a file the archive names (nor any file outside its
+    directory); the values read back are the old ones with the update."""
+    victim = tmp_path / "victim"
+    for name, values in (("f0.nc", [0, 1, 2, 3]), ("f1.nc", [4, 5, 6, 7]), ("f2.nc", [8, 9, 10, 11])):
+        _write(victim / name, np.array(values, "f4"))
+    home = tmp_path / "home"
+    home.mkdir()
+    uris = [["../victim/f0.nc", str(victim / "f1.nc"), (victim / "f2.nc").as_uri()]]
+    aggregation = write_cf113(home / "agg.nc", "x", ("n",), [[4, 4, 4]], uris)
+    before = _tree(victim)
+    new = np.array([40, 41, 42, 43, 44, 45], "f4")  # across the first two fragments, each in part
+    expected = np.arange(12, dtype="f4")
+    if update == "r+ region":
+        daskcfa.to_cfa(new, str(aggregation), mode="r+", variable="x", region={"n": slice(2, 8)})
+        expected[2:8] = new
+    elif update.startswith("Dataset"):
+        with daskcfa.Dataset(str(aggregation), update.split()[1]) as ds:
+            ds["x"][2:8] = new
+        expected[2:8] = new
+    else:
+        daskcfa.to_cfa(new, str(aggregation), mode="a", variable="x", dims=("n",), append_dim="n")
+        expected = np.concatenate([expected, new])
+    assert _tree(victim) == before
+    assert {p.name for p in tmp_path.iterdir()} == {"victim", "home"}
+    np.testing.assert_array_equal(np.ma.getdata(daskcfa.from_cfa(str(aggregation), "x").compute()), expected)
