@@ -228,3 +228,26 @@ def test_attributes_xarray_decodes_lazily_are_a_daskcfa_error_at_load(tmp_path, 
     aggregation = _with_attributes(tmp_path, **attrs)
     with pytest.raises(CFAError):
         xr.open_dataset(aggregation, engine="daskcfa").load()
+
+
+# ---------------------------------------------------------------------------
+# a login inside a storage option's URL (storage/redaction.py)
+# ---------------------------------------------------------------------------
+def test_a_login_in_the_endpoint_url_of_the_storage_options_stays_out_of_debug_logs(s3_server, caplog):
+    """``client_kwargs={"endpoint_url": "http://user:<pw>@host:port"}``: the write and the read fail
+    (aiohttp refuses a login beside botocore's signature) with a ``StorageError`` showing no password,
+    but botocore's DEBUG records ("Calling endpoint provider", "Sending http request") held it on main
+    (e7106d3): only the values of credential keys were redacted. Now a login or signed query of any
+    URL given as an option is."""
+    caplog.set_level(logging.DEBUG)
+    options = s3_server.storage_options
+    endpoint = s3_server.endpoint_url.replace("http://", f"http://user:{PASSWORD}@")
+    options = {**options, "client_kwargs": {**options.get("client_kwargs", {}), "endpoint_url": endpoint}}
+    url = f"s3://{s3_server.new_bucket()}/agg.nc"
+    with pytest.raises(daskcfa.errors.StorageError) as caught:
+        daskcfa.to_cfa(np.arange(4.0), url, variable="y", dims=("n",), storage_options=options)
+    with pytest.raises(daskcfa.errors.StorageError):
+        daskcfa.from_cfa(url, storage_options=options).compute()
+    logs = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert "Sending http request" in logs  # (botocore's DEBUG records were made)
+    assert PASSWORD not in logs + "".join(traceback.format_exception(caught.value))
