@@ -251,3 +251,15 @@ def test_a_login_in_the_endpoint_url_of_the_storage_options_stays_out_of_debug_l
     logs = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
     assert "Sending http request" in logs  # (botocore's DEBUG records were made)
     assert PASSWORD not in logs + "".join(traceback.format_exception(caught.value))
+
+
+def test_relocating_to_an_s3_prefix_holding_a_login_writes_no_secret(tmp_path):
+    """``relocate(agg, {old: "s3://KEY:SECRET@bucket/"})``: attack14's fix drops an HTTP login from the
+    new prefix, but an S3 one was written into the relocated file, secret in clear (main, e7106d3).
+    Now refused before anything is written, the file unchanged."""
+    aggregation = _aggregation(tmp_path)
+    before = aggregation.read_bytes()
+    with pytest.raises(daskcfa.errors.ArgumentError) as caught:
+        daskcfa.relocate(str(aggregation), {str(tmp_path) + "/": f"s3://AKIAEXAMPLE15:{PASSWORD}@bucket/"})
+    assert PASSWORD not in "".join(traceback.format_exception(caught.value))
+    assert aggregation.read_bytes() == before
