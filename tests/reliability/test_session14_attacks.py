@@ -26,6 +26,8 @@ from daskcfa.errors import CFAError
 
 from remote_helpers import write_cf113
 
+from .test_redirects import origins  # noqa: F401 (a fixture)
+
 PASSWORD = "Pw15attack9q"
 
 
@@ -109,15 +111,10 @@ def test_an_s3_fragment_uri_holding_a_login_is_refused_without_showing_it(tmp_pa
 # HDF5 chunk entries (fragments/hdf5.py)
 # ---------------------------------------------------------------------------
 def _set_chunk_address(fragment: Path, address: int) -> None:
-    """Rewrite the address of the one chunk in the fragment's v1 B-tree (found by its whole key)."""
-    import h5py
+    """Rewrite the address of the one chunk in the fragment's v1 B-tree."""
+    from .test_session13_attacks import chunk_entry
 
-    with h5py.File(fragment, "r") as h5:
-        info = h5["x"].id.get_chunk_info(0)
-    data = bytearray(fragment.read_bytes())
-    key = struct.pack("<IIQQQ", info.size, info.filter_mask, 0, 0, info.byte_offset)
-    at = data.find(key)
-    assert at >= 0 and data.find(key, at + 1) < 0
+    data, at = chunk_entry(fragment)
     data[at + 24:at + 32] = struct.pack("<Q", address)
     fragment.write_bytes(bytes(data))
 
@@ -263,3 +260,29 @@ def test_relocating_to_an_s3_prefix_holding_a_login_writes_no_secret(tmp_path):
         daskcfa.relocate(str(aggregation), {str(tmp_path) + "/": f"s3://AKIAEXAMPLE15:{PASSWORD}@bucket/"})
     assert PASSWORD not in "".join(traceback.format_exception(caught.value))
     assert aggregation.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------
+# the bounded HTTP GET (storage/objects.py _http_get_bounded)
+# ---------------------------------------------------------------------------
+def test_the_bounded_http_get_checks_every_redirect_hop(origins):
+    """``read_whole(..., max_bytes=...)`` of an HTTP object (how reference sets and bookkeeping JSON are
+    read since session 14: a streamed GET) redirected to another origin: refused as every other read is,
+    no request reaching the other origin (``test_redirects.py`` checks ``read_whole`` without a bound)."""
+    from daskcfa import storage
+    from daskcfa.storage.policy import LocationPolicy
+
+    from .test_redirects import STATUSES
+
+    built, home, other, victim = origins
+    url = home.url + victim
+    policy = LocationPolicy.for_aggregation(home.url_for("ds/" + built.path.name))
+    for status in STATUSES:
+        home.clear_redirects()
+        home.redirect(victim, other.url + victim, status=status)
+        with pytest.raises(daskcfa.UnsafeURIError, match="redirect") as caught:
+            storage.read_whole(url, policy=policy, max_bytes=1 << 20)
+        assert caught.value.file == url
+    assert other.requests == 0
+    home.clear_redirects()
+    assert len(storage.read_whole(url, policy=policy, max_bytes=1 << 20).tobytes()) > 0
