@@ -119,8 +119,12 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
     :class:`ArgumentError`, not showing the URL, when its authority holds no valid port but an ``@`` follows
     (a password holding ``/``, ``?`` or ``#`` not percent-encoded): no reader can use such a URL, and
     neither redaction nor a URL parser can tell where its password ends; and for an S3 URI holding a
-    ``user:password@`` (no S3 reader takes a login there: it would reach the SDK's messages as a bucket name)."""
-    parts = urlsplit(url)
+    ``user:password@`` (no S3 reader takes a login there: it would reach the SDK's messages as a bucket name).
+    An HTTP URL naming no host or a port out of range is an :class:`ArgumentError` too (aiohttp's bare errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # (an unclosed ``[``: the parser's own message, the URL not shown)
+        raise ArgumentError(f"not a valid URL ({exc}); the URL is not shown, it may hold a password") from None
     if parts.scheme.lower() in ("s3", "s3a") and "@" in parts.netloc:
         raise ArgumentError("an S3 URI holding a login ('user:password@' before the bucket): S3 credentials go in "
                             "storage_options or a profile; the URI is not shown, it holds a secret")
@@ -130,12 +134,20 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
         if "@" in url and not _has_valid_port(parts):
             raise ArgumentError("an HTTP URL whose login holds '/', '?' or '#' not percent-encoded "
                              "(%2F, %3F, %23): the URL is not shown, it holds a password")
-        return url, {}
+        return _with_host(url), {}
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     login = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
     origin = f"{parts.scheme.lower()}://{host.lower()}/"
-    return urlunsplit(parts._replace(netloc=host)), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
+    return _with_host(urlunsplit(parts._replace(netloc=host))), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
+
+
+def _with_host(url: str) -> str:
+    """``url``, an HTTP(S) URL without a login, if it names a host and no port or a valid one."""
+    parts = urlsplit(url)
+    if not parts.hostname or not _has_valid_port(parts):
+        raise ArgumentError("an HTTP URL naming no host, or a port out of range 0-65535", file=url)
+    return url
 
 
 def _has_valid_port(parts: SplitResult) -> bool:

@@ -107,6 +107,24 @@ def test_an_s3_fragment_uri_holding_a_login_is_refused_without_showing_it(tmp_pa
     assert PASSWORD not in "".join(text)
 
 
+@pytest.mark.parametrize("url", ["http://", "https://:@/", "http://[::1", f"http://reader:{PASSWORD}@[::1/agg.nc",
+                                 "http://127.0.0.1:-1/agg.nc", f"http://reader:{PASSWORD}@127.0.0.1:99999/agg.nc"])
+def test_an_http_url_naming_no_host_or_a_bad_port_is_a_daskcfa_error(url, capsys):
+    """A careless aggregation URL: aiohttp's bare ``InvalidUrlClientError`` (no host), urllib's bare
+    ``ValueError`` ("Invalid IPv6 URL", "Port out of range") on main (e7106d3), from every front door and
+    as ``daskcfa info``'s one line. Now an ``ArgumentError`` (from ``profiles.take_login``, which parses
+    every HTTP URL first), the URL shown only without its login."""
+    import xarray as xr
+
+    for call in (lambda: daskcfa.from_cfa(url), lambda: daskcfa.Dataset(url),
+                 lambda: xr.open_dataset(url, engine="daskcfa")):
+        with pytest.raises(daskcfa.errors.ArgumentError) as caught:
+            call()
+        assert PASSWORD not in "".join(traceback.format_exception(caught.value))
+    status, text = _command_line(["info", url], capsys)
+    assert status == 1 and "URL" in text and PASSWORD not in text
+
+
 # ---------------------------------------------------------------------------
 # HDF5 chunk entries (fragments/hdf5.py)
 # ---------------------------------------------------------------------------
