@@ -107,6 +107,7 @@ def split_url_credentials(url: str, storage_options: Mapping[str, Any] | None) -
     show. Other schemes are left alone (netCDF-C reads a DAP URL's login itself).
     """
     url, login = take_login(url)
+    _check_host(url)
     if not login:
         return url, None if storage_options is None else dict(storage_options)
     return url, {**(storage_options or {}), **login}
@@ -119,8 +120,7 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
     :class:`ArgumentError`, not showing the URL, when its authority holds no valid port but an ``@`` follows
     (a password holding ``/``, ``?`` or ``#`` not percent-encoded): no reader can use such a URL, and
     neither redaction nor a URL parser can tell where its password ends; and for an S3 URI holding a
-    ``user:password@`` (no S3 reader takes a login there: it would reach the SDK's messages as a bucket name).
-    An HTTP URL naming no host or a port out of range is an :class:`ArgumentError` too (aiohttp's bare errors)."""
+    ``user:password@`` (no S3 reader takes a login there: it would reach the SDK's messages as a bucket name)."""
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # (an unclosed ``[``: the parser's own message, the URL not shown)
@@ -134,20 +134,20 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
         if "@" in url and not _has_valid_port(parts):
             raise ArgumentError("an HTTP URL whose login holds '/', '?' or '#' not percent-encoded "
                              "(%2F, %3F, %23): the URL is not shown, it holds a password")
-        return _with_host(url), {}
+        return url, {}
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     login = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
     origin = f"{parts.scheme.lower()}://{host.lower()}/"
-    return _with_host(urlunsplit(parts._replace(netloc=host))), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
+    return urlunsplit(parts._replace(netloc=host)), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
 
 
-def _with_host(url: str) -> str:
-    """``url``, an HTTP(S) URL without a login, if it names a host and no port or a valid one."""
+def _check_host(url: str) -> None:
+    """Refuse an HTTP(S) URL (without a login) naming no host, or a port out of range: aiohttp's and urllib's
+    bare errors otherwise (a prefix of ``relocate``, ``http://``, is no such URL: not checked here)."""
     parts = urlsplit(url)
-    if not parts.hostname or not _has_valid_port(parts):
+    if parts.scheme.lower() in ("http", "https") and (not parts.hostname or not _has_valid_port(parts)):
         raise ArgumentError("an HTTP URL naming no host, or a port out of range 0-65535", file=url)
-    return url
 
 
 def _has_valid_port(parts: SplitResult) -> bool:

@@ -112,8 +112,8 @@ def test_an_s3_fragment_uri_holding_a_login_is_refused_without_showing_it(tmp_pa
 def test_an_http_url_naming_no_host_or_a_bad_port_is_a_daskcfa_error(url, capsys):
     """A careless aggregation URL: aiohttp's bare ``InvalidUrlClientError`` (no host), urllib's bare
     ``ValueError`` ("Invalid IPv6 URL", "Port out of range") on main (e7106d3), from every front door and
-    as ``daskcfa info``'s one line. Now an ``ArgumentError`` (from ``profiles.take_login``, which parses
-    every HTTP URL first), the URL shown only without its login."""
+    as ``daskcfa info``'s one line. Now an ``ArgumentError`` (``profiles.split_url_credentials``, where the
+    aggregation URL's login is taken out), the URL shown only without its login."""
     import xarray as xr
 
     for call in (lambda: daskcfa.from_cfa(url), lambda: daskcfa.Dataset(url),
