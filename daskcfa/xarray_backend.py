@@ -194,7 +194,7 @@ def _decoded(obj: XrDataset, url: str, decoders: Mapping[str, Any]) -> XrDataset
         return decode_cf(obj, **decoders)
     except CFAError:
         raise
-    except (ValueError, TypeError, OverflowError) as exc:
+    except ValueError as exc:  # (a TypeError may be the caller's own decoding argument: left as it is)
         said = " ".join(getattr(exc, "__notes__", ())[:1]).split(" with value")[0]
         raise CFAFormatError(f"xarray cannot decode it: {type(exc).__name__}: {exc} {said}".strip(), file=url) \
             from None
