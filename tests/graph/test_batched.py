@@ -114,3 +114,26 @@ def test_a_point_series_over_small_s3_objects_reads_batches_fetched_ahead(archiv
     # (47 objects: fragment 5 is absent; the first of each batch is fetched by its own task)
     assert 47 - 16 <= used["used"] <= used["started"] <= 47
     assert_matches(unbatched.compute(scheduler="threads"), archive.expected[:, 4, 7])
+
+
+def test_a_damaged_or_missing_s3_object_mid_batch_is_named(archive, s3_server, s3_bucket, s3fs_fs):
+    """A batch of small S3 objects read ahead: an object damaged, then deleted, in the middle of a batch
+    (not its first, which its task fetches itself) is named by the error, with its variable and file."""
+    from remote_helpers import upload
+
+    base = upload(s3fs_fs, archive.path.parent, s3_bucket, "damaged")
+    name = archive.fragment_uris[(22, 0, 0)][0].rsplit("/", 1)[-1]
+    victim = f"{base}/{archive.fragment_uris[(22, 0, 0)][0]}".removeprefix("s3://")
+    assert s3fs_fs.exists(victim)
+    with dask.config.set(num_workers=1):
+        series = daskcfa.from_cfa(f"{base}/{archive.path.name}", storage_options=s3_server.storage_options)[:, 4, 7]
+    assert series.chunks[0][:8] == (3,) * 8  # (fragments 21-23: one batch)
+    s3fs_fs.pipe_file(victim, s3fs_fs.cat_file(victim)[:100])
+    with pytest.raises(daskcfa.FragmentReadError) as damaged:
+        series.compute(scheduler="threads")
+    s3fs_fs.rm_file(victim)
+    with pytest.raises(daskcfa.MissingFragmentError) as missing:
+        series.compute(scheduler="threads")
+    for info in (damaged, missing):
+        assert info.value.fragment == (22, 0, 0) and info.value.file.endswith(name)
+        assert info.value.variable is not None and s3_server.secret not in str(info.value)
