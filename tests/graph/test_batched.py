@@ -93,7 +93,8 @@ def test_on_a_distributed_cluster_batches_are_sized_by_its_threads_and_larger(tm
 def test_a_point_series_over_small_s3_objects_reads_batches_fetched_ahead(archive, s3_server, s3_bucket, s3fs_fs):
     """Small remote objects fetched whole are batched too where the batch's task reads its next objects
     ahead (1,000 tasks, one a fragment, cost the S3 point series 15-25% more CPU): the same values and masks,
-    each object fetched once, most of them by read-ahead; with read-ahead off, one task per fragment."""
+    most objects handed over by read-ahead, no more started ahead than there are objects; with read-ahead
+    off, or on a distributed cluster, one task per fragment."""
     from remote_helpers import upload
 
     from daskcfa.fragments import readahead
@@ -106,6 +107,11 @@ def test_a_point_series_over_small_s3_objects_reads_batches_fetched_ahead(archiv
             unbatched = daskcfa.from_cfa(url, storage_options=s3_server.storage_options)[:, 4, 7]
     assert series.numblocks == (48 // 3,)  # (one task per fragment: 48)
     assert unbatched.numblocks == (48,)
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster):  # (a distributed default client: its workers read nothing ahead)
+        assert daskcfa.from_cfa(url, storage_options=s3_server.storage_options)[:, 4, 7].numblocks == (48,)
     before = readahead.stats()
     got = series.compute(scheduler="threads")
     used = {k: v - before[k] for k, v in readahead.stats().items()}
