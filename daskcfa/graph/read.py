@@ -424,7 +424,8 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
     """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
     ``decode``: see :class:`AggregatedArray`; stored values are never masked). ``batched``: as a
     :class:`~.batched.FragmentArray`, which reads small selections of many local fragments (or small
-    remote objects fetched ahead) in batches (for users' reads; writers plan their tasks on the fragments' own chunks)."""
+    remote objects fetched ahead) in batches (for users' reads; writers plan their tasks on the
+    fragments' own chunks)."""
     from . import masked  # noqa: F401  (registers masked chunks' dispatch with dask.array)
     from .batched import FragmentArray  # (a dask.array class: not for metadata-only work)
 
