@@ -130,11 +130,12 @@ class HDF5File:
     """
 
     def __init__(self, source: str | os.PathLike[str] | BinaryIO | Blocks | Buffer, *,
-                 read_ranges: ReadRanges | None = None, label: str | None = None) -> None:
+                 read_ranges: ReadRanges | None = None, label: str | None = None, parse: bool = True) -> None:
         # ``source`` is a path, a whole file in memory (Blocks, or one buffer),
         # or a file object (a remote object behind a block cache) that HDF5
         # reads metadata through; then ``read_ranges`` must fetch the data
-        # bytes. ``label`` names what is not a path. h5py's low-level API is
+        # bytes. ``label`` names what is not a path; ``parse``: False reads the metadata with h5py
+        # only (the reference :mod:`.hdf5_meta` is tested against). h5py's low-level API is
         # used throughout: its high-level File and Dataset objects cost more to
         # open and close than HDF5 itself (File.close walks every object open in
         # the process), which shows on 1,000s of files.
@@ -151,7 +152,7 @@ class HDF5File:
         self._meta: HDF5Meta | None = None
         self._source = source
         self._read_ranges = read_ranges  # (None: pread; not the bound method, a cycle to collect)
-        if is_path and read_ranges is None:
+        if is_path and read_ranges is None and parse:
             fd = self._fd = self._own_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             path = self.path  # (the reader refers to neither this object nor its methods: no cycle)
             self._meta = _parsed(lambda offset, length: pread(fd, offset, length, path), os.fstat(fd).st_size)
@@ -159,7 +160,7 @@ class HDF5File:
             if read_ranges is None:
                 # (a range within one block is a read-only view of it; one across blocks, a fresh array)
                 self._read_ranges = functools.partial(_read_blocks, source)
-            self._meta = _parsed(source.read, len(source))
+            self._meta = _parsed(source.read, len(source)) if parse else None
         if self._meta is None:
             try:
                 self._open_hdf5()

@@ -154,8 +154,9 @@ class HDF5Meta:
         if base != 0 or extension != _UNDEFINED or eof > size:
             raise NotMine("superblock extension, base address or a truncated file")
         self._root = root
+        self._eoa = eof
         self._groups: dict[int, dict[bytes, int]] = {}
-        self._heaps: dict[int, bytes] = {}
+        self._heaps: dict[int, dict[int, bytes]] = {}
         self._links(root)
 
     # -- bytes ---------------------------------------------------------------
@@ -301,11 +302,14 @@ class HDF5Meta:
         if shape is None:
             raise NotMine("a null dataspace")
         fill, fill_never = _fill_value(found[0x05], dtype)
-        chunks, offset, btree = _layout(found[0x08], dtype, shape, maxshape)
+        chunks, offset, btree = _layout(found[0x08], dtype, shape, maxshape, self._eoa)
         filters = _filters(found[0x0B]) if 0x0B in found else []
         if filters and chunks is None:
             raise NotMine("filters on contiguous data")
-        names = [name.decode("utf-8", errors="replace") for _, name, _ in attributes]
+        try:  # (h5py's path shows a name that is not UTF-8 altered, then cannot find it)
+            names = [name.decode() for _, name, _ in attributes]
+        except UnicodeDecodeError:
+            raise NotMine("an attribute name that is not UTF-8") from None
         if len(set(names)) != len(names):
             raise NotMine("two attributes of one name")
         if flags & 0x04:
@@ -316,14 +320,18 @@ class HDF5Meta:
         else:
             attributes.sort(key=lambda item: item[1])  # (HDF5 compares names as C strings)
         meta = DatasetMeta(link, address, dtype, shape, chunks, offset, filters, fill, fill_never,
-                           {name.decode("utf-8", errors="replace"): attr for _, name, attr in attributes})
+                           {name.decode(): attr for _, name, attr in attributes})
         if chunks is not None:
-            meta.chunk_index = self._chunk_index(btree, shape, chunks)
+            meta.chunk_index = self._chunk_index(btree, shape, chunks, dtype.itemsize)
         return meta
 
     def reference_count(self, address: int) -> int:
-        """How many hard links the object at ``address`` has."""
+        """How many hard links the dataset at ``address`` has (anything but a dataset, as HDF5 tells
+        an object's kind from the messages it holds: not mine)."""
         messages, _ = self._messages(address)
+        kinds = {kind for kind, _, _ in messages}
+        if not {0x01, 0x03} <= kinds or kinds & {0x02, 0x11}:
+            raise NotMine("not a dataset")
         counts = [body for kind, _, body in messages if kind == 0x16]
         if not counts:
             return 1
@@ -419,22 +427,14 @@ class HDF5Meta:
         length, collection, index = struct.unpack_from("<IQI", data, at)
         if length == 0:
             return b""
-        heap = self._heap(collection)
-        at = 16
-        while at + 16 <= len(heap):
-            number, _refs, _reserved, size = struct.unpack_from("<HHIQ", heap, at)
-            if number == 0:
-                break
-            if at + 16 + size > len(heap):
-                raise NotMine("global heap object runs past its collection")
-            if number == index:
-                if length * itemsize > size:
-                    raise NotMine("variable-length element longer than its heap object")
-                return heap[at + 16:at + 16 + length * itemsize]
-            at += 16 + -(-size // 8) * 8
-        raise NotMine("no such global heap object")
+        found = self._heap(collection).get(index)
+        if found is None or length * itemsize > len(found):
+            raise NotMine("no such global heap object, or a shorter one")
+        return found[:length * itemsize]
 
-    def _heap(self, address: int) -> bytes:
+    def _heap(self, address: int) -> dict[int, bytes]:
+        """The objects of the global heap collection at ``address``, by index: all of them checked,
+        as HDF5 checks them when it loads the collection."""
         heap = self._heaps.get(address)
         if heap is None:
             head = self.bytes_at(address, 16)
@@ -443,12 +443,24 @@ class HDF5Meta:
             size = struct.unpack_from("<Q", head, 8)[0]
             if size < 16 or len(self._heaps) >= 64:
                 raise NotMine("global heap collection size")
-            heap = self._heaps[address] = self.bytes_at(address, size)
+            data = self.bytes_at(address, size)
+            heap, at = {}, 16
+            while at + 16 <= size:
+                number, _refs, _reserved, length = struct.unpack_from("<HHIQ", data, at)
+                # (an object's size counts its data; free space's (index 0), its header too)
+                need = 16 + -(-length // 8) * 8 if number else max(16, -(-length // 8) * 8)
+                if need > size - at or (number and number in heap):
+                    raise NotMine("global heap object")
+                if number:
+                    heap[number] = data[at + 16:at + 16 + length]
+                at += need
+            self._heaps[address] = heap
         return heap
 
     # -- chunk index -----------------------------------------------------------
 
-    def _chunk_index(self, btree: int | None, shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[ChunkEntry]:
+    def _chunk_index(self, btree: int | None, shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int
+                     ) -> list[ChunkEntry]:
         """Every chunk of a version 1 B-tree chunk index, checked: in strictly increasing order, each at
         a chunk boundary within the dataspace, each node's keys bounding its children."""
         if btree is None:
@@ -461,6 +473,7 @@ class HDF5Meta:
         entries: list[ChunkEntry] = []
         visited: set[int] = set()
         fmt = f"<II{ndim + 1}Q"
+        every = (*chunks, itemsize)
 
         def walk(address: int, level: int | None, depth: int, low: tuple, high: tuple | None) -> None:
             if address in visited or depth > _MAX_DEPTH or len(visited) > nchunks + 1:
@@ -477,7 +490,9 @@ class HDF5Meta:
             for i in range(used + 1):
                 at = i * (key_size + 8)
                 values = struct.unpack_from(fmt, body, at)
-                if values[-1] != 0 and i < used:  # (the last key bounds the last chunk: its element offset varies)
+                # (the last key bounds the last chunk: its element offset varies; HDF5 checks that
+                # every offset is a multiple of the chunk's size along its dimension)
+                if (values[-1] != 0 and i < used) or any(o % c for o, c in zip(values[2:], every)):
                     raise NotMine("chunk key")
                 keys.append(values)
                 if i < used:
@@ -642,16 +657,18 @@ def _fill_value(body: bytes, dtype: np.dtype) -> tuple[Any, bool]:
     return np.frombuffer(body, dtype, 1, 6)[0], never
 
 
-def _layout(body: bytes, dtype: np.dtype, shape: tuple[int, ...], maxshape: tuple[int, ...] | None
+def _layout(body: bytes, dtype: np.dtype, shape: tuple[int, ...], maxshape: tuple[int, ...] | None, eoa: int
             ) -> tuple[tuple[int, ...] | None, int | None, int | None]:
-    """``(chunk shape, contiguous data's offset, chunk B-tree's address)`` of a version 3 layout message."""
+    """``(chunk shape, contiguous data's offset, chunk B-tree's address)`` of a version 3 layout message
+    (``eoa``: the end of the file's allocated space, which HDF5 checks contiguous data against)."""
     if len(body) < 2 or body[0] != 3:
         raise NotMine("layout message version")
     if body[1] == 1:
         if len(body) != 18:
             raise NotMine("layout message size")
         address, size = struct.unpack_from("<2Q", body, 2)
-        if size != math.prod(shape) * dtype.itemsize or maxshape != shape:
+        if size != math.prod(shape) * dtype.itemsize or maxshape != shape or (
+                address != _UNDEFINED and address + size > eoa):
             raise NotMine("contiguous storage size")
         return None, None if address == _UNDEFINED else address, None
     if body[1] == 2:
