@@ -17,15 +17,17 @@ and every node is visited once. Nothing here trusts the bytes it reads.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
+import h5py
 import numpy as np
 
 __all__ = ["AttributeMeta", "ChunkEntry", "DatasetMeta", "FLOAT_SIZES", "HDF5Meta", "INTEGER_SIZES", "NotMine",
-           "lookup3"]
+           "checksum"]
 
 #: The byte sizes of the integer and float types a direct read supports (either byte order).
 INTEGER_SIZES = (1, 2, 4, 8)
@@ -55,36 +57,26 @@ class NotMine(Exception):
     """The bytes are not the simple, consistent case this parser understands: h5py reads the file."""
 
 
-def lookup3(data: bytes, initval: int = 0) -> int:
-    """Bob Jenkins' lookup3 ``hashlittle``, the checksum of HDF5's version 2 metadata."""
-    n = len(data)
-    a = b = c = (0xDEADBEEF + n + initval) & 0xFFFFFFFF
-    whole = (n - 1) // 12 if n else 0
-    words = struct.unpack_from(f"<{3 * whole}I", data)
-    m = 0xFFFFFFFF
-    for i in range(0, 3 * whole, 3):
-        a = (a + words[i]) & m
-        b = (b + words[i + 1]) & m
-        c = (c + words[i + 2]) & m
-        a = (a - c) & m; a ^= ((c << 4) | (c >> 28)) & m; c = (c + b) & m  # noqa: E702
-        b = (b - a) & m; b ^= ((a << 6) | (a >> 26)) & m; a = (a + c) & m  # noqa: E702
-        c = (c - b) & m; c ^= ((b << 8) | (b >> 24)) & m; b = (b + a) & m  # noqa: E702
-        a = (a - c) & m; a ^= ((c << 16) | (c >> 16)) & m; c = (c + b) & m  # noqa: E702
-        b = (b - a) & m; b ^= ((a << 19) | (a >> 13)) & m; a = (a + c) & m  # noqa: E702
-        c = (c - b) & m; c ^= ((b << 4) | (b >> 28)) & m; b = (b + a) & m  # noqa: E702
-    if n == 0:
-        return c
-    tail = bytes(data[12 * whole:]).ljust(12, b"\0")
-    x, y, z = struct.unpack("<3I", tail)
-    a, b, c = (a + x) & m, (b + y) & m, (c + z) & m
-    c ^= b; c = (c - (((b << 14) | (b >> 18)) & m)) & m  # noqa: E702
-    a ^= c; a = (a - (((c << 11) | (c >> 21)) & m)) & m  # noqa: E702
-    b ^= a; b = (b - (((a << 25) | (a >> 7)) & m)) & m  # noqa: E702
-    c ^= b; c = (c - (((b << 16) | (b >> 16)) & m)) & m  # noqa: E702
-    a ^= c; a = (a - (((c << 4) | (c >> 28)) & m)) & m  # noqa: E702
-    b ^= a; b = (b - (((a << 14) | (a >> 18)) & m)) & m  # noqa: E702
-    c ^= b; c = (c - (((b << 24) | (b >> 8)) & m)) & m  # noqa: E702
-    return c
+def checksum(data: bytes, length: int) -> int:
+    """HDF5's checksum of version 2 metadata (Jenkins' lookup3) of ``data[:length]``, computed by the
+    HDF5 library h5py loaded (:class:`NotMine` when it does not export it: then h5py reads the file; a
+    checksum computed in Python costs more than opening the file with h5py)."""
+    if _CHECKSUM is None:
+        raise NotMine("HDF5's checksum function is not available")
+    return _CHECKSUM(data, length, 0)
+
+
+def _checksum_function() -> Any:
+    try:
+        function = ctypes.CDLL(h5py.h5.__file__).H5_checksum_metadata
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_uint32
+    function.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32]
+    return function
+
+
+_CHECKSUM = _checksum_function()
 
 
 class ChunkEntry(NamedTuple):
@@ -149,7 +141,7 @@ class HDF5Meta:
         if version not in (2, 3) or offsets != 8 or lengths != 8 or flags != 0:
             raise NotMine(f"superblock version {version} (sizes {offsets}/{lengths}, flags {flags})")
         base, extension, eof, root = struct.unpack_from("<4Q", sb, 12)
-        if struct.unpack_from("<I", sb, 44)[0] != lookup3(sb[:44]):
+        if struct.unpack_from("<I", sb, 44)[0] != checksum(sb, 44):
             raise NotMine("superblock checksum")
         if base != 0 or extension != _UNDEFINED or eof > size:
             raise NotMine("superblock extension, base address or a truncated file")
@@ -200,7 +192,7 @@ class HDF5Meta:
         seen = {address}
         while blocks:
             data, at, end = blocks.pop(0)
-            if struct.unpack_from("<I", data, end)[0] != lookup3(data[:end]):
+            if struct.unpack_from("<I", data, end)[0] != checksum(data, end):
                 raise NotMine("object header checksum")
             header = 6 if tracked else 4
             while end - at >= header:
