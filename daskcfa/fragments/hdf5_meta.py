@@ -230,7 +230,7 @@ class HDF5Meta:
         for kind, _, body in messages:
             if kind == 0x02:
                 info = True
-                _link_info(body)
+                _compact(body, 8, "link")
             elif kind == 0x06:
                 name, target = _link(body)
                 if name in links:
@@ -282,7 +282,7 @@ class HDF5Meta:
                     raise NotMine(f"two messages {kind:#x}")
                 found[kind] = body
             elif kind == 0x15:
-                _attribute_info(body)
+                _compact(body, 2, "attribute")
             elif kind not in (0x12, 0x16):  # times; a reference count (several links: told by the caller)
                 raise NotMine(f"message {kind:#x} in a dataset")
         if any(k not in found for k in (0x01, 0x03, 0x05, 0x08)):
@@ -515,26 +515,17 @@ class HDF5Meta:
 # -- messages -------------------------------------------------------------------
 
 
-def _link_info(body: bytes) -> None:
+def _compact(body: bytes, counter: int, what: str) -> None:
+    """Check a link info (``counter``: 8, the bytes of its creation counter) or attribute info (2)
+    message: not mine unless what it describes is stored compactly, in the object header."""
     if len(body) < 2 or body[0] != 0 or body[1] & ~3:
-        raise NotMine("link info")
-    at = 2 + (8 if body[1] & 1 else 0)
+        raise NotMine(f"{what} info")
+    at = 2 + (counter if body[1] & 1 else 0)
     if len(body) != at + 16 + (8 if body[1] & 2 else 0):
-        raise NotMine("link info size")
+        raise NotMine(f"{what} info size")
     heap, = struct.unpack_from("<Q", body, at)
     if heap != _UNDEFINED:
-        raise NotMine("links stored densely")
-
-
-def _attribute_info(body: bytes) -> None:
-    if len(body) < 2 or body[0] != 0 or body[1] & ~3:
-        raise NotMine("attribute info")
-    at = 2 + (2 if body[1] & 1 else 0)
-    if len(body) != at + 16 + (8 if body[1] & 2 else 0):
-        raise NotMine("attribute info size")
-    heap, = struct.unpack_from("<Q", body, at)
-    if heap != _UNDEFINED:
-        raise NotMine("attributes stored densely")
+        raise NotMine(f"{what}s stored densely")
 
 
 def _link(body: bytes) -> tuple[bytes, int]:

@@ -179,7 +179,30 @@ def _dimension_list(dsid: h5py.h5d.DatasetID, where: str) -> np.ndarray:
     return lists
 
 
-class NetCDFAttributes(Mapping[str, Any]):
+class _Attributes(Mapping[str, Any]):
+    """Attribute values, each read (:meth:`_value`) on first use and remembered."""
+
+    _values: dict[str, Any]
+
+    def _value(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            pass
+        if name not in self:
+            raise KeyError(name)
+        value = self._values[name] = self._value(name)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        # (decoding asks for attributes most variables lack: no exception raised for each)
+        return self[name] if name in self else default
+
+
+class NetCDFAttributes(_Attributes):
     """A variable's attributes as netCDF4-python reports them (see its ``_get_att``).
 
     Each value is read on first use: decoding needs a few of them, and reading
@@ -196,19 +219,8 @@ class NetCDFAttributes(Mapping[str, Any]):
         self._names: list[str] | None = None
         self._present: frozenset[str] | None = None if names is None else names - _HIDDEN_ATTRS
 
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            pass
-        if name not in self:
-            raise KeyError(name)
-        value = self._values[name] = _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
-        return value
-
-    def get(self, name: str, default: Any = None) -> Any:
-        # (decoding asks for attributes most variables lack: no exception raised for each)
-        return self[name] if name in self else default
+    def _value(self, name: str) -> Any:
+        return _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
 
     def __contains__(self, name: object) -> bool:
         if self._present is None:  # every name in one call: decoding asks for ten, most absent
@@ -290,7 +302,7 @@ def _text(value: str | bytes) -> str:
 # -- from parsed metadata (:mod:`.hdf5_meta`) ----------------------------------------------------
 
 
-class ParsedAttributes(Mapping[str, Any]):
+class ParsedAttributes(_Attributes):
     """:class:`NetCDFAttributes` from parsed metadata (each value converted on first use)."""
 
     def __init__(self, attributes: Mapping[str, AttributeMeta], where: str) -> None:
@@ -299,18 +311,8 @@ class ParsedAttributes(Mapping[str, Any]):
         self._values: dict[str, Any] = {}
         self._names = [name for name in attributes if name not in _HIDDEN_ATTRS]
 
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            pass
-        if name not in self:
-            raise KeyError(name)
-        value = self._values[name] = _parsed_value(self._attributes[name], name, self._where)
-        return value
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self else default
+    def _value(self, name: str) -> Any:
+        return _parsed_value(self._attributes[name], name, self._where)
 
     def __contains__(self, name: object) -> bool:
         return name in self._attributes and name not in _HIDDEN_ATTRS
