@@ -35,7 +35,7 @@ from ..storage.blocks import Blocks, Buffer
 from ..storage.local import pread
 from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SUPPORTED_FILTERS, inflate_head, pipeline_of, unfilter
 from .layout import StoredLayout
-from .hdf5_meta import DatasetMeta, HDF5Meta, NotMine
+from .hdf5_meta import PARSE_ERRORS, DatasetMeta, HDF5Meta
 from .hdf5_netcdf import (
     NON_COORD_PREFIX,
     DirectReadUnsupported,
@@ -204,7 +204,7 @@ class HDF5File:
         if self._meta is not None and base:
             try:
                 found = parsed_variable(self._meta, group, base)
-            except NotMine:
+            except PARSE_ERRORS:
                 pass  # (h5py reads it, as it did before this parser)
             else:
                 if found is None:
@@ -259,7 +259,7 @@ def _parsed(read_at: Callable[[int, int], Any], size: int) -> HDF5Meta | None:
     """The file's metadata parsed directly, or None when :mod:`.hdf5_meta` leaves it to h5py."""
     try:
         return HDF5Meta(read_at, size)
-    except NotMine:
+    except PARSE_ERRORS:
         return None
 
 

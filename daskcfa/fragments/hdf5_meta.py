@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 __all__ = ["AttributeMeta", "ChunkEntry", "DatasetMeta", "FLOAT_SIZES", "HDF5Meta", "INTEGER_SIZES", "NotMine",
+           "PARSE_ERRORS",
            "checksum"]
 
 #: The byte sizes of the integer and float types a direct read supports (either byte order).
@@ -55,6 +56,11 @@ _HEAD_BYTES = 16 << 10
 
 class NotMine(Exception):
     """The bytes are not the simple, consistent case this parser understands: h5py reads the file."""
+
+
+#: What parsing may raise: :class:`NotMine`, and (a check missed) what slicing and unpacking
+#: hostile bytes raise, which means the same.
+PARSE_ERRORS = (NotMine, struct.error, IndexError, ValueError, OverflowError)
 
 
 def checksum(data: bytes, length: int) -> int:
@@ -534,7 +540,7 @@ def _link(body: bytes) -> tuple[bytes, int]:
         raise NotMine("link message")
     flags, at = body[1], 2
     if flags & 0x08:
-        if body[at] != 0:
+        if len(body) < 3 or body[at] != 0:
             raise NotMine("not a hard link")
         at += 1
     if flags & 0x04:
