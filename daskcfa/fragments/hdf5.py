@@ -152,21 +152,24 @@ class HDF5File:
         self._meta: HDF5Meta | None = None
         self._source = source
         self._read_ranges = read_ranges  # (None: pread; not the bound method, a cycle to collect)
-        if is_path and read_ranges is None and parse:
-            fd = self._fd = self._own_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            path = self.path  # (the reader refers to neither this object nor its methods: no cycle)
-            self._meta = _parsed(lambda offset, length: pread(fd, offset, length, path), os.fstat(fd).st_size)
-        elif in_memory:
-            if read_ranges is None:
-                # (a range within one block is a read-only view of it; one across blocks, a fresh array)
-                self._read_ranges = functools.partial(_read_blocks, source)
-            self._meta = _parsed(source.read, len(source)) if parse else None
-        if self._meta is None:
-            try:
+        if in_memory and read_ranges is None:
+            # (a range within one block is a read-only view of it; one across blocks, a fresh array)
+            self._read_ranges = functools.partial(_read_blocks, source)
+        try:
+            if is_path and read_ranges is None and parse:
+                fd = self._fd = self._own_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                path = self.path  # (the reader refers to neither this object nor its methods: no cycle)
+                self._meta = _parsed(lambda offset, length: pread(fd, offset, length, path), os.fstat(fd).st_size)
+            elif in_memory and parse:
+                self._meta = _parsed(source.read, len(source))
+            if self._meta is None:
+                if self._own_fd is not None:  # (h5py's own descriptor reads the data, as before)
+                    os.close(self._own_fd)
+                    self._fd = self._own_fd = None
                 self._open_hdf5()
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def _open_hdf5(self) -> h5py.h5f.FileID:
         """The file opened with h5py (once), for what :mod:`.hdf5_meta` does not parse."""
