@@ -126,7 +126,7 @@ def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, names: frozenset[str],
     dimensions and attributes ``names`` is opened (told: asking HDF5 again costs more than the checks)."""
     if rank == 0:
         return
-    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
+    if "CLASS" in names and _is_scale(dsid, where):
         if rank > 1:
             raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
     elif "DIMENSION_LIST" not in names:
@@ -140,7 +140,7 @@ def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str)
     ndim = dsid.rank
     if ndim == 0:
         return ()
-    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
+    if "CLASS" in names and _is_scale(dsid, where):
         # A coordinate variable is its own dimension scale; netCDF-C records the
         # other dimensions of a multi-dimensional one only by dimension id.
         if ndim == 1:
@@ -154,6 +154,30 @@ def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str)
         path = h5py.h5r.get_name(refs[0], dsid).decode()  # 3x faster than dataset.dims
         found.append(_dimension_name(path.rpartition("/")[2]))
     return tuple(found)
+
+
+#: The ``CLASS`` of a dimension scale, as HDF5 writes it (a 16-byte NUL-terminated string).
+_SCALE_CLASS = b"DIMENSION_SCALE"
+
+
+def _is_scale(dsid: h5py.h5d.DatasetID, where: str) -> bool:
+    """Whether ``dsid`` (which has a ``CLASS`` attribute) is a dimension scale, told as HDF5's
+    ``H5DSis_scale`` tells it: a 16-byte NUL-terminated string whose text is a prefix of
+    :data:`_SCALE_CLASS`. Not that function: HDF5 2.0's frees its buffer twice when such a string
+    holds anything else, aborting the process, and a hostile file must not kill the reader.
+    Raises ValueError where HDF5 would read past its buffer (not one value)."""
+    aid = h5py.h5a.open(dsid, b"CLASS")
+    tid = aid.get_type()
+    if (not isinstance(tid, h5py.h5t.TypeStringID) or tid.is_variable_str()
+            or tid.get_strpad() != h5py.h5t.STR_NULLTERM or tid.get_size() != len(_SCALE_CLASS) + 1):
+        return False
+    space = aid.get_space()
+    if space.get_simple_extent_type() == h5py.h5s.NULL or space.get_simple_extent_npoints() != 1:
+        raise ValueError(f"its CLASS attribute is not one string ({where})")
+    raw = np.empty((), f"S{tid.get_size()}")
+    aid.read(raw, mtype=tid)
+    text = raw.tobytes().partition(b"\0")[0]
+    return _SCALE_CLASS.startswith(text[:len(_SCALE_CLASS)])
 
 
 def _dimension_name(link: str) -> str:
