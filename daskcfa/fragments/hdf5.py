@@ -4,8 +4,9 @@ netCDF4-python and h5py decode chunks inside the HDF5 library, which holds one
 process-wide lock while it decompresses: threads reading fragments cannot
 decode in parallel, and every call pays the library's per-call overhead.
 
-Here h5py is used only for *metadata* (layout, filters, fill value, where each
-chunk lies in the file; netCDF-4's conventions: :mod:`.hdf5_netcdf`). The raw bytes are fetched with a ``read_ranges``
+Here the metadata (layout, filters, fill value, where each chunk lies in the file;
+netCDF-4's conventions: :mod:`.hdf5_netcdf`) is parsed directly (:mod:`.hdf5_meta`) when
+the file is the common, simple case, and read with h5py otherwise. The raw bytes are fetched with a ``read_ranges``
 callable (``os.preadv`` on a local file by default; a remote backend can fetch
 byte ranges concurrently instead), inflated with ISA-L (:mod:`isal`, else
 :mod:`zlib`) and un-shuffled
@@ -34,16 +35,19 @@ from ..storage.blocks import Blocks, Buffer
 from ..storage.local import pread
 from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SUPPORTED_FILTERS, inflate_head, pipeline_of, unfilter
 from .layout import StoredLayout
+from .hdf5_meta import PARSE_ERRORS, DatasetMeta, HDF5Meta
 from .hdf5_netcdf import (
     NON_COORD_PREFIX,
     DirectReadUnsupported,
     NetCDFAttributes,
+    ParsedAttributes,
     attribute_names,
     check_dimensions,
     check_dtype,
     dimension_names,
     is_dimension_only,
     open_dataset,
+    parsed_variable,
 )
 
 __all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges", "StoreInfo", "StoredVariable"]
@@ -118,16 +122,20 @@ class HDF5File:
     """An open netCDF-4/HDF5 file whose variables are read without the HDF5 data path.
 
     ``read_ranges`` fetches raw byte ranges; by default they are read with
-    ``os.preadv`` on HDF5's own descriptor of ``path`` (POSIX only). Errors opening the
+    ``os.preadv`` on a descriptor of ``path`` (POSIX only). Errors opening the
     file (missing, not HDF5, ...) propagate as the :class:`OSError` raised.
+
+    A local file or one in memory whose metadata :mod:`.hdf5_meta` parses is not opened
+    with HDF5 at all; otherwise (or for a variable it does not parse) h5py opens it.
     """
 
     def __init__(self, source: str | os.PathLike[str] | BinaryIO | Blocks | Buffer, *,
-                 read_ranges: ReadRanges | None = None, label: str | None = None) -> None:
+                 read_ranges: ReadRanges | None = None, label: str | None = None, parse: bool = True) -> None:
         # ``source`` is a path, a whole file in memory (Blocks, or one buffer),
         # or a file object (a remote object behind a block cache) that HDF5
         # reads metadata through; then ``read_ranges`` must fetch the data
-        # bytes. ``label`` names what is not a path. h5py's low-level API is
+        # bytes. ``label`` names what is not a path; ``parse``: False reads the metadata with h5py
+        # only (the reference :mod:`.hdf5_meta` is tested against). h5py's low-level API is
         # used throughout: its high-level File and Dataset objects cost more to
         # open and close than HDF5 itself (File.close walks every object open in
         # the process), which shows on 1,000s of files.
@@ -138,6 +146,37 @@ class HDF5File:
         if not (is_path or in_memory) and read_ranges is None:
             raise ValueError("read_ranges is required when reading from a file object")
         self.path = os.fspath(source) if is_path else (label or repr(source))
+        self._fid: h5py.h5f.FileID | None = None
+        self._fd: int | None = None
+        self._own_fd: int | None = None  # (a descriptor this object opened, and closes)
+        self._meta: HDF5Meta | None = None
+        self._source = source
+        self._read_ranges = read_ranges  # (None: pread; not the bound method, a cycle to collect)
+        if in_memory and read_ranges is None:
+            # (a range within one block is a read-only view of it; one across blocks, a fresh array)
+            self._read_ranges = functools.partial(_read_blocks, source)
+        try:
+            if is_path and read_ranges is None and parse:
+                fd = self._fd = self._own_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                path = self.path  # (the reader refers to neither this object nor its methods: no cycle)
+                self._meta = _parsed(lambda offset, length: pread(fd, offset, length, path), os.fstat(fd).st_size)
+            elif in_memory and parse:
+                self._meta = _parsed(source.read, len(source))
+            if self._meta is None:
+                if self._own_fd is not None:  # (h5py's own descriptor reads the data, as before)
+                    os.close(self._own_fd)
+                    self._fd = self._own_fd = None
+                self._open_hdf5()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_hdf5(self) -> h5py.h5f.FileID:
+        """The file opened with h5py (once), for what :mod:`.hdf5_meta` does not parse."""
+        if self._fid is not None:
+            return self._fid
+        source = self._source
+        is_path, in_memory = isinstance(source, (str, os.PathLike)), isinstance(source, Blocks)
         if is_path:
             fapl = _path_access()
             name = os.fsencode(self.path)
@@ -152,26 +191,35 @@ class HDF5File:
             fapl = _file_access()
             fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, _BlocksFile(source) if in_memory else source)
             name = f"daskcfa-{id(source):x}".encode()
-        if in_memory and read_ranges is None:
-            # (a range within one block is a read-only view of it; one across blocks, a fresh array)
-            read_ranges = functools.partial(_read_blocks, source)
-        self._fid: h5py.h5f.FileID | None = h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl)
-        self._fd: int | None = None
-        if read_ranges is None:
+        self._fid = h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl)
+        if self._read_ranges is None and self._own_fd is None:
             # Read data through HDF5's own descriptor: one open file per fragment.
             self._fd = self._fid.get_vfd_handle()
-        self._read_ranges = read_ranges  # (None: pread; not the bound method, a cycle to collect)
+        return self._fid
 
-    def variable(self, name: str) -> HDF5Variable:
+    def variable(self, name: str) -> HDF5Variable | ParsedVariable:
         """The netCDF variable ``name`` (``"v"``, ``"grp/v"`` or ``"/grp/v"``); KeyError if absent."""
-        if self._fid is None:
+        if self._source is None:
             raise ValueError(f"{self.path!r} is closed")
         head, _, base = name.strip("/").rpartition("/")
         group = "/" + head + "/" if head else "/"
-        dsid = open_dataset(self._fid, group + base) if base else None
+        local = self._read_ranges is None
+        if self._meta is not None and base:
+            try:
+                found = parsed_variable(self._meta, group, base)
+            except PARSE_ERRORS:
+                pass  # (h5py reads it, as it did before this parser)
+            else:
+                if found is None:
+                    raise KeyError(name)
+                return ParsedVariable(*found, base, self._pread_ranges if local else self._read_ranges,
+                                      f"variable {group + base!r} of {self.path!r}",
+                                      end=self._meta.size if local else None)
+        fid = self._open_hdf5()
+        dsid = open_dataset(fid, group + base) if base else None
         names = frozenset() if dsid is None else attribute_names(dsid)
         if dsid is not None and is_dimension_only(dsid, names):
-            dsid = open_dataset(self._fid, group + NON_COORD_PREFIX + base)
+            dsid = open_dataset(fid, group + NON_COORD_PREFIX + base)
             names = frozenset() if dsid is None else attribute_names(dsid)
         if dsid is None:
             raise KeyError(name)
@@ -186,6 +234,10 @@ class HDF5File:
         # alive in the process (h5py's ``nonlocal_close``): ~0.7 ms a file with 1,000 of them.
         self._fd = None
         self._fid = None
+        self._meta = self._source = None
+        if self._own_fd is not None:
+            fd, self._own_fd = self._own_fd, None
+            os.close(fd)
 
     def __enter__(self) -> HDF5File:
         return self
@@ -204,6 +256,14 @@ class HDF5File:
         if self._fd is None:
             raise ValueError(f"{self.path!r} is closed")
         return [pread(self._fd, offset, length, self.path) for offset, length in ranges]
+
+
+def _parsed(read_at: Callable[[int, int], Any], size: int) -> HDF5Meta | None:
+    """The file's metadata parsed directly, or None when :mod:`.hdf5_meta` leaves it to h5py."""
+    try:
+        return HDF5Meta(read_at, size)
+    except PARSE_ERRORS:
+        return None
 
 
 def _file_access() -> h5py.h5p.PropFAID:
@@ -421,7 +481,41 @@ class StoredVariable:
         return buf.view(self._stored).reshape(self.chunks)
 
 
-class HDF5Variable(StoredVariable):
+class _IndexedHDF5:
+    """What :class:`HDF5Variable` and :class:`ParsedVariable` share: their description and layout."""
+
+    name: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...] | None
+    _stored: np.dtype
+    _offset: int | None
+    _fill: Any
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
+        return f"<{type(self).__name__} {self.name!r} ({dims}) {self.dtype}>"
+
+    def _all_chunk_infos(self) -> list[StoreInfo]:
+        raise NotImplementedError
+
+    def _layout(self, filters: tuple[tuple[int, tuple[int, ...]], ...]) -> StoredLayout:
+        """Where every stored chunk lies, the filters being ``(code, values)`` in the order applied on write."""
+        fill = np.asarray(self._fill).astype(self._stored)[()]
+        if self.chunks is None:
+            return StoredLayout.contiguous(self._stored, self.shape, self._offset, fill)
+        infos = self._all_chunk_infos()
+        ndim = len(self.shape)
+        return StoredLayout(
+            dtype=self._stored, shape=self.shape, chunks=tuple(self.chunks), filters=filters, fill_value=fill,
+            starts=np.array([i.chunk_offset for i in infos], np.int64).reshape(len(infos), ndim),
+            byte_offsets=np.array([i.byte_offset for i in infos], np.int64),
+            sizes=np.array([i.size for i in infos], np.int64),
+            filter_masks=np.array([i.filter_mask for i in infos], np.int64))
+
+
+class HDF5Variable(_IndexedHDF5, StoredVariable):
     """One netCDF variable of an :class:`HDF5File`, read straight from its storage.
 
     Metadata (dimensions, attributes, layout, filters, fill value) is gathered
@@ -462,30 +556,16 @@ class HDF5Variable(StoredVariable):
         self.attrs = NetCDFAttributes(dsid, self._where, names)
 
     @functools.cached_property
-    def dims(self) -> tuple[str, ...]:
+    def dims(self) -> tuple[str, ...]:  # type: ignore[override]
         """netCDF dimension names (looked up on first use: few reads need them)."""
         return dimension_names(self._dsid, self._names, self._where)
 
-    def __repr__(self) -> str:
-        dims = ", ".join(f"{d}: {n}" for d, n in zip(self.dims, self.shape))
-        return f"<HDF5Variable {self.name!r} ({dims}) {self.dtype}>"
-
     def storage_layout(self) -> StoredLayout:
         """Where every stored chunk lies (a walk over the chunk index, no data read)."""
-        fill = np.asarray(self._fill).astype(self._stored)[()]
-        if self.chunks is None:
-            return StoredLayout.contiguous(self._stored, self.shape, self._offset, fill)
-        infos = self._all_chunk_infos()
-        ndim = len(self.shape)
         dcpl = self._dsid.get_create_plist()
         filters = tuple((int(code), tuple(int(v) for v in values))
                         for code, _flags, values, _name in map(dcpl.get_filter, range(dcpl.get_nfilters())))
-        return StoredLayout(
-            dtype=self._stored, shape=self.shape, chunks=tuple(self.chunks), filters=filters, fill_value=fill,
-            starts=np.array([i.chunk_offset for i in infos], np.int64).reshape(len(infos), ndim),
-            byte_offsets=np.array([i.byte_offset for i in infos], np.int64),
-            sizes=np.array([i.size for i in infos], np.int64),
-            filter_masks=np.array([i.filter_mask for i in infos], np.int64))
+        return self._layout(filters)
 
     def _all_chunk_infos(self) -> list[StoreInfo]:
         """Every chunk written, in the index's order."""
@@ -517,6 +597,34 @@ class HDF5Variable(StoredVariable):
         return [index[c] for c in coords]
 
 
+class ParsedVariable(_IndexedHDF5, StoredVariable):
+    """One netCDF variable of an :class:`HDF5File`, described by metadata :mod:`.hdf5_meta` parsed
+    (no HDF5 call at all); read as :class:`HDF5Variable` is."""
+
+    def __init__(self, meta: DatasetMeta, dims: tuple[str, ...], name: str, read_ranges: ReadRanges, where: str,
+                 *, end: int | None = None) -> None:
+        # ``dims``: the dimension names; ``end``: as :class:`HDF5Variable`'s
+        self.name = name
+        self._local, self._end = end is not None, end
+        self._filter_values = tuple((code, values) for code, values, _ in meta.filters)
+        super().__init__(meta.dtype, meta.shape, meta.chunks, meta.offset, _pipeline(meta.filters, where),
+                         meta.fill, read_ranges, where)
+        self.no_fill = meta.fill_never
+        self.dims = dims
+        self._index = {} if meta.chunk_index is None else {info.chunk_offset: info for info in meta.chunk_index}
+        self.attrs = ParsedAttributes(meta.attributes, where)
+
+    def storage_layout(self) -> StoredLayout:
+        """Where every stored chunk lies (no data read)."""
+        return self._layout(self._filter_values)
+
+    def _all_chunk_infos(self) -> list[StoreInfo]:
+        return list(self._index.values())
+
+    def _chunk_infos(self, coords: list[tuple[int, ...]]) -> list[StoreInfo | None]:
+        return [self._index.get(c) for c in coords]
+
+
 def _fill_value(dcpl: h5py.h5p.PropDCID, stored: np.dtype) -> Any:
     """The dataset's fill value, from its creation properties."""
     fill = np.zeros((1,), stored)
@@ -529,11 +637,17 @@ def _filter_pipeline(dcpl: h5py.h5p.PropDCID, where: str) -> list[tuple[int, int
     filters = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, values, name = dcpl.get_filter(i)
+        filters.append((code, tuple(values), name.decode(errors="replace")))
+    return _pipeline(filters, where)
+
+
+def _pipeline(filters: list[tuple[int, tuple[int, ...], str]], where: str) -> list[tuple[int, int]]:
+    """``(filter code, shuffle element size)`` of ``(code, values, name)`` per filter (an
+    unsupported filter: :class:`DirectReadUnsupported`)."""
+    for code, _values, name in filters:
         if code not in SUPPORTED_FILTERS:
-            label = name.decode(errors="replace")
-            raise DirectReadUnsupported(f"filter {label!r} ({code}) is not supported ({where})")
-        filters.append((code, tuple(values)))
-    return pipeline_of(filters)
+            raise DirectReadUnsupported(f"filter {name!r} ({code}) is not supported ({where})")
+    return pipeline_of([(code, values) for code, values, _ in filters])
 
 
 # -- selections -------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""netCDF-4's conventions over HDF5, read with h5py's low-level API: which datasets
-are variables, their dimension names (dimension scales), the attributes
-netCDF-C hides, attribute values as netCDF4-python reports them, and the
-numeric types a direct read supports.
+"""netCDF-4's conventions over HDF5, read with h5py's low-level API or from the metadata
+:mod:`.hdf5_meta` parsed: which datasets are variables, their dimension names (dimension
+scales), the attributes netCDF-C hides, attribute values as netCDF4-python reports them,
+and the numeric types a direct read supports.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from typing import Any, Iterator, Mapping
 import h5py
 import numpy as np
 
-__all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "open_dataset", "attribute_names",
-           "is_dimension_only",
-           "check_dtype", "check_dimensions", "dimension_names"]
+from .hdf5_meta import FLOAT_SIZES, INTEGER_SIZES, AttributeMeta, DatasetMeta, HDF5Meta, NotMine
+
+__all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "ParsedAttributes", "open_dataset",
+           "attribute_names", "is_dimension_only", "check_dtype", "check_dimensions", "dimension_names",
+           "parsed_variable"]
 
 #: netCDF-C renames a variable whose name clashes with an unrelated dimension.
 NON_COORD_PREFIX = "_nc4_non_coord_"
@@ -64,7 +66,11 @@ def is_dimension_only(dsid: h5py.h5d.DatasetID, names: frozenset[str]) -> bool:
     """Whether a dataset with attributes ``names`` is a netCDF dimension but not a variable."""
     if "NAME" not in names:
         return False
-    name = _read_attr(h5py.h5a.open(dsid, b"NAME"))
+    return _names_dimension_only(_read_attr(h5py.h5a.open(dsid, b"NAME")))
+
+
+def _names_dimension_only(name: Any) -> bool:
+    """Whether a dimension scale's ``NAME`` says it is a netCDF dimension but not a variable."""
     return isinstance(name, bytes) and name.startswith(_DIMENSION_ONLY)
 
 
@@ -98,7 +104,7 @@ def _plain(tid: h5py.h5t.TypeID) -> tuple[np.dtype, h5py.h5t.TypeID] | None:
 def _plain_type(kind: int, size: int, sign: int | None, order: int) -> tuple[np.dtype, h5py.h5t.TypeID] | None:
     """The numpy dtype and HDF5 type of an integer (``sign`` given) or float ``kind`` of HDF5's of
     ``size`` bytes in byte ``order`` (None: not one of the common ones)."""
-    if size not in ((1, 2, 4, 8) if sign is not None else (4, 8)) or (
+    if size not in (INTEGER_SIZES if sign is not None else FLOAT_SIZES) or (
             size > 1 and order not in (h5py.h5t.ORDER_LE, h5py.h5t.ORDER_BE)):
         return None
     letter = "f" if sign is None else "i" if sign == h5py.h5t.SGN_2 else "u"
@@ -120,7 +126,7 @@ def check_dimensions(dsid: h5py.h5d.DatasetID, rank: int, names: frozenset[str],
     dimensions and attributes ``names`` is opened (told: asking HDF5 again costs more than the checks)."""
     if rank == 0:
         return
-    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
+    if "CLASS" in names and _is_scale(dsid, where):
         if rank > 1:
             raise DirectReadUnsupported(f"multi-dimensional coordinate variables are not supported ({where})")
     elif "DIMENSION_LIST" not in names:
@@ -134,7 +140,7 @@ def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str)
     ndim = dsid.rank
     if ndim == 0:
         return ()
-    if "CLASS" in names and h5py.h5ds.is_scale(dsid):
+    if "CLASS" in names and _is_scale(dsid, where):
         # A coordinate variable is its own dimension scale; netCDF-C records the
         # other dimensions of a multi-dimensional one only by dimension id.
         if ndim == 1:
@@ -146,8 +152,37 @@ def dimension_names(dsid: h5py.h5d.DatasetID, names: frozenset[str], where: str)
     found = []
     for refs in scales:
         path = h5py.h5r.get_name(refs[0], dsid).decode()  # 3x faster than dataset.dims
-        found.append(path.rpartition("/")[2].removeprefix(NON_COORD_PREFIX))
+        found.append(_dimension_name(path.rpartition("/")[2]))
     return tuple(found)
+
+
+#: The ``CLASS`` of a dimension scale, as HDF5 writes it (a 16-byte NUL-terminated string).
+_SCALE_CLASS = b"DIMENSION_SCALE"
+
+
+def _is_scale(dsid: h5py.h5d.DatasetID, where: str) -> bool:
+    """Whether ``dsid`` (which has a ``CLASS`` attribute) is a dimension scale, told as HDF5's
+    ``H5DSis_scale`` tells it: a 16-byte NUL-terminated string whose text is a prefix of
+    :data:`_SCALE_CLASS`. Not that function: HDF5 2.0's frees its buffer twice when such a string
+    holds anything else, aborting the process, and a hostile file must not kill the reader.
+    Raises ValueError where HDF5 would read past its buffer (not one value)."""
+    aid = h5py.h5a.open(dsid, b"CLASS")
+    tid = aid.get_type()
+    if (not isinstance(tid, h5py.h5t.TypeStringID) or tid.is_variable_str()
+            or tid.get_strpad() != h5py.h5t.STR_NULLTERM or tid.get_size() != len(_SCALE_CLASS) + 1):
+        return False
+    space = aid.get_space()
+    if space.get_simple_extent_type() == h5py.h5s.NULL or space.get_simple_extent_npoints() != 1:
+        raise ValueError(f"its CLASS attribute is not one string ({where})")
+    raw = np.empty((), f"S{tid.get_size()}")
+    aid.read(raw, mtype=tid)
+    text = raw.tobytes().partition(b"\0")[0]
+    return _SCALE_CLASS.startswith(text[:len(_SCALE_CLASS)])
+
+
+def _dimension_name(link: str) -> str:
+    """The netCDF dimension a dimension scale linked as ``link`` stands for."""
+    return link.removeprefix(NON_COORD_PREFIX)
 
 
 #: numpy's type of a ``DIMENSION_LIST``: a variable-length list of object references per axis
@@ -168,7 +203,30 @@ def _dimension_list(dsid: h5py.h5d.DatasetID, where: str) -> np.ndarray:
     return lists
 
 
-class NetCDFAttributes(Mapping[str, Any]):
+class _Attributes(Mapping[str, Any]):
+    """Attribute values, each read (:meth:`_value`) on first use and remembered."""
+
+    _values: dict[str, Any]
+
+    def _value(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            pass
+        if name not in self:
+            raise KeyError(name)
+        value = self._values[name] = self._value(name)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        # (decoding asks for attributes most variables lack: no exception raised for each)
+        return self[name] if name in self else default
+
+
+class NetCDFAttributes(_Attributes):
     """A variable's attributes as netCDF4-python reports them (see its ``_get_att``).
 
     Each value is read on first use: decoding needs a few of them, and reading
@@ -185,19 +243,8 @@ class NetCDFAttributes(Mapping[str, Any]):
         self._names: list[str] | None = None
         self._present: frozenset[str] | None = None if names is None else names - _HIDDEN_ATTRS
 
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            pass
-        if name not in self:
-            raise KeyError(name)
-        value = self._values[name] = _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
-        return value
-
-    def get(self, name: str, default: Any = None) -> Any:
-        # (decoding asks for attributes most variables lack: no exception raised for each)
-        return self[name] if name in self else default
+    def _value(self, name: str) -> Any:
+        return _netcdf_attr(h5py.h5a.open(self._dsid, name.encode()), name, self._where)
 
     def __contains__(self, name: object) -> bool:
         if self._present is None:  # every name in one call: decoding asks for ten, most absent
@@ -227,23 +274,33 @@ def _netcdf_attr(aid: h5py.h5a.AttrID, name: str, where: str) -> Any:
         if space.get_simple_extent_type() == h5py.h5s.NULL:
             return ""
         if tid.is_variable_str():
-            strings = [_text(s) for s in np.ravel(_read_attr(aid, tid, space))]
-            return strings[0] if len(strings) == 1 else strings
+            return _strings(np.ravel(_read_attr(aid, tid, space)))
         # NC_CHAR: read the bytes as stored, NULs and all, as netCDF-C does
         raw = np.empty(space.shape, f"S{tid.get_size()}")
         aid.read(raw, mtype=tid)
         return _text(raw.tobytes())
     if isinstance(tid, (h5py.h5t.TypeIntegerID, h5py.h5t.TypeFloatID)):  # not enums
         plain = _plain(tid)
-        if plain is None and isinstance(tid, h5py.h5t.TypeFloatID) and tid.get_size() not in (4, 8):
+        if plain is None and isinstance(tid, h5py.h5t.TypeFloatID) and tid.get_size() not in FLOAT_SIZES:
             # (16- and 128-bit floats: netCDF-C has no such type and shows no such attribute)
             raise DirectReadUnsupported(f"attribute {name!r} is a {8 * tid.get_size()}-bit float ({where})")
         native = (tid.dtype if plain is None else plain[0]).newbyteorder("=")
         if space.shape is None:  # an HDF5 null dataspace
             return np.empty(0, native)
-        values = np.asarray(_read_attr(aid, tid, space, plain), native).ravel()
-        return values[0] if values.size == 1 else values
+        return _numbers(_read_attr(aid, tid, space, plain), native)
     raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
+
+
+def _strings(values: Any) -> str | list[str]:
+    """Variable-length strings as netCDF4-python shows them: one string, or a list."""
+    strings = [_text(s) for s in values]
+    return strings[0] if len(strings) == 1 else strings
+
+
+def _numbers(values: Any, native: np.dtype) -> Any:
+    """Numbers as netCDF4-python shows them: one number, or a flat array."""
+    values = np.asarray(values, native).ravel()
+    return values[0] if values.size == 1 else values
 
 
 def _read_attr(aid: h5py.h5a.AttrID, tid: h5py.h5t.TypeID | None = None, space: h5py.h5s.SpaceID | None = None,
@@ -264,3 +321,87 @@ def _text(value: str | bytes) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="replace")
     return value.replace("\x00", "")
+
+
+# -- from parsed metadata (:mod:`.hdf5_meta`) ----------------------------------------------------
+
+
+class ParsedAttributes(_Attributes):
+    """:class:`NetCDFAttributes` from parsed metadata (each value converted on first use)."""
+
+    def __init__(self, attributes: Mapping[str, AttributeMeta], where: str) -> None:
+        self._attributes = attributes
+        self._where = where
+        self._values: dict[str, Any] = {}
+        self._names = [name for name in attributes if name not in _HIDDEN_ATTRS]
+
+    def _value(self, name: str) -> Any:
+        return _parsed_value(self._attributes[name], name, self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._attributes and name not in _HIDDEN_ATTRS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _parsed_value(attr: AttributeMeta, name: str, where: str) -> Any:
+    """An attribute's value as netCDF4-python shows it (the rules of :func:`_netcdf_attr`)."""
+    if attr.kind == "null-string":
+        return ""
+    if attr.kind == "vstrings":
+        return _strings(attr.value)
+    if attr.kind == "string":
+        return _text(attr.value)
+    if attr.kind == "number":
+        return _numbers(attr.value, attr.value.dtype.newbyteorder("="))
+    if attr.kind == "null-number":
+        return np.empty(0, attr.value.newbyteorder("="))
+    raise DirectReadUnsupported(f"attribute {name!r} has an unsupported type ({where})")
+
+
+def parsed_variable(meta: HDF5Meta, group: str, base: str) -> tuple[DatasetMeta, tuple[str, ...]] | None:
+    """The netCDF variable ``base`` of ``group`` (``"/"``, ``"/g/"``) and its dimension names, as the
+    h5py path finds them (None: no such variable). Raises :class:`NotMine` wherever the h5py path
+    would refuse, fail or might answer otherwise."""
+    dataset = meta.dataset(group + base)
+    if dataset is not None and "NAME" in dataset.attributes:
+        name = dataset.attributes["NAME"]
+        if name.kind != "string" or name.shape != ():
+            raise NotMine("a NAME attribute of another type")
+        if _names_dimension_only(bytes(np.bytes_(name.value))):
+            dataset = meta.dataset(group + NON_COORD_PREFIX + base)
+    if dataset is None:
+        return None
+    ndim = len(dataset.shape)
+    if ndim == 0:
+        return dataset, ()
+    scale = dataset.attributes.get("CLASS")
+    if scale is not None:  # (told as HDF5's H5DSis_scale tells it when the value is exactly what it writes)
+        if (scale.kind, scale.shape, scale.string_type) != ("string", (), (16, 0, 0)) or (
+                scale.value != b"DIMENSION_SCALE\0"):
+            raise NotMine("a CLASS attribute other than a dimension scale's")
+        if ndim > 1:
+            raise NotMine("a multi-dimensional coordinate variable")
+        return dataset, (dataset.link,)
+    refs = dataset.attributes.get("DIMENSION_LIST")
+    if refs is None or refs.kind != "references" or refs.shape != (ndim,) or not all(refs.value):
+        raise NotMine("no usable DIMENSION_LIST")
+    # HDF5 names an object by a path to it: one path only when it has one link, found in the groups
+    # from the variable's to the root (netCDF's dimension scoping)
+    groups = [meta.group_links(group)]
+    parts = [p for p in group.split("/") if p]
+    groups += [meta.group_links("/" + "/".join(parts[:i]) + "/") for i in range(len(parts) - 1, -1, -1)]
+    dims = []
+    for lists in refs.value:
+        matches = [name for links in groups for name, target in links.items() if target == lists[0]]
+        if len(matches) != 1 or meta.reference_count(lists[0]) != 1:
+            raise NotMine("a dimension scale not found once")
+        try:
+            dims.append(_dimension_name(matches[0].decode()))
+        except UnicodeDecodeError:
+            raise NotMine("a dimension scale's name is not UTF-8") from None
+    return dataset, tuple(dims)

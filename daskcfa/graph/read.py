@@ -315,6 +315,12 @@ class AggregatedArray:
         first = uris[index][0] if uris is not None else None
         return storage.is_local(self.variable.source) and (not first or storage.is_local(str(first)))
 
+    def fetched_whole_ahead(self, index: tuple[int, ...]) -> bool:
+        """Whether a small selection of the fragment at ``index`` is read from the whole object, which
+        read-ahead fetches (a small remote object, not read through a chunk index): a task reading a
+        batch of such fragments has its next ones fetched while it decodes one."""
+        return self.target.chunk_index is None and bool(self._ahead_uri(index, 0.0)[0])
+
     def _ahead_uri(self, index: tuple[int, ...], fraction: float) -> tuple[str | None, int]:
         """What read-ahead may fetch for the fragment at ``index``, of which ``fraction`` is
         wanted, and its size: its URI, "" to pass over it (missing, or not allowed), or None to
@@ -417,8 +423,9 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
             batched: bool = False) -> da.Array:
     """A dask array over ``variable``; by default exactly one chunk per fragment (``strings``,
     ``decode``: see :class:`AggregatedArray`; stored values are never masked). ``batched``: as a
-    :class:`~.batched.FragmentArray`, which reads small selections of many local fragments in
-    batches (for users' reads; writers plan their tasks on the fragments' own chunks)."""
+    :class:`~.batched.FragmentArray`, which reads small selections of many local fragments (or small
+    remote objects fetched ahead) in batches (for users' reads; writers plan their tasks on the
+    fragments' own chunks)."""
     from . import masked  # noqa: F401  (registers masked chunks' dispatch with dask.array)
     from .batched import FragmentArray  # (a dask.array class: not for metadata-only work)
 
@@ -437,4 +444,6 @@ def to_dask(variable: AggregatedVariable, *, chunks: Any = "fragments", mask: bo
     if not batched or not (isinstance(chunks, str) and chunks == "fragments") or not array.ndim \
             or not len(variable.fragments):  # (no fragment: nothing to batch)
         return plain
-    return FragmentArray.over(plain, meta, chunked, array.is_local((0,) * array.ndim))
+    first = (0,) * array.ndim
+    local = array.is_local(first)
+    return FragmentArray.over(plain, meta, chunked, local, ahead=not local and array.fetched_whole_ahead(first))

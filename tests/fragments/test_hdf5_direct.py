@@ -682,3 +682,47 @@ def test_numeric_types_are_read_only_when_exactly_the_numpy_type(tmp_path):
             expected = nc["v"].getncattr(f"a{k}")
             np.testing.assert_array_equal(attrs[f"a{k}"], expected)
             assert attrs[f"a{k}"].dtype == expected.dtype
+
+
+_CLASS_VALUES = [
+    (b"DIMENSIOq_SCALE", False),  # a hostile 16-byte value: HDF5 2.0's H5DSis_scale frees twice, aborting
+    (b"DIMENSION_SCALE", True),
+    (b"DIMENSION", True),  # HDF5 compares the shorter of the two texts: a prefix is a scale
+    (b"", True),
+]
+
+
+@pytest.mark.parametrize("value, scale", _CLASS_VALUES, ids=["other", "exact", "prefix", "empty"])
+def test_a_class_attribute_of_any_value_never_kills_the_reader(tmp_path, value, scale):
+    """A coordinate variable's ``CLASS`` is told as HDF5 tells a dimension scale, without HDF5's
+    own call, which aborted the whole process on a value other than a scale's."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 3)
+        ds.createVariable("x", "f8", ("x",))[:] = [1.0, 2.0, 3.0]
+        ds.createVariable("v", "f4", ("x",))[:] = [4.0, 5.0, 6.0]
+    with h5py.File(path, "r+") as f:
+        dsid = f["x"].id
+        h5py.h5a.delete(dsid, b"CLASS")
+        tid = h5py.h5t.C_S1.copy()
+        tid.set_size(16)
+        tid.set_strpad(h5py.h5t.STR_NULLTERM)
+        h5py.h5a.create(dsid, b"CLASS", tid, h5py.h5s.create(h5py.h5s.SCALAR)).write(
+            np.array(value, "S16"), mtype=tid)
+    code = (
+        "import sys\n"
+        "from daskcfa.fragments.hdf5 import DirectReadUnsupported, HDF5File\n"
+        "with HDF5File(sys.argv[1], parse=False) as f:\n"
+        "    for name in ('x', 'v'):\n"
+        "        try:\n"
+        "            print(name, f.variable(name).dims)\n"
+        "        except DirectReadUnsupported:\n"
+        "            print(name, 'unsupported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = ["x ('x',)", "v ('x',)"] if scale else ["x unsupported", "v ('x',)"]
+    assert done.stdout.split("\n")[:2] == expected
