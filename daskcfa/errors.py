@@ -42,10 +42,11 @@ __all__ = [
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 #: a query (or fragment) parameter whose name ends in a word that holds secrets (``X-Amz-Signature``,
 #: ``AWSAccessKeyId``, ``sig``, ``access_token``, ``api_key``, ``client_secret``, ``auth``, an OAuth ``code``,
-#: a ``session``...), its name percent-encoded or not, after ``?``, ``&``, ``;`` or ``#``: its value is redacted
+#: a ``session``...), its name percent-encoded or not, in brackets or not (``auth[token]``), after ``?``, ``&``,
+#: ``;`` or ``#``: its value is redacted
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&;#][\w.%-]*?(?:signature|credential|token|secret|password|passwd|pwd|sig|key|keyid|accessid|auth"
-    r"|authorization|code|session|jwt)=)[^&;#\s]*"
+    r"(?i)([?&;#][\w.%\[\]-]*?(?:signature|credential|token|secret|password|passwd|pwd|sig|key|keyid|accessid|auth"
+    r"|authorization|code|session|jwt)(?:\[?\]|(?:%5B)?%5D)?=)[^&;#\s]*"
 )
 
 

@@ -31,7 +31,7 @@ from .api import open_cfa
 from .dataset import OpenedDataset, FileVariableArray, Group, Variable
 from .decode import Encoding, default_fill_value
 from .arguments import check_names
-from .errors import VariableNotFoundError
+from .errors import CFAError, CFAFormatError, VariableNotFoundError
 from .graph.read import AggregatedArray
 from .model import is_coordinate_variable
 from . import xarray_accessor  # noqa: F401  (ds.cfa: registered whenever xarray loads its backends)
@@ -156,8 +156,8 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         _check_keywords(decoders, decode_cf)
         ds = open_cfa(str(filename_or_obj), storage_options=storage_options, allowed_locations=allowed_locations,
                       missing=missing, version=version)
-        return decode_cf(_to_xarray(ds, _group(ds, group), drop_variables, decoders.get("mask_and_scale", True)),
-                         **decoders)
+        return _decoded(_to_xarray(ds, _group(ds, group), drop_variables, decoders.get("mask_and_scale", True)),
+                        ds.url, decoders)
 
     def open_groups_as_dict(self, filename_or_obj: Any, *, drop_variables: str | Iterable[str] | None = None,
                             group: str | None = None, storage_options: Mapping[str, Any] | None = None,
@@ -171,7 +171,7 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
                       missing=missing, version=version)
         top = _group(ds, group)
         masking = decoders.get("mask_and_scale", True)
-        return {_relative(node.path, top.path): decode_cf(_to_xarray(ds, node, drop_variables, masking), **decoders)
+        return {_relative(node.path, top.path): _decoded(_to_xarray(ds, node, drop_variables, masking), ds.url, decoders)
                 for node in top.walk()}
 
     def open_datatree(self, filename_or_obj: Any, **kwargs: Any) -> DataTree:
@@ -182,6 +182,22 @@ class DaskCFABackendEntrypoint(BackendEntrypoint):
         # (``netcdf_engine_order``): netcdf4 claims every local netCDF/HDF5 file and every remote URL, so no
         # answer here would be consulted for them. Ask for engine="daskcfa".
         return False
+
+
+def _decoded(obj: XrDataset, url: str, decoders: Mapping[str, Any]) -> XrDataset:
+    """xarray's CF decoding of ``obj``: attributes it cannot decode (time units, a packing of many values)
+    are hostile input of the aggregation file, a :class:`CFAFormatError` naming it (and, in xarray's
+    words, the variable), not xarray's bare error."""
+    from xarray.conventions import decode_cf
+
+    try:
+        return decode_cf(obj, **decoders)
+    except CFAError:
+        raise
+    except ValueError as exc:  # (a TypeError may be the caller's own decoding argument: left as it is)
+        said = " ".join(getattr(exc, "__notes__", ())[:1]).split(" with value")[0]
+        raise CFAFormatError(f"xarray cannot decode it: {type(exc).__name__}: {exc} {said}".strip(), file=url) \
+            from None
 
 
 def _check_keywords(decoders: Mapping[str, Any], decode_cf: Any) -> None:

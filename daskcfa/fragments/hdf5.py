@@ -442,12 +442,13 @@ class StoredVariable:
 
     def _fetched(self, info: StoreInfo, needed: int | None) -> int:
         """How many of a stored chunk's bytes are fetched first, ``needed`` bytes of its values
-        being inflated (None: all of them)."""
-        if needed is None or not self._local:
-            return info.size
+        being inflated (None: all of them). A chunk of a local file must lie within it: checked before
+        any buffer is made for it (a size of 4 GiB in a B-tree entry of a small file is a buffer of 4 GiB)."""
         if self._end is not None and info.byte_offset + info.size > self._end:
             raise OSError(f"chunk at {info.chunk_offset} runs past the end of the file, at byte {self._end} "
                           f"(truncated file?) ({self._where})")
+        if needed is None or not self._local:
+            return info.size
         return min(info.size, info.size * needed // self._chunk_nbytes + int(info.size * _HEAD_SLACK) + _HEAD_MARGIN)
 
     def _selected(self, raw: Buffer, info: StoreInfo, inner: tuple[slice, ...], needed: int | None,

@@ -107,6 +107,7 @@ def split_url_credentials(url: str, storage_options: Mapping[str, Any] | None) -
     show. Other schemes are left alone (netCDF-C reads a DAP URL's login itself).
     """
     url, login = take_login(url)
+    _check_host(url)
     if not login:
         return url, None if storage_options is None else dict(storage_options)
     return url, {**(storage_options or {}), **login}
@@ -118,8 +119,15 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
 
     :class:`ArgumentError`, not showing the URL, when its authority holds no valid port but an ``@`` follows
     (a password holding ``/``, ``?`` or ``#`` not percent-encoded): no reader can use such a URL, and
-    neither redaction nor a URL parser can tell where its password ends."""
-    parts = urlsplit(url)
+    neither redaction nor a URL parser can tell where its password ends; and for an S3 URI holding a
+    ``user:password@`` (no S3 reader takes a login there: it would reach the SDK's messages as a bucket name)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # (an unclosed ``[``: the parser's own message, the URL not shown)
+        raise ArgumentError(f"not a valid URL ({exc}); the URL is not shown, it may hold a password") from None
+    if parts.scheme.lower() in ("s3", "s3a") and "@" in parts.netloc:
+        raise ArgumentError("an S3 URI holding a login ('user:password@' before the bucket): S3 credentials go in "
+                            "storage_options or a profile; the URI is not shown, it holds a secret")
     if parts.scheme.lower() not in ("http", "https"):
         return url, {}
     if "@" not in parts.netloc:
@@ -132,6 +140,14 @@ def take_login(url: str) -> tuple[str, dict[str, Any]]:
     login = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
     origin = f"{parts.scheme.lower()}://{host.lower()}/"
     return urlunsplit(parts._replace(netloc=host)), {origin: {"headers": {"Authorization": f"Basic {login}"}}}
+
+
+def _check_host(url: str) -> None:
+    """Refuse an HTTP(S) URL (without a login) naming no host, or a port out of range: aiohttp's and urllib's
+    bare errors otherwise (a prefix of ``relocate``, ``http://``, is no such URL: not checked here)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("http", "https") and (not parts.hostname or not _has_valid_port(parts)):
+        raise ArgumentError("an HTTP URL naming no host, or a port out of range 0-65535", file=url)
 
 
 def _has_valid_port(parts: SplitResult) -> bool:

@@ -42,7 +42,8 @@ _FORMATTER = logging.Formatter()
 
 
 def credential_values(options: Any) -> set[str]:
-    """Every credential value in nested storage options (also the parts of an ``Authorization`` header)."""
+    """Every credential value in nested storage options (also the parts of an ``Authorization`` header, and
+    the login or signed query of a URL given as an option)."""
     found: set[str] = set()
     if isinstance(options, Mapping):
         for name, value in options.items():
@@ -50,6 +51,8 @@ def credential_values(options: Any) -> set[str]:
                 found |= credential_values(value)
             elif str(name).lower() in CREDENTIAL_KEYS and value is not None:
                 found |= _forms(str(value))
+            elif isinstance(value, str) and "://" in value:  # (an ``endpoint_url`` or proxy holding a login)
+                found |= uri_secrets(value)
     elif isinstance(getattr(options, "password", None), str):  # aiohttp.BasicAuth(login, password) in client_kwargs
         found.add(options.password)
     elif isinstance(options, (list, tuple)):

@@ -51,15 +51,21 @@ def _read_point(aggregation: Path, index) -> np.ndarray:
     return np.ma.asarray(got.compute(scheduler="sync") if hasattr(got, "compute") else got)
 
 
-def _set_chunk_size(fragment: Path, size: int) -> None:
-    """Rewrite the stored size of the one chunk in the fragment's v1 B-tree (found by its whole key:
-    size, filter mask, offsets, then the chunk's address)."""
+def chunk_entry(fragment: Path) -> tuple[bytearray, int]:
+    """The fragment's bytes and where the one chunk's entry of its v1 B-tree starts (found by its whole
+    key: size (4 bytes), filter mask (4), offsets (8 each), then the chunk's address (8))."""
     with h5py.File(fragment, "r") as h5:
         info = h5["x"].id.get_chunk_info(0)
     data = bytearray(fragment.read_bytes())
     key = struct.pack("<IIQQQ", info.size, info.filter_mask, 0, 0, info.byte_offset)
     at = data.find(key)
     assert at >= 0 and data.find(key, at + 1) < 0
+    return data, at
+
+
+def _set_chunk_size(fragment: Path, size: int) -> None:
+    """Rewrite the stored size of the one chunk in the fragment's v1 B-tree."""
+    data, at = chunk_entry(fragment)
     data[at:at + 4] = struct.pack("<I", size)
     fragment.write_bytes(bytes(data))
 
