@@ -16,8 +16,10 @@ endpoint with the same region, addressing style, ``verify`` and timeouts; one
 per filesystem and process (botocore clients are thread-safe). Settings only
 s3fs follows (region caching, extra request arguments, aiobotocore-only
 options) give no client: such objects are read through s3fs. Errors are
-translated and retried by the caller (:func:`.retry.with_retries`). Small
-objects are sent by :mod:`.lean`, whose every answer but a plain 200 comes here.
+translated and retried by the caller (:func:`.retry.with_retries`). Where the
+lean GET reaches what this client reaches, objects of any size are sent by
+:mod:`.lean` (the same receiving, less the SDK's request machinery), whose every
+answer but a plain 200 comes here; large objects it does not reach come here first.
 """
 
 from __future__ import annotations

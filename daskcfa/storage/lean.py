@@ -1,4 +1,4 @@
-"""Small S3 objects by one signed GET, without an SDK's request machinery.
+"""Whole S3 objects by one signed GET, without an SDK's request machinery.
 
 A point series reads a thousand objects of a few hundred KB: through s3fs each
 GET cost about 3.3 ms of CPU (aiobotocore's parameter validation, event hooks,
@@ -6,6 +6,8 @@ serialisation, response parsing, aiohttp), through a blocking botocore client
 2 ms, and signed here with botocore's own signer (``S3SigV4Auth``) and sent
 through botocore's own HTTP session (``URLLib3Session``: its TLS verification
 and CA bundle, timeouts, connection pool; no redirect followed, no retry) 1 ms.
+Large objects come this way too (a 10 MB fragment's GET, received into one
+buffer either way, cost 1.2 ms of CPU less than through the blocking client).
 
 This is the success path only: an answer other than a plain 200 with the
 whole body -- an error, a redirect (a region's included), a part (206), a

@@ -353,8 +353,8 @@ def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPo
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 _READ_BLOCK = 16 << 20
-#: Objects expected to be at least this large are received through the blocking client (:mod:`.direct`);
-#: smaller ones by a lean GET (:mod:`.lean`) where it applies.
+#: Objects expected to be at least this large are received in the calling thread even where the lean GET
+#: (:mod:`.lean`) does not apply: through the blocking client (:mod:`.direct`); smaller ones then on the event loop.
 _DIRECT_FROM = 1 << 20
 
 
@@ -367,12 +367,16 @@ def _streams(fs: Any) -> bool:
 
 def _blocking_get(fs: Any, expected: int) -> Callable[..., bytes] | None:
     """``(fs, path, uri, max_bytes) -> bytes``: the GET of a whole S3 object of about ``expected`` bytes
-    in the calling thread -- a small one signed and sent without the SDK (:mod:`.lean`), a large one
-    through the blocking client (:mod:`.direct`) -- or None: settings only s3fs follows (a small
-    object is then received on fsspec's event loop, where many are in flight at once)."""
+    in the calling thread -- signed and sent without the SDK (:mod:`.lean`) where that reaches what the
+    client reaches, whatever the object's size (the SDK's request machinery cost 1.2 ms of CPU a 10 MB
+    GET more: docs/performance.md), else a large one through the blocking client (:mod:`.direct`) -- or
+    None: a small object with settings the lean GET leaves to s3fs, or settings only s3fs follows (it is
+    then received on fsspec's event loop, where many are in flight at once)."""
+    lean = lean_for(fs)
+    if lean is not None:
+        return functools.partial(get_small, lean)
     if expected < _DIRECT_FROM:
-        lean = lean_for(fs)
-        return None if lean is None else functools.partial(get_small, lean)
+        return None
     client = client_for(fs)
     return None if client is None else functools.partial(get_whole, client)
 

@@ -3,10 +3,11 @@ and by the lean signed GET (storage/lean.py).
 
 Each attack is a real HTTP server on 127.0.0.1 answering as S3 (``_FakeS3``:
 whatever status, headers and body the test says), or the real SeaweedFS.
-Every case runs the blocking GET (objects of at least 1 MiB expected), the
-lean GET (smaller objects) and, for comparison, the GET on fsspec's event
-loop (smaller objects, with a setting the lean GET leaves to s3fs: TCP
-keep-alive), all through ``storage.read_whole`` as the fragment readers call it. A second
+Every case runs the blocking GET (objects of at least 1 MiB expected, with a
+setting the lean GET leaves to the client: TCP keep-alive), the lean GET (any
+size: objects of under and over 1 MiB expected) and, for comparison, the GET on fsspec's event
+loop (smaller objects, with that setting), all through ``storage.read_whole`` as
+the fragment readers call it. A second
 server (``elsewhere``) stands for another origin: nothing may reach it.
 """
 
@@ -28,9 +29,10 @@ KEY, SECRET, TOKEN = "AKIDATTACK12", "SeCrEt-attack12-never-shown", "ToKeN-attac
 URI = "s3://bucket/f/0.nc"
 BODY = b"CDF\x01" + bytes(4096)
 #: ``size_hint`` of each way a whole object is received
-WAYS = {"blocking": 2 << 20, "lean": 0, "event-loop": 0}
-#: S3 settings that send a small object to fsspec's event loop rather than the lean GET
-_EVENT_LOOP = {"config_kwargs": {"tcp_keepalive": True}}
+WAYS = {"blocking": 2 << 20, "lean": 0, "lean-large": 2 << 20, "event-loop": 0}
+#: S3 settings the lean GET leaves to others: a small object then goes to fsspec's event loop, a large one
+#: to the blocking client
+_NOT_LEAN = {"config_kwargs": {"tcp_keepalive": True}}
 
 Answer = tuple[int, dict[str, str], bytes]
 
@@ -92,7 +94,7 @@ def servers():
 
 def _read(endpoint: str, way: str, *, anon: bool = False, max_bytes: int | None = 1 << 30):
     options = {"anon": True} if anon else {"key": KEY, "secret": SECRET, "token": TOKEN}
-    options = {**options, **(_EVENT_LOOP if way == "event-loop" else {})}
+    options = {**options, **({} if way.startswith("lean") else _NOT_LEAN)}
     profile = storage.profiles.register({**options, "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
     with dask.config.set({"daskcfa.storage.retries": 1}):
         return storage.read_whole(URI, profile, size_hint=WAYS[way], max_bytes=max_bytes)
@@ -180,7 +182,7 @@ def test_partial_content_to_a_whole_get_is_refused(servers, way):
     assert isinstance(info.value, daskcfa.errors.StorageError)
 
 
-@pytest.mark.parametrize("way", ["blocking", "lean"])
+@pytest.mark.parametrize("way", ["blocking", "lean", "lean-large"])
 def test_a_body_of_no_declared_length_is_refused(servers, way):
     """Chunked transfer encoding, no Content-Length: a blocking GET has no length to receive into."""
 
@@ -232,8 +234,9 @@ def test_one_endpoint_two_secrets_each_sends_its_own(tmp_path, s3_server, s3_buc
 _EXITING = """
 import sys, time
 from daskcfa import storage
+lean = sys.argv[3].startswith("lean")
 profile = storage.profiles.register({"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": sys.argv[1]},
-                                     "config_kwargs": {"read_timeout": 300, "tcp_keepalive": sys.argv[3] == "event-loop"}},
+                                     "config_kwargs": {"read_timeout": 300, "tcp_keepalive": not lean}},
                                     protocol="s3")
 for i in range(8):
     storage.fetch_soon(f"s3://bucket/f/{i}.nc", profile, size_hint=int(sys.argv[2]))

@@ -608,26 +608,33 @@ def test_whole_object_gets_ask_for_one_request():
 def test_s3_large_objects_are_received_off_the_event_loop(tmp_path, s3_server, s3_bucket, s3fs_fs, layout,
                                                           monkeypatch):
     """Fragments of a few MiB come down as one GET each (no HEAD), received in the thread that
-    reads them or a read-ahead thread (storage/direct.py): the reads finish while fsspec's event
-    loop, which s3fs's requests need, is held busy. Every read returns arrays of its own."""
+    reads them or a read-ahead thread, signed and sent without the SDK's request machinery
+    (storage/lean.py; before, through the blocking client of storage/direct.py, which a plain 200
+    no longer reaches): the reads finish while fsspec's event loop, which s3fs's requests need,
+    is held busy. Every read returns arrays of its own."""
     from remote_helpers import event_loop_held, large_fragments
 
     url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "direct", layout)
     x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
-    received = []
-    get_whole = storage.objects.get_whole
+    received, through_client = [], []
+    get_small, get_whole = storage.objects.get_small, storage.lean.get_whole
 
-    def counted(client, fs, path, uri, max_bytes=None):
+    def counted(lean, fs, path, uri, max_bytes=None):
         received.append(path)
+        return get_small(lean, fs, path, uri, max_bytes)
+
+    def sent_again(client, fs, path, uri, max_bytes=None):
+        through_client.append(path)
         return get_whole(client, fs, path, uri, max_bytes)
 
-    monkeypatch.setattr(storage.objects, "get_whole", counted)
+    monkeypatch.setattr(storage.objects, "get_small", counted)
+    monkeypatch.setattr(storage.lean, "get_whole", sent_again)
     for scheduler in ("synchronous", "threads"):
         received.clear()
         with event_loop_held() as held_throughout:
             got = x.compute(scheduler=scheduler)
             assert held_throughout()
-        assert sorted(p.rsplit("/", 1)[-1] for p in received) == ["0.nc", "1.nc"]
+        assert sorted(p.rsplit("/", 1)[-1] for p in received) == ["0.nc", "1.nc"] and through_client == []
         np.testing.assert_array_equal(np.ma.getdata(got), data)
         got[0, 0, 0] = -1.0  # a result is the caller's to change
         np.testing.assert_array_equal(np.ma.getdata(x[0].compute()), data[0])
