@@ -103,11 +103,12 @@ def test_no_request_signature_in_debug_logs(servers, way):
 
 
 @pytest.mark.xfail(strict=True, reason="botocore's read timeout (and aiohttp's) bounds each wait for the socket, "
-                   "not a whole GET: a server sending a byte every 0.3 s holds a small object's GET for as long as "
+                   "not a whole GET: a server sending a byte every 0.05 s holds a small object's GET for as long as "
                    "its declared length lasts (every way; no total deadline for one request)")
 def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
-    """Headers declaring 200 bytes, then one byte every 0.3 s (``read_timeout`` 1 s, no retry): the
-    GET should end within a few read timeouts; it lasts 60 s."""
+    """Headers declaring 400 bytes, then one byte every 0.05 s (``read_timeout`` 2 s, no retry): the
+    GET should end within a few read timeouts; it lasts 20 s. (Each wait far below the timeout: a
+    loaded machine starving the server's thread for 2 s would be needed to end it early.)"""
     import socket
     import threading
 
@@ -120,13 +121,13 @@ def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
         connection, _ = listener.accept()
         with connection:
             connection.recv(65536)
-            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 200\r\n\r\n")
-            while not stop.wait(0.3):
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
+            while not stop.wait(0.05):
                 connection.sendall(b"x")
 
     threading.Thread(target=serve, daemon=True).start()
     endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 1},
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 2},
                                          "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
 
     def read():
@@ -143,4 +144,4 @@ def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
     stop.set()  # (the server closes: the GET ends)
     reader.join(30)
     listener.close()
-    assert not still_reading, "the GET was still receiving after 10 s (read_timeout 1 s)"
+    assert not still_reading, "the GET was still receiving after 10 s (read_timeout 2 s)"
