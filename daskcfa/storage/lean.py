@@ -45,7 +45,7 @@ from .direct import client_for, client_settings, declared_length, get_whole, pro
 from .retry import TRANSIENT_STATUSES
 from .transfer import check_crc32, expected_crc32
 
-__all__ = ["LeanGets", "lean_for", "get_small"]
+__all__ = ["LeanGets", "lean_for", "get_signed"]
 
 _CRC32 = "x-amz-checksum-crc32"
 _LOCK = threading.Lock()
@@ -139,7 +139,7 @@ def _reachable(config: Any, endpoint: str) -> bool:
         or config.signature_version not in (None, "s3v4", botocore.UNSIGNED))
 
 
-def get_small(lean: LeanGets, fs: Any, path: str, uri: str, max_bytes: int | None = None) -> bytes:
+def get_signed(lean: LeanGets, fs: Any, path: str, uri: str, max_bytes: int | None = None) -> bytes:
     """The whole object at ``path``: one lean GET, or -- for any answer but a plain 200 -- the blocking
     client's (see the module's docstring). One longer than ``max_bytes`` is refused before its body."""
     bucket, key, version = fs.split_path(path)

@@ -33,7 +33,7 @@ from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, Stora
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
-from .lean import get_small, lean_for
+from .lean import get_signed, lean_for
 from .identity import local_token, remote_token
 from .local import local_path, local_stat, open_local, pread
 from .policy import LocationPolicy
@@ -374,7 +374,7 @@ def _blocking_get(fs: Any, expected: int) -> Callable[..., bytes] | None:
     then received on fsspec's event loop, where many are in flight at once)."""
     lean = lean_for(fs)
     if lean is not None:
-        return functools.partial(get_small, lean)
+        return functools.partial(get_signed, lean)
     if expected < _DIRECT_FROM:
         return None
     client = client_for(fs)

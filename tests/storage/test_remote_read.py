@@ -617,17 +617,17 @@ def test_s3_large_objects_are_received_off_the_event_loop(tmp_path, s3_server, s
     url, data = large_fragments(tmp_path, s3fs_fs, s3_bucket, "direct", layout)
     x = daskcfa.from_cfa(url, "tas", storage_options=s3_server.storage_options)
     received, through_client = [], []
-    get_small, get_whole = storage.objects.get_small, storage.lean.get_whole
+    get_signed, get_whole = storage.objects.get_signed, storage.lean.get_whole
 
     def counted(lean, fs, path, uri, max_bytes=None):
         received.append(path)
-        return get_small(lean, fs, path, uri, max_bytes)
+        return get_signed(lean, fs, path, uri, max_bytes)
 
     def sent_again(client, fs, path, uri, max_bytes=None):
         through_client.append(path)
         return get_whole(client, fs, path, uri, max_bytes)
 
-    monkeypatch.setattr(storage.objects, "get_small", counted)
+    monkeypatch.setattr(storage.objects, "get_signed", counted)
     monkeypatch.setattr(storage.lean, "get_whole", sent_again)
     for scheduler in ("synchronous", "threads"):
         received.clear()
