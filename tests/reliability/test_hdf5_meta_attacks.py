@@ -104,15 +104,6 @@ def _attribute_data(data: bytes, name: bytes) -> int:
     raise LookupError(name)
 
 
-def _header(data: bytes, name: bytes) -> int:
-    """The object header address of the root group's link ``name``."""
-    for m in _messages(data, 0x06):
-        body = data[m.body:m.body + m.length]
-        if body.endswith(b"\0" * 0) and name in body and body[-8 - len(name):-8] == name:
-            return struct.unpack_from("<Q", body, len(body) - 8)[0]
-    raise LookupError(name)
-
-
 # -- comparing both paths --------------------------------------------------------------------
 
 
@@ -213,3 +204,256 @@ def test_vlen_string_longer_than_its_heap_object(tmp_path, element, length):
     data = bytearray(_base(tmp_path))
     struct.pack_into("<I", data, _attribute_data(bytes(data), b"note") + 16 * element, length)
     _same(_seal(data, _blocks(bytes(data))), ["v"])
+
+
+
+def test_global_heap_object_index_repeated(tmp_path):
+    data = bytearray(_base(tmp_path))
+    heap = bytes(data).find(b"GCOL")
+    first = heap + 16
+    second = first + 16 + -(-struct.unpack_from("<Q", data, first + 8)[0] // 8) * 8
+    data[second:second + 2] = data[first:first + 2]  # (the second object takes the first's index)
+    assert _same(bytes(data), ["v"]) == []
+
+
+# -- object headers ----------------------------------------------------------------------------
+
+
+def test_two_attributes_of_one_name(tmp_path):
+    data = bytearray(_base(tmp_path))
+    at = bytes(data).find(b"bbbb\0")
+    data[at:at + 4] = b"aaaa"
+    assert _same(_seal(data, _blocks(bytes(data))), ["v"]) == []
+
+
+def _into_nil(data: bytes, owner: int, kind: int, body: bytes) -> bytes:
+    """``data`` with a message ``kind`` written into the free (NIL) space of the object header at
+    ``owner`` (a header that tracks creation order: six-byte message headers)."""
+    nil = next(m for m in _messages(data, 0) if m.owner == owner and m.length >= len(body))
+    blocks = _blocks(data)
+    patched = bytearray(data)
+    start, free = nil.body - 6, 6 + nil.length
+    message = bytes([kind]) + struct.pack("<H", len(body)) + b"\0\0\0" + body
+    rest = free - len(message)
+    assert rest == 0 or rest >= 6
+    if rest:
+        message += b"\0" + struct.pack("<H", rest - 6) + b"\0" * (rest - 3)
+    patched[start:start + free] = message
+    return _seal(patched, blocks)
+
+
+def _owner(data: bytes, name: str) -> int:
+    """The object header address of the root group's link ``name``."""
+    raw = name.encode()
+    for m in _messages(data, 0x06):
+        body = data[m.body:m.body + m.length]
+        if body[-8 - len(raw) - 1:-8] == bytes([len(raw)]) + raw:
+            return struct.unpack_from("<Q", body, len(body) - 8)[0]
+    raise LookupError(name)
+
+
+@pytest.mark.parametrize("kind, body", [
+    (0x05, bytes.fromhex("032b020000000100")),  # a second fill value (1, not -9)
+    (0x05, bytes.fromhex("030b")),  # a second fill value message: the default
+])
+def test_second_fill_value_message(tmp_path, kind, body):
+    data = _base(tmp_path)
+    _same(_into_nil(data, _owner(data, "v"), kind, body), ["v"])
+
+
+@pytest.mark.parametrize("body", [
+    bytes.fromhex("02010001") + struct.pack("<Q", 3),  # a second dataspace: 3 elements, not 5
+    bytes.fromhex("02000000"),  # a second dataspace: scalar
+])
+def test_second_dataspace_message(tmp_path, body):
+    data = _base(tmp_path)
+    _same(_into_nil(data, _owner(data, "c"), 0x01, body), ["c"])
+
+
+def test_second_layout_message(tmp_path):
+    data = _base(tmp_path)
+    first = next(m for m in _messages(data, 0x08) if m.owner == _owner(data, "c"))
+    address, size = struct.unpack_from("<2Q", data, first.body + 2)
+    body = bytes([3, 1]) + struct.pack("<2Q", address + 1, size)  # the same data, shifted a byte
+    _same(_into_nil(data, _owner(data, "c"), 0x08, body), ["c"])
+
+
+@pytest.mark.parametrize("flags", ["032b02000000f7ff", "032a02000000f7ff", "030b", "031b", "0303", "0323"])
+def test_fill_value_message_variants(tmp_path, flags):
+    """A fill value message disagreeing with ``_FillValue``, left to the default, undefined, or
+    written at another time: whatever HDF5 makes of it, the parser must agree."""
+    data = _base(tmp_path)
+    owner = _owner(data, "v")
+    fill = next(m for m in _messages(data, 0x05) if m.owner == owner)
+    body = bytes.fromhex(flags)
+    if len(body) > fill.length:
+        pytest.skip("no room")
+    patched = bytearray(data)
+    patched[fill.body - 5:fill.body - 3] = struct.pack("<H", len(body))
+    patched[fill.body:fill.body + len(body)] = body
+    # (what the message no longer holds becomes a NIL message, or padding at the block's end)
+    rest = fill.length - len(body)
+    if rest >= 6:
+        patched[fill.body + len(body):fill.body + fill.length] = b"\0" + struct.pack("<H", rest - 6) + b"\0" * (rest - 3)
+    elif rest:
+        pytest.skip("no room for a NIL message")
+    _same(_seal(patched, _blocks(data)), ["v"])
+
+
+def test_object_header_flags(tmp_path):
+    """Attribute creation order indexed or not (0x08): nothing changes, for HDF5 as for the parser."""
+    data = _base(tmp_path)
+    for owner in (_owner(data, "c"), _owner(data, "v")):
+        patched = bytearray(data)
+        patched[owner + 5] ^= 0x08
+        assert _same(_seal(patched, _blocks(data))) == list(NAMES)
+
+
+@pytest.mark.parametrize("target", ["self", "another's block", "superblock", "data"])
+def test_continuation_cycles_and_strays(tmp_path, target):
+    data = _base(tmp_path)
+    owner = _owner(data, "v")
+    cont = next(m for m in _messages(data, 0x10) if m.owner == owner)
+    other = next(m for m in _messages(data, 0x10) if m.owner == _owner(data, "c"))
+    address, length = {
+        "self": (owner, 64),
+        "another's block": struct.unpack_from("<2Q", data, other.body),
+        "superblock": (0, 48),
+        "data": (struct.unpack_from("<2Q", data, next(m for m in _messages(data, 0x08)
+                                                     if m.owner == _owner(data, "c")).body + 2)[0], 5),
+    }[target]
+    patched = bytearray(data)
+    struct.pack_into("<2Q", patched, cont.body, address, length)
+    _same(_seal(patched, _blocks(data)), ["v"])
+
+
+def test_root_group_is_a_dataset(tmp_path):
+    data = _base(tmp_path)
+    for owner in (_owner(data, "c"), _owner(data, "v")):
+        patched = bytearray(data)
+        struct.pack_into("<Q", patched, 36, owner)
+        assert _same(_seal(patched, []), ["v"]) == []
+
+
+@pytest.mark.parametrize("offset, value", [(1, 0x02), (1, 0x04), (8, 1), (10, 7), (10, 4)])
+def test_integer_type_padding_offset_precision(tmp_path, offset, value):
+    """Padding bits, a bit offset, an odd precision: HDF5 converts, the parser leaves it to h5py."""
+    data = _base(tmp_path)
+    for kind in (1, 2):
+        dtype = next(m for m in _messages(data, 0x03) if m.owner == _owner(data, "cv"[kind - 1]))
+        patched = bytearray(data)
+        patched[dtype.body + offset] = value
+        assert _same(_seal(patched, _blocks(data))) == [n for n in NAMES if n != "cv"[kind - 1]]
+
+
+# -- chunk B-tree -----------------------------------------------------------------------------
+
+
+def _chunk_keys(data: bytes) -> tuple[int, int]:
+    """``(address of v's chunk B-tree's first key, a key and its child's size)``."""
+    layout = next(m for m in _messages(data, 0x08) if m.owner == _owner(data, "v"))
+    tree = struct.unpack_from("<Q", data, layout.body + 3)[0]
+    assert data[tree:tree + 6] == b"TREE\x01\x00"  # (one leaf: four chunks)
+    return tree + 24, 8 + 8 * 3 + 8
+
+
+@pytest.mark.parametrize("attack", ["duplicate offset", "out of order", "filter mask", "same chunk twice",
+                                    "chunk size small", "chunk size huge"])
+def test_chunk_btree_entries(tmp_path, attack):
+    data = _base(tmp_path, zlib=True)
+    first, step = _chunk_keys(data)
+    patched = bytearray(data)
+    if attack == "duplicate offset":
+        patched[first + step + 8:first + step + 24] = data[first + 8:first + 24]
+    elif attack == "out of order":
+        patched[first + 8:first + 24], patched[first + step + 8:first + step + 24] = (
+            data[first + step + 8:first + step + 24], data[first + 8:first + 24])
+    elif attack == "filter mask":
+        struct.pack_into("<I", patched, first + 4, 1)  # (deflate skipped: the compressed bytes read raw)
+    elif attack == "same chunk twice":
+        patched[first + step + 32:first + step + 40] = data[first + 32:first + 40]
+    else:
+        struct.pack_into("<I", patched, first, 3 if attack == "chunk size small" else 1 << 30)
+    _same(bytes(patched), ["v"])
+
+
+def test_chunk_btree_sibling_pointer(tmp_path):
+    """A two-level chunk B-tree whose second child is the first again."""
+    path = tmp_path / "tree.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("n", 100)
+        nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(100)
+    data = path.read_bytes()
+    layout = next(m for m in _messages(data, 0x08) if data[m.body + 1] == 2)
+    tree = struct.unpack_from("<Q", data, layout.body + 3)[0]
+    assert data[tree:tree + 8] == b"TREE\x01\x01\x02\x00"  # (a root over two leaves)
+    patched = bytearray(data)
+    patched[tree + 24 + 32 + 24:tree + 24 + 32 + 32] = data[tree + 24 + 24:tree + 24 + 32]
+    assert _same(bytes(patched), ["w"]) == []
+
+
+# -- links and dimension scales --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("link", ["g/aaa", "aaa", "g/x", "_nc4_non_coord_q"])
+def test_dimension_scale_linked_twice(tmp_path, link):
+    """A dimension scale also linked under another name, its reference count set back to one: the
+    dimension name is whatever HDF5 names the object."""
+    path = tmp_path / "base.nc"
+    _base(tmp_path)
+    with netCDF4.Dataset(path, "a") as nc:
+        nc.createGroup("g")
+    with h5py.File(path, "r+") as f:
+        f[link] = f["x"]
+    data = path.read_bytes()
+    _same(data, ["v", "x"])
+    patched = bytearray(data)
+    for count in _messages(data, 0x16):
+        struct.pack_into("<I", patched, count.body + 1, 1)
+    _same(_seal(patched, _blocks(data)), ["v", "x"])
+
+
+def test_variable_linked_twice(tmp_path):
+    path = tmp_path / "base.nc"
+    _base(tmp_path)
+    with h5py.File(path, "r+") as f:
+        f["w"] = f["v"]
+    assert _same(path.read_bytes(), ["v", "w"]) == ["v", "w"]
+
+
+@pytest.mark.parametrize("target", ["c", "root", "inside a header"])
+def test_dimension_list_to_a_non_dimension(tmp_path, target):
+    data = _base(tmp_path)
+    at = _attribute_data(data, b"DIMENSION_LIST")
+    length, heap, index = struct.unpack_from("<IQI", data, at + 16)
+    objects = bytes(data).find(b"GCOL")
+    patched = bytearray(data)
+    address = {"c": _owner(data, "c"), "root": 48, "inside a header": _owner(data, "v") + 8}[target]
+    found = objects + 16
+    while struct.unpack_from("<H", data, found)[0] != index:
+        found += 16 + -(-struct.unpack_from("<Q", data, found + 8)[0] // 8) * 8
+    struct.pack_into("<Q", patched, found + 16, address)
+    _same(bytes(patched), ["v"])
+
+
+# -- shapes -------------------------------------------------------------------------------------
+
+
+def test_rank_zero_and_empty_dimensions(tmp_path):
+    path = tmp_path / "shapes.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("t", None)
+        nc.createDimension("x", 3)
+        nc.createVariable("scalar", "f8", ())[...] = 2.5
+        nc.createVariable("empty", "i2", ("t", "x"), chunksizes=(1, 3))
+        nc.createVariable("t", "f8", ("t",))
+    assert _same(path.read_bytes(), ["scalar", "empty", "t"]) == ["scalar", "empty", "t"]
+
+
+def test_max_dims_smaller_than_dims(tmp_path):
+    data = _base(tmp_path)
+    space = next(m for m in _messages(data, 0x01) if m.owner == _owner(data, "c"))
+    assert data[space.body + 2] & 1  # (max dims stored)
+    patched = bytearray(data)
+    struct.pack_into("<Q", patched, space.body + 4 + 8, 4)
+    _same(_seal(patched, _blocks(data)), ["c"])
