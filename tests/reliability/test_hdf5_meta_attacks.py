@@ -13,13 +13,19 @@ import tracemalloc
 import warnings
 from pathlib import Path
 
+import dask
 import h5py
 import netCDF4
 import numpy as np
 import pytest
 
+import daskcfa
+from builders import Frag, build_cf113
 from daskcfa.fragments.hdf5 import HDF5File, ParsedVariable
 from daskcfa.fragments.hdf5_meta import checksum
+from remote_helpers import upload
+
+from .conftest import DIMS, SIZES, VICTIM, forget_open_files, fragment_error_names, replace_file, truth
 
 NAMES = ("v", "c", "x")
 
@@ -457,3 +463,33 @@ def test_max_dims_smaller_than_dims(tmp_path):
     patched = bytearray(data)
     struct.pack_into("<Q", patched, space.body + 4 + 8, 4)
     _same(_seal(patched, _blocks(data)), ["c"])
+
+
+# -- through the public API: a local fragment, and a whole object from S3 ---------------------------
+
+
+def _eoa_in_chunk_index(built) -> Path:
+    """The victim fragment with its superblock's end of allocation inside its chunk B-tree node."""
+    victim = built.fragment_files[VICTIM]
+    data = victim.read_bytes()
+    replace_file(victim, _end_of_allocation(data, data.rfind(b"TREE") + 8))
+    return victim
+
+
+@pytest.mark.xfail(strict=True, reason="end of allocation not checked by the parser: main refuses the "
+                   "fragment (a daskcfa error naming it), the branch reads its values")
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_end_of_allocation_through_the_api(tmp_path, where, request):
+    built = build_cf113(tmp_path / "ds", truth(), DIMS, SIZES,
+                        frags=lambda index: Frag(storage={"zlib": True, "chunksizes": (1, 2, 2)}))
+    victim = _eoa_in_chunk_index(built)
+    url, options = str(built.path), {}
+    if where == "s3":  # (a whole object in memory: the parser reads it from the received bytes)
+        server = request.getfixturevalue("s3_server")
+        base = upload(request.getfixturevalue("s3fs_fs"), tmp_path / "ds", request.getfixturevalue("s3_bucket"), "ds")
+        url, options = f"{base}/{built.path.name}", {"storage_options": server.storage_options}
+    forget_open_files()
+    with dask.config.set({"daskcfa.io.whole-fragment-fraction": 0.0, "daskcfa.io.small-object": 0}):
+        with pytest.raises(daskcfa.CFAError) as info:
+            daskcfa.from_cfa(url, "tas", **options).compute()
+    fragment_error_names(info.value, victim.name)
