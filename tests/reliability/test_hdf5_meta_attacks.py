@@ -315,6 +315,22 @@ def test_object_header_flags(tmp_path):
         assert _same(_seal(patched, _blocks(data))) == list(NAMES)
 
 
+@pytest.mark.parametrize("flag", [0x10, 0x20, 0x30])
+def test_object_header_flags_asking_for_more_fields(tmp_path, flag):
+    """Flags saying that phase change values (0x10) or times (0x20) are stored, where they are not:
+    the header's size is then read from other bytes; checksum recomputed over what HDF5 would read."""
+    data = _base(tmp_path)
+    owner = _owner(data, "c")
+    patched = bytearray(data)
+    patched[owner + 5] |= flag
+    start = 6 + (16 if flag & 0x20 else 0) + (4 if flag & 0x10 else 0)
+    width = 1 << (patched[owner + 5] & 3)
+    end = owner + start + width + int.from_bytes(patched[owner + start:owner + start + width], "little")
+    if end + 4 <= len(patched):
+        patched[end:end + 4] = checksum(bytes(patched[owner:end]), end - owner).to_bytes(4, "little")
+    _same(bytes(patched), ["c"])
+
+
 @pytest.mark.parametrize("target", ["self", "another's block", "superblock", "data"])
 def test_continuation_cycles_and_strays(tmp_path, target):
     data = _base(tmp_path)
@@ -454,6 +470,39 @@ def test_rank_zero_and_empty_dimensions(tmp_path):
         nc.createVariable("empty", "i2", ("t", "x"), chunksizes=(1, 3))
         nc.createVariable("t", "f8", ("t",))
     assert _same(path.read_bytes(), ["scalar", "empty", "t"]) == ["scalar", "empty", "t"]
+
+
+@pytest.mark.parametrize("size", [0, 4, 6, 1 << 40])
+def test_contiguous_size_not_shape_times_itemsize(tmp_path, size):
+    data = _base(tmp_path)
+    layout = next(m for m in _messages(data, 0x08) if m.owner == _owner(data, "c"))
+    patched = bytearray(data)
+    struct.pack_into("<Q", patched, layout.body + 10, size)
+    _same(_seal(patched, _blocks(data)), ["c"])
+
+
+@pytest.mark.parametrize("dim", [0, 3, 6])
+def test_contiguous_dataspace_resized(tmp_path, dim):
+    """A dimension of size 0, or one that no longer matches the stored size."""
+    data = _base(tmp_path)
+    space = next(m for m in _messages(data, 0x01) if m.owner == _owner(data, "c"))
+    patched = bytearray(data)
+    struct.pack_into("<2Q", patched, space.body + 4, dim, dim)
+    _same(_seal(patched, _blocks(data)), ["c"])
+
+
+@pytest.mark.parametrize("offset, value", [(10, 63), (8, 1), (12, 51), (14, 10), (16, 0x3FE), (2, 0x3F), (1, 0x21)])
+def test_float_type_fields(tmp_path, offset, value):
+    """A float's precision, bit offset, exponent and mantissa fields, bias, sign position, normalization."""
+    data = _base(tmp_path)
+    dtype = next(m for m in _messages(data, 0x03) if m.owner == _owner(data, "x"))
+    assert dtype.length == 20
+    patched = bytearray(data)
+    if offset == 16:
+        struct.pack_into("<I", patched, dtype.body + offset, value)
+    else:
+        patched[dtype.body + offset] = value
+    _same(_seal(patched, _blocks(data)), ["x", "v"])
 
 
 def test_max_dims_smaller_than_dims(tmp_path):
