@@ -122,15 +122,13 @@ def _outcome(call):
 
 def _seen(data: bytes, name: str, parse: bool) -> tuple[dict, bool]:
     """What a reader sees of variable ``name`` of the file ``data``; whether the parser described it."""
-    try:
-        f = HDF5File(np.frombuffer(data, np.uint8), label="attacked.nc", parse=parse)
-    except Exception as exc:
-        return {"file": ("error", type(exc).__name__)}, False
+    f = _outcome(lambda: HDF5File(np.frombuffer(data, np.uint8), label="attacked.nc", parse=parse))
+    if isinstance(f, tuple):
+        return {"file": f}, False
     with f:
-        try:
-            var = f.variable(name)
-        except Exception as exc:
-            return {"variable": ("error", type(exc).__name__, str(exc))}, False
+        var = _outcome(lambda: f.variable(name))
+        if isinstance(var, tuple):
+            return {"variable": var}, False
         everything = (slice(None),) * len(var.shape)
         small = np.prod(var.shape, dtype=float) <= 1e5
         return {
