@@ -7,6 +7,7 @@ break the parser's author is to fix (docs/reliability.md, attack15b)."""
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 import tracemalloc
@@ -616,3 +617,29 @@ def test_header_of_many_messages(tmp_path):
     data = path.read_bytes()
     assert len(_messages(data, 0x0C)) == 300
     assert _same(data, ["s"]) == []
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_no_descriptor_left_by_declined_or_refused_files(tmp_path):
+    """Local files the parser declines (h5py opens them) or that nobody can open: each descriptor
+    the parser opened is closed, 50 times over."""
+    declined = tmp_path / "declined.nc"
+    with netCDF4.Dataset(declined, "w") as nc:  # (more than 8 attributes: stored densely, declined)
+        nc.createDimension("x", 3)
+        v = nc.createVariable("v", "f4", ("x",))
+        for i in range(12):
+            v.setncattr(f"a{i}", i)
+    with HDF5File(declined) as f:
+        assert not isinstance(f.variable("v"), ParsedVariable)
+    truncated = tmp_path / "truncated.nc"
+    truncated.write_bytes(_base(tmp_path)[:3000])
+    before = _descriptors()
+    for _ in range(50):
+        with HDF5File(declined) as f:
+            _outcome(lambda: f.variable("v"))
+        _outcome(lambda: HDF5File(truncated))
+    assert _descriptors() == before
