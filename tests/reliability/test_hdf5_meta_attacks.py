@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 import time
 import tracemalloc
 import warnings
@@ -643,3 +645,25 @@ def test_no_descriptor_left_by_declined_or_refused_files(tmp_path):
             _outcome(lambda: f.variable("v"))
         _outcome(lambda: HDF5File(truncated))
     assert _descriptors() == before
+
+
+@pytest.mark.xfail(strict=True, reason="a chunk B-tree node whose child is the node itself: the parser sees "
+                   "the cycle and declines, then HDF5 (h5py's path, as on main) recurses until the process "
+                   "dies (SIGSEGV); a located daskcfa error from the parser would spare the process")
+def test_chunk_btree_node_pointing_to_itself_does_not_crash(tmp_path):
+    path = tmp_path / "tree.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("n", 100)
+        nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(100)
+    data = path.read_bytes()
+    layout = next(m for m in _messages(data, 0x08) if data[m.body + 1] == 2)
+    tree = struct.unpack_from("<Q", data, layout.body + 3)[0]
+    patched = bytearray(data)
+    struct.pack_into("<Q", patched, tree + 24 + 32 + 24, tree)  # (the second child: the root again)
+    path.write_bytes(bytes(patched))
+    child = ("import sys\nfrom daskcfa.fragments.hdf5 import HDF5File\n"
+             "try:\n    with HDF5File(sys.argv[1]) as f:\n        f.variable('w').read((slice(None),))\n"
+             "except Exception as exc:\n    print(type(exc).__name__)\n")
+    done = subprocess.run([sys.executable, "-c", child, str(path)], cwd=Path(__file__).parents[2],
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.returncode
