@@ -15,6 +15,7 @@ import time
 import tracemalloc
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import dask
 import h5py
@@ -400,9 +401,9 @@ def test_chunk_btree_entries(tmp_path, attack):
     _same(bytes(patched), ["v"])
 
 
-def test_chunk_btree_sibling_pointer(tmp_path):
-    """A two-level chunk B-tree whose second child is the first again."""
-    path = tmp_path / "tree.nc"
+def _second_child_replaced(path: Path, child: Callable[[int, int], int]) -> bytes:
+    """A file at ``path`` whose variable ``w`` has a two-level chunk B-tree, its root's second child
+    address replaced by ``child(root's address, first child's address)``."""
     with netCDF4.Dataset(path, "w") as nc:
         nc.createDimension("n", 100)
         nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(100)
@@ -411,8 +412,14 @@ def test_chunk_btree_sibling_pointer(tmp_path):
     tree = struct.unpack_from("<Q", data, layout.body + 3)[0]
     assert data[tree:tree + 8] == b"TREE\x01\x01\x02\x00"  # (a root over two leaves)
     patched = bytearray(data)
-    patched[tree + 24 + 32 + 24:tree + 24 + 32 + 32] = data[tree + 24 + 24:tree + 24 + 32]
-    assert _same(bytes(patched), ["w"]) == []
+    first = struct.unpack_from("<Q", data, tree + 24 + 24)[0]
+    struct.pack_into("<Q", patched, tree + 24 + 32 + 24, child(tree, first))
+    return bytes(patched)
+
+
+def test_chunk_btree_sibling_pointer(tmp_path):
+    """A two-level chunk B-tree whose second child is the first again."""
+    assert _same(_second_child_replaced(tmp_path / "tree.nc", lambda root, first: first), ["w"]) == []
 
 
 # -- links and dimension scales --------------------------------------------------------------
@@ -652,15 +659,7 @@ def test_no_descriptor_left_by_declined_or_refused_files(tmp_path):
                    "dies (SIGSEGV); a located daskcfa error from the parser would spare the process")
 def test_chunk_btree_node_pointing_to_itself_does_not_crash(tmp_path):
     path = tmp_path / "tree.nc"
-    with netCDF4.Dataset(path, "w") as nc:
-        nc.createDimension("n", 100)
-        nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(100)
-    data = path.read_bytes()
-    layout = next(m for m in _messages(data, 0x08) if data[m.body + 1] == 2)
-    tree = struct.unpack_from("<Q", data, layout.body + 3)[0]
-    patched = bytearray(data)
-    struct.pack_into("<Q", patched, tree + 24 + 32 + 24, tree)  # (the second child: the root again)
-    path.write_bytes(bytes(patched))
+    path.write_bytes(_second_child_replaced(path, lambda root, first: root))
     child = ("import sys\nfrom daskcfa.fragments.hdf5 import HDF5File\n"
              "try:\n    with HDF5File(sys.argv[1]) as f:\n        f.variable('w').read((slice(None),))\n"
              "except Exception as exc:\n    print(type(exc).__name__)\n")
