@@ -1,9 +1,10 @@
 """Hand-crafted attacks on the direct HDF5 metadata parser (:mod:`daskcfa.fragments.hdf5_meta`):
 valid netCDF-4 files patched at known structure offsets, HDF5's checksums recomputed so that
 the HDF5 library itself still reads them and only the meaning changes. On every file, a variable
-opened through the parser must look exactly as it does through h5py (``parse=False``, the path
-main has): values, fill, dtype, attributes, dimension names, errors. A case marked ``xfail`` is a
-break the parser's author is to fix (docs/reliability.md, attack15b)."""
+opened through the parser must look exactly as it does through h5py (``parse=False``: the path main
+had before the parser, checked equal to it): values, fill, dtype, attributes, dimension names,
+errors (type and message). A case marked ``xfail`` is a break the parser's author is to fix
+(docs/reliability.md, attack15b)."""
 
 from __future__ import annotations
 
