@@ -234,7 +234,8 @@ class FragmentFile:
             except KeyError:
                 raise _NoSuchVariable(f"variable {name!r} not found in the fragment file") from None
             except (DirectReadUnsupported, OSError, RuntimeError) as exc:
-                if self._netcdf4_opener is None:  # (nothing else reads it: its own error, not a fallback's)
+                # (nothing else reads it, or the direct reader's verdict on a damaged file: its own error)
+                if self._netcdf4_opener is None or isinstance(exc, FragmentReadError):
                     raise
                 log.debug("fragment %s, variable %r: the direct reader cannot open it (%s); netCDF4 reads it",
                           redact(self.label), name, exc)

@@ -26,7 +26,9 @@ from typing import Any, Callable, NamedTuple
 import h5py
 import numpy as np
 
-__all__ = ["AttributeMeta", "ChunkEntry", "DatasetMeta", "FLOAT_SIZES", "HDF5Meta", "INTEGER_SIZES", "NotMine",
+from ..errors import FragmentReadError
+
+__all__ = ["AttributeMeta", "ChunkEntry", "DatasetMeta", "FLOAT_SIZES", "HDF5Meta", "INTEGER_SIZES", "LoopedChunkIndex", "NotMine",
            "PARSE_ERRORS",
            "checksum"]
 
@@ -42,8 +44,11 @@ _MAX_METADATA = 4 << 20
 _MAX_BLOCKS = 16
 #: Messages one object header may hold.
 _MAX_MESSAGES = 256
-#: Chunks a chunk index may hold for this parser to walk it (more: h5py locates them, on demand).
-_MAX_CHUNKS = 4096
+#: Chunks a chunk index may hold for this parser to walk it (more: h5py locates them, on demand; the
+#: walk in Python cost more than h5py's open above about a hundred: docs/performance.md, attack15b).
+_MAX_CHUNKS = 64
+#: Inner nodes of a larger chunk index checked for a loop before h5py is left to walk it.
+_MAX_INNER_NODES = 64
 #: Depth of a B-tree, and entries in one node (netCDF-C's files use HDF5's default of 64).
 _MAX_DEPTH = 8
 _MAX_ENTRIES = 64
@@ -56,6 +61,11 @@ _HEAD_BYTES = 16 << 10
 
 class NotMine(Exception):
     """The bytes are not the simple, consistent case this parser understands: h5py reads the file."""
+
+
+class LoopedChunkIndex(FragmentReadError):
+    """A chunk B-tree node that is its own ancestor: HDF5 would recurse until the process dies, so
+    the file is refused here, a verdict no other reader is asked to confirm."""
 
 
 #: What parsing may raise: :class:`NotMine`, and (a check missed) what slicing and unpacking
@@ -138,6 +148,7 @@ class HDF5Meta:
         self._read_at = read_at
         self.size = size
         self._read = 0
+        self._limit = size  # (then the superblock's end of allocation: HDF5 reads no metadata past it)
         head = min(size, _HEAD_BYTES)
         self._head = bytes(self._fetch(0, head)) if head >= 48 else b""
         if len(self._head) < 48 or self._head[:8] != _SIGNATURE:
@@ -152,7 +163,7 @@ class HDF5Meta:
         if base != 0 or extension != _UNDEFINED or eof > size:
             raise NotMine("superblock extension, base address or a truncated file")
         self._root = root
-        self._eoa = eof
+        self._eoa = self._limit = eof
         self._groups: dict[int, dict[bytes, int]] = {}
         self._heaps: dict[int, dict[int, bytes]] = {}
         self._links(root)
@@ -160,8 +171,8 @@ class HDF5Meta:
     # -- bytes ---------------------------------------------------------------
 
     def _fetch(self, offset: int, length: int) -> Any:
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise NotMine(f"{length} bytes at {offset} lie outside the file")
+        if offset < 0 or length < 0 or offset + length > self._limit:
+            raise NotMine(f"{length} bytes at {offset} lie outside the file's allocated space")
         self._read += length
         if self._read > _MAX_METADATA:
             raise NotMine("too much metadata")
@@ -171,8 +182,8 @@ class HDF5Meta:
         return data
 
     def bytes_at(self, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` (checked against the file's size)."""
-        if 0 <= offset and offset + length <= len(self._head) and length >= 0:
+        """``length`` bytes at ``offset`` (checked against the file's size and end of allocation)."""
+        if 0 <= offset and offset + length <= min(len(self._head), self._limit) and length >= 0:
             return self._head[offset:offset + length]
         return bytes(self._fetch(offset, length))
 
@@ -423,12 +434,12 @@ class HDF5Meta:
     def _vlen(self, data: bytes, at: int, itemsize: int) -> bytes:
         """One variable-length element (``itemsize`` bytes a value) of attribute ``data``, from the global heap."""
         length, collection, index = struct.unpack_from("<IQI", data, at)
-        if length == 0:
+        if length == 0 and collection in (0, _UNDEFINED) and index == 0:  # (an empty sequence: no object)
             return b""
         found = self._heap(collection).get(index)
-        if found is None or length * itemsize > len(found):
-            raise NotMine("no such global heap object, or a shorter one")
-        return found[:length * itemsize]
+        if found is None or length * itemsize != len(found):  # (HDF5 refuses an object of another size)
+            raise NotMine("no such global heap object, or one of another size")
+        return found
 
     def _heap(self, address: int) -> dict[int, bytes]:
         """The objects of the global heap collection at ``address``, by index: all of them checked,
@@ -464,19 +475,25 @@ class HDF5Meta:
         if btree is None:
             return []
         nchunks = math.prod(-(-n // c) for n, c in zip(shape, chunks))
-        if nchunks > _MAX_CHUNKS:
-            raise NotMine("too many chunks to walk")
         ndim = len(shape)
         key_size = 8 + 8 * (ndim + 1)
+        if nchunks > _MAX_CHUNKS:
+            self._check_no_loop(btree, key_size)
+            raise NotMine("too many chunks to walk")
         entries: list[ChunkEntry] = []
         visited: set[int] = set()
         fmt = f"<II{ndim + 1}Q"
         every = (*chunks, itemsize)
 
-        def walk(address: int, level: int | None, depth: int, low: tuple, high: tuple | None) -> None:
+        def walk(address: int, level: int | None, depth: int, low: tuple, high: tuple | None,
+                 ancestors: tuple[int, ...] = ()) -> None:
+            if address in ancestors:
+                raise LoopedChunkIndex(f"the chunk index's node at byte {address} is its own ancestor")
             if address in visited or depth > _MAX_DEPTH or len(visited) > nchunks + 1:
                 raise NotMine("chunk index shape")
             visited.add(address)
+            if address + 24 + _MAX_ENTRIES * (key_size + 8) + key_size > self._limit:
+                raise NotMine("a chunk B-tree node past the end of allocation")  # (HDF5 reads it whole)
             head = self.bytes_at(address, 24)
             if head[:4] != b"TREE" or head[4] != 1:
                 raise NotMine("not a chunk B-tree node")
@@ -510,12 +527,37 @@ class HDF5Meta:
                         raise NotMine("too many chunk entries")
                 else:
                     first = len(entries)
-                    walk(children[i], node_level - 1, depth + 1, coords, bound)
+                    walk(children[i], node_level - 1, depth + 1, coords, bound, (*ancestors, address))
                     if len(entries) == first or entries[first].chunk_offset != coords:
                         raise NotMine("chunk B-tree key does not match its child")
 
         walk(btree, None, 0, (0,) * ndim, None)
         return entries
+
+    def _check_no_loop(self, btree: int, key_size: int) -> None:
+        """Raise :class:`LoopedChunkIndex` when an inner node of the chunk B-tree at ``btree`` (its first
+        :data:`_MAX_INNER_NODES`, :data:`_MAX_DEPTH` levels) has an ancestor for a child; anything else
+        odd is h5py's to judge."""
+        checked = 0
+
+        def inner(address: int, ancestors: tuple[int, ...]) -> None:
+            nonlocal checked
+            checked += 1
+            if checked > _MAX_INNER_NODES or len(ancestors) > _MAX_DEPTH:
+                raise NotMine("a chunk index too large to check")
+            head = self.bytes_at(address, 24)
+            level, used = head[5], struct.unpack_from("<H", head, 6)[0]
+            if head[:4] != b"TREE" or level == 0 or not 0 < used <= _MAX_ENTRIES:
+                return
+            body = self.bytes_at(address + 24, used * (key_size + 8))
+            for i in range(used):
+                child = struct.unpack_from("<Q", body, i * (key_size + 8) + key_size)[0]
+                if child == address or child in ancestors:
+                    raise LoopedChunkIndex(f"the chunk index's node at byte {child} is its own ancestor")
+                if level > 1:
+                    inner(child, (*ancestors, address))
+
+        inner(btree, ())
 
 
 # -- messages -------------------------------------------------------------------
@@ -675,8 +717,12 @@ def _layout(body: bytes, dtype: np.dtype, shape: tuple[int, ...], maxshape: tupl
     raise NotMine(f"layout class {body[1]}")
 
 
+#: The names HDF5 gives its own filters, which a version 2 filter pipeline message does not store.
+_HDF5_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
+
+
 def _filters(body: bytes) -> list[tuple[int, tuple[int, ...], str]]:
-    """``(code, values, name)`` per filter of a filter pipeline message."""
+    """``(code, values, name)`` per filter of a filter pipeline message (named as HDF5 names it)."""
     if len(body) < 2 or body[0] not in (1, 2) or not 0 < body[1] <= 32:
         raise NotMine("filter pipeline message")
     version, count = body[0], body[1]
@@ -688,6 +734,8 @@ def _filters(body: bytes) -> list[tuple[int, tuple[int, ...], str]]:
         code, = struct.unpack_from("<H", body, at)
         at += 2
         named = version == 1 or code >= 256
+        if not named and code not in _HDF5_FILTERS:
+            raise NotMine(f"filter {code}, reserved to HDF5")
         name_length = 0
         if named:
             name_length, = struct.unpack_from("<H", body, at)
@@ -706,7 +754,8 @@ def _filters(body: bytes) -> list[tuple[int, tuple[int, ...], str]]:
         at += 4 * nvalues
         if version == 1 and nvalues % 2:
             at += 4
-        filters.append((code, tuple(values), raw_name.split(b"\0")[0].decode("latin-1")))
+        name = raw_name.split(b"\0")[0].decode("latin-1") if named else _HDF5_FILTERS[code]
+        filters.append((code, tuple(values), name))
     if at != len(body) and not (version == 1 and at <= len(body)):
         raise NotMine("filter pipeline size")
     return filters

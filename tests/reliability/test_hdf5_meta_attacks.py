@@ -3,8 +3,8 @@ valid netCDF-4 files patched at known structure offsets, HDF5's checksums recomp
 the HDF5 library itself still reads them and only the meaning changes. On every file, a variable
 opened through the parser must look exactly as it does through h5py (``parse=False``: the path main
 had before the parser, checked equal to it): values, fill, dtype, attributes, dimension names,
-errors (type and message). A case marked ``xfail`` is a break the parser's author is to fix
-(docs/reliability.md, attack15b)."""
+errors (type and message). The breaks found (attack15b) were fixed after the merge
+(docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -170,16 +170,11 @@ def _end_of_allocation(data: bytes, eoa: int) -> bytes:
     return _seal(patched, [])
 
 
-@pytest.mark.xfail(strict=True, reason="the parser checks metadata (object headers, continuation blocks, "
-                   "chunk B-tree nodes) against the file's size, not the superblock's end of allocation: "
-                   "HDF5 refuses an address past it ('addr overflow'), the parser reads it")
 def test_end_of_allocation_one_byte_short(tmp_path):
     data = _base(tmp_path)
     _same(_end_of_allocation(data, len(data) - 1))  # (the last thing netCDF-C wrote: v's chunk B-tree)
 
 
-@pytest.mark.xfail(strict=True, reason="object headers past the superblock's end of allocation: h5py's "
-                   "path finds no variable (KeyError), the parser reads values")
 def test_end_of_allocation_before_the_metadata(tmp_path):
     data = _base(tmp_path)
     _same(_end_of_allocation(data, min(m.body for m in _messages(data, 0x08))))
@@ -199,8 +194,6 @@ def test_truncated_file(tmp_path):
 # -- global heap (variable-length strings and dimension lists) ----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a variable-length string shorter than its global heap object: "
-                   "HDF5 refuses ('Expected global heap object size does not match'), the parser truncates")
 @pytest.mark.parametrize("element, length", [(1, 1), (0, 0), (1, 0)])
 def test_vlen_string_shorter_than_its_heap_object(tmp_path, element, length):
     data = bytearray(_base(tmp_path))
@@ -534,8 +527,6 @@ def _eoa_in_chunk_index(built) -> Path:
     return victim
 
 
-@pytest.mark.xfail(strict=True, reason="end of allocation not checked by the parser: main refuses the "
-                   "fragment (a daskcfa error naming it), the branch reads its values")
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_end_of_allocation_through_the_api(tmp_path, where, request):
     built = build_cf113(tmp_path / "ds", truth(), DIMS, SIZES,
@@ -553,8 +544,6 @@ def test_end_of_allocation_through_the_api(tmp_path, where, request):
     fragment_error_names(info.value, victim.name)
 
 
-@pytest.mark.xfail(strict=True, reason="a filter pipeline message (version 2) stores no name for HDF5's own "
-                   "filters: h5py's path names the unsupported filter ('szip'), the parser's error says ''")
 @pytest.mark.skipif(not getattr(netCDF4, "__has_szip_support__", False), reason="netCDF-C without szip")
 def test_unsupported_filter_named_as_before(tmp_path):
     path = tmp_path / "szip.nc"
@@ -592,17 +581,17 @@ def _peak(call) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("columns", [64, 80])
+@pytest.mark.parametrize("columns", [1, 64, 80])
 def test_largest_chunk_index_bounded(tmp_path, columns):
-    """The most chunks the parser walks (4,096 in a three-level B-tree), and more than that: memory
-    bounded, same answer."""
+    """The most chunks the parser walks (64, ``hdf5_meta._MAX_CHUNKS``), and more than that (4,096
+    in a three-level B-tree, 5,120: checked for a loop, then h5py's): memory bounded, same answer."""
     path = tmp_path / "chunks.nc"
     with netCDF4.Dataset(path, "w") as nc:
         nc.createDimension("a", 64)
         nc.createDimension("b", columns)
         nc.createVariable("w", "u1", ("a", "b"), chunksizes=(1, 1))[:] = np.arange(64 * columns).reshape(64, -1)
     data = path.read_bytes()
-    assert _same(data, ["w"]) == (["w"] if columns == 64 else [])
+    assert _same(data, ["w"]) == (["w"] if columns == 1 else [])
     source = np.frombuffer(data, np.uint8)
 
     def describe() -> None:
@@ -655,9 +644,6 @@ def test_no_descriptor_left_by_declined_or_refused_files(tmp_path):
     assert _descriptors() == before
 
 
-@pytest.mark.xfail(strict=True, reason="a chunk B-tree node whose child is the node itself: the parser sees "
-                   "the cycle and declines, then HDF5 (h5py's path, as on main) recurses until the process "
-                   "dies (SIGSEGV); a located daskcfa error from the parser would spare the process")
 def test_chunk_btree_node_pointing_to_itself_does_not_crash(tmp_path):
     path = tmp_path / "tree.nc"
     path.write_bytes(_second_child_replaced(path, lambda root, first: root))
@@ -667,3 +653,28 @@ def test_chunk_btree_node_pointing_to_itself_does_not_crash(tmp_path):
     done = subprocess.run([sys.executable, "-c", child, str(path)], cwd=Path(__file__).parents[2],
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.returncode
+
+
+def test_chunk_btree_loop_through_the_api_is_a_fragment_error(tmp_path):
+    """The same loop in a fragment of an aggregation: a daskcfa error naming file, variable and
+    fragment, netCDF4-python not asked to read it (its HDF5 could recurse as h5py's does)."""
+    import daskcfa
+
+    good, bad = tmp_path / "a.nc", tmp_path / "b.nc"
+    for i, path in enumerate((good, bad)):
+        with netCDF4.Dataset(path, "w") as nc:
+            nc.createDimension("n", 100)
+            nc.createVariable("n", "i4", ("n",))[:] = np.arange(100) + 100 * i
+            nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(100)
+    target = str(tmp_path / "agg.nc")
+    daskcfa.aggregate([str(good), str(bad)], target, concat_dims=["n"])
+    looped = _second_child_replaced(tmp_path / "loop.nc", lambda root, first: root)
+    bad.write_bytes(looped)  # (the aggregation holds b.nc's coordinates: only w's chunks are read)
+    code = ("import sys, daskcfa\n"
+            "try:\n    daskcfa.from_cfa(sys.argv[1], 'w').compute()\n"
+            "except daskcfa.CFAError as exc:\n    print(type(exc).__name__, '|', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code, target], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.returncode
+    assert done.stdout.startswith("LoopedChunkIndex |"), done.stdout
+    assert "b.nc'" in done.stdout and "variable '/w'" in done.stdout and "fragment (1,)" in done.stdout
