@@ -197,13 +197,15 @@ def test_no_credential_field_in_debug_logs_threaded(s3_server, tmp_path, debug_e
 
 @pytest.mark.parametrize("field", ["key_secret", "client_kwargs"])
 def test_no_credential_field_in_debug_logs_of_the_blocking_get(s3_server, tmp_path, debug_everywhere, field):
-    """Large objects come down through daskcfa's own botocore client (storage/direct.py; the event
-    loop held throughout), whose DEBUG lines (botocore's request headers, urllib3's requests) are
-    redacted as s3fs's are; nor is a credential in its repr."""
+    """Large objects the lean GET leaves to it (here, TCP keep-alive asked for) come down through
+    daskcfa's own botocore client (storage/direct.py; the event loop held throughout), whose DEBUG
+    lines (botocore's request headers, urllib3's requests) are redacted as s3fs's are; nor is a
+    credential in its repr. (The lean GET's own DEBUG lines: test_lean_get_attacks.py.)"""
     from remote_helpers import event_loop_held, large_fragments
 
     url, data = large_fragments(tmp_path, s3_server.filesystem(), s3_server.new_bucket("secrets"), "ds", seed=67)
     options, hidden = _credential_options(s3_server, field)
+    options["config_kwargs"] = {**options["config_kwargs"], "tcp_keepalive": True}
     x = daskcfa.from_cfa(url, "tas", storage_options=options)
     debug_everywhere.clear()
     with event_loop_held() as held_throughout:
