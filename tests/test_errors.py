@@ -44,3 +44,13 @@ def test_secret_parameters_in_other_spellings_and_places_are_redacted(url, secre
     assert secret in uri_secrets(url)
     message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
     assert secret not in message, message
+
+
+@pytest.mark.parametrize("url", ["http:/reader:pw0123456789@host/a.nc", "https:///reader:pw0123456789@host/a.nc"])
+def test_a_login_after_a_scheme_typed_without_two_slashes_is_redacted(url):
+    """Found by attack15: a URL typed with one slash is taken as a local path, and the "not found"
+    error named it, password and all."""
+    assert "pw0123456789" not in redact(url), redact(url)
+    assert "pw0123456789" in uri_secrets(url)
+    message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
+    assert "pw0123456789" not in message, message
