@@ -5,15 +5,21 @@ real SeaweedFS server, real dask. Results reported in docs/reliability.md (attac
 
 from __future__ import annotations
 
+import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import dask
+import netCDF4
 import numpy as np
 import pytest
 
 import daskcfa
 from builders import Frag, assert_matches, build_cf113, make_truth
 from remote_helpers import rewrite_uris, upload
+
+from .test_hdf5_meta_attacks import _blocks, _messages, _seal
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
 
@@ -93,3 +99,56 @@ def test_local_fragments_disallowed_after_an_allowed_s3_first(tmp_path, s3_serve
             x[:, 4, 7].compute(scheduler="threads")
     assert info.value.fragment is not None and info.value.fragment[0] >= 1, info.value
     assert "s3" not in type(info.value).__name__.lower()
+
+
+# -- the direct HDF5 reader: a chunk B-tree whose inner nodes are shared ----------------------------------
+
+
+def _shared_inner_nodes(path: Path, n: int, levels: int) -> bytes:
+    """A netCDF-4 file at ``path`` whose variable ``w`` (``n`` chunks of one value) has its chunk B-tree
+    replaced by ``levels`` nodes appended to the file, each of 64 entries all pointing to the node below:
+    about 13 KB of nodes that HDF5's walk of the index (h5py's ``chunk_iter``) follows 64**levels times."""
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("n", n)
+        nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(n)
+    data = path.read_bytes()
+    layout = next(m for m in _messages(data, 0x08) if data[m.body + 1] == 2)
+    tree = struct.unpack_from("<Q", data, layout.body + 3)[0]
+    first_key = data[tree + 24:tree + 48]  # (1-D: size, filter mask, two offsets)
+    child, patched = struct.unpack_from("<Q", data, tree + 48)[0], bytearray(data)
+    for level in range(data[tree + 5], data[tree + 5] + levels):
+        node = b"TREE" + bytes([1, level]) + struct.pack("<HQQ", 64, 2**64 - 1, 2**64 - 1)
+        node += (first_key + struct.pack("<Q", child)) * 64 + first_key
+        child = len(patched)
+        patched += node
+    struct.pack_into("<Q", patched, layout.body + 3, child)
+    struct.pack_into("<Q", patched, 28, len(patched))  # (the end of allocation past the new nodes)
+    return _seal(patched, _blocks(data))
+
+
+@pytest.mark.parametrize("n, levels", [(64, 5), (100, 4)], ids=["walked", "checked"])
+def test_a_chunk_btree_of_shared_inner_nodes_is_refused_not_walked_for_ever(tmp_path, n, levels):
+    """A 17-23 KB fragment whose chunk index shares its inner nodes level after level: h5py's walk
+    (a whole read) visited 64**levels leaves (hours of CPU; netCDF4-python reads it in a moment, all
+    fill). A located LoopedChunkIndex, whether the index is small enough for the parser to walk (64
+    chunks) or only checked (100). Run in a child process with a 60 s limit (main never ends)."""
+    good, bad = tmp_path / "a.nc", tmp_path / "b.nc"
+    for i, path in enumerate((good, bad)):
+        with netCDF4.Dataset(path, "w") as nc:
+            nc.createDimension("n", n)
+            nc.createVariable("n", "i4", ("n",))[:] = np.arange(n) + n * i
+            nc.createVariable("w", "i4", ("n",), chunksizes=(1,))[:] = np.arange(n)
+    target = str(tmp_path / "agg.nc")
+    daskcfa.aggregate([str(good), str(bad)], target, concat_dims=["n"])
+    bad.write_bytes(_shared_inner_nodes(tmp_path / "shared.nc", n, levels))
+    code = ("import sys, daskcfa\n"
+            "try:\n    daskcfa.from_cfa(sys.argv[1], 'w').compute()\n"
+            "except daskcfa.CFAError as exc:\n    print(type(exc).__name__, '|', exc)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, target], cwd=Path(daskcfa.__file__).parents[1],
+                              capture_output=True, text=True, timeout=60)  # (the daskcfa under test)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the read did not end within 60 s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("LoopedChunkIndex |"), done.stdout
+    assert "b.nc'" in done.stdout and "variable '/w'" in done.stdout and "fragment (1,)" in done.stdout
