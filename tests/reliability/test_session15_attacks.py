@@ -152,3 +152,17 @@ def test_a_chunk_btree_of_shared_inner_nodes_is_refused_not_walked_for_ever(tmp_
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("LoopedChunkIndex |"), done.stdout
     assert "b.nc'" in done.stdout and "variable '/w'" in done.stdout and "fragment (1,)" in done.stdout
+
+
+def test_a_written_mixed_array_reads_its_own_values(tmp_path, s3_server, s3_bucket, s3fs_fs):
+    """``x[...] = v`` on an array batched for its small S3 first fragment, then small selections."""
+    built = _mixed(tmp_path, s3fs_fs, s3_bucket, {0, 1})
+    want = built.expected.copy()
+    want[3:30:3, 4, :] = -1.5
+    with dask.config.set(num_workers=1):
+        x = daskcfa.from_cfa(str(built.path), storage_options=s3_server.storage_options)
+        x[3:30:3, 4, :] = -1.5
+        for key in (np.s_[:, 4, 7], np.s_[:, 4, 1:3], np.s_[[3, 6, 7], 4, 0]):
+            got = x[key].compute(scheduler="threads")
+            assert_matches(got, want[key])
+            assert np.ma.getmaskarray(got).tolist() == np.ma.getmaskarray(want[key]).tolist(), key
