@@ -64,8 +64,10 @@ class NotMine(Exception):
 
 
 class LoopedChunkIndex(FragmentReadError):
-    """A chunk B-tree node that is its own ancestor: HDF5 would recurse until the process dies, so
-    the file is refused here, a verdict no other reader is asked to confirm."""
+    """A chunk B-tree node that is its own ancestor, or an inner node under two parents: HDF5 would
+    recurse until the process dies, or walk the shared node once a path (a few KB of nodes shared
+    level after level: 64 to the power of the levels), so the file is refused here, a verdict no other
+    reader is asked to confirm."""
 
 
 #: What parsing may raise: :class:`NotMine`, and (a check missed) what slicing and unpacking
@@ -477,18 +479,15 @@ class HDF5Meta:
         nchunks = math.prod(-(-n // c) for n, c in zip(shape, chunks))
         ndim = len(shape)
         key_size = 8 + 8 * (ndim + 1)
+        self._check_no_loop(btree, key_size)  # (whatever its size: h5py, handed a declined index, would follow it)
         if nchunks > _MAX_CHUNKS:
-            self._check_no_loop(btree, key_size)
             raise NotMine("too many chunks to walk")
         entries: list[ChunkEntry] = []
         visited: set[int] = set()
         fmt = f"<II{ndim + 1}Q"
         every = (*chunks, itemsize)
 
-        def walk(address: int, level: int | None, depth: int, low: tuple, high: tuple | None,
-                 ancestors: tuple[int, ...] = ()) -> None:
-            if address in ancestors:
-                raise LoopedChunkIndex(f"the chunk index's node at byte {address} is its own ancestor")
+        def walk(address: int, level: int | None, depth: int, low: tuple, high: tuple | None) -> None:
             if address in visited or depth > _MAX_DEPTH or len(visited) > nchunks + 1:
                 raise NotMine("chunk index shape")
             visited.add(address)
@@ -527,7 +526,7 @@ class HDF5Meta:
                         raise NotMine("too many chunk entries")
                 else:
                     first = len(entries)
-                    walk(children[i], node_level - 1, depth + 1, coords, bound, (*ancestors, address))
+                    walk(children[i], node_level - 1, depth + 1, coords, bound)
                     if len(entries) == first or entries[first].chunk_offset != coords:
                         raise NotMine("chunk B-tree key does not match its child")
 
@@ -536,14 +535,15 @@ class HDF5Meta:
 
     def _check_no_loop(self, btree: int, key_size: int) -> None:
         """Raise :class:`LoopedChunkIndex` when an inner node of the chunk B-tree at ``btree`` (its first
-        :data:`_MAX_INNER_NODES`, :data:`_MAX_DEPTH` levels) has an ancestor for a child; anything else
-        odd is h5py's to judge."""
-        checked = 0
+        :data:`_MAX_INNER_NODES`, :data:`_MAX_DEPTH` levels) has an ancestor for a child, or is a child
+        of two inner nodes; anything else odd is h5py's to judge."""
+        checked: set[int] = set()
 
         def inner(address: int, ancestors: tuple[int, ...]) -> None:
-            nonlocal checked
-            checked += 1
-            if checked > _MAX_INNER_NODES or len(ancestors) > _MAX_DEPTH:
+            if address in checked:
+                raise LoopedChunkIndex(f"the chunk index's inner node at byte {address} has two parents")
+            checked.add(address)
+            if len(checked) > _MAX_INNER_NODES or len(ancestors) > _MAX_DEPTH:
                 raise NotMine("a chunk index too large to check")
             head = self.bytes_at(address, 24)
             level, used = head[5], struct.unpack_from("<H", head, 6)[0]
