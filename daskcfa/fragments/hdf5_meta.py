@@ -28,9 +28,8 @@ import numpy as np
 
 from ..errors import FragmentReadError
 
-__all__ = ["AttributeMeta", "ChunkEntry", "DatasetMeta", "FLOAT_SIZES", "HDF5Meta", "INTEGER_SIZES", "LoopedChunkIndex", "NotMine",
-           "PARSE_ERRORS",
-           "checksum"]
+__all__ = ["AttributeMeta", "ChunkEntry", "DatasetMeta", "FLOAT_SIZES", "HDF5Meta", "INTEGER_SIZES", "LoopedChunkIndex",
+           "NotMine", "PARSE_ERRORS", "checksum"]
 
 #: The byte sizes of the integer and float types a direct read supports (either byte order).
 INTEGER_SIZES = (1, 2, 4, 8)
