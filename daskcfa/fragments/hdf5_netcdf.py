@@ -381,8 +381,8 @@ def parsed_variable(meta: HDF5Meta, group: str, base: str) -> tuple[DatasetMeta,
         return dataset, ()
     scale = dataset.attributes.get("CLASS")
     if scale is not None:  # (told as HDF5's H5DSis_scale tells it when the value is exactly what it writes)
-        if (scale.kind, scale.shape, scale.string_type) != ("string", (), (16, 0, 0)) or (
-                scale.value != b"DIMENSION_SCALE\0"):
+        if (scale.kind, scale.shape, scale.string_type) != ("string", (), (len(_SCALE_CLASS) + 1, 0, 0)) or (
+                scale.value != _SCALE_CLASS + b"\0"):
             raise NotMine("a CLASS attribute other than a dimension scale's")
         if ndim > 1:
             raise NotMine("a multi-dimensional coordinate variable")
