@@ -24,7 +24,6 @@ answer but a plain 200 comes here; large objects it does not reach come here fir
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import weakref
@@ -99,9 +98,10 @@ def _make_client(fs: Any) -> Any | None:
     return session.create_client("s3", config=botocore.config.Config(**config), **arguments)
 
 
-@functools.cache
 def profile_session(profile: str | None) -> Any:
-    """One botocore session per AWS profile."""
+    """A botocore session for an AWS profile, made for each filesystem: a session resolves credentials
+    once and keeps them, so one kept for the process signed a later filesystem's requests with an earlier
+    environment's credentials (found by a fresh-clone run: a read given none succeeded)."""
     import botocore.session
 
     return botocore.session.Session(profile=profile)

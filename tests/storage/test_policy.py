@@ -658,3 +658,24 @@ def test_s3netcdf4_alias_fragments_read_through_the_real_url(tmp_path, s3_server
         with pytest.raises(error) as info:
             x.compute()
         assert info.value.fragment == VICTIM
+
+
+def test_credentials_of_an_earlier_environment_are_not_kept(tmp_path, s3_server, s3_bucket, s3fs_fs, monkeypatch):
+    """A read with credentials from the environment, then one with none (the environment emptied, other
+    options): the second is refused, not signed with what the first resolved (a botocore session kept for
+    the process resolved credentials once)."""
+    built, url = _s3_dataset(tmp_path, s3fs_fs, s3_bucket)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
+    endpoint = {"client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    first = daskcfa.from_cfa(url, "tas", storage_options={**endpoint, "config_kwargs": {"read_timeout": 71.5}})
+    np.testing.assert_array_equal(np.ma.filled(first.compute(), 0), np.ma.filled(truth(), 0))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(daskcfa.StorageError) as info:
+        daskcfa.from_cfa(url, "tas", storage_options={**endpoint, "config_kwargs": {"read_timeout": 72.5}})
+    _assert_clean(info.value, s3_server.secret)
