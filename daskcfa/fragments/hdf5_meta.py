@@ -164,7 +164,7 @@ class HDF5Meta:
         if base != 0 or extension != _UNDEFINED or eof > size:
             raise NotMine("superblock extension, base address or a truncated file")
         self._root = root
-        self._eoa = self._limit = eof
+        self._limit = eof
         self._groups: dict[int, dict[bytes, int]] = {}
         self._heaps: dict[int, dict[int, bytes]] = {}
         self._links(root)
@@ -312,7 +312,7 @@ class HDF5Meta:
         if shape is None:
             raise NotMine("a null dataspace")
         fill, fill_never = _fill_value(found[0x05], dtype)
-        chunks, offset, btree = _layout(found[0x08], dtype, shape, maxshape, self._eoa)
+        chunks, offset, btree = _layout(found[0x08], dtype, shape, maxshape, self._limit)
         filters = _filters(found[0x0B]) if 0x0B in found else []
         if filters and chunks is None:
             raise NotMine("filters on contiguous data")
