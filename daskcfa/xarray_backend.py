@@ -59,7 +59,8 @@ def _variable(var: Variable, url: str, name: str, mask_and_scale: bool) -> XrVar
     attrs = dict(var.attrs)
     encoding: dict[str, Any] = {"source": url, "dtype": var.dtype}
     if var.aggregation is None:
-        array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, profile=var.read_access.profile)
+        array = FileVariableArray(url, var.path, var.shape, var.dtype, mask=False, strings=False,
+                                  profile=var.read_access.profile)  # (characters: xarray joins and decodes them)
         return XrVariable(var.dims, _lazy(array), attrs, encoding)
     # Missing fragments hold the fill value: declare it so that xarray masks them.
     if "_FillValue" not in attrs and var.dtype.kind in "iuf":
@@ -191,13 +192,35 @@ def _decoded(obj: XrDataset, url: str, decoders: Mapping[str, Any]) -> XrDataset
     from xarray.conventions import decode_cf
 
     try:
-        return decode_cf(obj, **decoders)
+        decoded = decode_cf(obj, **decoders)
     except CFAError:
         raise
     except ValueError as exc:  # (a TypeError may be the caller's own decoding argument: left as it is)
         said = " ".join(getattr(exc, "__notes__", ())[:1]).split(" with value")[0]
         raise CFAFormatError(f"xarray cannot decode it: {type(exc).__name__}: {exc} {said}".strip(), file=url) \
             from None
+    _check_lazy_decoding(obj, url, decoders)
+    return decoded
+
+
+def _check_lazy_decoding(obj: XrDataset, url: str, decoders: Mapping[str, Any]) -> None:
+    """What xarray decodes lazily, in arrays above the backend's (packing, character encodings), tried
+    on one stored zero of each variable: a ``scale_factor`` of text or an ``_Encoding`` on numbers was
+    a bare error at load (as with engine="netcdf4"), after the open had said nothing. Times are left
+    out: xarray decodes them at open, from the stored values (a zero may be out of a calendar's range)."""
+    from xarray.conventions import decode_cf_variable
+
+    lazy = {k: decoders[k] for k in ("concat_characters", "mask_and_scale", "use_cftime") if k in decoders}
+    for name, variable in obj.variables.items():
+        stored = XrVariable(variable.dims, np.zeros((1,) * variable.ndim, variable.dtype), variable.attrs,
+                            variable.encoding)
+        try:
+            with warnings.catch_warnings():  # (xarray's decoding has said them once already)
+                warnings.simplefilter("ignore")
+                decode_cf_variable(name, stored, decode_times=False, decode_timedelta=False, **lazy).values
+        except Exception as exc:  # (whatever xarray's coders raise on this attribute: hostile input)
+            raise CFAFormatError(f"xarray cannot decode variable {name!r}: {type(exc).__name__}: {exc}",
+                                 file=url) from None
 
 
 def _check_keywords(decoders: Mapping[str, Any], decode_cf: Any) -> None:

@@ -235,15 +235,55 @@ def test_attributes_xarray_cannot_decode_are_a_daskcfa_error_naming_the_file(tmp
     assert xr.open_dataset(aggregation, engine="daskcfa", **off)["x"].shape == (4,)
 
 
-@pytest.mark.xfail(strict=True, reason="xarray decodes packing and _Encoding lazily, in its own arrays above the "
-                   "backend's: a bare UFuncTypeError/AttributeError at load (as with engine='netcdf4')")
-@pytest.mark.parametrize("attrs", [{"scale_factor": "abc"}, {"_Encoding": "no-such-codec"}], ids=["text scale", "encoding"])
-def test_attributes_xarray_decodes_lazily_are_a_daskcfa_error_at_load(tmp_path, attrs):
+@pytest.mark.parametrize("attrs", [{"scale_factor": "abc"}, {"add_offset": "1"}, {"_Encoding": "no-such-codec"}],
+                         ids=["text scale", "text offset", "encoding"])
+def test_attributes_xarray_decodes_lazily_are_a_daskcfa_error_at_open(tmp_path, attrs):
+    """A text ``scale_factor``/``add_offset`` or an ``_Encoding`` on a float variable: xarray decodes
+    them lazily, above the backend, so on main (bfd4ce5) the open said nothing and ``.load()`` raised
+    a bare ``UFuncTypeError``/``AttributeError`` (as with engine="netcdf4"). Now the open is a
+    ``CFAFormatError`` naming the file and the variable; ``mask_and_scale=False`` still opens the text
+    packing, and a well-formed file is untouched."""
     import xarray as xr
 
     aggregation = _with_attributes(tmp_path, **attrs)
-    with pytest.raises(CFAError):
+    with pytest.raises(daskcfa.errors.CFAFormatError) as caught:
         xr.open_dataset(aggregation, engine="daskcfa").load()
+    assert caught.value.file == str(aggregation) and "variable 'x'" in str(caught.value)
+    if "_Encoding" not in attrs:
+        assert xr.open_dataset(aggregation, engine="daskcfa", mask_and_scale=False)["x"].shape == (4,)
+
+
+def test_variables_of_characters_with_their_encoding_open_as_xarray_decodes_them(tmp_path):
+    """The lazy decoding check refuses nothing xarray decodes: ``char`` variables with ``_Encoding``
+    "utf-8" (netCDF4-python's strings), aggregated and stored in the aggregation file, and packed
+    integers. On main (bfd4ce5) the stored one failed at load with a bare ``IndexError``: the backend
+    handed xarray strings joined by netCDF4-python where it had declared characters."""
+    import xarray as xr
+
+    words = ["ab", "cde", "f", "ghij"]
+    paths = []
+    for k in range(2):
+        paths.append(tmp_path / f"f{k}.nc")
+        with netCDF4.Dataset(paths[-1], "w") as nc:
+            nc.createDimension("n", 2)
+            nc.createDimension("c", 4)
+            nc.createDimension("m", 5)
+            nc.createVariable("n", "i4", ("n",))[:] = [2 * k, 2 * k + 1]
+            text = nc.createVariable("t", "S1", ("n", "c"))
+            text._Encoding = "utf-8"
+            text[:] = netCDF4.stringtochar(np.array(words[2 * k:2 * k + 2], "S4"))
+            label = nc.createVariable("label", "S1", ("m",))  # (the same in each file: stored, not aggregated)
+            label._Encoding = "utf-8"
+            label.set_auto_chartostring(False)
+            label[:] = np.frombuffer("réel".encode(), "S1")  # (5 bytes)
+            packed = nc.createVariable("p", "i2", ("n",))
+            packed.scale_factor, packed.add_offset = 0.5, 10.0
+            packed[:] = [11.0 + k, 12.5 + k]
+    aggregation = daskcfa.aggregate([str(p) for p in paths], str(tmp_path / "agg.nc"))
+    ds = xr.open_dataset(aggregation, engine="daskcfa").load()
+    assert list(ds["t"].values) == words
+    assert ds["label"].values[()] == "réel"
+    np.testing.assert_array_equal(ds["p"].values, [11.0, 12.5, 12.0, 13.5])
 
 
 # ---------------------------------------------------------------------------
