@@ -30,6 +30,7 @@ import functools
 import inspect
 import sys
 import base64
+import re
 import copy
 import hashlib
 import hmac
@@ -146,8 +147,16 @@ def _check_host(url: str) -> None:
     """Refuse an HTTP(S) URL (without a login) naming no host, or a port out of range: aiohttp's and urllib's
     bare errors otherwise (a prefix of ``relocate``, ``http://``, is no such URL: not checked here)."""
     parts = urlsplit(url)
-    if parts.scheme.lower() in ("http", "https") and (not parts.hostname or not _has_valid_port(parts)):
+    if parts.scheme.lower() in ("http", "https") and (not parts.hostname or not _has_valid_port(parts)
+                                                     or not _bracket_closes_host(parts.netloc)):
         raise ArgumentError("an HTTP URL naming no host, or a port out of range 0-65535", file=url)
+
+
+def _bracket_closes_host(netloc: str) -> bool:
+    """An IPv6 host's ``]`` followed by nothing or ``:port`` (Python's parser takes ``[::1]x``, which
+    aiohttp's refuses with a bare ValueError)."""
+    host = netloc.rpartition("@")[2]
+    return not host.startswith("[") or re.fullmatch(r"\[[^\]]*\](:\d*)?", host) is not None
 
 
 def _has_valid_port(parts: SplitResult) -> bool:

@@ -109,6 +109,7 @@ def test_an_s3_fragment_uri_holding_a_login_is_refused_without_showing_it(tmp_pa
 
 
 @pytest.mark.parametrize("url", ["http://", "https://:@/", "http://[::1", f"http://reader:{PASSWORD}@[::1/agg.nc",
+                                 "http://[::1]x/agg.nc", f"http://reader:{PASSWORD}@[::1]8080/agg.nc",
                                  "http://127.0.0.1:-1/agg.nc", f"http://reader:{PASSWORD}@127.0.0.1:99999/agg.nc"])
 def test_an_http_url_naming_no_host_or_a_bad_port_is_a_daskcfa_error(url, capsys):
     """A careless aggregation URL: aiohttp's bare ``InvalidUrlClientError`` (no host), urllib's bare
