@@ -48,6 +48,8 @@ from .transfer import check_crc32, expected_crc32
 __all__ = ["LeanGets", "lean_for", "get_signed"]
 
 _CRC32 = "x-amz-checksum-crc32"
+#: buckets whose object URLs a filesystem's lean GETs keep
+_MAX_BUCKETS = 1024
 _LOCK = threading.Lock()
 #: filesystem -> (the process that made it, its lean GETs or None)
 _LEAN: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
@@ -72,6 +74,8 @@ class LeanGets:
         if known is None:
             url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"})
             head = url.split("?", 1)[0]
+            if len(self._prefixes) >= _MAX_BUCKETS:  # (an aggregation naming a bucket a fragment: bounded)
+                self._prefixes.clear()
             known = self._prefixes[bucket] = head[:-1] if head.endswith("/k") else ""
         return known
 

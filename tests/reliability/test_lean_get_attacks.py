@@ -145,3 +145,19 @@ def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
     reader.join(30)
     listener.close()
     assert not still_reading, "the GET was still receiving after 10 s (read_timeout 2 s)"
+
+
+def test_the_object_urls_kept_for_buckets_are_bounded():
+    """An aggregation naming a new bucket in each of its fragment URIs: the lean GETs kept each
+    bucket's object URL for the filesystem's life, without bound (main, bfd4ce5: 3,000 buckets,
+    3,000 entries). Now at most ``lean._MAX_BUCKETS``, each URL still botocore's own."""
+    from daskcfa.storage import lean, objects
+
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET,
+                                         "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}, protocol="s3")
+    gets = lean.lean_for(objects.filesystem("s3://bucket/f.nc", profile)[0])
+    assert gets is not None
+    for k in range(3000):
+        assert gets.prefix(f"bucket-{k}") == f"http://127.0.0.1:9/bucket-{k}/"
+    assert len(repr(gets)) < 2 ** 20 and gets.prefix("bucket-0") == "http://127.0.0.1:9/bucket-0/"
+    assert 0 < sum(1 for k in range(3000) if f"bucket-{k}/" in repr(gets)) <= 1024
