@@ -39,8 +39,11 @@ __all__ = [
 ]
 
 #: a URI's ``user:password@``, up to the authority's last ``@`` (a password may hold one, as URL parsers take it);
-#: also after a scheme typed with one or three slashes (``http:/user:pw@host``: read as a local path, then named)
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})[^/?#\s]*@")
+#: also after a scheme typed with one or three slashes (``http:/user:pw@host``: read as a local path, then named);
+#: and a password starting with digits and holding a ``/`` not percent-encoded (``http://user:123/pw@host``:
+#: URL parsers take ``user:123`` for the host and port and the rest for the path), up to the path's last ``@``
+#: (a path of that form holding an ``@`` is redacted too: what it hides cannot be told from a password)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?:[^/?#\s:]*:\d*/[^?#\s]*|[^/?#\s]*)@")
 #: a query (or fragment) parameter whose name ends in a word that holds secrets (``X-Amz-Signature``,
 #: ``AWSAccessKeyId``, ``sig``, ``access_token``, ``api_key``, ``client_secret``, ``auth``, an OAuth ``code``,
 #: a ``session``...), its name percent-encoded or not, in brackets or not (``auth[token]``), after ``?``, ``&``,
@@ -63,7 +66,7 @@ def uri_secrets(text: str) -> set[str]:
     found = {m.group(0)[len(m.group(1)):] for m in _SECRET_QUERY.finditer(text)}
     for m in _USERINFO.finditer(text):
         login = m.group(0)[len(m.group("scheme")):-1]
-        found |= {login, login.partition(":")[2]}
+        found |= {login, login.partition(":")[2], login.partition("/")[2]}  # (the last: what parsers take for a path)
     return {s for s in found if s}
 
 

@@ -46,11 +46,13 @@ def test_secret_parameters_in_other_spellings_and_places_are_redacted(url, secre
     assert secret not in message, message
 
 
-@pytest.mark.parametrize("url", ["http:/reader:pw0123456789@host/a.nc", "https:///reader:pw0123456789@host/a.nc"])
+@pytest.mark.parametrize("url", ["http:/reader:pw0123456789@host/a.nc", "https:///reader:pw0123456789@host/a.nc",
+                                 "http://reader:12/pw0123456789@host/a.nc", "https://r:4/pw0123456789/x@@h:1/a.nc"])
 def test_a_login_after_a_scheme_typed_without_two_slashes_is_redacted(url):
     """Found by attack15: a URL typed with one slash is taken as a local path, and the "not found"
-    error named it, password and all."""
+    error named it, password and all. Also (session 16, failing on bfd4ce5) a password of digits, then
+    a ``/`` not percent-encoded: URL parsers take ``reader:12`` for host and port, the rest for the path."""
     assert "pw0123456789" not in redact(url), redact(url)
-    assert "pw0123456789" in uri_secrets(url)
+    assert any("pw0123456789" in found for found in uri_secrets(url))
     message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
     assert "pw0123456789" not in message, message
