@@ -367,6 +367,25 @@ def test_a_fragment_deleted_after_indexing_is_named_also_when_read_ahead(tmp_pat
     assert_matches(got, expected)
 
 
+def test_looking_for_a_chunk_index_on_s3_is_one_head_not_a_listing(tmp_path, counted_s3):
+    """An aggregation without a chunk index is opened with one HEAD for the index, not a HEAD and
+    a LIST of its prefix as a directory (s3fs's ``info`` after a 404): a round trip less before
+    any fragment is read; with chunk_index=True its absence is still the error naming it."""
+    server, metrics = counted_s3
+    truth = make_truth((2, 6, 8), "f4", seed=14)
+    built = build("CF-1.13", tmp_path / "ds", truth, DIMS, ((1, 1), (6,), (8,)))
+    bucket = server.new_bucket()
+    server.filesystem().put(str(built.path.parent) + "/", f"{bucket}/ds/", recursive=True)
+    url = f"s3://{bucket}/ds/{built.path.name}"
+    before = requests_by_type(metrics, bucket)
+    x = daskcfa.from_cfa(url, "tas", storage_options=server.storage_options)
+    spent = spent_since(before, metrics, bucket)
+    assert not [kind for kind in spent if "list" in kind.lower()], spent
+    assert_matches(x.compute(), truth)
+    with pytest.raises(NotFoundError, match="no chunk index"):
+        daskcfa.from_cfa(url, "tas", storage_options=server.storage_options, chunk_index=True)
+
+
 def test_entries_keep_what_reads_learnt_in_their_process(built):
     """An entry's chunk lookup and last planned read are built where it is read, not pickled
     with the graph to workers."""

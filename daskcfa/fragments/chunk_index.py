@@ -257,7 +257,7 @@ def load_index(aggregation: str, profile: ProfileRef, policy: LocationPolicy,
     uri = index_uri(aggregation)
     try:
         policy.check(uri)  # (beside the aggregation: allowed where the aggregation is)
-        size, token = storage.stat(uri, profile, policy=policy)
+        size, token = storage.stat(uri, profile, policy=policy, objects_only=True)
     except NotFoundError:
         if required:
             raise NotFoundError("chunk_index=True, but the aggregation has no chunk index (write one with "

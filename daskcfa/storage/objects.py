@@ -201,15 +201,30 @@ def size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
     return stat(uri, profile, policy=policy)[0]
 
 
-def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> tuple[int, str]:
+def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
+         objects_only: bool = False) -> tuple[int, str]:
     """An object's size and a token that changes when the object is replaced
-    (:mod:`.identity`), in one request. A local file must be a regular file."""
+    (:mod:`.identity`), in one request. A local file must be a regular file.
+
+    ``objects_only``: an S3 key that is no object is not found, and not looked for as a directory
+    (s3fs's ``info`` lists the prefix after a 404: a second round trip on every miss, such as
+    the look for a chunk index beside an aggregation that has none)."""
     if is_local(uri):
         info = local_stat(uri)
         return info.st_size, local_token(info)
     fs, path = filesystem(uri, profile, policy=policy)
-    info = with_retries(uri, fs.info, path)
+    info = with_retries(uri, _head, fs, path) if objects_only and _streams(fs) else with_retries(uri, fs.info, path)
     return int(info["size"]), remote_token(info)
+
+
+def _head(fs: Any, path: str) -> dict[str, Any]:
+    """s3fs's ``info`` of the object at ``path`` (a bucket's own: as ``info`` says), by one HEAD."""
+    bucket, key, version = fs.split_path(path)
+    if not key:
+        return fs.info(path)
+    out = fs.call_s3("head_object", fs.kwargs, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+    return {"ETag": out.get("ETag", ""), "LastModified": out.get("LastModified", ""), "size": out["ContentLength"],
+            "name": f"{bucket}/{key}", "type": "file", "VersionId": out.get("VersionId")}
 
 
 def tree_size(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None) -> int:
