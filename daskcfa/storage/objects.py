@@ -213,17 +213,20 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
         info = local_stat(uri)
         return info.st_size, local_token(info)
     fs, path = filesystem(uri, profile, policy=policy)
-    info = with_retries(uri, _head, fs, path) if objects_only and _streams(fs) else with_retries(uri, fs.info, path)
+    info = with_retries(uri, _head, fs, path, uri) if objects_only and _streams(fs) else with_retries(uri, fs.info, path)
     return int(info["size"]), remote_token(info)
 
 
-def _head(fs: Any, path: str) -> dict[str, Any]:
+def _head(fs: Any, path: str, uri: str) -> dict[str, Any]:
     """s3fs's ``info`` of the object at ``path`` (a bucket's own: as ``info`` says), by one HEAD."""
     bucket, key, version = fs.split_path(path)
     if not key:
         return fs.info(path)
     out = fs.call_s3("head_object", fs.kwargs, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-    return {"ETag": out.get("ETag", ""), "LastModified": out.get("LastModified", ""), "size": out["ContentLength"],
+    size = out.get("ContentLength")
+    if type(size) is not int or size < 0:  # (a server's answer: none, or not a length, is no object's size)
+        raise StorageError(f"the server gave no valid length for the object ({size!r:.40})", file=uri)
+    return {"ETag": out.get("ETag", ""), "LastModified": out.get("LastModified", ""), "size": size,
             "name": f"{bucket}/{key}", "type": "file", "VersionId": out.get("VersionId")}
 
 

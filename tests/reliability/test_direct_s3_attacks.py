@@ -484,3 +484,16 @@ def test_a_proxy_in_the_environment_leaves_small_objects_to_the_sdk(servers, mon
     profile = storage.profiles.register({"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint.url}},
                                         protocol="s3")
     assert lean.lean_for(objects.filesystem(URI, profile)[0]) is None
+
+
+@pytest.mark.parametrize("length", [None, "-5"])
+def test_a_head_answer_giving_no_valid_length_is_a_storage_error(servers, length):
+    """The one HEAD looking for a chunk index (``stat(..., objects_only=True)``, session 16) answered
+    200 with no ``Content-Length``, or a negative one: a ``StorageError`` naming the object, not a bare
+    ``KeyError`` from the answer's parsed fields (the first form failed so on the branch that added it)."""
+    endpoint = servers(lambda *_: (200, {"Content-Length": length, "Connection": "close"}, b""))
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET,
+                                         "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
+    with dask.config.set({"daskcfa.storage.retries": 0}), pytest.raises(daskcfa.errors.StorageError) as info:
+        storage.stat(URI, profile, objects_only=True)
+    assert info.value.file == URI
