@@ -114,7 +114,7 @@ def get_whole(client: Any, fs: Any, path: str, uri: str, max_bytes: int | None =
     response = client.get_object(Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
     try:
         declared_length(response, max_bytes, uri)
-        return whole_body(response, uri)
+        return whole_body(response, uri, client.meta.config.read_timeout)
     finally:
         response["Body"].close()
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StorageError
+from .deadline import body_deadline, shut_connection_of
 from .direct import client_for, client_settings, declared_length, get_whole, profile_session
 from .retry import TRANSIENT_STATUSES
 from .transfer import check_crc32, expected_crc32
@@ -65,6 +66,7 @@ class LeanGets:
     credentials: Any | None = field(repr=False)  # (None: anonymous)
     region: str
     checksums: bool
+    read_timeout: float | None
     #: bucket -> the URL of its objects up to the key (botocore's addressing), or "" where not known
     _prefixes: dict[str, str] = field(default_factory=dict)
 
@@ -125,7 +127,7 @@ def _make(fs: Any) -> LeanGets | None:
     http = URLLib3Session(verify=verify, timeout=(meta.connect_timeout, meta.read_timeout),
                           max_pool_connections=meta.max_pool_connections)
     return LeanGets(client, http, credentials, client.meta.region_name or "us-east-1",
-                    meta.response_checksum_validation != "when_required")
+                    meta.response_checksum_validation != "when_required", meta.read_timeout)
 
 
 def _reachable(config: Any, endpoint: str) -> bool:
@@ -188,8 +190,9 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
                                   and not chunked else None},
                                  max_bytes, uri)
         try:
-            data = response.read(length) if length else b""
-            beyond = response.read(1)
+            with body_deadline(length, lean.read_timeout, uri, shut_connection_of(response)):
+                data = response.read(length) if length else b""
+                beyond = response.read(1)
         except Urllib3ReadTimeout as exc:  # (as botocore's StreamingBody reports them: transient, retried)
             raise ReadTimeoutError(endpoint_url=urllib.parse.quote(uri, safe=":/"), error=exc) from None
         except HTTPError as exc:  # (a body cut short)

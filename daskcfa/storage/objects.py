@@ -32,6 +32,7 @@ from dask.utils import parse_bytes
 from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, StorageError, UnsafeURIError, redact
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
+from .deadline import async_body_deadline
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
 from .identity import local_token, remote_token
@@ -450,9 +451,10 @@ async def _get_whole(fs: Any, path: str, uri: str, max_bytes: int | None = None)
     read = checked_body(response, uri)
     blocks = []
     try:
-        declared_length(response, max_bytes, uri)
-        while block := await read(_READ_BLOCK):
-            blocks.append(block)
+        length = declared_length(response, max_bytes, uri)
+        async with async_body_deadline(length, fs.s3.meta.config.read_timeout, uri):
+            while block := await read(_READ_BLOCK):
+                blocks.append(block)
     finally:
         response["Body"].close()
     return Blocks([b"".join(blocks)] if len(blocks) > 1 else blocks)

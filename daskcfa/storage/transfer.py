@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from isal.isal_zlib import crc32
 
 from ..errors import StorageError
+from .deadline import body_deadline, shut_connection_of
 
 __all__ = ["checked_body", "whole_body", "expected_crc32", "check_crc32"]
 
@@ -89,12 +90,13 @@ def checked_body(response: Mapping[str, Any], uri: str) -> Callable[[int], Await
     return _Crc32Body(functools.partial(AioStreamingBody.read, body), _Crc32(expected, uri)).read
 
 
-def whole_body(response: Mapping[str, Any], uri: str) -> bytes:
+def whole_body(response: Mapping[str, Any], uri: str, read_timeout: float | None) -> bytes:
     """The whole body of a botocore (blocking) GET response, received into one buffer of the length
     the server declared (``http.client`` reads the socket straight into it: no joins, no second
     copy), its CRC-32 checked by daskcfa where botocore would check it. The caller has checked that
     length (``ContentLength``); a body shorter than it is botocore's error, as is a failed check of
-    another algorithm (both at the body's end, which is read here)."""
+    another algorithm (both at the body's end, which is read here). Received within its deadline
+    (:mod:`.deadline`; ``read_timeout``: the client's)."""
     from botocore.httpchecksum import StreamingChecksumBody
     from botocore.response import StreamingBody
 
@@ -103,8 +105,10 @@ def whole_body(response: Mapping[str, Any], uri: str) -> bytes:
     expected = expected_crc32(response)
     ours = expected is not None and isinstance(body, StreamingChecksumBody)
     read = functools.partial(StreamingBody.read, body) if ours else body.read  # (the body's read less botocore's check)
-    data = read(length) if length else b""
-    if read(1) or len(data) != length:  # (the end: botocore checks the length there, and raises when short)
+    with body_deadline(length, read_timeout, uri, shut_connection_of(getattr(body, "_raw_stream", None))):
+        data = read(length) if length else b""
+        beyond = read(1)
+    if beyond or len(data) != length:  # (the end: botocore checks the length there, and raises when short)
         raise StorageError(f"the object's body is not the {length:,} bytes the server declared", file=uri)
     if ours:
         check_crc32(data, expected, uri)

@@ -102,13 +102,12 @@ def test_no_request_signature_in_debug_logs(servers, way):
         assert signature not in text
 
 
-@pytest.mark.xfail(strict=True, reason="botocore's read timeout (and aiohttp's) bounds each wait for the socket, "
-                   "not a whole GET: a server sending a byte every 0.05 s holds a small object's GET for as long as "
-                   "its declared length lasts (every way; no total deadline for one request)")
-def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
-    """Headers declaring 400 bytes, then one byte every 0.05 s (``read_timeout`` 2 s, no retry): the
-    GET should end within a few read timeouts; it lasts 20 s. (Each wait far below the timeout: a
-    loaded machine starving the server's thread for 2 s would be needed to end it early.)"""
+@pytest.mark.parametrize("way", list(WAYS))
+def test_a_body_trickled_a_byte_at_a_time_ends_within_its_deadline(way):
+    """Headers declaring 400 bytes, then one byte every 0.05 s (``read_timeout`` 2 s, no retry): each
+    wait far below the read timeout, so on main (bfd4ce5) the GET lasted 20 s, every way (a gigabyte's
+    body: for ever). Now the body must arrive at ``daskcfa.storage.min-throughput`` after one read
+    timeout's grace: a ``StorageError`` saying so, naming the object, within a few seconds."""
     import socket
     import threading
 
@@ -118,24 +117,35 @@ def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve():
-        connection, _ = listener.accept()
-        with connection:
-            connection.recv(65536)
-            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
-            while not stop.wait(0.05):
-                connection.sendall(b"x")
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
+                try:
+                    while not stop.wait(0.05):
+                        connection.sendall(b"x")
+                except OSError:  # (the reader shut the connection)
+                    pass
 
     threading.Thread(target=serve, daemon=True).start()
     endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 2},
-                                         "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
+    options = {"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 2},
+               "client_kwargs": {"endpoint_url": endpoint}}
+    if not way.startswith("lean"):
+        options["config_kwargs"] = {**options["config_kwargs"], **_NOT_LEAN["config_kwargs"]}
+    profile = storage.profiles.register(options, protocol="s3")
+    outcome = []
 
     def read():
         with dask.config.set({"daskcfa.storage.retries": 0}):
             try:
-                storage.read_whole("s3://bucket/f/0.nc", profile, size_hint=0)
-            except daskcfa.CFAError:
-                pass
+                storage.read_whole("s3://bucket/f/0.nc", profile, size_hint=WAYS[way])
+            except daskcfa.CFAError as exc:
+                outcome.append(exc)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -145,6 +155,42 @@ def test_a_body_trickled_a_byte_at_a_time_ends_within_the_read_timeouts():
     reader.join(30)
     listener.close()
     assert not still_reading, "the GET was still receiving after 10 s (read_timeout 2 s)"
+    assert len(outcome) == 1 and isinstance(outcome[0], daskcfa.errors.StorageError), outcome
+    assert "too slowly" in str(outcome[0]) and outcome[0].file == "s3://bucket/f/0.nc"
+
+
+def test_no_deadline_with_min_throughput_zero_and_a_slow_body_still_read():
+    """``min-throughput`` 0 turns the deadline off; and a body slower than the read timeout's grace
+    alone but within its deadline is read whole (the deadline is for trickles, not slow links)."""
+    import socket
+    import threading
+    import time
+
+    import dask
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = b"y" * 40
+
+    def serve():
+        for _ in range(2):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\nConnection: close\r\n\r\n")
+                for k in range(len(body)):
+                    time.sleep(0.04)
+                    connection.sendall(body[k:k + 1])
+
+    threading.Thread(target=serve, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 1},
+                                         "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
+    try:
+        for setting in (0, 20):  # (off; then 20 bytes a second: a deadline of 1 s + 2 s for a 1.6 s body)
+            with dask.config.set({"daskcfa.storage.retries": 0, "daskcfa.storage.min-throughput": setting}):
+                assert bytes(storage.read_whole("s3://bucket/f/0.nc", profile, size_hint=0).read(0, 40)) == body
+    finally:
+        listener.close()
 
 
 def test_the_object_urls_kept_for_buckets_are_bounded():
