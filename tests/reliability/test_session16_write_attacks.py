@@ -205,3 +205,50 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor(tmp_pa
     expected[0] = 7.0
     assert np.array_equal(read(url), expected)
     assert_tidy(url)
+
+
+# --------------------------------------------------------------------------
+# Careless configuration: credentials in a malformed value
+# --------------------------------------------------------------------------
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+MALFORMED_STORAGE_CONFIG = {
+    "options-protocol-a-string": {"daskcfa.storage.options": {"s3": f"key=AKIAEXAMPLE,secret={SECRET}"}},
+    "options-a-list": {"daskcfa.storage.options": [{"key": "AKIAEXAMPLE", "secret": SECRET}]},
+    "profile-a-string": {"daskcfa.storage.profiles": {"p": f"s3://bucket/ key=AKIAEXAMPLE secret={SECRET}"}},
+    "profiles-a-list": {"daskcfa.storage.profiles": [{"match": "s3://bucket/", "secret": SECRET}]},
+}
+
+
+@pytest.mark.parametrize("setting", list(MALFORMED_STORAGE_CONFIG))
+def test_a_malformed_storage_setting_is_refused_without_echoing_its_secret(tmp_path, setting):
+    """A dask config value holding credentials, of the wrong type (a ``"key=...,secret=..."`` string, a
+    list): a ConfigError naming the key, for a write and a read. (On main the message quoted the value
+    whole, secret included: in the exception, its traceback and any log of it.)"""
+    url = str(tmp_path / "t.nc")
+    write(url, values(1))
+    with dask.config.set(MALFORMED_STORAGE_CONFIG[setting]):
+        for act in (lambda: write(url, values(2)), lambda: daskcfa.from_cfa(url).compute()):
+            with pytest.raises(daskcfa.ConfigError, match=r"daskcfa\.storage\.(options|profiles)") as info:
+                act()
+            assert SECRET not in f"{info.value} {info.value!r} {info.value.reason}"
+    assert np.array_equal(read(url), values(1))
+
+
+@pytest.mark.parametrize("wrong", ["protocol-a-string", "key-a-list"])
+def test_malformed_storage_options_are_an_argument_error_before_any_request(s3_server, wrong):
+    """``storage_options={"s3": "secret=..."}`` (a protocol's options not a mapping) and a ``key`` that is
+    not a string, given to a read of the real S3 server: an ArgumentError naming the protocol, no
+    secret. (On main: a bare ``ValueError`` from daskcfa's profiles, and a bare ``TypeError`` from
+    botocore's signer.)"""
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/t.nc"
+    write(url, values(1), storage_options=s3_server.storage_options)
+    options = {"s3": f"key=AKIAEXAMPLE,secret={SECRET}"} if wrong == "protocol-a-string" else \
+        {**s3_server.storage_options, "key": [s3_server.key], "secret": SECRET}
+    for act in (lambda: daskcfa.from_cfa(url, storage_options=options).compute(),
+                lambda: write(url, values(2), storage_options=options)):
+        with pytest.raises(daskcfa.ArgumentError, match=r"storage_options for s3://") as info:
+            act()
+        assert SECRET not in f"{info.value} {info.value!r}"
