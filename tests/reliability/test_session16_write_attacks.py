@@ -71,6 +71,24 @@ def _overwrite(url: str) -> None:
     write(url, values(2), mode="w")
 
 
+def _refragment(url: str) -> None:
+    source = str(Path(url).parent.parent / "source" / "s.nc")  # (written by _prepare)
+    daskcfa.refragment(source, url, fragment_shape=(3, 30, 40), mode="w")
+
+
+def _rollback(url: str) -> None:
+    daskcfa.rollback(url, daskcfa.history(url)[-1].id)  # (the oldest: values(2), written by _prepare)
+
+
+def _prepare(op: str, url: str) -> None:
+    """The dataset the operation changes: values(1) (for a rollback, written over values(2))."""
+    if op == "refragment" and not os.path.exists(Path(url).parent.parent / "source" / "s.nc"):
+        write(str(Path(url).parent.parent / "source" / "s.nc"), values(2))
+    if op == "rollback":
+        write(url, values(2))
+    write(url, values(1))
+
+
 def _new_values(op: str) -> np.ndarray:
     old = values(1)
     if op == "append":
@@ -82,7 +100,8 @@ def _new_values(op: str) -> np.ndarray:
 
 
 OPERATIONS: dict[str, Callable[[str], None]] = {"append": _append, "region": _region, "dataset-a": _dataset_a,
-                                                "overwrite": _overwrite}
+                                                "overwrite": _overwrite, "refragment": _refragment,
+                                                "rollback": _rollback}
 
 
 def _child(op: str, url: str, started) -> None:
@@ -106,19 +125,22 @@ def _files(url: str) -> list[Path]:
 
 def assert_tidy(url: str, stale_lease: bool = False, abandoned: bool = False) -> None:
     """Exactly the fragments the kept versions reference, no temporary, and no lease (but ``stale_lease``:
-    a writer killed after its commit, never re-run, leaves its lease). ``abandoned``: whole generation
+    a writer killed after its commit, never re-run, leaves its lease and may leave temporaries of its
+    bookkeeping, which the next commit removes). ``abandoned``: whole generation
     directories that no kept version references may stay (a killed ``Dataset`` writer's: see
     :func:`test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor`)."""
     referenced = kept_fragments(url, open_aggregation(url)[1].profile)
     fragments = {str(p) for p in _files(url) if p.suffix == ".nc" and str(p) != url}
     unreferenced = fragments - referenced
+    kept = {os.path.dirname(u) for u in referenced}
     if abandoned:
-        kept = {os.path.dirname(u) for u in referenced}
         unreferenced = {u for u in unreferenced if os.path.dirname(u) in kept}
     assert not unreferenced and referenced <= fragments, \
         f"unreferenced {sorted(unreferenced)[:3]}, missing {sorted(referenced - fragments)[:3]}"
-    leftovers = [p for p in _files(url) if p.name.endswith(".part") or
-                 (p.name.endswith(".lease") and not stale_lease)]
+    bookkeeping = Path(url).with_suffix("") / ".daskcfa"
+    leftovers = [p for p in _files(url) if (p.name.endswith(".part") and not (abandoned and str(p.parent) not in kept)
+                                            and not (stale_lease and bookkeeping in p.parents))
+                 or (p.name.endswith(".lease") and not stale_lease)]
     assert not leftovers, leftovers
 
 
@@ -127,7 +149,7 @@ def test_a_writer_killed_at_random_moments_leaves_old_or_new_and_reruns_to_new(t
     rng = np.random.default_rng(16)
     manager().close_all()
     calibration = str(tmp_path / "calibration" / "t.nc")
-    write(calibration, values(1))
+    _prepare(op, calibration)
     t0 = time.perf_counter()
     proc = _fork(op, calibration)
     proc.join(300)
@@ -135,9 +157,9 @@ def test_a_writer_killed_at_random_moments_leaves_old_or_new_and_reruns_to_new(t
     assert proc.exitcode == 0
     assert np.array_equal(read(calibration), _new_values(op))
     outcomes: Counter = Counter()
-    for trial in range(6):
+    for trial in range(12):
         url = str(tmp_path / f"trial-{trial}" / "t.nc")
-        write(url, values(1))
+        _prepare(op, url)
         before = daskcfa.history(url)
         manager().close_all()
         proc = _fork(op, url)
