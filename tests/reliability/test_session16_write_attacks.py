@@ -274,3 +274,33 @@ def test_malformed_storage_options_are_an_argument_error_before_any_request(s3_s
         with pytest.raises(daskcfa.ArgumentError, match=r"storage_options for s3://") as info:
             act()
         assert SECRET not in f"{info.value} {info.value!r}"
+
+
+# --------------------------------------------------------------------------
+# Exports replacing their output
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("output", ["the-dataset-directory", "its-fragment-directory", "a-parent-directory",
+                                    "the-aggregation-file"])
+def test_a_parquet_export_with_mode_w_replaces_only_a_reference_set(tmp_path, output):
+    """``to_references(url, output=..., format="parquet", mode="w")`` given, by mistake, a directory holding
+    the archive (or the aggregation file itself): refused, nothing deleted. (On main: ``shutil.rmtree`` of
+    whatever the output named: the aggregation file and every fragment gone, or a parent directory with
+    every dataset in it; the aggregation file replaced by the reference set.) A reference set is replaced."""
+    url = str(tmp_path / "archive" / "ds" / "t.nc")
+    write(url, values(1))
+    beside = str(tmp_path / "archive" / "other" / "o.nc")
+    write(beside, values(2))
+    target = {"the-dataset-directory": Path(url).parent, "its-fragment-directory": Path(url).with_suffix(""),
+              "a-parent-directory": tmp_path / "archive", "the-aggregation-file": Path(url)}[output]
+    files = {p: p.read_bytes() for p in (tmp_path / "archive").rglob("*") if p.is_file()}
+    with pytest.raises((daskcfa.TargetExistsError, daskcfa.ArgumentError), match="not a Parquet reference set|"
+                                                                                 "the aggregation file itself"):
+        daskcfa.to_references(url, output=str(target), format="parquet", mode="w")
+    assert {p: p.read_bytes() for p in (tmp_path / "archive").rglob("*") if p.is_file()} == files
+    assert np.array_equal(read(url), values(1)) and np.array_equal(read(beside), values(2))
+    refs = str(tmp_path / "refs.parq")
+    daskcfa.to_references(url, output=refs, format="parquet")
+    daskcfa.to_references(beside, output=refs, format="parquet", mode="w")  # (a reference set: replaced)
+    assert (Path(refs) / ".zmetadata").is_file()
