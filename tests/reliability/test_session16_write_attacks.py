@@ -304,3 +304,20 @@ def test_a_parquet_export_with_mode_w_replaces_only_a_reference_set(tmp_path, ou
     daskcfa.to_references(url, output=refs, format="parquet")
     daskcfa.to_references(beside, output=refs, format="parquet", mode="w")  # (a reference set: replaced)
     assert (Path(refs) / ".zmetadata").is_file()
+
+
+@pytest.mark.parametrize("output", ["the-dataset-directory", "the-aggregation-file"])
+def test_an_icechunk_export_into_the_archive_is_a_daskcfa_error_and_touches_nothing(tmp_path, output):
+    """``to_icechunk(url, <a directory holding files>)`` or ``(url, <the aggregation file>)``: an
+    ArgumentError naming the place, every file as it was. (On main: a bare ``IcechunkError``, and for the
+    file a Rust panic, ``pyo3_runtime.PanicException``, a BaseException that ``except Exception`` misses.)"""
+    pytest.importorskip("icechunk")
+    url = str(tmp_path / "ds" / "t.nc")
+    write(url, values(1))
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    target = str(Path(url).parent) if output == "the-dataset-directory" else url
+    with pytest.raises(daskcfa.ArgumentError, match="Icechunk repository") as info:
+        daskcfa.to_icechunk(url, target)
+    assert info.value.file == target
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+    assert np.array_equal(read(url), values(1))
