@@ -321,3 +321,70 @@ def test_an_icechunk_export_into_the_archive_is_a_daskcfa_error_and_touches_noth
     assert info.value.file == target
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
     assert np.array_equal(read(url), values(1))
+
+
+# --------------------------------------------------------------------------
+# Careless targets: a source, another dataset's fragment
+# --------------------------------------------------------------------------
+
+
+def _plain_files(directory: Path) -> list[str]:
+    """Two netCDF files of two time steps each, along an unlimited time."""
+    import netCDF4
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(2):
+        path = directory / f"p{i}.nc"
+        with netCDF4.Dataset(path, "w") as nc:
+            nc.createDimension("time", None)
+            nc.createDimension("lat", SHAPE[1])
+            nc.createDimension("lon", SHAPE[2])
+            time_ = nc.createVariable("time", "f8", ("time",))
+            time_.units = "days since 2000-01-01"
+            time_[:] = [2 * i, 2 * i + 1]
+            nc.createVariable("tas", "f4", DIMS)[:] = values(1)[2 * i:2 * i + 2]
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize("call", ["aggregate-glob", "aggregate-list", "rebuild"])
+def test_an_aggregation_written_over_one_of_its_own_sources_is_refused(tmp_path, call):
+    """``aggregate("p*.nc", "p1.nc", mode="w")`` (or ``rebuild``): the target is one of the files it
+    references. Refused, the file intact. (On main: p1.nc was replaced by an aggregation file whose
+    fragment is p1.nc itself: its data gone, the aggregation unreadable.)"""
+    paths = _plain_files(tmp_path)
+    files = {p: Path(p).read_bytes() for p in paths}
+    act = {"aggregate-glob": lambda: daskcfa.aggregate(str(tmp_path / "p*.nc"), paths[1], mode="w"),
+           "aggregate-list": lambda: daskcfa.aggregate(paths, paths[0], mode="w"),
+           "rebuild": lambda: daskcfa.rebuild(paths, paths[0], mode="w")}[call]
+    with pytest.raises(daskcfa.ArgumentError, match="one of the files it would aggregate"):
+        act()
+    assert {p: Path(p).read_bytes() for p in paths} == files
+    url = daskcfa.aggregate(paths, str(tmp_path / "agg.nc"))
+    assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, "tas").compute()), values(1)[:4])
+
+
+@pytest.mark.parametrize("call", ["to_cfa", "Dataset-w", "relocate", "refragment"])
+def test_a_write_whose_target_is_another_dataset_s_fragment_is_refused(tmp_path, call):
+    """A target named by mistake inside another dataset's generation directory (one of its fragments),
+    ``mode="w"``: refused, the other dataset intact. (On main: the fragment was replaced by an
+    aggregation file, and the other dataset failed to read: FragmentShapeError.)"""
+    other = str(tmp_path / "other" / "t.nc")
+    write(other, values(2))
+    fragment = str(sorted((tmp_path / "other" / "t").rglob("*.nc"))[0])
+    source = str(tmp_path / "mine" / "m.nc")
+    write(source, values(1))
+    files = {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()}
+
+    def dataset_w() -> None:
+        with Dataset(fragment, "w") as ds:
+            ds.createDimension("x", 3)
+
+    act = {"to_cfa": lambda: write(fragment, values(1), mode="w"), "Dataset-w": dataset_w,
+           "relocate": lambda: daskcfa.relocate(source, {"/nowhere/": "/elsewhere/"}, target=fragment, mode="w"),
+           "refragment": lambda: daskcfa.refragment(source, fragment, mode="w")}[call]
+    with pytest.raises(daskcfa.ArgumentError, match="generation directory"):
+        act()
+    assert {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()} == files
+    assert np.array_equal(read(other), values(2))
