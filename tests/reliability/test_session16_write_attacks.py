@@ -388,3 +388,28 @@ def test_a_write_whose_target_is_another_dataset_s_fragment_is_refused(tmp_path,
         act()
     assert {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()} == files
     assert np.array_equal(read(other), values(2))
+
+
+@pytest.mark.parametrize("call", ["rollback", "prune", "to_cfa-r+", "Dataset-a"])
+def test_an_update_of_an_aggregation_file_named_without_a_suffix_is_a_daskcfa_error(tmp_path, call):
+    """An aggregation file copied to a name without a suffix (``cp t.nc archive``), then updated: its
+    ``<stem>/`` is the file itself. A daskcfa error naming it, the file unchanged. (On main: a bare
+    ``NotADirectoryError`` from every update door.)"""
+    url = str(tmp_path / "t.nc")
+    write(url, values(1))
+    bare = tmp_path / "archive"
+    bare.write_bytes(Path(url).read_bytes())
+    before = bare.read_bytes()
+
+    def dataset_a() -> None:
+        with Dataset(str(bare), "a") as ds:
+            ds["tas"][0] = values(2)[0]
+
+    act = {"rollback": lambda: daskcfa.rollback(str(bare), daskcfa.history(url)[0].id),
+           "prune": lambda: daskcfa.prune(str(bare)),
+           "to_cfa-r+": lambda: write(str(bare), values(2)[:2], mode="r+", region={"time": slice(0, 2)}),
+           "Dataset-a": dataset_a}[call]
+    with pytest.raises(daskcfa.CFAError, match="no directory") as info:
+        act()
+    assert info.value.file == str(bare)
+    assert bare.read_bytes() == before
