@@ -413,3 +413,25 @@ def test_an_update_of_an_aggregation_file_named_without_a_suffix_is_a_daskcfa_er
         act()
     assert info.value.file == str(bare)
     assert bare.read_bytes() == before
+
+
+def test_temporaries_of_a_writer_killed_while_recording_its_version_are_removed_by_the_next_commit(tmp_path):
+    """A writer killed while putting its version record, copy or manifest copy in place leaves
+    ``.v-<id>.json.<hex>.part`` (and ``.aggregation``, ``.manifest.json``) in ``<stem>/.daskcfa/versions/``.
+    Each write records under a new id, so the next commit removed none of them: left for ever (seen in
+    the rollback kill sweep above). Now the next commit removes them; other files there stay."""
+    url = str(tmp_path / "t.nc")
+    write(url, values(1))
+    versions = tmp_path / "t" / ".daskcfa" / "versions"
+    dead = "v-20261129T000000Z-0123abcd"
+    planted = [versions / f".{dead}{suffix}.{'ab' * 16}.part" for suffix in (".json", ".aggregation",
+                                                                            ".manifest.json")]
+    for path in planted:
+        path.write_bytes(b"{half a rec")
+    other = versions / f".notes.txt.{'cd' * 16}.part"  # not a version object's temporary: kept
+    other.write_bytes(b"x")
+    write(url, values(2))
+    assert [p.name for p in planted if p.exists()] == []
+    assert other.exists()
+    assert np.array_equal(read(url), values(2))
+    assert [v.id for v in daskcfa.history(url)][1:] != [] and all(dead != v.id for v in daskcfa.history(url))
