@@ -50,13 +50,24 @@ def check_fragment_shape(fragment_shape: Any, dims: Iterable[str], *, file: str 
         check_names("fragment_shape", fragment_shape, dims, file=file)
 
 
+#: s3fs's credential options
+_S3_CREDENTIALS = ("key", "secret", "token")
+
+
 def check_storage_options(options_by_protocol: Mapping[str, Any]) -> None:
     """Storage options s3fs would only refuse at the first request, with a bare ``TypeError``, refused now.
 
     ``options_by_protocol`` is keyed by protocol (``{"s3": {...}}``), as the
     storage profiles hold them. The message names s3fs's spelling
     (``anonymous`` -> ``anon``) and never quotes a value (it may be a secret).
+    A protocol's options that are not a mapping (``{"s3": "key=...,secret=..."}``), and credentials
+    that are not strings, are refused too (each was a bare ``ValueError``/``TypeError`` at the first
+    request, from daskcfa's profiles and botocore's signer).
     """
+    for protocol, options in options_by_protocol.items():
+        if not isinstance(options, Mapping):
+            raise ArgumentError(f"storage_options for {protocol}:// are a mapping of fsspec's options, not a "
+                                f"{type(options).__name__}")
     for protocol in ("s3", "s3a"):
         options = options_by_protocol.get(protocol)
         if not isinstance(options, Mapping):
@@ -65,3 +76,7 @@ def check_storage_options(options_by_protocol: Mapping[str, Any]) -> None:
         if wrong:
             fixes = "; ".join(f"{k!r} -> {S3FS_SPELLINGS[k]}" for k in wrong)
             raise ArgumentError(f"storage_options for {protocol}:// use s3fs's names: {fixes}")
+        typed = [k for k in _S3_CREDENTIALS if options.get(k) is not None and not isinstance(options[k], str)]
+        if typed:
+            raise ArgumentError(f"storage_options for {protocol}:// {', '.join(map(repr, typed))}: a credential is "
+                                "a string")

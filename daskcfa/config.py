@@ -173,20 +173,20 @@ def _check_value(value: Any, schema: Mapping[str, Any], key: str) -> None:
     types = schema.get("type")
     if "enum" in schema and value not in schema["enum"]:
         raise ConfigError(f"dask config {key!r} must be one of {', '.join(map(repr, schema['enum']))}, "
-                          f"not {value!r}")
+                          f"not {_shown(value, key)}")
     if types is not None:
         types = [types] if isinstance(types, str) else types
         allowed = tuple(t for name in types for t in _TYPES[name])
         if not isinstance(value, allowed) or (isinstance(value, bool) and "boolean" not in types):
             raise ConfigError(f"dask config {key!r} must be {' or '.join(_describe(t) for t in types)}, "
-                              f"not {value!r}")
+                              f"not {_shown(value, key)}")
     number = value
     if schema.get("format") in ("bytes", "size") and isinstance(value, str):
         number = to_bytes(value, s3nc=schema["format"] == "size")
         if number is None:
             units = "'16MiB', '2GB'" + (" or S3netCDF4's '2 YB'" if schema["format"] == "size" else "")
             raise ConfigError(f"dask config {key!r} must be a size such as {units}, or an integer, "
-                              f"not {value!r}")
+                              f"not {_shown(value, key)}")
     if isinstance(number, (int, float)) and not isinstance(number, bool):
         _check_range(number, value, schema, key)
     if "items" in schema and isinstance(value, (list, tuple)):
@@ -203,8 +203,21 @@ def _check_range(number: float, value: Any, schema: Mapping[str, Any], key: str)
         return
     allowed = " and ".join(f"{word} {schema[name]}" for word, name in (("at least", "minimum"),
                                                                        ("at most", "maximum")) if name in schema)
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:30] + "..."
-    raise ConfigError(f"dask config {key!r} must be a finite number, {allowed}, not {shown}")
+    raise ConfigError(f"dask config {key!r} must be a finite number, {allowed}, not {_shown(value, key)}")
+
+
+#: the sections whose values hold credentials (keys, secrets, tokens, passwords)
+_SECRET_SECTIONS = ("daskcfa.storage.options", "daskcfa.storage.profiles")
+
+
+def _shown(value: Any, key: str) -> str:
+    """A refused value as an error shows it: in the sections holding credentials only its type (a
+    careless ``"key=...,secret=..."`` string or a list of options would be echoed whole), elsewhere
+    its repr, cut at 40 characters."""
+    if key.split("[", 1)[0].startswith(_SECRET_SECTIONS):
+        return f"a value of type {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + "..."
 
 
 def _bound(schema: Mapping[str, Any], name: str) -> float | None:

@@ -113,7 +113,7 @@ def test_bad_engine_is_an_error_at_open_not_at_compute(archive):
     ("daskcfa.refragment.strategy", "fastest", "'auto', 'direct', 'staged'"),
     ("daskcfa.budget.memory", "lots", "S3netCDF4's '2 YB'"),
     # a profile's prefixes: anything else was a bare TypeError from the first S3 read
-    ("daskcfa.storage.profiles", {"p": {"match": 5}}, r"profiles\.p\.match' must be a string or a list, not 5"),
+    ("daskcfa.storage.profiles", {"p": {"match": 5}}, r"profiles\.p\.match' must be a string or a list, not a value of type int"),
     ("daskcfa.storage.profiles", {"p": {"match": ["s3://a/", None]}}, r"profiles\.p\.match\[1\]' must be a string"),
 ])
 def test_bad_values(archive, key, value, message):

@@ -22,7 +22,7 @@ import numpy as np
 from .. import storage
 from ..choices import DEFAULT_FORMAT, DEFAULT_URIS
 from ..decode import same_value
-from ..errors import AggregationError
+from ..errors import AggregationError, ArgumentError
 from ..formats.encode import absolute_reference, encode_aggregation
 from ..storage.history import Change
 from ..storage.publish import WHOLE_FILE_MODES
@@ -116,7 +116,12 @@ def rebuild(fragments: str | Sequence[str], target: str, *, format: str = DEFAUL
 
 def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, format: str, uris: str,
            mode: str, change: Change) -> str:
-    """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit (as a version)."""
+    """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit (as a version).
+    A target that is one of its fragments is refused: ``mode="w"`` would replace that file's data by an
+    aggregation referring to itself."""
+    if any(storage.resolve(u, url) == url for av in model.aggregated for u in av.fragments.locations()):
+        raise ArgumentError("the target is one of the files it would aggregate, whose data writing it would "
+                            "replace: write the aggregation file elsewhere", file=url)
     model.aggregated = [_referenced(av, url, uris == "absolute", format) for av in model.aggregated]
     payload = encode_aggregation(model, format=format)  # every rule checked before anything is written
     publish(url, payload, mode, profile, change, detail=f"{model.nfragments} fragments referenced")

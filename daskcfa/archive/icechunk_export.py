@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import posixpath
 from pathlib import PurePosixPath
 from typing import Any, Iterable, Mapping, Sequence
@@ -188,12 +189,20 @@ def _writable_session(ic: Any, repo_or_session: Any, branch: str, locations: lis
 
 
 def _local_repository(ic: Any, path: Any) -> Any:
-    """The Icechunk repository in the local directory ``path``, created when the directory does not exist."""
+    """The Icechunk repository in the local directory ``path``, created when the directory does not exist (or
+    is empty); anything else there is an :class:`ArgumentError`, never touched."""
     path = storage.to_local_path(str(path)) if storage.is_local(str(path)) else None
     if path is None:
         raise ArgumentError("an Icechunk repository given by name must be a local directory (give an "
                             "icechunk.Repository for one on object storage)")
-    return ic.Repository.open_or_create(ic.local_filesystem_storage(path))
+    if os.path.lexists(path) and not os.path.isdir(path):  # (Icechunk panics: a BaseException, not an error)
+        raise ArgumentError("an Icechunk repository is a directory, and this is not one", file=path)
+    try:
+        return ic.Repository.open_or_create(ic.local_filesystem_storage(path))
+    except ic.IcechunkError as exc:  # (a directory holding other files: Icechunk's "clean prefixes")
+        said = next((line.strip(" x|") for line in str(exc).splitlines() if line.strip(" x|")), "")
+        raise ArgumentError(f"no Icechunk repository in this directory, and none can be created there ({said})",
+                            file=path) from None
 
 
 def _missing_containers(config: Any, locations: list[str]) -> list[str]:

@@ -45,7 +45,7 @@ from .. import storage
 from ..choices import REFERENCE_FORMATS
 from ..dataset import OpenedDataset, Variable, select_aggregated
 from ..decode import Encoding
-from ..errors import ArgumentError, CFAError, NotFoundError, ReferencesError, redact
+from ..errors import ArgumentError, CFAError, NotFoundError, ReferencesError, TargetExistsError, redact
 from ..formats.netcdf import INSTRUCTION_ATTRS
 from ..fragments.canonical import Target, allowed_uris, units_conversion
 from ..fragments.codecs import BLOSC, BZIP2, ZSTD
@@ -140,6 +140,9 @@ def to_references(
     built = build_references(url, variable, storage_options, allowed_locations, inline=bool(inline))
     if built.refused:
         raise built.refusal()
+    if written is not None and written.url == built.url:
+        raise ArgumentError("output is the aggregation file itself, which writing the references would replace: "
+                            "choose another output", file=built.url)
     references = built.references if inline else _ingestible(built.references)
     if written is None:
         if fmt == "parquet":
@@ -675,8 +678,9 @@ def _put_parquet(references: Mapping[str, Any], output: str, access: Access, rec
         mapper.flush()
         if storage.is_local(output):
             target = storage.local_path(output)
-            if os.path.exists(target):
-                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+            if os.path.lexists(target):
+                _check_replaceable(target, output)
+                shutil.rmtree(target)
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
             shutil.move(root, target)
         else:
@@ -686,6 +690,21 @@ def _put_parquet(references: Mapping[str, Any], output: str, access: Access, rec
                     storage.put_file(output.rstrip("/") + "/" + relative, os.path.join(folder, name), access.profile)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_replaceable(target: str, output: str) -> None:
+    """``mode="w"`` replaces a Parquet reference set, never anything else: an output given by mistake (the
+    archive's directory, its fragments' directory, the aggregation file, a parent of them) was deleted
+    whole. A reference set is a directory (not a link) whose ``.zmetadata`` records a ``record_size``."""
+    try:
+        metadata = None if os.path.islink(target) or not os.path.isdir(target) else \
+            storage.read_json(os.path.join(target, ".zmetadata"))
+    except CFAError:
+        metadata = None
+    if not (isinstance(metadata, dict) and "record_size" in metadata):
+        raise TargetExistsError("exists and is not a Parquet reference set (a directory whose .zmetadata records "
+                                "a record_size), which mode='w' would replace: not replaced; remove it yourself "
+                                "or choose another output", file=output)
 
 
 def _is_metadata(key: str) -> bool:

@@ -14,7 +14,7 @@ configuration file: ``cache_location``).
 
 from __future__ import annotations
 
-from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
+from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name, temporary_of
 from .blocks import Blocks
 from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local
@@ -123,6 +123,7 @@ __all__ = [
     "temporary_name",
     "put_atomic",
     "remove_stale_temporaries",
+    "temporary_of",
     "free_space",
     "netcdf_file",
     "netcdf_memory",

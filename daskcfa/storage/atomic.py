@@ -16,7 +16,7 @@ from .profiles import ProfileRef
 from .retry import translated, with_retries
 from .uri import is_local
 
-__all__ = ["commit", "temporary_name", "put_atomic", "remove_stale_temporaries"]
+__all__ = ["commit", "temporary_name", "temporary_of", "put_atomic", "remove_stale_temporaries"]
 
 
 def commit(temporary: str, final: str, profile: ProfileRef = NO_PROFILE) -> None:
@@ -39,6 +39,12 @@ def temporary_name(uri: str) -> str:
     """A unique hidden name beside ``uri``, to write it under before moving it into place."""
     head, sep, name = uri.rpartition("/")
     return f"{head}{sep}.{name}.{uuid.uuid4().hex}.part"
+
+
+def temporary_of(name: str) -> str | None:
+    """The name that a temporary named ``name`` (:func:`temporary_name`) stands for; None if it is none."""
+    match = _TEMPORARY.fullmatch(name)
+    return match.group("name") if match else None
 
 
 def put_atomic(uri: str, data: bytes, profile: ProfileRef = NO_PROFILE) -> None:
@@ -81,8 +87,7 @@ def remove_stale_temporaries(uris: Sequence[str], profile: ProfileRef = NO_PROFI
         except FileNotFoundError:
             continue
         for entry in entries:
-            match = _TEMPORARY.fullmatch(entry.name)
-            if match and match.group("name") in names:
+            if temporary_of(entry.name) in names:
                 with translated(entry.path):
                     try:
                         if entry.is_dir(follow_symlinks=False):

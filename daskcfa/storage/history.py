@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import ArgumentError, CFAError, CFAFormatError, NotFoundError, StorageError, VersionNotFoundError, redact
 from ..logs import logger
-from .atomic import put_atomic
+from .atomic import put_atomic, temporary_of
 from .local import local_path
 from .manifest import manifest_json, manifest_uri, read_manifest
 from .nesting import HDF5_SIGNATURE
@@ -43,8 +43,8 @@ from .objects import delete, exists, listdir, read_bytes, size
 from .profiles import ProfileRef
 from .uri import is_local
 
-__all__ = ["VERSION_ID", "MAX_RECORD", "Change", "Version", "versions_uri", "current", "chain", "record", "adopt",
-           "payload", "manifest_of", "find", "drop_except"]
+__all__ = ["VERSION_ID", "MAX_RECORD", "Change", "Version", "versions_uri", "current", "chain", "record", "unfinished",
+           "adopt", "payload", "manifest_of", "find", "drop_except"]
 
 log = logger(__name__)
 
@@ -264,6 +264,20 @@ def record(url: str, data: bytes, change: Change, generation: str | None, parent
     put_atomic(_object(url, version_id, ".json"), json.dumps(version.as_json(), indent=1).encode(), profile)
     log.debug("recorded version %s (%s) of %s", version_id, change.operation, redact(url))
     return version
+
+
+def unfinished(url: str, profile: ProfileRef) -> list[str]:
+    """The version objects whose temporaries a writer killed while recording (:func:`record`) left in the
+    versions directory: each write records under a new id, so no later write names them again; a commit
+    (holding the lease) removes them."""
+    found = []
+    for name in _names(url, profile):
+        target = temporary_of(name) or ""
+        for suffix in (".manifest.json", ".aggregation", ".json"):
+            if target.endswith(suffix) and VERSION_ID.fullmatch(target[:-len(suffix)]):
+                found.append(_object(url, target[:-len(suffix)], suffix))
+                break
+    return found
 
 
 def adopt(url: str, profile: ProfileRef) -> Version | None:

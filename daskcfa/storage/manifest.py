@@ -75,9 +75,11 @@ def check_bookkeeping(url: str) -> None:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
             return
+        except NotADirectoryError:  # (``<stem>`` a file: the aggregation file itself, named without a suffix)
+            mode = 0
         if not stat.S_ISDIR(mode):  # (lstat: a symbolic link is no directory)
-            raise UnsafeURIError(f"{path} is a symbolic link or no directory: a writer keeps this dataset's "
-                                 "manifest and versions there, never through a link", file=url)
+            raise UnsafeURIError(f"{path} is a symbolic link or no directory (or lies in a file): a writer keeps "
+                                 "this dataset's manifest and versions there, never through a link", file=url)
 
 
 def checked_manifest(manifest: Any) -> dict[str, Any]:

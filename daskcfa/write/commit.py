@@ -128,7 +128,8 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     kept = past[:max(1, commit.keep_versions) - 1]
     references, generations, kept = _retain(url, profile, earlier, past, kept, set(commit.references), previous,
                                             commit.keep_previous, commit.header["generation"])
-    storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new], profile)
+    storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new, *history.unfinished(url, profile)],
+                                     profile)
     manifest = {**commit.header, "generations": generations, "fragments": fragments}
     version = history.record(url, commit.payload, commit.change, commit.header["generation"],
                              past[0].id if past else None, profile, manifest)

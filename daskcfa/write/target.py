@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dask
 
-from ..errors import NotFoundError, TargetExistsError, redact
+from ..errors import ArgumentError, NotFoundError, TargetExistsError, redact
 from ..storage.access import Access, open_aggregation
-from ..storage.lease import Lease
+from ..storage.lease import Lease, generation_of
 from ..storage.manifest import check_bookkeeping, other_owner
 from ..storage.profiles import ProfileRef
 from ..storage.publish import UPDATE_MODES, WRITE_MODES, check_mode, refuse_existing
@@ -65,6 +65,10 @@ class WriteTarget:
         """
         check_mode(mode, modes)
         url, access = open_aggregation(url, storage_options, allowed_locations)
+        if generation_of(url) is not None:
+            raise ArgumentError("the target lies in a generation directory (g-<16 hex digits>/), where a daskcfa "
+                                "dataset keeps its fragments: writing it would replace one; write it elsewhere",
+                                file=url)
         exists = refuse_existing(url, mode, access.profile, hint)
         if mode == "r+" and not exists:
             raise nothing_to_update(asked or mode, url)
