@@ -82,8 +82,8 @@ def local_stat(uri: str) -> os.stat_result:
 
 
 def opened_local(uri: str) -> tuple[int, os.stat_result]:
-    """A local regular file opened for reading: its descriptor (the caller closes it; left
-    non-blocking, which a regular file ignores) and its ``fstat``.
+    """A local regular file opened for reading: its descriptor (blocking; the caller closes it)
+    and its ``fstat``.
 
     Checked before opening (a device is never opened) and again on the open
     file: a FIFO swapped in between is opened without blocking, then refused.
@@ -95,6 +95,7 @@ def opened_local(uri: str) -> tuple[int, os.stat_result]:
     try:
         info = os.fstat(fd)
         _refuse_irregular(info.st_mode, uri)
+        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
@@ -105,7 +106,6 @@ def open_local(uri: str) -> io.BufferedReader:
     """A local regular file opened for reading (:func:`opened_local`), as a file object."""
     fd, _ = opened_local(uri)
     try:
-        os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
