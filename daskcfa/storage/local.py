@@ -20,7 +20,7 @@ from ..errors import NotFoundError, StorageError
 from .retry import translated
 from .uri import is_local, to_local_path
 
-__all__ = ["local_path", "irregular", "local_stat", "open_local", "opened_local", "pread", "free_space"]
+__all__ = ["local_path", "irregular", "local_stat", "open_local", "pread", "free_space"]
 
 
 def local_path(uri: str) -> str:
@@ -81,9 +81,8 @@ def local_stat(uri: str) -> os.stat_result:
     return info
 
 
-def opened_local(uri: str) -> tuple[int, os.stat_result]:
-    """A local regular file opened for reading: its descriptor (blocking; the caller closes it)
-    and its ``fstat``.
+def open_local(uri: str) -> io.BufferedReader:
+    """A local regular file opened for reading.
 
     Checked before opening (a device is never opened) and again on the open
     file: a FIFO swapped in between is opened without blocking, then refused.
@@ -93,19 +92,8 @@ def opened_local(uri: str) -> tuple[int, os.stat_result]:
     with translated(uri):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        info = os.fstat(fd)
-        _refuse_irregular(info.st_mode, uri)
+        _refuse_irregular(os.fstat(fd).st_mode, uri)
         os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, info
-
-
-def open_local(uri: str) -> io.BufferedReader:
-    """A local regular file opened for reading (:func:`opened_local`), as a file object."""
-    fd, _ = opened_local(uri)
-    try:
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)

@@ -35,7 +35,7 @@ from .blocks import Blocks
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
 from .identity import local_token, remote_token
-from .local import local_path, local_stat, open_local, opened_local, pread
+from .local import local_path, local_stat, open_local, pread
 from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
 from .s3nc import s3nc_config
@@ -493,15 +493,12 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
     """
     size, token = expected
     if is_local(uri):
-        # (a descriptor, not a file object: setting one up costs more system calls than the read)
-        fd, info = opened_local(uri)
-        try:
+        with open_local(uri) as file:
+            info = os.fstat(file.fileno())
             if (info.st_size, local_token(info)) != (size, token):
                 return None
             with translated(uri):
-                return [pread(fd, int(o), int(n), redact(uri)) for o, n in ranges]
-        finally:
-            os.close(fd)
+                return [pread(file.fileno(), int(o), int(n), redact(uri)) for o, n in ranges]
     fs, path = filesystem(uri, profile, policy=policy)
     if not (_streams(fs) and token.startswith('"')):  # (If-Match needs the ETag)
         return read_ranges(uri, ranges, profile, policy=policy) if stat(uri, profile, policy=policy) == expected \
