@@ -18,6 +18,7 @@ and every node is visited once. Nothing here trusts the bytes it reads.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import struct
 from dataclasses import dataclass, field
@@ -203,39 +204,24 @@ class HDF5Meta:
         width = 1 << (flags & 3)
         size = int.from_bytes(self.bytes_at(address + start, width), "little")
         first = start + width
-        block = self.bytes_at(address, first + size + 4)
-        blocks = [(block, first, len(block) - 4)]
+        blocks = [(self.bytes_at(address, first + size + 4), first)]
         tracked = bool(flags & 0x04)
         messages: list[tuple[int, int, bytes]] = []
         seen = {address}
         while blocks:
-            data, at, end = blocks.pop(0)
-            if struct.unpack_from("<I", data, end)[0] != checksum(data, end):
-                raise NotMine("object header checksum")
-            header = 6 if tracked else 4
-            while end - at >= header:
-                kind, length, mflags = data[at], struct.unpack_from("<H", data, at + 1)[0], data[at + 3]
-                order = struct.unpack_from("<H", data, at + 4)[0] if tracked else 0
-                at += header
-                if at + length > end:
-                    raise NotMine("message runs past its block")
-                body = data[at:at + length]
-                at += length
-                if mflags & ~0x05 & 0xFF and kind != 0:  # shared, unknown-flagged, ...
-                    raise NotMine(f"message flags {mflags:#x}")
-                if kind == 0x10:
-                    cont, clen = struct.unpack_from("<2Q", body) if length >= 16 else (0, 0)
-                    if length != 16 or cont in seen or len(seen) >= _MAX_BLOCKS or clen < 8:
-                        raise NotMine("continuation")
-                    seen.add(cont)
-                    chunk = self.bytes_at(cont, clen)
-                    if chunk[:4] != b"OCHK":
-                        raise NotMine("continuation block signature")
-                    blocks.append((chunk, 4, clen - 4))
-                elif kind != 0:
-                    messages.append((kind, order, body))
-                    if len(messages) > _MAX_MESSAGES:
-                        raise NotMine("too many messages")
+            data, at = blocks.pop(0)
+            found, continuations = _block_messages(data, at, tracked)
+            messages += found
+            if len(messages) > _MAX_MESSAGES:
+                raise NotMine("too many messages")
+            for cont, clen in continuations:
+                if cont in seen or len(seen) >= _MAX_BLOCKS:
+                    raise NotMine("continuation")
+                seen.add(cont)
+                chunk = self.bytes_at(cont, clen)
+                if chunk[:4] != b"OCHK":
+                    raise NotMine("continuation block signature")
+                blocks.append((chunk, 4))
         return messages, flags
 
     def _links(self, address: int) -> dict[bytes, int]:
@@ -560,6 +546,55 @@ class HDF5Meta:
 
 
 # -- messages -------------------------------------------------------------------
+
+
+#: Object header blocks up to this size are parsed once per process for each distinct content
+#: (:func:`_block_messages`): the fragments of one aggregation repeat the same variable and
+#: dimension headers byte for byte, file after file.
+_MEMO_BLOCK_BYTES = 4 << 10
+
+
+def _block_messages(data: bytes, at: int, tracked: bool) -> tuple[tuple[tuple[int, int, bytes], ...],
+                                                                   tuple[tuple[int, int], ...]]:
+    """The messages of one object header block (``data``, its messages from ``at``; checksum verified),
+    and the ``(address, length)`` of the continuation blocks it names, in order. A function of the
+    bytes alone: a block seen before with the same bytes is not parsed again."""
+    if len(data) <= _MEMO_BLOCK_BYTES:
+        return _remembered_block(data, at, tracked)
+    return _parsed_block(data, at, tracked)
+
+
+def _parsed_block(data: bytes, at: int, tracked: bool) -> tuple[tuple[tuple[int, int, bytes], ...],
+                                                                tuple[tuple[int, int], ...]]:
+    end = len(data) - 4
+    if struct.unpack_from("<I", data, end)[0] != checksum(data, end):
+        raise NotMine("object header checksum")
+    header = 6 if tracked else 4
+    messages: list[tuple[int, int, bytes]] = []
+    continuations: list[tuple[int, int]] = []
+    while end - at >= header:
+        kind, length, mflags = data[at], struct.unpack_from("<H", data, at + 1)[0], data[at + 3]
+        order = struct.unpack_from("<H", data, at + 4)[0] if tracked else 0
+        at += header
+        if at + length > end:
+            raise NotMine("message runs past its block")
+        body = data[at:at + length]
+        at += length
+        if mflags & ~0x05 & 0xFF and kind != 0:  # shared, unknown-flagged, ...
+            raise NotMine(f"message flags {mflags:#x}")
+        if kind == 0x10:
+            cont, clen = struct.unpack_from("<2Q", body) if length >= 16 else (0, 0)
+            if length != 16 or clen < 8 or len(continuations) >= _MAX_BLOCKS:
+                raise NotMine("continuation")
+            continuations.append((cont, clen))
+        elif kind != 0:
+            messages.append((kind, order, body))
+            if len(messages) > _MAX_MESSAGES:
+                raise NotMine("too many messages")
+    return tuple(messages), tuple(continuations)
+
+
+_remembered_block = functools.lru_cache(maxsize=256)(_parsed_block)
 
 
 def _compact(body: bytes, counter: int, what: str) -> None:

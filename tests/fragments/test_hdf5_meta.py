@@ -242,6 +242,30 @@ def test_differential_in_memory(files):
             compare(data, name)
 
 
+
+def test_headers_parsed_before(tmp_path):
+    """Object header blocks are remembered by their bytes (fragments repeat them): a file whose
+    header sits where an earlier file's did, with other bytes, is described by its own."""
+    paths = []
+    for units in ("K", "C"):
+        path = tmp_path / f"units_{units}.nc"
+        with netCDF4.Dataset(path, "w") as nc:
+            nc.createDimension("x", 4)
+            v = create(nc, "v", "f4", ("x",), contiguous=True)
+            v.units = units
+            v[:] = np.arange(4.0)
+        paths.append(path)
+    first, second = (HDF5File(str(path)) for path in paths)
+    try:
+        described = [f.variable("v") for f in (first, second)]
+        assert all(isinstance(v, ParsedVariable) for v in described)
+        assert [v.attrs["units"] for v in described] == ["K", "C"]
+    finally:
+        first.close()
+        second.close()
+    for path in paths:
+        compare(path, "v")
+
 # -- fuzz ---------------------------------------------------------------------
 
 
