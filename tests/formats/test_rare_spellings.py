@@ -6,10 +6,11 @@ detail is respelled the way another tool (or a hand) may write it.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import daskcfa
-from builders import assert_matches, build, make_truth
+from builders import assert_matches, build, make_truth, write_netcdf
 from remote_helpers import rewrite_uris
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
@@ -29,3 +30,19 @@ def test_file_uris_in_every_rfc_8089_spelling(tmp_path, dialect, spelling):
     rewrite_uris(built.path, built.names.get("uris") or built.names["file"],
                  lambda u: spelling.format(path=(built.path.parent / u).resolve().as_posix()))
     assert_matches(daskcfa.from_cfa(str(built.path), built.variable).compute(), built.expected)
+
+
+def test_zarr_v3_string_fragment_written_by_xarray_is_refused_saying_why(tmp_path):
+    """xarray writes a Zarr v3 string array with a configured data type (an object, not a name):
+    daskcfa does not read Zarr strings, and says so (before: "unhashable type: 'dict'")."""
+    xr = pytest.importorskip("xarray")
+    xr.Dataset({"v": ("x", np.array(["a", "bbbb", "c"]))}).to_zarr(tmp_path / "a.zarr", zarr_format=3,
+                                                                   consolidated=False)
+    write_netcdf(tmp_path / "agg.nc", dims={"x": 3, "i": 1, "j": 1, "f": 1}, variables={
+        "map": dict(dtype="i4", dims=("i", "j"), data=[[3]]),
+        "uris": dict(dtype="vlen", dims=("f",), data=["a.zarr"]),
+        "ids": dict(dtype="vlen", dims=(), data="v"),
+        "v": dict(dtype="vlen", dims=(), attrs={"aggregated_dimensions": "x",
+                                                "aggregated_data": "map: map uris: uris identifiers: ids"})})
+    with pytest.raises(daskcfa.FragmentReadError, match="data type .*fixed_length_utf32.* is not one daskcfa reads"):
+        daskcfa.from_cfa(str(tmp_path / "agg.nc"), "v").compute()
