@@ -562,7 +562,9 @@ def _compute(delayed: Any) -> Any:
 
 
 def _print(text: Any) -> None:
-    print(text, flush=True)
+    """Print a result line by line, every character a terminal would act on escaped (names, URIs and
+    attributes come from the files read: hostile input)."""
+    print("\n".join(_printable(line) for line in str(text).split("\n")), flush=True)
 
 
 def _as_json(obj: Any, **extra: Any) -> str:
@@ -627,7 +629,7 @@ def _printable(text: str) -> str:
 def _flat(text: str) -> str:
     from .errors import redact
 
-    return redact(" ".join(text.split()))
+    return _printable(redact(" ".join(text.split())))
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

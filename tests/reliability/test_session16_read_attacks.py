@@ -10,6 +10,7 @@ import pytest
 
 import daskcfa
 from builders import Frag, build_cf113
+from remote_helpers import rewrite_uris
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
 
@@ -72,3 +73,32 @@ def test_reference_date_of_its_own_calendar_is_converted(tmp_path):
 def test_fragment_calendar_that_is_no_string_is_a_units_error(tmp_path, calendar):
     """Before: a FragmentReadError wrapping cf-units' TypeError ("cannot read the fragment")."""
     _refused(_times(tmp_path, "hours since 2000-01-01", calendar), "cannot interpret units")
+
+
+# ---------------------------------------------------------------------------
+# Terminal control sequences in what the command line prints
+# ---------------------------------------------------------------------------
+ESCAPES = ("\x1b", "\x07", "\u202e")
+
+
+def test_command_line_shows_hostile_names_escaped(tmp_path):
+    """Fragment URIs are the aggregation file's text: ``daskcfa info`` printed a planted directory
+    name's escape sequences raw (the terminal cleared, colours, a right-to-left override) and so did
+    ``verify`` and every one-line error naming such a fragment; now shown as Python escapes."""
+    from test_cli import run
+
+    built = build_cf113(tmp_path / "ds", np.ma.MaskedArray(np.arange(40.0, 52.0)), ("time",), ((4, 5, 3),))
+    hostile = "x\x1b[2J\x1b]0;owned\x07\u202egnp"
+    moved = built.path.parent / hostile
+    moved.mkdir()
+    kept, lost = built.fragment_files[(0,)], built.fragment_files[(1,)]
+    kept.rename(moved / kept.name)
+    lost.unlink()
+    names = {built.fragment_uris[(0,)][0]: f"{hostile}/{kept.name}", built.fragment_uris[(1,)][0]: f"{hostile}/gone.nc"}
+    rewrite_uris(built.path, built.names["uris"], lambda u: names.get(u, u))
+    info, verify = run("info", built.path), run("verify", built.path)
+    assert info.returncode == 0 and verify.returncode == 1, (info.stderr, verify.stderr)
+    for proc in (info, verify):
+        assert not any(c in proc.stdout + proc.stderr for c in ESCAPES), proc.stdout
+    assert "x\\x1b[2J\\x1b]0;owned\\x07\\u202egnp" in info.stdout
+    assert "\\x1b[2J" in verify.stdout and "gone.nc" in verify.stdout
