@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import daskcfa
-from builders import Frag, build_cf113
+from builders import Frag, build_cf113, build_cfa06
 from remote_helpers import rewrite_uris
 
 pytestmark = pytest.mark.usefixtures("other_cwd")
@@ -102,3 +102,24 @@ def test_command_line_shows_hostile_names_escaped(tmp_path):
         assert not any(c in proc.stdout + proc.stderr for c in ESCAPES), proc.stdout
     assert "x\\x1b[2J\\x1b]0;owned\\x07\\u202egnp" in info.stdout
     assert "\\x1b[2J" in verify.stdout and "gone.nc" in verify.stdout
+
+
+# ---------------------------------------------------------------------------
+# CFA-0.6 substitutions that multiply
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("pairs,copies", [(4, 30), (30, 2)])
+def test_substitutions_that_multiply_are_refused_before_expanding(tmp_path, pairs, copies):
+    """Each ``${Sn}: ${Sn+1}...`` pair is applied to the previous one's output: 4 pairs of 30 copies in a
+    300-byte attribute make a 4-million-character URI, 30 pairs of 2 a billion (before: expanded, and a
+    ``compute`` of 4 pairs of 40 ran for minutes; 8 pairs of 40 a bare MemoryError)."""
+    built = build_cfa06(tmp_path, np.ma.MaskedArray(np.arange(12.0)), ("time",), ((4, 5, 3),))
+    with netCDF4.Dataset(str(built.path), "a") as ds:
+        var = ds[built.names["file"]]
+        var.substitutions = " ".join(f"${{S{i}}}: " + f"${{S{i + 1}}}" * copies for i in range(pairs)) + \
+            f" ${{S{pairs}}}: x"
+        uris = np.asarray(var[...], dtype=object)
+        uris[1] = "${S0}" + uris[1]
+        var[...] = uris
+    with pytest.raises(daskcfa.CFAFormatError, match="max-string-length") as info:
+        daskcfa.from_cfa(str(built.path), built.variable)
+    assert info.value.fragment == VICTIM and info.value.file == str(built.path)
