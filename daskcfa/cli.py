@@ -623,6 +623,8 @@ _CLI_WORDING = [(re.compile(pattern), option) for pattern, option in (
 def _printable(text: str) -> str:
     """``text`` with every character a terminal would act on (escapes, control and format characters)
     shown as its Python escape."""
+    if text.isprintable():  # (the usual case, at C speed: a reference set printed may be megabytes)
+        return text
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
