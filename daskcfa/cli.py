@@ -562,7 +562,9 @@ def _compute(delayed: Any) -> Any:
 
 
 def _print(text: Any) -> None:
-    print(text, flush=True)
+    """Print a result line by line, every character a terminal would act on escaped (names, URIs and
+    attributes come from the files read: hostile input)."""
+    print("\n".join(_printable(line) for line in str(text).split("\n")), flush=True)
 
 
 def _as_json(obj: Any, **extra: Any) -> str:
@@ -621,13 +623,15 @@ _CLI_WORDING = [(re.compile(pattern), option) for pattern, option in (
 def _printable(text: str) -> str:
     """``text`` with every character a terminal would act on (escapes, control and format characters)
     shown as its Python escape."""
+    if text.isprintable():  # (the usual case, at C speed: a reference set printed may be megabytes)
+        return text
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _flat(text: str) -> str:
     from .errors import redact
 
-    return redact(" ".join(text.split()))
+    return _printable(redact(" ".join(text.split())))
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

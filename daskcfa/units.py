@@ -10,6 +10,7 @@ switch to ``"C"``, so a second import succeeds.
 
 from __future__ import annotations
 
+import functools
 import locale
 from typing import Any
 
@@ -20,7 +21,7 @@ except locale.Error:
 
 Unit = cf_units.Unit
 
-__all__ = ["Unit", "same_units"]
+__all__ = ["Unit", "same_units", "checked_unit"]
 
 
 def same_units(a: Any, b: Any) -> bool:
@@ -30,3 +31,14 @@ def same_units(a: Any, b: Any) -> bool:
         return bool(Unit(str(a)) == Unit(str(b)))
     except ValueError:  # (units UDUNITS cannot parse: only the same text is the same)
         return False
+
+
+@functools.lru_cache(maxsize=256)
+def checked_unit(units: str, calendar: Any) -> Unit:
+    """``Unit(units, calendar=calendar)``, refused (ValueError) when it is a time reference whose
+    date no calendar holds: UDUNITS takes ``days since 2000-13-45`` and converts from a date that
+    cftime (and so netCDF4-python and xarray) refuses. Remembered: every fragment is checked."""
+    unit = Unit(units, calendar=calendar)
+    if unit.is_time_reference():
+        unit.num2date(0)
+    return unit

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CFAFormatError, CFAWarning
 from ..model import AggregatedVariable, FragmentGrid, Fragments
 from . import netcdf as nc
-from ..limits import check_fragment_count
+from ..limits import charge, check_fragment_count, max_string_length
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def _fragments(dialect: KeywordDialect, roles: dict, grid: FragmentGrid, source:
     if "uris" in roles:
         uris = nc.read_strings(roles["uris"], owner=where["variable"])
         _check_shape(roles["uris"], uris, grid, "URI", where, extra_axis=dialect is CFA_0_6, scalar_ok=grid.ndim == 0)
-        uris = _substitute(roles["uris"], uris, where)
+        uris = _substitute(roles["uris"], uris, grid.ndim, where)
         file_shape = uris.shape if dialect is CFA_0_6 else None
         if uris.ndim == grid.ndim:
             uris = uris[..., np.newaxis]
@@ -313,7 +313,7 @@ def _check_formats(var: netCDF4.Variable, grid: FragmentGrid, file_shape: tuple[
                              fragment=at[: grid.ndim], **where)
 
 
-def _substitute(var: netCDF4.Variable, uris: np.ndarray, where: dict) -> np.ndarray:
+def _substitute(var: netCDF4.Variable, uris: np.ndarray, ndim: int, where: dict) -> np.ndarray:
     """Expand CFA-0.6 ``${NAME}`` prefixes declared by the ``substitutions`` attribute."""
     if "substitutions" not in var.ncattrs():
         return uris
@@ -322,8 +322,16 @@ def _substitute(var: netCDF4.Variable, uris: np.ndarray, where: dict) -> np.ndar
     if not pairs or _SUBSTITUTION.sub(" ", text).strip():
         raise CFAFormatError(f"cannot parse substitutions {text!r}", **where)
     flat = uris.reshape(-1)
+    longest = max_string_length()
     for i, uri in enumerate(flat):
-        for name, value in pairs:
+        for name, value in pairs:  # (each applied to the last one's output: k copies n times grow k**n-fold)
+            grown = len(uri) + uri.count(name) * (len(value) - len(name))
+            if grown > longest:
+                at = tuple(int(j) for j in np.unravel_index(i, uris.shape))[:ndim]
+                raise CFAFormatError(f"substitutions {text[:80]!r} expand the fragment URI {flat[i][:80]!r} beyond "
+                                     f"{longest:,} characters (dask config 'daskcfa.limits.max-string-length')",
+                                     fragment=at, **where)
+            charge(max(0, grown - len(uri)), "URIs expanded by substitutions", **where)
             uri = uri.replace(name, value)
         flat[i] = uri
     return uris

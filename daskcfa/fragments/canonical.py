@@ -28,7 +28,7 @@ from ..model import FragmentRef
 from .. import storage
 from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
-from ..units import Unit
+from ..units import Unit, checked_unit
 from .chunk_index import IndexedFragmentChanged, VariableIndex
 from . import worker
 from .files import open_fragment, open_indexed
@@ -486,18 +486,20 @@ def units_conversion(attrs: Mapping[str, Any], ref: FragmentRef, target: Target)
     """The units a fragment's values are converted from and to (None: they are not converted);
     units that cannot be converted raise :class:`UnitsError`."""
     units = ref.units or attrs.get("units")
-    if target.units is None or units is None or str(units) == str(target.units):
+    if target.units is None or units is None:
         return None
     calendar = attrs.get("calendar", target.calendar)
+    if str(units) == str(target.units) and (target.calendar is None or str(calendar) == target.calendar):
+        return None
     try:
-        source = Unit(str(units), calendar=calendar)
-        dest = Unit(str(target.units), calendar=target.calendar or calendar)
-    except ValueError as exc:
+        source = checked_unit(str(units), calendar)
+        dest = checked_unit(str(target.units), target.calendar or calendar)
+    except (TypeError, ValueError) as exc:  # (TypeError: a calendar that is not a string)
         raise UnitsError(f"cannot interpret units: {exc}") from None
     if source == dest:
         return None
     if not source.is_convertible(dest):
-        raise UnitsError(f"fragment units {str(units)!r} cannot be converted to {str(target.units)!r}")
+        raise UnitsError(f"fragment units {source!r} cannot be converted to {dest!r}")
     return source, dest
 
 

@@ -170,7 +170,7 @@ def _v2_array(meta: Any, array: str) -> tuple[dict[str, Any], ChunkPlan]:
 def _v3_array(meta: dict[str, Any], array: str) -> tuple[dict[str, Any], ChunkPlan]:
     shape = _ints(meta.get("shape"), array, "shape", 0)
     data_type = meta.get("data_type")
-    if data_type not in V3_TYPES:
+    if not isinstance(data_type, str) or data_type not in V3_TYPES:  # (also a configured type: an object)
         raise _refuse(array, f"data type {redact(str(data_type))[:80]!r} is not one daskcfa reads "
                              f"({', '.join(sorted(V3_TYPES))})")
     grid = meta.get("chunk_grid")

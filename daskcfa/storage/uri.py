@@ -24,6 +24,8 @@ __all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "ab
            "check_uri_style", "split_mode"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: a ``file`` URI (the scheme in any case): ``file:///p``, ``file://localhost/p`` or RFC 8089's ``file:/p``
+_FILE_URI = re.compile(r"^file:/", re.IGNORECASE)
 #: netCDF-C's URL fragment naming a Zarr storage mode: ``#mode=nczarr,file``, ``#mode=zarr,s3``, ...
 _MODE = re.compile(r"#mode=[^#]*$")
 
@@ -45,8 +47,9 @@ def is_local(uri: str) -> bool:
 
 
 def to_local_path(uri: str) -> str:
-    """The filesystem path of a local URI (``file:///a%20b.nc`` -> ``/a b.nc``)."""
-    if uri.startswith("file://"):
+    """The filesystem path of a local URI (``file:///a%20b.nc`` -> ``/a b.nc``; also ``file:/a%20b.nc``,
+    the form Java's ``File.toURI`` writes, and ``FILE://``: schemes are case-insensitive)."""
+    if _FILE_URI.match(uri):
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
             raise ArgumentError(f"file URI with a remote host is not supported: {uri!r}")
@@ -120,7 +123,7 @@ def _absolute_directory(base: str) -> str:
 
 def _resolve(reference: str, base: str) -> str:
     reference = reference.strip()
-    if _SCHEME.match(reference) or (is_local(reference) and os.path.isabs(reference)):
+    if _SCHEME.match(reference) or (is_local(reference) and os.path.isabs(to_local_path(reference))):
         return normalise(reference)
     if is_local(base):
         absolute = os.path.isabs(to_local_path(base))

@@ -75,6 +75,8 @@ LOCAL_CASES = {
     "file-uri": ("file://{root}/secret.nc", REFUSED),
     "file-uri-encoded-dots": ("file://{root}/archive/ds/%2e%2e/%2e%2e/secret.nc", REFUSED),
     "file-uri-localhost": ("file://localhost{root}/secret.nc", REFUSED),
+    "file-uri-one-slash": ("file:{root}/secret.nc", REFUSED),  # RFC 8089's form, what Java writes
+    "file-uri-upper-case": ("FILE://{root}/secret.nc", REFUSED),  # schemes are case-insensitive
     "percent-encoded-dots": ("%2e%2e/%2e%2e/secret.nc", REFUSED),
     "percent-encoded-slashes": ("..%2f..%2fsecret.nc", REFUSED),
     "double-encoded-dots": ("fragments/%252e%252e/secret.nc", "read-literal"),
