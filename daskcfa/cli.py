@@ -27,6 +27,8 @@ import traceback
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
+from .errors import printable
+
 __all__ = ["main", "build_parser"]
 
 PROG = "daskcfa"
@@ -146,8 +148,8 @@ def _log(args: argparse.Namespace) -> int:
                "another tool (the next write records it)")
     else:
         for v in versions:  # (records are hostile input: their text shown escaped, never as terminal controls)
-            arguments = " ".join(f"{_printable(k)}={json.dumps(value)}" for k, value in v.arguments.items())
-            _print(f"{v.id}  {v.time.isoformat(timespec='seconds').replace('+00:00', 'Z')}  {_printable(v.operation)}"
+            arguments = " ".join(f"{printable(k)}={json.dumps(value)}" for k, value in v.arguments.items())
+            _print(f"{v.id}  {v.time.isoformat(timespec='seconds').replace('+00:00', 'Z')}  {printable(v.operation)}"
                    f"{'  ' + arguments if arguments else ''}")
     return 0
 
@@ -564,7 +566,7 @@ def _compute(delayed: Any) -> Any:
 def _print(text: Any) -> None:
     """Print a result line by line, every character a terminal would act on escaped (names, URIs and
     attributes come from the files read: hostile input)."""
-    print("\n".join(_printable(line) for line in str(text).split("\n")), flush=True)
+    print(printable(str(text)), flush=True)
 
 
 def _as_json(obj: Any, **extra: Any) -> str:
@@ -620,18 +622,10 @@ _CLI_WORDING = [(re.compile(pattern), option) for pattern, option in (
 )]
 
 
-def _printable(text: str) -> str:
-    """``text`` with every character a terminal would act on (escapes, control and format characters)
-    shown as its Python escape."""
-    if text.isprintable():  # (the usual case, at C speed: a reference set printed may be megabytes)
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
 def _flat(text: str) -> str:
     from .errors import redact
 
-    return _printable(redact(" ".join(text.split())))
+    return printable(redact(" ".join(text.split())))
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

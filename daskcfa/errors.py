@@ -36,6 +36,7 @@ __all__ = [
     "CFAWarning",
     "redact",
     "uri_secrets",
+    "printable",
 ]
 
 #: a URI's ``user:password@``, up to the authority's last ``@`` (a password may hold one, as URL parsers take it);
@@ -55,6 +56,15 @@ _SECRET_QUERY = re.compile(
     r"(?i)([?&;#][\w.%\[\]-]*?(?:signature|credential|token|secret|password|passwd|pwd|sig|key|keyid|accessid|auth"
     r"|authorization|code|session|jwt)(?:\[?\]|(?:%5B)?%5D)?=)[^&;#\s]*"
 )
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escape sequences, control and format
+    characters: a bell, a screen clear, a right-to-left override in a hostile file's names) shown as
+    its Python escape; line breaks kept."""
+    if text.isprintable():  # (the usual case, at C speed: a text printed may be megabytes)
+        return text
+    return "\n".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) for line in text.split("\n"))
 
 
 def redact(text: str) -> str:
@@ -88,7 +98,7 @@ class CFAError(Exception):
         variable: str | None = None,
         fragment: Sequence[int] | None = None,
     ) -> None:
-        self.reason = message
+        self.reason = printable(message)  # (it quotes names from files: a traceback prints it to a terminal)
         self.file = redact(str(file)) if file is not None else None
         self.variable = variable
         self.fragment = tuple(int(i) for i in fragment) if fragment is not None else None

@@ -56,3 +56,15 @@ def test_a_login_after_a_scheme_typed_without_two_slashes_is_redacted(url):
     assert any("pw0123456789" in found for found in uri_secrets(url))
     message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
     assert "pw0123456789" not in message, message
+
+
+def test_characters_a_terminal_acts_on_are_escaped_in_every_error():
+    """A name from a hostile file quoted in an error's reason (an escape sequence clearing the screen,
+    a bell, a right-to-left override): a traceback printed it raw to the terminal (session 16: only
+    the command line's own output was escaped). Now shown as Python escapes; line breaks kept."""
+    reason = "no variable named 'tas\x1b[2J\x07\u202egnp.exe'\nsecond line"
+    error = FragmentReadError(reason, file="/data/a\x1b[31m.nc", variable="v\u202e", fragment=(0,))
+    text = str(error)
+    assert not any(c in text for c in "\x1b\x07\u202e"), text
+    assert "\\x1b[2J\\x07\\u202egnp.exe" in text and "\nsecond line" in text
+    assert error.reason.startswith("no variable named 'tas\\x1b")
