@@ -1,0 +1,138 @@
+"""Attacks on the doors session 16 added (attack16c): the body deadline of S3 GETs (storage/deadline.py)
+on the ways it was not put on, and xarray's lazy decoding tried at open (xarray_backend).
+
+Real parts only: a real HTTP server on 127.0.0.1 answering as S3 (a byte at a time), netCDF-4 files
+written by netCDF4-python, xarray. Each test of a fix failed on main as it was (35c8285)
+(docs/reliability.md, "Session 16's doors attacked (attack16c)").
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+
+import dask
+import netCDF4
+import numpy as np
+import pytest
+
+import daskcfa
+from daskcfa import storage
+
+from .test_direct_s3_attacks import KEY, SECRET
+
+_URI = "s3://bucket/f/0.nc"
+
+
+def _ranged_trickle() -> tuple[str, threading.Event, socket.socket]:
+    """A server answering each GET with a 206 of the range asked for (whole length declared), then
+    sending its body one byte every 0.05 s, each wait far below any read timeout."""
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer(connection: socket.socket) -> None:
+        with connection:
+            request = connection.recv(65536).decode("latin-1")
+            asked = re.search(r"(?i)^range: bytes=(\d+)-(\d+)", request, re.M)
+            first, last = (int(asked[1]), int(asked[2])) if asked else (0, 399)
+            connection.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Length: {last - first + 1}\r\n"
+                               f"Content-Range: bytes {first}-{last}/1200\r\nETag: \"e\"\r\n\r\n".encode())
+            try:
+                while not stop.wait(0.05):
+                    connection.sendall(b"x")
+            except OSError:  # (the reader shut the connection)
+                pass
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", stop, listener
+
+
+@pytest.mark.parametrize("door", ["large object in parts", "indexed ranges"])
+def test_a_ranged_get_trickled_a_byte_at_a_time_ends_within_its_deadline(door):
+    """Session 16 put the body deadline on the GETs of whole S3 objects only: a large object read as
+    concurrent ranged GETs (``read_whole`` with a ``known_size`` above two parts) and the ranged GETs
+    of indexed reads (``read_ranges_unchanged``) still read a trickled body for as long as its declared
+    length lasted (main, 35c8285: 400 bytes at a byte every 0.05 s, 20 s; a 16 MiB part: days). Now the
+    same deadline: a ``StorageError`` naming the object, within a few seconds."""
+    endpoint, stop, listener = _ranged_trickle()
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 2},
+                                         "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
+    outcome = []
+
+    def read() -> None:
+        with dask.config.set({"daskcfa.storage.retries": 0, "daskcfa.storage.part-size": 400}):
+            try:
+                if door == "large object in parts":
+                    storage.read_whole(_URI, profile, known_size=1200)
+                else:
+                    storage.objects.read_ranges_unchanged(_URI, [(0, 400), (400, 400)], (1200, '"e"'), profile)
+            except daskcfa.CFAError as exc:
+                outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    still_reading = reader.is_alive()
+    stop.set()
+    reader.join(30)
+    listener.close()
+    assert not still_reading, "the ranged GETs were still receiving after 10 s (read_timeout 2 s)"
+    assert len(outcome) == 1 and isinstance(outcome[0], daskcfa.errors.StorageError), outcome
+    assert "too slowly" in str(outcome[0]) and outcome[0].file == _URI
+    assert SECRET not in str(outcome[0]) and KEY not in str(outcome[0])
+
+
+def _with_a_label(tmp_path, encoding: str) -> list:
+    """Two netCDF-4 files of ``x(n)``, each with the same ``char`` variable ``label`` whose
+    ``_Encoding`` is ``encoding``."""
+    paths = []
+    for k in range(2):
+        paths.append(tmp_path / f"f{k}.nc")
+        with netCDF4.Dataset(paths[-1], "w") as nc:
+            nc.createDimension("n", 2)
+            nc.createDimension("m", 4)
+            nc.createVariable("n", "i4", ("n",))[:] = [2 * k, 2 * k + 1]
+            nc.createVariable("x", "f4", ("n",))[:] = [k, k]
+            label = nc.createVariable("label", "S1", ("m",))  # (the same in each file: stored, not aggregated)
+            label._Encoding = encoding
+            label.set_auto_chartostring(False)
+            label[:] = np.frombuffer(b"abcd", "S1")
+    return paths
+
+
+@pytest.mark.parametrize("encoding", ["no-such-codec", "rot13"])
+def test_characters_with_an_encoding_that_is_no_text_codec_are_refused_at_open(tmp_path, encoding):
+    """A ``char`` variable whose ``_Encoding`` names no text codec: the check at open tried it on one
+    stored zero -- an empty string, which every codec name decodes without looking it up -- so on main
+    (35c8285) the open said nothing and ``.load()`` raised a bare ``LookupError``. Now the open is a
+    ``CFAFormatError`` naming the file and the variable; "utf-8" still opens."""
+    import xarray as xr
+
+    aggregation = daskcfa.aggregate([str(p) for p in _with_a_label(tmp_path, "utf-8")], str(tmp_path / "agg.nc"))
+    assert xr.open_dataset(aggregation, engine="daskcfa")["label"].values[()] == "abcd"
+    with netCDF4.Dataset(aggregation, "a") as nc:
+        nc["label"]._Encoding = encoding
+    with pytest.raises(daskcfa.errors.CFAFormatError) as caught:
+        xr.open_dataset(aggregation, engine="daskcfa").load()
+    assert caught.value.file == str(aggregation) and "variable 'label'" in str(caught.value)
+
+
+@pytest.mark.parametrize("encoding", ["no-such-codec", "rot13"])
+def test_aggregating_files_whose_characters_name_no_text_codec_is_a_daskcfa_error(tmp_path, encoding):
+    """``daskcfa.aggregate`` over sources holding such a variable: netCDF4-python's own decoding of it
+    raised a bare ``LookupError`` out of ``aggregate`` on main (35c8285; the scan turned a
+    ``KeyError`` or ``IndexError`` into "cannot read", not their parent). Now an ``AggregationError``
+    naming a source."""
+    paths = _with_a_label(tmp_path, encoding)
+    with pytest.raises(daskcfa.errors.AggregationError) as caught:
+        daskcfa.aggregate([str(p) for p in paths], str(tmp_path / "agg.nc"))
+    assert caught.value.file in {str(p) for p in paths} and "LookupError" in str(caught.value)
