@@ -21,7 +21,7 @@ import shutil
 import stat as stat_module
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, Awaitable, Callable, Iterator, Sequence, TypeVar
+from typing import IO, Any, Awaitable, Callable, Iterator, Sequence
 
 import dask.config
 import fsspec
@@ -491,11 +491,9 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        if _streams(fs):
-            parts = fsspec.asyn.sync(fs.loop, _within_deadline, fs, uri, sum(ends) - sum(starts),
-                                     lambda: fs._cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
-        else:
-            parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        parts = fsspec.asyn.sync(fs.loop, _within_deadline, fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
+            [path] * len(ranges), starts, ends, on_error="raise")) if _streams(fs) else \
+            list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
@@ -570,10 +568,7 @@ def fetch_range_soon(uri: str, offset: int, length: int, expected: tuple[int, st
                          lambda: _get_range_if_match(fs, path, expected[1], int(offset), int(length))), fs.loop)
 
 
-_Received = TypeVar("_Received")
-
-
-async def _within_deadline(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[_Received]]) -> _Received:
+async def _within_deadline(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]]) -> Any:
     """``receive()``: ranged GETs of ``length`` bytes in all of S3 object ``uri`` on fsspec's event loop,
     their bodies within one deadline (:mod:`.deadline`: a trickle held each for its declared length)."""
     client = await fs.set_session()
