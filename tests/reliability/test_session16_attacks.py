@@ -152,3 +152,46 @@ def test_a_password_holding_a_slash_after_letters_is_redacted(url):
     assert any(secret in found for found in uri_secrets(url))
     message = str(FragmentReadError("cannot read", file=url, variable="tas", fragment=(0,)))
     assert secret not in message and "K7MDENG" not in message, message
+
+
+def test_an_aggregation_written_over_its_own_source_through_a_linked_directory_is_refused(tmp_path):
+    """attack16a refused ``aggregate(sources, target)`` where the target is one of the sources, comparing
+    their URIs: the same file named through a symbolically linked directory passed, and on main (35c8285)
+    ``mode="w"`` replaced the source's data by an aggregation referring to itself. Now an
+    ``ArgumentError`` naming the target; the source is untouched."""
+    import hashlib
+
+    home = tmp_path / "data"
+    home.mkdir()
+    paths = []
+    for k in range(2):
+        paths.append(home / f"f{k}.nc")
+        with netCDF4.Dataset(paths[-1], "w") as nc:
+            nc.createDimension("n", 2)
+            nc.createVariable("v", "f4", ("n",))[:] = [k, -k]
+            nc.createVariable("n", "i4", ("n",))[:] = [2 * k, 2 * k + 1]
+    (tmp_path / "linked").symlink_to(home, target_is_directory=True)
+    before = hashlib.sha256(paths[0].read_bytes()).hexdigest()
+    target = str(tmp_path / "linked" / "f0.nc")
+    with pytest.raises(daskcfa.errors.ArgumentError) as caught:
+        daskcfa.aggregate([str(p) for p in paths], target, mode="w")
+    assert caught.value.file == target
+    assert hashlib.sha256(paths[0].read_bytes()).hexdigest() == before
+
+
+def test_a_write_into_a_generation_directory_through_a_link_is_refused(tmp_path):
+    """attack16a refused a write whose target lies in a generation directory (``g-<16 hex>/``, another
+    dataset's fragments), reading the directory's name from the URI: a link to that directory, named
+    otherwise, passed, and on main (35c8285) ``mode="w"`` replaced the other dataset's fragment by an
+    aggregation file. Now refused as through the directory's own name; the other dataset intact."""
+    from .test_session16_write_attacks import read, values, write
+
+    other = str(tmp_path / "other" / "t.nc")
+    write(other, values(2))
+    fragment = sorted((tmp_path / "other" / "t").rglob("*.nc"))[0]
+    (tmp_path / "shortcut").symlink_to(fragment.parent, target_is_directory=True)
+    files = {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()}
+    with pytest.raises(daskcfa.ArgumentError, match="generation directory"):
+        write(str(tmp_path / "shortcut" / fragment.name), values(1), mode="w")
+    assert {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()} == files
+    assert np.array_equal(read(other), values(2))
