@@ -195,3 +195,24 @@ def test_a_write_into_a_generation_directory_through_a_link_is_refused(tmp_path)
         write(str(tmp_path / "shortcut" / fragment.name), values(1), mode="w")
     assert {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()} == files
     assert np.array_equal(read(other), values(2))
+
+
+def test_references_written_over_their_aggregation_through_a_linked_directory_are_refused(tmp_path):
+    """attack16a refused ``to_references(agg, output=agg)`` comparing URIs: the aggregation file named
+    through a symbolically linked directory passed, and on main (35c8285) ``mode="w"`` replaced the
+    aggregation file by the JSON references. Now an ``ArgumentError``; the aggregation file untouched."""
+    home = tmp_path / "data"
+    home.mkdir()
+    paths = []
+    for k in range(2):
+        paths.append(home / f"f{k}.nc")
+        with netCDF4.Dataset(paths[-1], "w") as nc:
+            nc.createDimension("n", 2)
+            nc.createVariable("v", "f4", ("n",))[:] = [k, -k]
+            nc.createVariable("n", "i4", ("n",))[:] = [2 * k, 2 * k + 1]
+    aggregation = daskcfa.aggregate([str(p) for p in paths], str(home / "agg.nc"))
+    (tmp_path / "linked").symlink_to(home, target_is_directory=True)
+    before = (home / "agg.nc").read_bytes()
+    with pytest.raises(daskcfa.errors.ArgumentError):
+        daskcfa.to_references(aggregation, output=str(tmp_path / "linked" / "agg.nc"), format="json", mode="w")
+    assert (home / "agg.nc").read_bytes() == before
