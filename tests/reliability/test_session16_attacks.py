@@ -154,13 +154,8 @@ def test_a_password_holding_a_slash_after_letters_is_redacted(url):
     assert secret not in message and "K7MDENG" not in message, message
 
 
-def test_an_aggregation_written_over_its_own_source_through_a_linked_directory_is_refused(tmp_path):
-    """attack16a refused ``aggregate(sources, target)`` where the target is one of the sources, comparing
-    their URIs: the same file named through a symbolically linked directory passed, and on main (35c8285)
-    ``mode="w"`` replaced the source's data by an aggregation referring to itself. Now an
-    ``ArgumentError`` naming the target; the source is untouched."""
-    import hashlib
-
+def _linked_sources(tmp_path) -> tuple:
+    """``data/f0.nc`` and ``data/f1.nc`` (``v(n)``), and ``linked``: a symbolic link to ``data``."""
     home = tmp_path / "data"
     home.mkdir()
     paths = []
@@ -171,6 +166,17 @@ def test_an_aggregation_written_over_its_own_source_through_a_linked_directory_i
             nc.createVariable("v", "f4", ("n",))[:] = [k, -k]
             nc.createVariable("n", "i4", ("n",))[:] = [2 * k, 2 * k + 1]
     (tmp_path / "linked").symlink_to(home, target_is_directory=True)
+    return home, paths
+
+
+def test_an_aggregation_written_over_its_own_source_through_a_linked_directory_is_refused(tmp_path):
+    """attack16a refused ``aggregate(sources, target)`` where the target is one of the sources, comparing
+    their URIs: the same file named through a symbolically linked directory passed, and on main (35c8285)
+    ``mode="w"`` replaced the source's data by an aggregation referring to itself. Now an
+    ``ArgumentError`` naming the target; the source is untouched."""
+    import hashlib
+
+    home, paths = _linked_sources(tmp_path)
     before = hashlib.sha256(paths[0].read_bytes()).hexdigest()
     target = str(tmp_path / "linked" / "f0.nc")
     with pytest.raises(daskcfa.errors.ArgumentError) as caught:
@@ -201,17 +207,8 @@ def test_references_written_over_their_aggregation_through_a_linked_directory_ar
     """attack16a refused ``to_references(agg, output=agg)`` comparing URIs: the aggregation file named
     through a symbolically linked directory passed, and on main (35c8285) ``mode="w"`` replaced the
     aggregation file by the JSON references. Now an ``ArgumentError``; the aggregation file untouched."""
-    home = tmp_path / "data"
-    home.mkdir()
-    paths = []
-    for k in range(2):
-        paths.append(home / f"f{k}.nc")
-        with netCDF4.Dataset(paths[-1], "w") as nc:
-            nc.createDimension("n", 2)
-            nc.createVariable("v", "f4", ("n",))[:] = [k, -k]
-            nc.createVariable("n", "i4", ("n",))[:] = [2 * k, 2 * k + 1]
+    home, paths = _linked_sources(tmp_path)
     aggregation = daskcfa.aggregate([str(p) for p in paths], str(home / "agg.nc"))
-    (tmp_path / "linked").symlink_to(home, target_is_directory=True)
     before = (home / "agg.nc").read_bytes()
     with pytest.raises(daskcfa.errors.ArgumentError):
         daskcfa.to_references(aggregation, output=str(tmp_path / "linked" / "agg.nc"), format="json", mode="w")
