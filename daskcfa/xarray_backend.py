@@ -220,11 +220,19 @@ def _check_lazy_decoding(obj: XrDataset, url: str, decoders: Mapping[str, Any]) 
                 warnings.simplefilter("ignore")
                 decode_cf_variable(name, stored, decode_times=False, decode_timedelta=False, **lazy).values
                 if "_Encoding" in variable.attrs and lazy.get("concat_characters", True):
-                    # (a stored zero is the empty string, for which no codec is looked up)
-                    b"\0".decode(variable.attrs["_Encoding"], "ignore")
+                    _look_up_text_codec(variable.attrs["_Encoding"])
         except Exception as exc:  # (whatever xarray's coders raise on this attribute: hostile input)
             raise CFAFormatError(f"xarray cannot decode variable {name!r}: {type(exc).__name__}: {exc}",
                                  file=url) from None
+
+
+def _look_up_text_codec(name: Any) -> None:
+    """Raise as ``bytes.decode`` does for a ``name`` that is no text codec (a stored zero is the empty text,
+    for which no codec is looked up)."""
+    try:
+        b"\0".decode(name, "ignore")
+    except UnicodeError:  # (a text codec, which refused the byte or the handler: idna takes only "strict")
+        pass
 
 
 def _check_keywords(decoders: Mapping[str, Any], decode_cf: Any) -> None:

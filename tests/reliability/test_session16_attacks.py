@@ -114,11 +114,15 @@ def test_characters_with_an_encoding_that_is_no_text_codec_are_refused_at_open(t
     """A ``char`` variable whose ``_Encoding`` names no text codec: the check at open tried it on one
     stored zero -- an empty string, which every codec name decodes without looking it up -- so on main
     (35c8285) the open said nothing and ``.load()`` raised a bare ``LookupError``. Now the open is a
-    ``CFAFormatError`` naming the file and the variable; "utf-8" still opens."""
+    ``CFAFormatError`` naming the file and the variable; "utf-8", "utf-16" and "idna" still open."""
     import xarray as xr
 
     aggregation = daskcfa.aggregate([str(p) for p in _with_a_label(tmp_path, "utf-8")], str(tmp_path / "agg.nc"))
     assert xr.open_dataset(aggregation, engine="daskcfa")["label"].values[()] == "abcd"
+    for text_codec, text in (("idna", "abcd"), ("utf-16", b"abcd".decode("utf-16"))):  # (idna: "strict" only)
+        with netCDF4.Dataset(aggregation, "a") as nc:
+            nc["label"]._Encoding = text_codec
+        assert xr.open_dataset(aggregation, engine="daskcfa")["label"].values[()] == text
     with netCDF4.Dataset(aggregation, "a") as nc:
         nc["label"]._Encoding = encoding
     with pytest.raises(daskcfa.errors.CFAFormatError) as caught:
