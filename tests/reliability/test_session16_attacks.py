@@ -1,5 +1,6 @@
 """Attacks on the doors session 16 added (attack16c): the body deadline of S3 GETs (storage/deadline.py)
-on the ways it was not put on, and xarray's lazy decoding tried at open (xarray_backend).
+on the ways it was not put on, xarray's lazy decoding tried at open (xarray_backend), the redaction of
+logins (errors._USERINFO), and attack16a's refusals of targets named through a linked directory.
 
 Real parts only: a real HTTP server on 127.0.0.1 answering as S3 (a byte at a time), netCDF-4 files
 written by netCDF4-python, xarray. Each test of a fix failed on main as it was (35c8285)
