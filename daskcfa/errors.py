@@ -41,13 +41,14 @@ __all__ = [
 
 #: a URI's ``user:password@``, up to the authority's last ``@`` (a password may hold one, as URL parsers take it);
 #: also after a scheme typed with one or three slashes (``http:/user:pw@host``: read as a local path, then named);
-#: and a password starting with digits and holding a ``/`` not percent-encoded (``http://user:123/pw@host``:
-#: URL parsers take ``user:123`` for the host and port and the rest for the path), up to the path's first ``@``
-#: within 128 characters (a path of that form holding an ``@`` is redacted too: what it hides cannot be told from a password)
+#: and a password holding a ``/`` not percent-encoded (``http://user:123/pw@host``: URL parsers take
+#: ``user:123`` for the host and port and the rest for the path; AWS secret keys hold ``/`` after letters),
+#: up to the path's first ``@`` within 128 characters (a path of that form holding an ``@`` is redacted
+#: too: what it hides cannot be told from a password)
 #: (matched from the start of a run of scheme characters only, the run whole: tried from each letter of a
 #: long run, the search took time quadratic in the text, 40 s for a 100,000-letter file name)
 _USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>(?=[0-9+.-]*[A-Za-z])[A-Za-z0-9+.-]++:/{1,3})"
-                       r"(?:[^/?#\s:]*+:\d*+/[^?#\s@]{0,128}+|[^/?#\s]*)@")
+                       r"(?:[^/?#\s:]*+:[^/?#\s@]*+/[^?#\s@]{0,128}+|[^/?#\s]*)@")
 #: a query (or fragment) parameter whose name ends in a word that holds secrets (``X-Amz-Signature``,
 #: ``AWSAccessKeyId``, ``sig``, ``access_token``, ``api_key``, ``client_secret``, ``auth``, an OAuth ``code``,
 #: a ``session``...), its name percent-encoded or not, in brackets or not (``auth[token]``), after ``?``, ``&``,

@@ -205,8 +205,9 @@ def _decoded(obj: XrDataset, url: str, decoders: Mapping[str, Any]) -> XrDataset
 
 def _check_lazy_decoding(obj: XrDataset, url: str, decoders: Mapping[str, Any]) -> None:
     """What xarray decodes lazily, in arrays above the backend's (packing, character encodings), tried
-    on one stored zero of each variable: a ``scale_factor`` of text or an ``_Encoding`` on numbers was
-    a bare error at load (as with engine="netcdf4"), after the open had said nothing. Times are left
+    on one stored zero of each variable (an ``_Encoding`` also on a byte: no codec is looked up for the
+    empty text): a ``scale_factor`` of text, an ``_Encoding`` on numbers or naming no text codec was a
+    bare error at load (as with engine="netcdf4"), after the open had said nothing. Times are left
     out: xarray decodes them at open, from the stored values (a zero may be out of a calendar's range)."""
     from xarray.conventions import decode_cf_variable
 
@@ -218,9 +219,20 @@ def _check_lazy_decoding(obj: XrDataset, url: str, decoders: Mapping[str, Any]) 
             with warnings.catch_warnings():  # (xarray's decoding has said them once already)
                 warnings.simplefilter("ignore")
                 decode_cf_variable(name, stored, decode_times=False, decode_timedelta=False, **lazy).values
+                if "_Encoding" in variable.attrs and lazy.get("concat_characters", True):
+                    _look_up_text_codec(variable.attrs["_Encoding"])
         except Exception as exc:  # (whatever xarray's coders raise on this attribute: hostile input)
             raise CFAFormatError(f"xarray cannot decode variable {name!r}: {type(exc).__name__}: {exc}",
                                  file=url) from None
+
+
+def _look_up_text_codec(name: Any) -> None:
+    """Raise as ``bytes.decode`` does for a ``name`` that is no text codec (a stored zero is the empty text,
+    for which no codec is looked up)."""
+    try:
+        b"\0".decode(name, "ignore")
+    except UnicodeError:  # (a text codec, which refused the byte or the handler: idna takes only "strict")
+        pass
 
 
 def _check_keywords(decoders: Mapping[str, Any], decode_cf: Any) -> None:

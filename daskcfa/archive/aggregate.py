@@ -119,7 +119,9 @@ def _write(model: AggregationDataset, url: str, profile: storage.ProfileRef, *, 
     """Fragment URIs as the aggregation file at ``url`` stores them, then encode and commit (as a version).
     A target that is one of its fragments is refused: ``mode="w"`` would replace that file's data by an
     aggregation referring to itself."""
-    if any(storage.resolve(u, url) == url for av in model.aggregated for u in av.fragments.locations()):
+    target = storage.real_location(url)  # (a fragment named through a linked directory is the same file)
+    if any(storage.real_location(storage.resolve(u, url)) == target
+           for av in model.aggregated for u in av.fragments.locations()):
         raise ArgumentError("the target is one of the files it would aggregate, whose data writing it would "
                             "replace: write the aggregation file elsewhere", file=url)
     model.aggregated = [_referenced(av, url, uris == "absolute", format) for av in model.aggregated]

@@ -140,7 +140,7 @@ def to_references(
     built = build_references(url, variable, storage_options, allowed_locations, inline=bool(inline))
     if built.refused:
         raise built.refusal()
-    if written is not None and written.url == built.url:
+    if written is not None and storage.real_location(written.url) == storage.real_location(built.url):
         raise ArgumentError("output is the aggregation file itself, which writing the references would replace: "
                             "choose another output", file=built.url)
     references = built.references if inline else _ingestible(built.references)

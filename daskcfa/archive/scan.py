@@ -106,7 +106,8 @@ def _in_file(uri: str, profile: storage.ProfileRef, what: str, read: Callable[[A
             opened = True
             try:
                 return read(ds)
-            except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
+            except (OSError, RuntimeError, ValueError, LookupError, TypeError) as exc:  # (LookupError: an
+                # _Encoding naming no text codec, which netCDF4-python decodes characters with)
                 return f"cannot read its {what} ({type(exc).__name__}: {redact(str(exc))[:200]})"
     except CFAError as exc:
         if opened and not isinstance(exc, FragmentReadError):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name, temporary_of
 from .blocks import Blocks
 from .identity import local_token
-from .local import free_space, irregular, local_path, local_stat, open_local
+from .local import free_space, irregular, local_path, local_stat, open_local, real_location
 from .manifest import checked_manifest, listed_fragments, manifest_uri, retired_uri, missing_directory, other_owner, read_manifest, replacing_generation
 from .netcdf import netcdf_file
 from .objects import (
@@ -84,6 +84,7 @@ __all__ = [
     "to_local_path",
     "split_mode",
     "local_path",
+    "real_location",
     "irregular",
     "local_stat",
     "local_token",

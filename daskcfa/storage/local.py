@@ -20,7 +20,7 @@ from ..errors import NotFoundError, StorageError
 from .retry import translated
 from .uri import is_local, to_local_path
 
-__all__ = ["local_path", "irregular", "local_stat", "open_local", "pread", "free_space"]
+__all__ = ["local_path", "real_location", "irregular", "local_stat", "open_local", "pread", "free_space"]
 
 
 def local_path(uri: str) -> str:
@@ -29,6 +29,12 @@ def local_path(uri: str) -> str:
         return to_local_path(uri)
     except ValueError as exc:
         raise StorageError(str(exc), file=uri) from None
+
+
+def real_location(uri: str) -> str:
+    """A local URI's path with every symbolic link on it followed (a remote URI as it is): two spellings of
+    one local file -- through a linked directory -- compare equal."""
+    return os.path.realpath(local_path(uri)) if is_local(uri) else uri
 
 
 _IRREGULAR = ((S_ISDIR, "a directory"), (S_ISFIFO, "a FIFO"), (S_ISCHR, "a character device"),

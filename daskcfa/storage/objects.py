@@ -21,7 +21,7 @@ import shutil
 import stat as stat_module
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any, Awaitable, Callable, Iterator, Sequence
 
 import dask.config
 import fsspec
@@ -491,7 +491,9 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        parts = fsspec.asyn.sync(fs.loop, _within_deadline, fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
+            [path] * len(ranges), starts, ends, on_error="raise")) if _streams(fs) else \
+            list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
@@ -529,7 +531,7 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
 
     def fetch() -> list[bytes] | None:
         try:
-            return fsspec.asyn.sync(fs.loop, every)
+            return fsspec.asyn.sync(fs.loop, _within_deadline, fs, uri, sum(int(n) for _, n in ranges), every)
         except Exception as exc:
             if precondition_failed(exc):
                 return None
@@ -561,8 +563,17 @@ def fetch_range_soon(uri: str, offset: int, length: int, expected: tuple[int, st
     fs, path = filesystem(uri, profile, policy=policy)
     if not _streams(fs):
         return None
-    return asyncio.run_coroutine_threadsafe(_get_range_if_match(fs, path, expected[1], int(offset), int(length)),
-                                            fs.loop)
+    return asyncio.run_coroutine_threadsafe(
+        _within_deadline(fs, uri, int(length),
+                         lambda: _get_range_if_match(fs, path, expected[1], int(offset), int(length))), fs.loop)
+
+
+async def _within_deadline(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]]) -> Any:
+    """``receive()``: ranged GETs of ``length`` bytes in all of S3 object ``uri`` on fsspec's event loop,
+    their bodies within one deadline (:mod:`.deadline`: a trickle held each for its declared length)."""
+    client = await fs.set_session()
+    async with async_body_deadline(length, client.meta.config.read_timeout, uri):
+        return await receive()
 
 
 #: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).

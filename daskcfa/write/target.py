@@ -21,6 +21,7 @@ import dask
 from ..errors import ArgumentError, NotFoundError, TargetExistsError, redact
 from ..storage.access import Access, open_aggregation
 from ..storage.lease import Lease, generation_of
+from ..storage.local import real_location
 from ..storage.manifest import check_bookkeeping, other_owner
 from ..storage.profiles import ProfileRef
 from ..storage.publish import UPDATE_MODES, WRITE_MODES, check_mode, refuse_existing
@@ -65,7 +66,7 @@ class WriteTarget:
         """
         check_mode(mode, modes)
         url, access = open_aggregation(url, storage_options, allowed_locations)
-        if generation_of(url) is not None:
+        if generation_of(real_location(url)) is not None:  # (also named through a link to the directory)
             raise ArgumentError("the target lies in a generation directory (g-<16 hex digits>/), where a daskcfa "
                                 "dataset keeps its fragments: writing it would replace one; write it elsewhere",
                                 file=url)
