@@ -152,8 +152,16 @@ async def async_body_deadline(length: int, read_timeout: float | None, uri: str)
 
 def shut_connection_of(response: Any) -> Callable[[], None] | None:
     """What shuts the socket a urllib3 response is read from (a read blocked on it then ends),
-    or None where it cannot be reached."""
-    sock = getattr(getattr(response, "connection", None), "sock", None)
+    or None where it cannot be reached. Not once the response has given its connection back to the
+    pool (urllib3 does so in the read that ends the body, inside the deadline's block): another GET
+    may be using it."""
+    connection = getattr(response, "connection", None)
+    sock = getattr(connection, "sock", None)
     if not isinstance(sock, socket.socket):
         return None
-    return lambda: sock.shutdown(socket.SHUT_RDWR)
+
+    def shut() -> None:
+        if getattr(response, "connection", None) is connection:
+            sock.shutdown(socket.SHUT_RDWR)
+
+    return shut

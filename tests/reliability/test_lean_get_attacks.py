@@ -207,3 +207,29 @@ def test_the_object_urls_kept_for_buckets_are_bounded():
         assert gets.prefix(f"bucket-{k}") == f"http://127.0.0.1:9/bucket-{k}/"
     assert len(repr(gets)) < 2 ** 20 and gets.prefix("bucket-0") == "http://127.0.0.1:9/bucket-0/"
     assert 0 < sum(1 for k in range(3000) if f"bucket-{k}/" in repr(gets)) <= 1024
+
+
+def test_a_connection_given_back_to_the_pool_is_not_shut_by_a_late_deadline(servers):
+    """urllib3 gives a response's connection back to its pool in the read that ends the body, inside
+    the deadline's block: a deadline passing just then shut a connection another GET may have taken
+    (attack16c's note). The shut of a whole response's connection is now a no-op once it is given back."""
+    from botocore.awsrequest import AWSRequest
+
+    from daskcfa.storage import deadline, lean, objects
+
+    endpoint = servers(lambda *_: (200, {}, BODY))
+    profile = storage.profiles.register({"key": KEY, "secret": SECRET,
+                                         "client_kwargs": {"endpoint_url": endpoint.url}}, protocol="s3")
+    gets = lean.lean_for(objects.filesystem("s3://bucket/f.nc", profile)[0])
+
+    prepared = AWSRequest(method="GET", url=endpoint.url + "/bucket/f.nc").prepare()
+    prepared.stream_output = True
+    response = gets.http.send(prepared).raw
+    shut = deadline.shut_connection_of(response)
+    sock = response.connection.sock
+    assert shut is not None and response.read(len(BODY)) == BODY and response.read(1) == b""
+    response.release_conn()  # (as urllib3 does at the body's end)
+    shut()
+    again = gets.http.send(prepared).raw  # (the pooled connection: not found shut, so not replaced)
+    reused = again.connection.sock is sock
+    assert again.read(len(BODY)) == BODY and reused
