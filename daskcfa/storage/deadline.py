@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import os
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 from .. import config
 from ..errors import StorageError
+from .per_process import PerProcess
 
 __all__ = ["body_deadline", "async_body_deadline", "shut_connection_of"]
 
@@ -99,17 +99,8 @@ class _Watchdog:
                     pass
 
 
-_WATCHDOG: tuple[int, _Watchdog] | None = None
-_LOCK = threading.Lock()
-
-
-def _watchdog() -> _Watchdog:
-    """This process's watchdog (a forked child makes its own)."""
-    global _WATCHDOG
-    with _LOCK:
-        if _WATCHDOG is None or _WATCHDOG[0] != os.getpid():
-            _WATCHDOG = (os.getpid(), _Watchdog())
-        return _WATCHDOG[1]
+#: this process's watchdog (a forked child makes its own)
+_WATCHDOG = PerProcess(_Watchdog)
 
 
 @contextmanager
@@ -122,7 +113,7 @@ def body_deadline(length: int, read_timeout: float | None, uri: str,
     if seconds is None:
         yield
         return
-    watchdog = _watchdog()
+    watchdog = _WATCHDOG.get()
     entry = watchdog.add(time.monotonic() + seconds, shut)  # type: ignore[arg-type]
     try:
         yield

@@ -33,6 +33,7 @@ from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, Stora
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .deadline import async_body_deadline
+from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
 from .identity import local_token, remote_token
@@ -366,7 +367,7 @@ def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPo
         return None
     blocking = _blocking_get(fs, size_hint) if _streams(fs) else None
     if blocking is not None:
-        return _fetchers().submit(lambda: Blocks([blocking(fs, path, uri, max_bytes)]))
+        return _FETCHERS.get().submit(lambda: Blocks([blocking(fs, path, uri, max_bytes)]))
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri, max_bytes), fs.loop)
 
 
@@ -425,17 +426,8 @@ class _Fetchers:
                     future.set_exception(exc)
 
 
-_FETCHERS: tuple[int, _Fetchers] | None = None
-_FETCHERS_LOCK = threading.Lock()
-
-
-def _fetchers() -> _Fetchers:
-    """This process's read-ahead threads for large S3 objects (a forked child makes its own)."""
-    global _FETCHERS
-    with _FETCHERS_LOCK:
-        if _FETCHERS is None or _FETCHERS[0] != os.getpid():
-            _FETCHERS = (os.getpid(), _Fetchers())
-        return _FETCHERS[1]
+#: this process's read-ahead threads for large S3 objects (a forked child makes its own)
+_FETCHERS = PerProcess(_Fetchers)
 
 
 async def _get_whole(fs: Any, path: str, uri: str, max_bytes: int | None = None) -> Blocks:
