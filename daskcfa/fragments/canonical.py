@@ -542,13 +542,20 @@ def _cast(data: np.ndarray, target: Target, what: str) -> np.ndarray:
 
 def _check_fits(values: np.ndarray, dtype: np.dtype, what: str) -> None:
     """Refuse values an integer aggregated dtype cannot hold (the cast would wrap
-    them into garbage) and text longer than a ``char`` aggregation's width."""
+    them into garbage), finite values a narrower float type cannot hold (the cast
+    would make them infinite) and text longer than a ``char`` aggregation's width."""
     if values.size == 0 or np.can_cast(values.dtype, dtype):
         return
     if dtype.kind == "S":
         longest = int(np.char.str_len(values).max())
         if longest > dtype.itemsize:
             raise FragmentReadError(f"{what} holds text of {longest} bytes, longer than the aggregated type {dtype}")
+        return
+    if dtype.kind == "f" and values.dtype.kind == "f":
+        beyond = values[np.isfinite(values) & (np.abs(values) > np.finfo(dtype).max)]
+        if np.isinf(beyond.astype(dtype)).any():  # (those within half a step of the largest round to it)
+            raise FragmentReadError(f"{what} holds values up to {np.abs(beyond).max():.6g}, beyond the largest the "
+                                    f"aggregated type {dtype} holds ({np.finfo(dtype).max:.6g})")
         return
     if dtype.kind not in "iu":
         return

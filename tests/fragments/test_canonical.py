@@ -707,6 +707,25 @@ def test_unsigned_values_out_of_range_are_refused(tmp_path):
         daskcfa.from_cfa(str(d / "agg.nc"), "v").compute()
 
 
+@pytest.mark.parametrize("attrs", [{}, {"add_offset": 1e300}], ids=["stored", "unpacked"])
+def test_values_a_narrower_float_type_cannot_hold_are_refused(tmp_path, attrs):
+    """float64 values beyond float32's largest in a float32 aggregation: the cast made them infinite,
+    a silently wrong value (attack16b's note; main, 2668846); now refused as integers that do not fit
+    are. Values that round to float32's largest, infinities and NaN stored as such, still read."""
+    d = tmp_path / "narrow"
+    d.mkdir()
+    big = np.finfo("f4").max
+    write_fragment(d / "frag0.nc", "v", {"time": 4}, [1.0, np.inf, np.nan, float(big) * (1 + 2.0 ** -26)],
+                   dtype="f8")
+    write_fragment(d / "frag1.nc", "v", {"time": 2}, [2.0, 1e300 if not attrs else 1.0], dtype="f8", attrs=attrs)
+    write_aggregation(d / "agg.nc", "v", "f4", {"time": 6}, [[4, 2]], uris=["frag0.nc", "frag1.nc"])
+    x = daskcfa.from_cfa(str(d / "agg.nc"), "v")
+    np.testing.assert_array_equal(x[:4].compute(), np.array([1.0, np.inf, np.nan, big], "f4"))
+    with pytest.raises(daskcfa.FragmentReadError, match="beyond the largest the aggregated type float32") as info:
+        x.compute()
+    assert info.value.fragment == (1,) and info.value.file.endswith("frag1.nc")
+
+
 @pytest.mark.parametrize("agg_dtype", list(UNSIGNED_CASES))
 def test_unsigned_xarray_backend_like_plain_file(tmp_path, agg_dtype):
     """xarray decodes the stored values daskcfa gives it exactly as it decodes
