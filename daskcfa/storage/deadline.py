@@ -118,11 +118,11 @@ def body_deadline(length: int, read_timeout: float | None, uri: str,
     try:
         yield
     except Exception:
-        watchdog.remove(entry)
         if entry.fired:
             raise _too_slow(length, seconds, uri) from None
         raise
-    watchdog.remove(entry)
+    finally:  # (also on an interrupt: no entry is left to shut the connection later)
+        watchdog.remove(entry)
     if entry.fired:  # (the body ended as its connection was shut: not trusted)
         raise _too_slow(length, seconds, uri)
 
