@@ -134,11 +134,20 @@ async def async_body_deadline(length: int, read_timeout: float | None, uri: str)
     if seconds is None:
         yield
         return
+    task = asyncio.current_task()
+    expired = []
+    # (the task cancelled past its deadline: ``asyncio.timeout``, which does this, is Python 3.11's)
+    timer = asyncio.get_running_loop().call_later(seconds, lambda: expired.append(task.cancel()))
     try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        raise _too_slow(length, seconds, uri) from None
+        yield
+    except asyncio.CancelledError:
+        if expired:
+            if hasattr(task, "uncancel"):  # (Python 3.11: the cancel counted as handled, as asyncio.timeout does)
+                task.uncancel()
+            raise _too_slow(length, seconds, uri) from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def shut_connection_of(response: Any) -> Callable[[], None] | None:
