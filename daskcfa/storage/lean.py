@@ -66,7 +66,6 @@ class LeanGets:
     credentials: Any | None = field(repr=False)  # (None: anonymous)
     region: str
     checksums: bool
-    read_timeout: float | None
     #: bucket -> the URL of its objects up to the key (botocore's addressing), or "" where not known
     _prefixes: dict[str, str] = field(default_factory=dict)
 
@@ -127,7 +126,7 @@ def _make(fs: Any) -> LeanGets | None:
     http = URLLib3Session(verify=verify, timeout=(meta.connect_timeout, meta.read_timeout),
                           max_pool_connections=meta.max_pool_connections)
     return LeanGets(client, http, credentials, client.meta.region_name or "us-east-1",
-                    meta.response_checksum_validation != "when_required", meta.read_timeout)
+                    meta.response_checksum_validation != "when_required")
 
 
 def _reachable(config: Any, endpoint: str) -> bool:
@@ -190,7 +189,7 @@ def _get(lean: LeanGets, prefix: str, key: str, uri: str, max_bytes: int | None)
                                   and not chunked else None},
                                  max_bytes, uri)
         try:
-            with body_deadline(length, lean.read_timeout, uri, shut_connection_of(response)):
+            with body_deadline(length, lean.client.meta.config.read_timeout, uri, shut_connection_of(response)):
                 data = response.read(length) if length else b""
                 beyond = response.read(1)
         except Urllib3ReadTimeout as exc:  # (as botocore's StreamingBody reports them: transient, retried)
