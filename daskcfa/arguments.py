@@ -9,6 +9,8 @@ names the data has, and the error names the valid ones and the nearest
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 from typing import Any, Iterable, Mapping
 
 from .errors import ArgumentError
@@ -80,3 +82,40 @@ def check_storage_options(options_by_protocol: Mapping[str, Any]) -> None:
         if typed:
             raise ArgumentError(f"storage_options for {protocol}:// {', '.join(map(repr, typed))}: a credential is "
                                 "a string")
+        _check_s3_names(protocol, options)
+
+
+def _check_s3_names(protocol: str, options: Mapping[str, Any]) -> None:
+    """Option names s3fs, botocore's ``Config`` or its client do not take (aiobotocore refuses them only
+    at the first request, with a bare ``TypeError``), and nested options that are not mappings."""
+    top, nested = _s3_option_names()
+    check_names(f"storage_options for {protocol}://", [k for k in options if k not in S3FS_SPELLINGS], top,
+                "option")
+    for name, valid in nested.items():
+        inner = options.get(name)
+        if inner is None:
+            continue
+        if not isinstance(inner, Mapping):
+            raise ArgumentError(f"storage_options for {protocol}:// {name} is a mapping, not a {type(inner).__name__}")
+        if valid is not None:  # (s3_additional_kwargs: any request parameter)
+            check_names(f"storage_options for {protocol}:// {name}", inner, valid, "option")
+
+
+@functools.cache
+def _s3_option_names() -> tuple[list[str], dict[str, list[str] | None]]:
+    """The names s3fs takes (with fsspec's listing-cache options and aiobotocore's session ones it hands
+    on), and those of its nested mappings (``None``: any name), read from the installed libraries' signatures."""
+    import aiobotocore.config
+    import aiobotocore.session
+    import botocore.session
+    import s3fs
+
+    def named(function: Any) -> list[str]:
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return [p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds and p.name != "self"]
+
+    top = named(s3fs.S3FileSystem.__init__) + named(aiobotocore.session.AioSession.__init__) + [
+        "use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"]
+    config = named(aiobotocore.config.AioConfig.__init__) + sorted(aiobotocore.config.AioConfig.OPTION_DEFAULTS)
+    client = [n for n in named(botocore.session.Session.create_client) if n != "service_name"]
+    return top, {"config_kwargs": config, "client_kwargs": client, "s3_additional_kwargs": None}

@@ -269,6 +269,39 @@ def test_other_libraries_spellings_of_s3_options_are_named(tmp_path):
     assert proc.returncode == 1 and "--storage-options for s3:// use s3fs's names: 'anonymous' -> anon" in proc.stderr
 
 
+@pytest.mark.parametrize("options, named", [
+    ({"anno": True}, r"unknown option 'anno' \(did you mean 'anon'\?\)"),
+    ({"s3": {"endpoint": "http://127.0.0.1:1"}}, r"unknown option 'endpoint' \(did you mean 'endpoint_url'\?\)"),
+    ({"client_kwargs": "us-east-1"}, "client_kwargs is a mapping, not a str"),
+    ({"client_kwargs": {"region": "us-east-1"}}, r"client_kwargs names unknown option 'region'"),
+    ({"config_kwargs": {"read_timeut": 5}}, r"config_kwargs names unknown option 'read_timeut' \(did you mean "
+                                            r"'read_timeout'\?\)"),
+    ({"s3_additional_kwargs": ["ServerSideEncryption"]}, "s3_additional_kwargs is a mapping, not a list"),
+])
+def test_s3_options_s3fs_or_botocore_do_not_take_are_named_before_any_request(options, named):
+    """A misspelt s3fs, botocore ``Config`` or client option, or a nested option that is no mapping: an
+    ArgumentError naming it (and the nearest valid name), for a read and a write, no server needed.
+    (Before: a bare ``TypeError`` from aiobotocore at the first request.)"""
+    for act in (lambda: daskcfa.from_cfa("s3://bucket/x.nc", storage_options=options),
+                lambda: daskcfa.to_cfa(da.zeros(4, chunks=2), "s3://bucket/x.nc", variable="v", dims=("x",),
+                                       storage_options=options)):
+        with pytest.raises(daskcfa.ArgumentError, match=named):
+            act()
+
+
+def test_s3_options_s3fs_and_botocore_take_are_accepted(s3_server, s3_bucket):
+    """Options of each kind the check reads from the libraries' signatures (s3fs's own, fsspec's listing
+    cache, botocore's Config and client, request parameters) reach the server and read."""
+    url = f"s3://{s3_bucket}/ok.nc"
+    daskcfa.to_cfa(da.arange(4, chunks=2), url, variable="v", dims=("x",), storage_options=s3_server.storage_options)
+    base = s3_server.storage_options
+    options = {**base, "default_block_size": 1 << 20, "listings_expiry_time": 5,
+               "config_kwargs": {"read_timeout": 30, "connect_timeout": 5, "max_pool_connections": 4},
+               "client_kwargs": {**base.get("client_kwargs", {}), "region_name": "us-east-1"},
+               "s3_additional_kwargs": {"RequestPayer": "requester"}}
+    assert daskcfa.from_cfa(url, storage_options=options).compute().tolist() == [0, 1, 2, 3]
+
+
 # ---------------------------------------------------------------------------
 # Issue 28 item 4: silent traps
 # ---------------------------------------------------------------------------

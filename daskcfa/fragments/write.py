@@ -219,13 +219,25 @@ def _encode(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
         _check_range(data, mask, encoding.stored_dtype)
         _check_not_missing(data, mask, encoding)
     if mask is not np.ma.nomask and mask.any():
-        if encoding.unsigned and not encoding.explicit_fill:
-            raise FragmentError("masked values of an _Unsigned variable without _FillValue cannot be stored: "
-                                "netCDF4-python would read netCDF's default fill as a value (set a _FillValue)")
-        data = np.where(mask, encoding.fill_value, data)
+        data = np.where(mask, _masked_as(encoding), data)
     with np.errstate(invalid="ignore"):
         out = np.asarray(data).astype(encoding.stored_dtype, copy=False)
     return out.view(dtype) if encoding.unsigned else out
+
+
+def _masked_as(encoding: Encoding) -> Any:
+    """What a masked point is stored as: the _FillValue; without one, a ``missing_value`` (what
+    netCDF4-python stores), else netCDF's default fill — except where netCDF4-python would read that
+    as a value (an _Unsigned variable): refused, as it would unmask them."""
+    if encoding.explicit_fill:
+        return encoding.fill_value
+    if encoding.missing_values:
+        return encoding.missing_values[0]
+    if encoding.unsigned or encoding.fill_value is None:
+        raise FragmentError("masked values of a variable without _FillValue or missing_value cannot be stored: "
+                            "netCDF4-python would read netCDF's default fill as a value (an _Unsigned variable): "
+                            "set a _FillValue")
+    return encoding.fill_value
 
 
 def shared_chunks(spec: FragmentSpec, regular: Sequence[int]) -> FragmentSpec:

@@ -520,9 +520,8 @@ def test_unsigned_aggregation_rewritten(tmp_path):
         np.testing.assert_array_equal(np.ma.getdata(got)[~expected.mask], values[~expected.mask])
 
 
-def test_masked_unsigned_without_fill_value_refused(tmp_path):
-    """Without a _FillValue, netCDF4-python reads no value of an _Unsigned variable as
-    missing: masked points (here a missing fragment) are refused, not unmasked."""
+def _unsigned_aggregation(tmp_path, **attrs):
+    """An _Unsigned byte aggregation (``attrs`` on its variable) of two fragments, the second absent."""
     frag = tmp_path / "f0.nc"
     with netCDF4.Dataset(str(frag), "w") as ds:
         ds.createDimension("t", 2)
@@ -541,13 +540,39 @@ def test_masked_unsigned_without_fill_value_refused(tmp_path):
         ident[0] = "v"
         v = ds.createVariable("v", "i1", ())
         v._Unsigned = "true"
+        v.setncatts(attrs)
         v.aggregated_dimensions = "t"
         v.aggregated_data = "map: m uris: u identifiers: ident"
+    return agg
+
+
+def test_masked_unsigned_without_fill_value_refused(tmp_path):
+    """Without a _FillValue (or missing_value), netCDF4-python reads no value of an _Unsigned variable as
+    missing: masked points (here a missing fragment) are refused, not unmasked."""
+    agg = _unsigned_aggregation(tmp_path)
     with pytest.warns(daskcfa.CFAWarning), daskcfa.open_cfa(str(agg), missing="fill") as ds:
         assert ds["v"][...].tolist() == [200, 3, None, None]
-        with pytest.raises(daskcfa.FragmentError, match="_Unsigned variable without _FillValue"):
+        with pytest.raises(daskcfa.FragmentError, match="without _FillValue or missing_value"):
             daskcfa.to_cfa(ds, str(tmp_path / "out.nc"))
     assert not (tmp_path / "out.nc").exists()
+
+
+def test_masked_unsigned_with_a_missing_value_stored_as_it(tmp_path):
+    """An _Unsigned variable with a ``missing_value`` (-1: 255 unsigned) and no _FillValue: masked points
+    are stored as the missing value, as netCDF4-python stores them, and read back masked by daskcfa and
+    by netCDF4-python from the fragment. (Before: refused as if there were no missing value.)"""
+    agg = _unsigned_aggregation(tmp_path, missing_value=np.int8(-1))
+    out = tmp_path / "out" / "out.nc"
+    with pytest.warns(daskcfa.CFAWarning), daskcfa.open_cfa(str(agg), missing="fill") as ds:
+        daskcfa.to_cfa(ds, str(out), fragment_shape={"t": 4})
+    got = daskcfa.from_cfa(str(out)).compute()
+    assert got.tolist() == [200, 3, None, None] and got.dtype == np.uint8
+    fragments = sorted((tmp_path / "out").rglob("*.nc"))
+    fragments.remove(out)
+    with netCDF4.Dataset(str(fragments[0])) as nc:
+        assert nc["v"][:].tolist() == [200, 3, None, None]
+        nc.set_auto_mask(False)
+        assert nc["v"][:].tolist() == [200, 3, 255, 255]
 
 
 # ---------------------------------------------------------------------------
