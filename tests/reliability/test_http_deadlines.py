@@ -1,0 +1,171 @@
+"""Every remote read bounded in time (http17): HTTP(S) objects under the body deadline of S3's
+(storage/deadline.py, ``daskcfa.storage.min-throughput``), through storage/timed.py.
+
+Real parts only: a server on 127.0.0.1 (raw sockets, threads) answering a byte now and then, each wait
+far below the read timeout, so that no socket timeout fires; netCDF files by netCDF4-python. Each test
+failed on main (8e760ed): its reader still receiving at the test's bound (docs/reliability.md,
+"Every remote read bounded in time (http17)").
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import socket
+import threading
+from typing import Callable
+
+import aiohttp
+import dask
+import pytest
+
+import daskcfa
+from daskcfa import storage
+
+from remote_helpers import write_cf113
+
+#: the test's own bound on each read: far beyond the deadline (1 s grace, a few bytes at 64 KiB/s)
+_BOUND = 30
+_LENGTH = 100_000
+
+
+def _slow_server(way: str) -> tuple[str, threading.Event, socket.socket]:
+    """A server answering every request one byte every 0.05 s: its headers (``way`` "headers"), else
+    the body after prompt headers (a HEAD is answered at once): "trickle" declares ``_LENGTH`` bytes (a 206
+    of the range asked for), "chunked" sends one-byte chunks without end."""
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drip(connection: socket.socket, piece: bytes) -> None:
+        while not stop.wait(0.05):
+            connection.sendall(piece)
+
+    def answer(connection: socket.socket) -> None:
+        with connection:
+            try:
+                request = connection.recv(65536).decode("latin-1")
+                if way == "headers":
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    drip(connection, b"x")  # (a header that never ends)
+                    return
+                asked = re.search(r"(?i)^range: bytes=(\d+)-(\d+)", request, re.M)
+                first, last = (int(asked[1]), int(asked[2])) if asked else (0, _LENGTH - 1)
+                status = "206 Partial Content" if asked else "200 OK"
+                head = (f"HTTP/1.1 {status}\r\nContent-Range: bytes {first}-{last}/{_LENGTH}\r\n"
+                        f"Accept-Ranges: bytes\r\nContent-Length: {last - first + 1}\r\n")
+                if request.startswith("HEAD"):
+                    connection.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {_LENGTH}\r\n"
+                                       f"Accept-Ranges: bytes\r\n\r\n".encode())
+                elif way == "chunked":
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    drip(connection, b"1\r\nx\r\n")
+                else:
+                    connection.sendall(f"{head}\r\n".encode())
+                    drip(connection, b"x")
+            except OSError:  # (the reader shut the connection)
+                pass
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", stop, listener
+
+
+def _failure_of(read: Callable[[], object], stop: threading.Event, listener: socket.socket) -> BaseException | None:
+    """What ``read()`` raised within the test's bound (None: still reading then)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    reading = pool.submit(read)
+    try:
+        failure = reading.exception(timeout=_BOUND)
+    except concurrent.futures.TimeoutError:
+        failure = None
+    finally:
+        stop.set()  # (the server stops sending: a read still waiting ends)
+        pool.shutdown(wait=True)
+        listener.close()
+    return failure
+
+
+#: a 1 s grace (aiohttp's ``sock_read``: each wait for the socket, never reached by a byte every 0.05 s)
+_OPTIONS = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_read=1)}}
+_READS = {
+    "a whole object (GET)": ("trickle", lambda uri, p: storage.read_whole(uri, p)),
+    "a whole object within a memory bound": ("trickle", lambda uri, p: storage.read_whole(uri, p, max_bytes=10**9)),
+    "a whole object read ahead": ("trickle", lambda uri, p: storage.fetch_soon(uri, p).result()),
+    "a body without end (chunked)": ("chunked", lambda uri, p: storage.read_whole(uri, p, max_bytes=10**9)),
+    "the size (HEAD), headers trickled": ("headers", lambda uri, p: storage.stat(uri, p)),
+    "h5py's metadata block": ("trickle", lambda uri, p: storage.open_file(uri, p, known_size=_LENGTH).read(8)),
+    "byte ranges": ("trickle", lambda uri, p: storage.read_ranges(uri, [(0, 100), (500, 100)], p)),
+    "a checksum's stream": ("trickle", lambda uri, p: list(storage.objects.read_stream(uri, p))),
+}
+
+
+@pytest.mark.parametrize("door", list(_READS))
+def test_an_http_read_trickled_a_byte_at_a_time_ends_within_its_deadline(door):
+    """aiohttp bounds a request at 5 minutes whatever its size, and fsspec sets no bound of its own: on
+    main each of these reads was still receiving at the test's bound. Now the deadline of S3's bodies:
+    a ``StorageError`` "too slowly" naming the object, not retried."""
+    way, read = _READS[door]
+    endpoint, stop, listener = _slow_server(way)
+    uri = f"{endpoint}/dir/f0.nc"
+    profile = storage.profiles.register(_OPTIONS, protocol="http")
+
+    def attempt() -> None:
+        with dask.config.set({"daskcfa.storage.retries": 0}):
+            read(uri, profile)
+
+    failure = _failure_of(attempt, stop, listener)
+    assert isinstance(failure, daskcfa.errors.StorageError), f"after {_BOUND} s: {failure!r} (None: still reading)"
+    assert "too slowly" in str(failure) and failure.file == uri
+
+
+def test_an_http_fragment_trickled_is_a_storage_error_naming_fragment_and_variable(tmp_path):
+    """The same through ``from_cfa``: a netCDF fragment at an ``http://`` URL whose server trickles it
+    (main: still reading at the test's bound), with a login given for its origin, which the error does
+    not show."""
+    endpoint, stop, listener = _slow_server("trickle")
+    uri = f"{endpoint}/dir/f0.nc"
+    aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [[uri]])
+    password = "pw-http17-secret"
+
+    def read() -> None:
+        with dask.config.set({"daskcfa.storage.retries": 0}):
+            options = {"http": _OPTIONS, f"{endpoint}/": {"headers": {"Authorization": f"Bearer {password}"}}}
+            daskcfa.from_cfa(str(aggregation), "x", storage_options=options,
+                             allowed_locations=[f"{endpoint}/"]).compute(scheduler="sync")
+
+    failure = _failure_of(read, stop, listener)
+    assert isinstance(failure, daskcfa.errors.CFAError), f"after {_BOUND} s: {failure!r} (None: still reading)"
+    assert "too slowly" in str(failure) and uri in str(failure)
+    assert "variable '/x'" in str(failure) and "fragment (0,)" in str(failure)
+    assert password not in str(failure) and password not in repr(failure)
+
+
+def test_an_http_body_within_its_deadline_is_read_whole(make_http_server, tmp_path):
+    """The normal way unchanged: a real HTTP server's objects, whole, in ranges, by blocks, read right."""
+    (tmp_path / "www").mkdir()
+    data = bytes(range(256)) * 4000
+    (tmp_path / "www" / "o.bin").write_bytes(data)
+    server = make_http_server(tmp_path / "www")
+    uri = server.url_for("o.bin")
+    with dask.config.set({"daskcfa.storage.part-size": 100_000}):
+        assert storage.read_bytes(uri) == data
+        assert storage.read_whole(uri, known_size=len(data)).tobytes() == data
+    assert storage.read_whole(uri, max_bytes=len(data)).tobytes() == data
+    with pytest.raises(daskcfa.errors.BudgetError):
+        storage.read_whole(uri, max_bytes=len(data) - 1)
+    assert storage.read_ranges(uri, [(5, 10), (900_000, 3)]) == [data[5:15], data[900_000:900_003]]
+    assert storage.size(uri) == len(data)
+    with storage.open_file(uri) as f:
+        f.seek(300_000)
+        assert f.read(20) == data[300_000:300_020]
+    assert b"".join(storage.objects.read_stream(uri, block=300_000)) == data
+    assert storage.fetch_soon(uri).result().tobytes() == data
+    with pytest.raises(daskcfa.errors.NotFoundError):
+        storage.read_bytes(server.url_for("missing.bin"))
