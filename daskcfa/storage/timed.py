@@ -4,8 +4,8 @@ aiohttp bounds an HTTP request by its own default, 5 minutes whatever its size,
 so a server that never answered, trickled a body or sent one without end held a
 worker's thread that long (fsspec's ``open`` and ``cat_file`` set no timeout of
 their own). Here every HTTP(S) request daskcfa makes -- a HEAD, a whole object, its
-byte ranges, the blocks a file object fetches for h5py -- and the S3 ranged GETs
-share the rule of S3's whole objects: the body at ``daskcfa.storage.min-throughput``
+byte ranges, the blocks a file object fetches for h5py -- and S3's ranged GETs and
+file objects' blocks share the rule of S3's whole objects: the body at ``daskcfa.storage.min-throughput``
 after one read timeout's grace (a body of no declared length: as it arrives).
 """
 
@@ -91,9 +91,16 @@ async def http_get(fs: Any, path: str, uri: str, known_size: int | None, max_byt
 
 
 def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
-    """``file`` (fsspec's HTTP file object, just opened) fetching its blocks each within its deadline
-    (its cache calls ``fetcher``, else fsspec's blocking fetch, which no deadline reaches)."""
+    """``file`` (fsspec's HTTP or s3fs's file object, just opened) fetching each block within its deadline
+    (its cache calls ``fetcher``: else fsspec's blocking fetch, which no deadline reaches)."""
     if is_http(fs) and hasattr(file, "async_fetch_range"):
-        file.cache.fetcher = lambda start, end: bounded(fs, uri, max(0, end - start),
-                                                        lambda: file.async_fetch_range(start, end))
+        def block(start: int, end: int) -> Awaitable[bytes]:
+            return file.async_fetch_range(start, end)
+    elif "s3" in protocols_of(fs) and hasattr(file, "version_id"):
+        def block(start: int, end: int) -> Awaitable[bytes]:  # (as s3fs's own fetch: one ranged GET)
+            return fs._cat_file(file.path, version_id=file.version_id, start=start, end=end)
+    else:
+        return file
+    file.cache.fetcher = lambda start, end: b"" if end <= start else bounded(fs, uri, end - start,
+                                                                             lambda: block(start, end))
     return file

@@ -24,6 +24,8 @@ from daskcfa import storage
 
 from remote_helpers import write_cf113
 
+from .test_direct_s3_attacks import KEY, SECRET
+
 #: the test's own bound on each read: far beyond the deadline (1 s grace, a few bytes at 64 KiB/s)
 _BOUND = 30
 _LENGTH = 100_000
@@ -169,3 +171,34 @@ def test_an_http_body_within_its_deadline_is_read_whole(make_http_server, tmp_pa
     assert storage.fetch_soon(uri).result().tobytes() == data
     with pytest.raises(daskcfa.errors.NotFoundError):
         storage.read_bytes(server.url_for("missing.bin"))
+
+
+def _s3_profile(endpoint: str) -> object:
+    """The slow server as an S3 endpoint (a fake login; botocore's read timeout 2 s, never reached)."""
+    return storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 2},
+                                      "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
+
+
+_S3_READS = {
+    "h5py's metadata block": lambda p: storage.open_file("s3://bucket/f/0.nc", p, known_size=_LENGTH).read(8),
+    "the write lease's record": lambda p: storage.lease.Lease.new("s3://bucket/f/agg.nc", p).acquire(),
+}
+
+
+@pytest.mark.parametrize("door", list(_S3_READS))
+def test_an_s3_bookkeeping_or_block_read_trickled_ends_within_its_deadline(door):
+    """Session 16 bounded S3's whole objects and ranged GETs, not the blocks s3fs's file objects fetch
+    for h5py nor the lease record's GET: on main each read a trickled body for its length (a 256 KiB
+    block at a byte every 0.05 s: 3.6 hours; the lease's 64 KiB: 55 minutes). Now a ``StorageError``
+    "too slowly" naming the object, no key or secret in it."""
+    endpoint, stop, listener = _slow_server("trickle")
+    profile = _s3_profile(endpoint)
+
+    def attempt() -> None:
+        with dask.config.set({"daskcfa.storage.retries": 0}):
+            _S3_READS[door](profile)
+
+    failure = _failure_of(attempt, stop, listener)
+    assert isinstance(failure, daskcfa.errors.StorageError), f"after {_BOUND} s: {failure!r} (None: still reading)"
+    assert "too slowly" in str(failure) and failure.file.startswith("s3://bucket/f/")
+    assert KEY not in str(failure) and SECRET not in str(failure)
