@@ -218,7 +218,7 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
     fs, path = filesystem(uri, profile, policy=policy)
     if objects_only and _streams(fs):
         info = with_retries(uri, _head, fs, path, uri)
-    elif is_http(fs):
+    elif on_loop(fs):  # (a HEAD whose headers never end: within a deadline too)
         info = with_retries(uri, bounded, fs, uri, 0, lambda: fs._info(path))
     else:
         info = with_retries(uri, fs.info, path)
@@ -229,8 +229,9 @@ def _head(fs: Any, path: str, uri: str) -> dict[str, Any]:
     """s3fs's ``info`` of the object at ``path`` (a bucket's own: as ``info`` says), by one HEAD."""
     bucket, key, version = fs.split_path(path)
     if not key:
-        return fs.info(path)
-    out = fs.call_s3("head_object", fs.kwargs, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+        return bounded(fs, uri, 0, lambda: fs._info(path))
+    out = bounded(fs, uri, 0, lambda: fs._call_s3("head_object", fs.kwargs, Bucket=bucket, Key=key,
+                                                  **({"VersionId": version} if version else {})))
     size = out.get("ContentLength")
     if type(size) is not int or size < 0:  # (a server's answer: none, or not a length, is no object's size)
         raise StorageError(f"the server gave no valid length for the object ({size!r:.40})", file=uri)
