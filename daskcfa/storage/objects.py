@@ -197,6 +197,8 @@ def exists(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy
     if is_opendap(uri):
         return True  # only opening tells; a missing endpoint fails with a clear error then
     fs, path = filesystem(uri, profile, policy=policy)
+    if on_loop(fs):
+        return bool(with_retries(uri, bounded, fs, uri, 0, lambda: fs._exists(path)))
     return bool(with_retries(uri, fs.exists, path))
 
 
@@ -645,7 +647,7 @@ def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: Locatio
         fs, path = _filesystem(probe, profile, hops)
         try:
             with translated(uri):
-                fs.exists(path)
+                bounded(fs, uri, 0, lambda: fs._exists(path))  # (a probe that never ends: within a deadline too)
         except UnsafeURIError:
             raise
         except Exception:

@@ -21,6 +21,7 @@ import pytest
 
 import daskcfa
 from daskcfa import storage
+from daskcfa.storage.lease import Lease
 
 from remote_helpers import write_cf113
 
@@ -102,6 +103,7 @@ _READS = {
     "a whole object read ahead": ("trickle", lambda uri, p: storage.fetch_soon(uri, p).result()),
     "a body without end (chunked)": ("chunked", lambda uri, p: storage.read_whole(uri, p, max_bytes=10**9)),
     "the size (HEAD), headers trickled": ("headers", lambda uri, p: storage.stat(uri, p)),
+    "whether it exists, headers trickled": ("headers", lambda uri, p: storage.exists(uri, p)),
     "h5py's metadata block": ("trickle", lambda uri, p: storage.open_file(uri, p, known_size=_LENGTH).read(8)),
     "byte ranges": ("trickle", lambda uri, p: storage.read_ranges(uri, [(0, 100), (500, 100)], p)),
     "a checksum's stream": ("trickle", lambda uri, p: list(storage.objects.read_stream(uri, p))),
@@ -181,7 +183,7 @@ def _s3_profile(endpoint: str) -> object:
 
 _S3_READS = {
     "h5py's metadata block": lambda p: storage.open_file("s3://bucket/f/0.nc", p, known_size=_LENGTH).read(8),
-    "the write lease's record": lambda p: storage.lease.Lease.new("s3://bucket/f/agg.nc", p).acquire(),
+    "the write lease's record": lambda p: Lease.new("s3://bucket/f/agg.nc", p).acquire(),
     "the size (HEAD), headers trickled": lambda p: storage.stat("s3://bucket/f/0.nc", p),
     "an object's HEAD, headers trickled": lambda p: storage.stat("s3://bucket/f/0.nc", p, objects_only=True),
 }
