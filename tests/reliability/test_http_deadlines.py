@@ -3,17 +3,11 @@
 
 Real parts only: a server on 127.0.0.1 (raw sockets, threads) answering a byte now and then, each wait
 far below the read timeout, so that no socket timeout fires; netCDF files by netCDF4-python. Each test
-failed on main (8e760ed): its reader still receiving at the test's bound (docs/reliability.md,
+of a deadline failed on main (8e760ed): its reader still receiving at the test's bound (docs/reliability.md,
 "Every remote read bounded in time (http17)").
 """
 
 from __future__ import annotations
-
-import concurrent.futures
-import re
-import socket
-import threading
-from typing import Callable
 
 import aiohttp
 import dask
@@ -23,76 +17,14 @@ import daskcfa
 from daskcfa import storage
 from daskcfa.storage.lease import Lease
 
-from remote_helpers import write_cf113
+from remote_helpers import failure_within, trickling_server, write_cf113
 
 from .test_direct_s3_attacks import KEY, SECRET
 
 #: the test's own bound on each read: far beyond the deadline (1 s grace, a few bytes at 64 KiB/s)
 _BOUND = 30
+#: the objects' length (the server's)
 _LENGTH = 100_000
-
-
-def _slow_server(way: str) -> tuple[str, threading.Event, socket.socket]:
-    """A server answering every request one byte every 0.05 s: its headers (``way`` "headers"), else
-    the body after prompt headers (a HEAD is answered at once): "trickle" declares ``_LENGTH`` bytes (a 206
-    of the range asked for), "chunked" sends one-byte chunks without end."""
-    stop = threading.Event()
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def drip(connection: socket.socket, piece: bytes) -> None:
-        while not stop.wait(0.05):
-            connection.sendall(piece)
-
-    def answer(connection: socket.socket) -> None:
-        with connection:
-            try:
-                request = connection.recv(65536).decode("latin-1")
-                if way == "headers":
-                    connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-                    drip(connection, b"x")  # (a header that never ends)
-                    return
-                asked = re.search(r"(?i)^range: bytes=(\d+)-(\d+)", request, re.M)
-                first, last = (int(asked[1]), int(asked[2])) if asked else (0, _LENGTH - 1)
-                status = "206 Partial Content" if asked else "200 OK"
-                head = (f"HTTP/1.1 {status}\r\nContent-Range: bytes {first}-{last}/{_LENGTH}\r\n"
-                        f"Accept-Ranges: bytes\r\nContent-Length: {last - first + 1}\r\n")
-                if request.startswith("HEAD"):
-                    connection.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {_LENGTH}\r\n"
-                                       f"Accept-Ranges: bytes\r\n\r\n".encode())
-                elif way == "chunked":
-                    connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    drip(connection, b"1\r\nx\r\n")
-                else:
-                    connection.sendall(f"{head}\r\n".encode())
-                    drip(connection, b"x")
-            except OSError:  # (the reader shut the connection)
-                pass
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(connection,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}", stop, listener
-
-
-def _failure_of(read: Callable[[], object], stop: threading.Event, listener: socket.socket) -> BaseException | None:
-    """What ``read()`` raised within the test's bound (None: still reading then)."""
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    reading = pool.submit(read)
-    try:
-        failure = reading.exception(timeout=_BOUND)
-    except concurrent.futures.TimeoutError:
-        failure = None
-    finally:
-        stop.set()  # (the server stops sending: a read still waiting ends)
-        pool.shutdown(wait=True)
-        listener.close()
-    return failure
 
 
 #: a 1 s grace (aiohttp's ``sock_read``: each wait for the socket, never reached by a byte every 0.05 s)
@@ -116,7 +48,7 @@ def test_an_http_read_trickled_a_byte_at_a_time_ends_within_its_deadline(door):
     main each of these reads was still receiving at the test's bound. Now the deadline of S3's bodies:
     a ``StorageError`` "too slowly" naming the object, not retried."""
     way, read = _READS[door]
-    endpoint, stop, listener = _slow_server(way)
+    endpoint, stop, listener = trickling_server(way, _LENGTH)
     uri = f"{endpoint}/dir/f0.nc"
     profile = storage.profiles.register(_OPTIONS, protocol="http")
 
@@ -124,7 +56,7 @@ def test_an_http_read_trickled_a_byte_at_a_time_ends_within_its_deadline(door):
         with dask.config.set({"daskcfa.storage.retries": 0}):
             read(uri, profile)
 
-    failure = _failure_of(attempt, stop, listener)
+    failure = failure_within(attempt, stop, listener, _BOUND)
     assert isinstance(failure, daskcfa.errors.StorageError), f"after {_BOUND} s: {failure!r} (None: still reading)"
     assert "too slowly" in str(failure) and failure.file == uri
 
@@ -133,7 +65,7 @@ def test_an_http_fragment_trickled_is_a_storage_error_naming_fragment_and_variab
     """The same through ``from_cfa``: a netCDF fragment at an ``http://`` URL whose server trickles it
     (main: still reading at the test's bound), with a login given for its origin, which the error does
     not show."""
-    endpoint, stop, listener = _slow_server("trickle")
+    endpoint, stop, listener = trickling_server("trickle", _LENGTH)
     uri = f"{endpoint}/dir/f0.nc"
     aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [[uri]])
     password = "pw-http17-secret"
@@ -144,7 +76,7 @@ def test_an_http_fragment_trickled_is_a_storage_error_naming_fragment_and_variab
             daskcfa.from_cfa(str(aggregation), "x", storage_options=options,
                              allowed_locations=[f"{endpoint}/"]).compute(scheduler="sync")
 
-    failure = _failure_of(read, stop, listener)
+    failure = failure_within(read, stop, listener, _BOUND)
     assert isinstance(failure, daskcfa.errors.CFAError), f"after {_BOUND} s: {failure!r} (None: still reading)"
     assert "too slowly" in str(failure) and uri in str(failure)
     assert "variable '/x'" in str(failure) and "fragment (0,)" in str(failure)
@@ -196,14 +128,14 @@ def test_an_s3_bookkeeping_or_block_read_trickled_ends_within_its_deadline(door)
     block at a byte every 0.05 s: 3.6 hours; the lease's 64 KiB: 55 minutes). Now a ``StorageError``
     "too slowly" naming the object, no key or secret in it. The same for a HEAD whose headers never end
     (on main: until aiohttp's 8,190-byte bound on a header line, 400 s at this pace)."""
-    endpoint, stop, listener = _slow_server("headers" if "headers" in door else "trickle")
+    endpoint, stop, listener = trickling_server("headers" if "headers" in door else "trickle", _LENGTH)
     profile = _s3_profile(endpoint)
 
     def attempt() -> None:
         with dask.config.set({"daskcfa.storage.retries": 0}):
             _S3_READS[door](profile)
 
-    failure = _failure_of(attempt, stop, listener)
+    failure = failure_within(attempt, stop, listener, _BOUND)
     assert isinstance(failure, daskcfa.errors.StorageError), f"after {_BOUND} s: {failure!r} (None: still reading)"
     assert "too slowly" in str(failure) and failure.file.startswith("s3://bucket/f/")
     assert KEY not in str(failure) and SECRET not in str(failure)
