@@ -552,7 +552,7 @@ def fetch_range_soon(uri: str, offset: int, length: int, expected: tuple[int, st
         return None
     return asyncio.run_coroutine_threadsafe(
         within_deadline(fs, uri, int(length),
-                         lambda: _get_range_if_match(fs, path, expected[1], int(offset), int(length))), fs.loop)
+                        lambda: _get_range_if_match(fs, path, expected[1], int(offset), int(length))), fs.loop)
 
 
 #: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).

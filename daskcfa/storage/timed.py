@@ -96,8 +96,9 @@ def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
     if is_http(fs) and hasattr(file, "async_fetch_range"):
         def block(start: int, end: int) -> Awaitable[bytes]:
             return file.async_fetch_range(start, end)
-    elif "s3" in protocols_of(fs) and hasattr(file, "version_id"):
-        def block(start: int, end: int) -> Awaitable[bytes]:  # (as s3fs's own fetch: one ranged GET)
+    elif "s3" in protocols_of(fs) and hasattr(file, "version_id") and not getattr(fs, "local_expiry_check", True):
+        # (as s3fs's own fetch: one ranged GET; not where s3fs checks each block's ETag itself)
+        def block(start: int, end: int) -> Awaitable[bytes]:
             return fs._cat_file(file.path, version_id=file.version_id, start=start, end=end)
     else:
         return file
