@@ -140,18 +140,20 @@ async def async_body_deadline(length: int | None, read_timeout: float | None, ur
         return
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    start, expired, timer = loop.time(), [], []
+    start, expired = loop.time(), []
 
     def expire() -> None:
         if length is None and received is not None:
-            later = start + _seconds(received(), read_timeout) - loop.time()  # type: ignore[operator]
-            if later > 0:
-                timer.append(loop.call_later(later, expire))
+            allowed = _seconds(received(), read_timeout)
+            if allowed is None:  # (the bound turned off meanwhile)
+                return
+            if start + allowed > loop.time():
+                timer[0] = loop.call_later(start + allowed - loop.time(), expire)
                 return
         expired.append(task.cancel())  # type: ignore[union-attr]
 
     # (the task cancelled past its deadline: ``asyncio.timeout``, which does this, is Python 3.11's)
-    timer.append(loop.call_later(seconds, expire))
+    timer = [loop.call_later(seconds, expire)]
     try:
         yield
     except asyncio.CancelledError:
@@ -161,7 +163,7 @@ async def async_body_deadline(length: int | None, read_timeout: float | None, ur
             raise _too_slow(length, loop.time() - start, uri) from None
         raise
     finally:
-        timer[-1].cancel()
+        timer[0].cancel()
 
 
 def shut_connection_of(response: Any) -> Callable[[], None] | None:
