@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import re
 import socket
 import threading
@@ -333,15 +334,17 @@ def event_loop_held(seconds: float = 30.0):
 def trickling_server(way: str = "trickle", length: int = 100_000) -> tuple[str, threading.Event, socket.socket]:
     """A server answering every request one byte every 0.05 s: its headers (``way`` "headers"), else
     the body after prompt headers (a HEAD is answered at once): "trickle" declares ``length`` bytes (a 206
-    of the range asked for), "chunked" sends one-byte chunks without end. Each wait far below any read
+    of the range asked for), "chunked" sends one-byte chunks without end ("chunked 60": 60 chunks, then the
+    end of the body). Each wait far below any read
     timeout: only a deadline on the whole request ends it. Returns its URL, the event that stops it
     sending, and its listening socket (close it)."""
     stop = threading.Event()
     listener = socket.create_server(("127.0.0.1", 0))
 
-    def drip(connection: socket.socket, piece: bytes) -> None:
-        while not stop.wait(0.05):
+    def drip(connection: socket.socket, piece: bytes, count: float = math.inf) -> None:
+        while count > 0 and not stop.wait(0.05):
             connection.sendall(piece)
+            count -= 1
 
     def answer(connection: socket.socket) -> None:
         with connection:
@@ -359,9 +362,10 @@ def trickling_server(way: str = "trickle", length: int = 100_000) -> tuple[str, 
                 if request.startswith("HEAD"):
                     connection.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n"
                                        f"Accept-Ranges: bytes\r\n\r\n".encode())
-                elif way == "chunked":
+                elif way.startswith("chunked"):
                     connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    drip(connection, b"1\r\nx\r\n")
+                    drip(connection, b"1\r\nx\r\n", int(way[len("chunked "):] or 0) or math.inf)
+                    connection.sendall(b"0\r\n\r\n")
                 else:
                     connection.sendall(f"{head}\r\n".encode())
                     drip(connection, b"x")

@@ -83,6 +83,19 @@ def test_an_http_fragment_trickled_is_a_storage_error_naming_fragment_and_variab
     assert password not in str(failure) and password not in repr(failure)
 
 
+def test_a_body_of_no_declared_length_arriving_at_the_rate_is_read_past_the_grace():
+    """A chunked body's deadline moves on as it arrives: 60 bytes at 20 a second (3 s, the grace 1 s),
+    ``min-throughput`` 10 bytes a second, read whole (a deadline fixed at the grace would cut it)."""
+    endpoint, stop, listener = trickling_server("chunked 60", _LENGTH)
+    profile = storage.profiles.register(_OPTIONS, protocol="http")
+    try:
+        with dask.config.set({"daskcfa.storage.retries": 0, "daskcfa.storage.min-throughput": 10}):
+            assert storage.read_whole(f"{endpoint}/f.bin", profile, max_bytes=1000).tobytes() == b"x" * 60
+    finally:
+        stop.set()
+        listener.close()
+
+
 def test_an_http_body_within_its_deadline_is_read_whole(make_http_server, tmp_path):
     """The normal way unchanged: a real HTTP server's objects, whole, in ranges, by blocks, read right."""
     (tmp_path / "www").mkdir()
