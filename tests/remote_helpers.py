@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import math
+import re
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -325,3 +329,73 @@ def event_loop_held(seconds: float = 30.0):
         yield lambda: not timed_out.is_set()
     finally:
         release.set()
+
+
+def trickling_server(way: str = "trickle", length: int = 100_000) -> tuple[str, threading.Event, socket.socket]:
+    """A server answering every request one byte every 0.05 s: its headers (``way`` "headers"), else
+    the body after prompt headers (a HEAD is answered at once): "trickle" declares ``length`` bytes (a 206
+    of the range asked for), "chunked" sends one-byte chunks without end ("chunked 60": 60 chunks, then the
+    end of the body). Each wait far below any read
+    timeout: only a deadline on the whole request ends it. Returns its URL, the event that stops it
+    sending, and its listening socket (close it)."""
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drip(connection: socket.socket, piece: bytes, count: float = math.inf) -> None:
+        while count > 0 and not stop.wait(0.05):
+            connection.sendall(piece)
+            count -= 1
+
+    def answer(connection: socket.socket) -> None:
+        with connection:
+            try:
+                request = connection.recv(65536).decode("latin-1")
+                if way == "headers":
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    drip(connection, b"x")  # (a header that never ends)
+                    return
+                asked = re.search(r"(?i)^range: bytes=(\d+)-(\d+)", request, re.M)
+                first, last = (int(asked[1]), int(asked[2])) if asked else (0, length - 1)
+                status = "206 Partial Content" if asked else "200 OK"
+                head = (f"HTTP/1.1 {status}\r\nContent-Range: bytes {first}-{last}/{length}\r\n"
+                        f"Accept-Ranges: bytes\r\nETag: \"e\"\r\nContent-Length: {last - first + 1}\r\n")
+                if request.startswith("HEAD"):
+                    connection.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n"
+                                       f"Accept-Ranges: bytes\r\n\r\n".encode())
+                elif way.startswith("chunked"):
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    drip(connection, b"1\r\nx\r\n", int(way[len("chunked "):] or 0) or math.inf)
+                    connection.sendall(b"0\r\n\r\n")
+                else:
+                    connection.sendall(f"{head}\r\n".encode())
+                    drip(connection, b"x")
+            except OSError:  # (the reader shut the connection)
+                pass
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", stop, listener
+
+
+def failure_within(read: Callable[[], object], stop: threading.Event, listener: socket.socket,
+                   bound: float) -> BaseException | None:
+    """What ``read()``, in another thread, raised within ``bound`` seconds (None: still reading then);
+    the :func:`trickling_server` then stopped and closed."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    reading = pool.submit(read)
+    try:
+        failure = reading.exception(timeout=bound)
+    except concurrent.futures.TimeoutError:
+        failure = None
+    finally:
+        stop.set()  # (the server stops sending: a read still waiting ends)
+        pool.shutdown(wait=True)
+        listener.close()
+    return failure

@@ -39,8 +39,9 @@ def _seconds(length: int, read_timeout: float | None) -> float | None:
     return (read_timeout if read_timeout and read_timeout > 0 else _DEFAULT_GRACE) + length / rate
 
 
-def _too_slow(length: int, seconds: float, uri: str) -> StorageError:
-    return StorageError(f"the server sent the object's {length:,}-byte body too slowly: not received in "
+def _too_slow(length: int | None, seconds: float, uri: str) -> StorageError:
+    body = "body (of no declared length)" if length is None else f"{length:,}-byte body"
+    return StorageError(f"the server sent the object's {body} too slowly: not received in "
                         f"{seconds:.0f} s (dask config 'daskcfa.storage.min-throughput')", file=uri)
 
 
@@ -128,26 +129,41 @@ def body_deadline(length: int, read_timeout: float | None, uri: str,
 
 
 @asynccontextmanager
-async def async_body_deadline(length: int, read_timeout: float | None, uri: str) -> AsyncIterator[None]:
-    """:func:`body_deadline` for a body received on an event loop (the read is cancelled instead)."""
-    seconds = _seconds(length, read_timeout)
+async def async_body_deadline(length: int | None, read_timeout: float | None, uri: str,
+                              received: Callable[[], int] | None = None) -> AsyncIterator[None]:
+    """:func:`body_deadline` for a body received on an event loop (the read is cancelled instead).
+    ``length`` None (a body of no declared length, ``received()`` its bytes so far): the deadline moves on
+    as bytes arrive, so a body that never ends is cut once it falls behind the rate."""
+    seconds = _seconds(length or 0, read_timeout)
     if seconds is None:
         yield
         return
     task = asyncio.current_task()
-    expired = []
+    loop = asyncio.get_running_loop()
+    start, expired = loop.time(), []
+
+    def expire() -> None:
+        if length is None and received is not None:
+            allowed = _seconds(received(), read_timeout)
+            if allowed is None:  # (the bound turned off meanwhile)
+                return
+            if start + allowed > loop.time():
+                timer[0] = loop.call_later(start + allowed - loop.time(), expire)
+                return
+        expired.append(task.cancel())  # type: ignore[union-attr]
+
     # (the task cancelled past its deadline: ``asyncio.timeout``, which does this, is Python 3.11's)
-    timer = asyncio.get_running_loop().call_later(seconds, lambda: expired.append(task.cancel()))
+    timer = [loop.call_later(seconds, expire)]
     try:
         yield
     except asyncio.CancelledError:
         if expired:
             if hasattr(task, "uncancel"):  # (Python 3.11: the cancel counted as handled, as asyncio.timeout does)
                 task.uncancel()
-            raise _too_slow(length, seconds, uri) from None
+            raise _too_slow(length, loop.time() - start, uri) from None
         raise
     finally:
-        timer.cancel()
+        timer[0].cancel()
 
 
 def shut_connection_of(response: Any) -> Callable[[], None] | None:

@@ -58,8 +58,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-import fsspec.asyn
-
 from .. import config
 from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, StorageError, WriteConflictError, redact
 from ..logs import logger
@@ -67,6 +65,7 @@ from .atomic import put_atomic
 from .local import local_path
 from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
+from .timed import bounded
 from .uri import is_local, scheme_of
 from .profiles import ProfileRef
 
@@ -316,16 +315,16 @@ def _read(uri: str, profile: ProfileRef) -> tuple[_Holder | None, Any] | None:
         fs, path = filesystem(uri, profile)
         bucket, key, _ = fs.split_path(path)
 
-        def get() -> tuple[bytes, Any]:
-            response = fs.call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{_RECORD_BYTES}")
+        async def get() -> tuple[bytes, Any]:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{_RECORD_BYTES}")
             body = response["Body"]
             try:
-                return fsspec.asyn.sync(fs.loop, body.read), response.get("ETag")
+                return await body.read(), response.get("ETag")
             finally:
                 body.close()
 
-        try:
-            data, tag = with_retries(uri, get)
+        try:  # (within its deadline, as every remote read: :mod:`.timed`)
+            data, tag = with_retries(uri, bounded, fs, uri, _RECORD_BYTES + 1, get)
         except NotFoundError:
             return None
     try:

@@ -21,7 +21,7 @@ import shutil
 import stat as stat_module
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, Awaitable, Callable, Iterator, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 import dask.config
 import fsspec
@@ -33,6 +33,7 @@ from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, Stora
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .deadline import async_body_deadline
+from .timed import READ_BLOCK, bound_blocks, bounded, http_get, is_http, on_loop, protocols_of, within_deadline
 from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
@@ -196,6 +197,8 @@ def exists(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy
     if is_opendap(uri):
         return True  # only opening tells; a missing endpoint fails with a clear error then
     fs, path = filesystem(uri, profile, policy=policy)
+    if on_loop(fs):
+        return bool(with_retries(uri, bounded, fs, uri, 0, lambda: fs._exists(path)))
     return bool(with_retries(uri, fs.exists, path))
 
 
@@ -215,7 +218,12 @@ def stat(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy |
         info = local_stat(uri)
         return info.st_size, local_token(info)
     fs, path = filesystem(uri, profile, policy=policy)
-    info = with_retries(uri, _head, fs, path, uri) if objects_only and _streams(fs) else with_retries(uri, fs.info, path)
+    if objects_only and _streams(fs):
+        info = with_retries(uri, _head, fs, path, uri)
+    elif on_loop(fs):  # (a HEAD whose headers never end: within a deadline too)
+        info = with_retries(uri, bounded, fs, uri, 0, lambda: fs._info(path))
+    else:
+        info = with_retries(uri, fs.info, path)
     return int(info["size"]), remote_token(info)
 
 
@@ -223,8 +231,9 @@ def _head(fs: Any, path: str, uri: str) -> dict[str, Any]:
     """s3fs's ``info`` of the object at ``path`` (a bucket's own: as ``info`` says), by one HEAD."""
     bucket, key, version = fs.split_path(path)
     if not key:
-        return fs.info(path)
-    out = fs.call_s3("head_object", fs.kwargs, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+        return bounded(fs, uri, 0, lambda: fs._info(path))
+    out = bounded(fs, uri, 0, lambda: fs._call_s3("head_object", fs.kwargs, Bucket=bucket, Key=key,
+                                                  **({"VersionId": version} if version else {})))
     size = out.get("ContentLength")
     if type(size) is not int or size < 0:  # (a server's answer: none, or not a length, is no object's size)
         raise StorageError(f"the server gave no valid length for the object ({size!r:.40})", file=uri)
@@ -328,8 +337,8 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
             return Blocks([f.read()])
     fs, path = filesystem(uri, profile, policy=policy)
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
-        if max_bytes is not None and scheme_of(uri) in ("http", "https"):
-            return Blocks([with_retries(uri, _http_get_bounded, fs, path, uri, known_size, max_bytes)])
+        if is_http(fs):
+            return Blocks([with_retries(uri, fsspec.asyn.sync, fs.loop, http_get, fs, path, uri, known_size, max_bytes)])
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
         blocking = _blocking_get(fs, known_size or size_hint or 0)
@@ -339,19 +348,6 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     part = part_size()
     starts = list(range(0, known_size, part))
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
-
-
-def _http_get_bounded(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int) -> bytes:
-    """One GET of an HTTP object, its body read no further than ``max_bytes`` and one byte (fsspec's
-    ``cat_file`` reads a body whole, whatever its length: the server's HEAD may have said less)."""
-    parts, got = [], 0
-    with fs.open(path, "rb", block_size=0, size=known_size) as stream:  # (0: streamed, no HEAD first)
-        while got <= max_bytes and (part := stream.read(max_bytes + 1 - got)):
-            parts.append(part)
-            got += len(part)
-    if got > max_bytes:
-        raise BudgetError(f"the object is longer than the {max_bytes:,} bytes read of it", file=uri)
-    return b"".join(parts)
 
 
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
@@ -371,8 +367,6 @@ def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPo
     return asyncio.run_coroutine_threadsafe(_get_whole(fs, path, uri, max_bytes), fs.loop)
 
 
-#: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
-_READ_BLOCK = 16 << 20
 #: Objects expected to be at least this large are received in the calling thread even where the lean GET
 #: (:mod:`.lean`) does not apply: through the blocking client (:mod:`.direct`); smaller ones then on the event loop.
 _DIRECT_FROM = 1 << 20
@@ -381,8 +375,7 @@ _DIRECT_FROM = 1 << 20
 def _streams(fs: Any) -> bool:
     """Whether ``fs`` is S3's (whole objects are then received by daskcfa's own GET, checked
     as :mod:`.transfer` says, rather than with ``cat_file``)."""
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "s3" in protocols and getattr(fs, "loop", None) is not None
+    return "s3" in protocols_of(fs)
 
 
 def _blocking_get(fs: Any, expected: int) -> Callable[..., bytes] | None:
@@ -435,6 +428,8 @@ async def _get_whole(fs: Any, path: str, uri: str, max_bytes: int | None = None)
     checked as the blocks arrive, :mod:`.transfer`; one longer than ``max_bytes`` refused)."""
     from .transfer import checked_body  # (here: it imports aiobotocore, which local reads never need)
 
+    if is_http(fs):
+        return Blocks([await http_get(fs, path, uri, None, max_bytes)])
     if not _streams(fs):
         return Blocks([await fs._cat_file(path, **_one_get(fs))])
     # As s3fs's own _cat_file does it, less its HEAD (see _one_get).
@@ -445,7 +440,7 @@ async def _get_whole(fs: Any, path: str, uri: str, max_bytes: int | None = None)
     try:
         length = declared_length(response, max_bytes, uri)
         async with async_body_deadline(length, fs.s3.meta.config.read_timeout, uri):
-            while block := await read(_READ_BLOCK):
+            while block := await read(READ_BLOCK):
                 blocks.append(block)
     finally:
         response["Body"].close()
@@ -483,8 +478,8 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        parts = fsspec.asyn.sync(fs.loop, _within_deadline, fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
-            [path] * len(ranges), starts, ends, on_error="raise")) if _streams(fs) else \
+        parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
+            [path] * len(ranges), starts, ends, on_error="raise")) if on_loop(fs) else \
             list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
@@ -523,7 +518,7 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
 
     def fetch() -> list[bytes] | None:
         try:
-            return fsspec.asyn.sync(fs.loop, _within_deadline, fs, uri, sum(int(n) for _, n in ranges), every)
+            return bounded(fs, uri, sum(int(n) for _, n in ranges), every)
         except Exception as exc:
             if precondition_failed(exc):
                 return None
@@ -556,16 +551,8 @@ def fetch_range_soon(uri: str, offset: int, length: int, expected: tuple[int, st
     if not _streams(fs):
         return None
     return asyncio.run_coroutine_threadsafe(
-        _within_deadline(fs, uri, int(length),
-                         lambda: _get_range_if_match(fs, path, expected[1], int(offset), int(length))), fs.loop)
-
-
-async def _within_deadline(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]]) -> Any:
-    """``receive()``: ranged GETs of ``length`` bytes in all of S3 object ``uri`` on fsspec's event loop,
-    their bodies within one deadline (:mod:`.deadline`: a trickle held each for its declared length)."""
-    client = await fs.set_session()
-    async with async_body_deadline(length, client.meta.config.read_timeout, uri):
-        return await receive()
+        within_deadline(fs, uri, int(length),
+                        lambda: _get_range_if_match(fs, path, expected[1], int(offset), int(length))), fs.loop)
 
 
 #: Metadata blocks a remote file object keeps (memory = this x :func:`block_size`).
@@ -586,11 +573,13 @@ def open_file(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | N
     if is_local(uri):
         return open_local(uri)
     fs, path = filesystem(uri, profile, policy=policy)
+    if known_size is None and is_http(fs):  # (fsspec's open would ask for it without a deadline)
+        known_size = size(uri, profile, policy=policy)
     options: dict[str, Any] = {"block_size": block_size(),
                                "cache_type": "blockcache", "cache_options": {"maxblocks": BLOCKS_CACHED}}
     if known_size is not None:
         options["size"] = int(known_size)
-    return _RemoteFile(uri, with_retries(uri, lambda: fs.open(path, "rb", **options)))
+    return _RemoteFile(uri, bound_blocks(fs, uri, with_retries(uri, lambda: fs.open(path, "rb", **options))))
 
 
 class _RemoteFile(io.RawIOBase):
@@ -633,7 +622,9 @@ def read_stream(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationP
         f: Any = open_local(uri)
     else:
         fs, path = filesystem(uri, profile, policy=policy)
-        f = with_retries(uri, lambda: fs.open(path, "rb", block_size=block, cache_type="none"))
+        known = {"size": size(uri, profile, policy=policy)} if is_http(fs) else {}  # (as open_file)
+        f = bound_blocks(fs, uri, with_retries(uri, lambda: fs.open(path, "rb", block_size=block, cache_type="none",
+                                                                     **known)))
     with f, translated(uri):
         while chunk := f.read(block):
             yield chunk
@@ -656,7 +647,7 @@ def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: Locatio
         fs, path = _filesystem(probe, profile, hops)
         try:
             with translated(uri):
-                fs.exists(path)
+                bounded(fs, uri, 0, lambda: fs._exists(path))  # (a probe that never ends: within a deadline too)
         except UnsafeURIError:
             raise
         except Exception:

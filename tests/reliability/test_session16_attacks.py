@@ -9,10 +9,6 @@ written by netCDF4-python, xarray. Each test of a fix failed on main as it was (
 
 from __future__ import annotations
 
-import concurrent.futures
-import re
-import socket
-import threading
 
 import dask
 import netCDF4
@@ -22,40 +18,11 @@ import pytest
 import daskcfa
 from daskcfa import storage
 
+from remote_helpers import failure_within, trickling_server
+
 from .test_direct_s3_attacks import KEY, SECRET
 
 _URI = "s3://bucket/f/0.nc"
-
-
-def _ranged_trickle() -> tuple[str, threading.Event, socket.socket]:
-    """A server answering each GET with a 206 of the range asked for (whole length declared), then
-    sending its body one byte every 0.05 s, each wait far below any read timeout."""
-    stop = threading.Event()
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def answer(connection: socket.socket) -> None:
-        with connection:
-            request = connection.recv(65536).decode("latin-1")
-            asked = re.search(r"(?i)^range: bytes=(\d+)-(\d+)", request, re.M)
-            first, last = (int(asked[1]), int(asked[2])) if asked else (0, 399)
-            connection.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Length: {last - first + 1}\r\n"
-                               f"Content-Range: bytes {first}-{last}/1200\r\nETag: \"e\"\r\n\r\n".encode())
-            try:
-                while not stop.wait(0.05):
-                    connection.sendall(b"x")
-            except OSError:  # (the reader shut the connection)
-                pass
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(connection,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}", stop, listener
 
 
 @pytest.mark.parametrize("door", ["large object in parts", "indexed ranges"])
@@ -65,7 +32,7 @@ def test_a_ranged_get_trickled_a_byte_at_a_time_ends_within_its_deadline(door):
     of indexed reads (``read_ranges_unchanged``) still read a trickled body for as long as its declared
     length lasted (main, 35c8285: 400 bytes at a byte every 0.05 s, 20 s; a 16 MiB part: days). Now the
     same deadline: a ``StorageError`` naming the object, within a few seconds."""
-    endpoint, stop, listener = _ranged_trickle()
+    endpoint, stop, listener = trickling_server(length=1200)
     profile = storage.profiles.register({"key": KEY, "secret": SECRET, "config_kwargs": {"read_timeout": 2},
                                          "client_kwargs": {"endpoint_url": endpoint}}, protocol="s3")
 
@@ -76,16 +43,7 @@ def test_a_ranged_get_trickled_a_byte_at_a_time_ends_within_its_deadline(door):
             else:
                 storage.objects.read_ranges_unchanged(_URI, [(0, 400), (400, 400)], (1200, '"e"'), profile)
 
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    reading = pool.submit(read)
-    try:
-        failure = reading.exception(timeout=10)
-    except concurrent.futures.TimeoutError:
-        failure = None
-    finally:
-        stop.set()  # (the server stops sending: a GET still receiving ends)
-        pool.shutdown(wait=True)
-        listener.close()
+    failure = failure_within(read, stop, listener, 10)
     assert isinstance(failure, daskcfa.errors.StorageError), \
         f"after 10 s (read_timeout 2 s): {failure!r} (None: still receiving)"
     assert "too slowly" in str(failure) and failure.file == _URI

@@ -1,0 +1,107 @@
+"""Remote reads on fsspec's event loop, each within its deadline (:mod:`.deadline`).
+
+aiohttp bounds an HTTP request by its own default, 5 minutes whatever its size,
+so a server that never answered, trickled a body or sent one without end held a
+worker's thread that long (fsspec's ``open`` and ``cat_file`` set no timeout of
+their own). Here every HTTP(S) request daskcfa makes -- a HEAD, a whole object, its
+byte ranges, the blocks a file object fetches for h5py -- and S3's ranged GETs and
+file objects' blocks share the rule of S3's whole objects: the body at ``daskcfa.storage.min-throughput``
+after one read timeout's grace (a body of no declared length: as it arrives).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import fsspec.asyn
+
+from ..errors import BudgetError
+from .deadline import async_body_deadline
+
+__all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline", "bounded", "http_get", "bound_blocks"]
+
+#: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
+READ_BLOCK = 16 << 20
+
+
+def protocols_of(fs: Any) -> tuple[str, ...]:
+    """The protocols an fsspec filesystem names itself by (on its event loop, if it has one: else none)."""
+    if getattr(fs, "loop", None) is None:
+        return ()
+    return tuple(fs.protocol) if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+
+
+def is_http(fs: Any) -> bool:
+    """Whether ``fs`` is fsspec's HTTP(S) filesystem."""
+    return "http" in protocols_of(fs)
+
+
+def on_loop(fs: Any) -> bool:
+    """Whether ``fs``'s requests can be bounded here: S3's (s3fs) and HTTP's, on fsspec's event loop."""
+    return "s3" in protocols_of(fs) or is_http(fs)
+
+
+async def _read_timeout(fs: Any) -> float | None:
+    """The grace a body has before it must keep to the rate: the client's read timeout (botocore's
+    for S3; for HTTP the aiohttp session's ``sock_read``, None by default: the deadline's own)."""
+    client = await fs.set_session()
+    meta = getattr(client, "meta", None)
+    if meta is not None:
+        return meta.config.read_timeout
+    return getattr(getattr(client, "timeout", None), "sock_read", None)
+
+
+async def within_deadline(fs: Any, uri: str, length: int | None, receive: Callable[[], Awaitable[Any]],
+                          received: Callable[[], int] | None = None) -> Any:
+    """``receive()``: requests for ``length`` bytes in all of object ``uri`` on fsspec's event loop, from
+    their sending to their bodies' end within one deadline (``length`` None: ``received()`` so far)."""
+    async with async_body_deadline(length, await _read_timeout(fs), uri, received):
+        return await receive()
+
+
+def bounded(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]]) -> Any:
+    """:func:`within_deadline`, waited for in this thread."""
+    return fsspec.asyn.sync(fs.loop, within_deadline, fs, uri, length, receive)
+
+
+async def http_get(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int | None) -> bytes:
+    """One GET of a whole HTTP object within its deadline, its body read no further than ``max_bytes``
+    and one byte (then a :class:`BudgetError`; fsspec's ``cat_file`` reads a body whole, whatever its
+    length: the server's HEAD may have said less)."""
+    parts: list[bytes] = []
+    got = 0
+
+    async def receive() -> None:
+        nonlocal got
+        session = await fs.set_session()
+        async with session.get(fs.encode_url(path), **fs.kwargs) as response:
+            fs._raise_not_found_for_status(response, path)
+            while max_bytes is None or got <= max_bytes:
+                want = READ_BLOCK if max_bytes is None else min(READ_BLOCK, max_bytes + 1 - got)
+                part = await response.content.read(want)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+
+    await within_deadline(fs, uri, known_size, receive, lambda: got)
+    if max_bytes is not None and got > max_bytes:
+        raise BudgetError(f"the object is longer than the {max_bytes:,} bytes read of it", file=uri)
+    return b"".join(parts)
+
+
+def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
+    """``file`` (fsspec's HTTP or s3fs's file object, just opened) fetching each block within its deadline
+    (its cache calls ``fetcher``: else fsspec's blocking fetch, which no deadline reaches)."""
+    if is_http(fs) and hasattr(file, "async_fetch_range"):
+        def block(start: int, end: int) -> Awaitable[bytes]:
+            return file.async_fetch_range(start, end)
+    elif "s3" in protocols_of(fs) and hasattr(file, "version_id") and not getattr(fs, "local_expiry_check", True):
+        # (as s3fs's own fetch: one ranged GET; not where s3fs checks each block's ETag itself)
+        def block(start: int, end: int) -> Awaitable[bytes]:
+            return fs._cat_file(file.path, version_id=file.version_id, start=start, end=end)
+    else:
+        return file
+    file.cache.fetcher = lambda start, end: b"" if end <= start else bounded(fs, uri, end - start,
+                                                                             lambda: block(start, end))
+    return file
