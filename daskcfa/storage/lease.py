@@ -58,10 +58,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-import fsspec.asyn
-
 from .. import config
 from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, StorageError, WriteConflictError, redact
+from ..lazy import fsspec_asyn
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path
@@ -320,7 +319,7 @@ def _read(uri: str, profile: ProfileRef) -> tuple[_Holder | None, Any] | None:
             response = fs.call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{_RECORD_BYTES}")
             body = response["Body"]
             try:
-                return fsspec.asyn.sync(fs.loop, body.read), response.get("ETag")
+                return fsspec_asyn.sync(fs.loop, body.read), response.get("ETag")
             finally:
                 body.close()
 
