@@ -1,6 +1,7 @@
 """Start-up benchmark: ``import daskcfa``, ``daskcfa --help`` and ``daskcfa info``, each in fresh processes.
 
     python -m benchmarks.startup [--repeats 11] [--repo PATH] [--no-save]
+    python -m benchmarks.startup --share-only [--vs OTHER_REPO] [--archive100 FILE] [--repeats 8]
 
 Each command runs ``--repeats`` times in a new interpreter (the operating
 system's page cache warm after an untimed first run); the table gives the
@@ -18,6 +19,14 @@ installed): the difference is daskcfa's share (issue #31: at most 0.2 s). Target
 ``import daskcfa`` at most 0.5 s, ``daskcfa --help`` at most 0.7 s (issue
 #18), ``daskcfa info`` at most 0.5 s (issue #28: metadata-only work imports
 no dask.array).
+
+``--share-only`` measures daskcfa's share inside one fresh process instead,
+less bent by a loaded machine than the difference of two processes: dask.array
+imported and a first dask compute done (dask imports distributed there), then
+``gc.collect()`` (the garbage of those imports would otherwise be collected
+under the clock), then the CPU seconds (``time.process_time``) of ``import
+daskcfa`` and ``from_cfa(url)[0, 0, 0].compute()``; with ``--vs``, runs in
+``--repo`` and in the other checkout alternate (paired). Nothing is saved.
 
 The results go to ``benchmarks/results/startup.json`` (not with
 ``--no-save``). To see where the time goes:
@@ -54,6 +63,11 @@ COMMANDS = {
 FIRST_RESULT = ("from_cfa(url)[0, 0, 0].compute() (100 fragments)", "dask alone: import dask.array, a first compute")
 TARGETS = {"import daskcfa": 0.5, "daskcfa --help": 0.7, "daskcfa info (10 fragments)": 0.5}
 SHARE_TARGET = 0.2  #: seconds: daskcfa's share of the time to a first result (issue #31)
+#: ``--share-only``: daskcfa's share of the first result inside one process (CPU seconds, printed as JSON)
+SHARE_CODE = ("import gc, json, time\nimport dask.array as da, numpy as np\n"
+              "da.from_array(np.zeros((2, 2, 2)), chunks=1)[0, 0, 0].compute()\ngc.collect()\n"
+              "start = time.process_time()\nimport daskcfa\ndaskcfa.from_cfa({archive100!r})[0, 0, 0].compute()\n"
+              "print(json.dumps(time.process_time() - start))")
 #: the 100-fragment archive of ``read-zlib`` (``python -m benchmarks.generate --scenario read-zlib``)
 ARCHIVE100 = HERE / "data" / "n100_f10x512x512_zlib1_c1x512x512" / "aggregation.nc"
 
@@ -75,6 +89,19 @@ def measure(args: list[str], repo: Path, repeats: int, beside: list[str] | None 
     return tuple(times)
 
 
+def share_pairs(repos: list[Path], archive: Path, repeats: int) -> dict[str, list[float]]:
+    """daskcfa's share of the first result in one fresh process (``SHARE_CODE``), ``repeats`` times in each
+    of ``repos`` in turn (after one untimed round), the order reversed every other round."""
+    code = SHARE_CODE.format(archive100=str(archive))
+    shares: dict[str, list[float]] = {str(repo): [] for repo in repos}
+    for i in range(repeats + 1):
+        for repo in repos if i % 2 == 0 else repos[::-1]:
+            out = subprocess.run([sys.executable, "-c", code], cwd=repo, check=True, capture_output=True, text=True)
+            if i:
+                shares[str(repo)].append(json.loads(out.stdout.splitlines()[-1]))
+    return shares
+
+
 def check_repo(repo: Path) -> None:
     """The checkout's own daskcfa is what ``python`` imports there (not an installed copy)."""
     found = subprocess.run([sys.executable, "-c", "import daskcfa; print(daskcfa.__file__)"], cwd=repo,
@@ -90,8 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/startup.json")
     parser.add_argument("--archive100", type=Path, default=ARCHIVE100,
                         help="the 100-fragment aggregation file of the time-to-first-result rows")
+    parser.add_argument("--share-only", action="store_true",
+                        help="only daskcfa's share of the first result, measured inside one process (CPU)")
+    parser.add_argument("--vs", type=Path, action="append", default=[],
+                        help="with --share-only: another checkout, its runs alternating with --repo's")
     args = parser.parse_args(argv)
     check_repo(args.repo)
+    if args.share_only:
+        for repo in args.vs:
+            check_repo(repo)
+        for repo, shares in share_pairs([args.repo, *args.vs], args.archive100, args.repeats).items():
+            print(f"{repo}: daskcfa's share, CPU s: median {statistics.median(shares):.3f} "
+                  f"(min {min(shares):.3f}, max {max(shares):.3f}; runs {' '.join(f'{s:.3f}' for s in shares)})")
+        return 0
     rows, results = [], {}
     scratch = tempfile.TemporaryDirectory(prefix="daskcfa-startup-")
     archive = f"{scratch.name}/tas.nca"

@@ -7,6 +7,12 @@ xarray, pandas and scipy when they are installed. The modules that build
 dask arrays name it through :data:`dask_array` (``from .lazy import
 dask_array as da``), which imports it on the first attribute looked up
 (``da.from_array``), so that until then it is not in ``sys.modules``.
+
+The same holds for the libraries a first local read does not need (issue #31:
+daskcfa's share of a fresh process's first result): h5py (only for files the
+direct HDF5 parser leaves to it, and for writing), fsspec and yarl (remote
+objects, Zarr stores). Modules that use them name them through the
+:class:`LazyModule` objects below (``from ..lazy import h5py``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LazyModule", "dask_array"]
+__all__ = ["LazyModule", "dask_array", "fsspec", "fsspec_asyn", "h5py", "yarl"]
 
 
 class LazyModule:
@@ -37,3 +43,8 @@ class LazyModule:
 
 #: :mod:`dask.array`, imported on first use
 dask_array = LazyModule("dask.array")
+#: h5py, fsspec, :mod:`fsspec.asyn` (which ``import fsspec`` does not import) and yarl, imported on first use
+h5py = LazyModule("h5py")
+fsspec = LazyModule("fsspec")
+fsspec_asyn = LazyModule("fsspec.asyn")
+yarl = LazyModule("yarl")

@@ -6,29 +6,43 @@ restores the name :func:`locale.getlocale` gave. Python 3.11 reports a
 GUI programs set it) as ``en_US.UTF-8``, which cannot be set back where that
 locale is not installed: the import fails with ``locale.Error`` after the
 switch to ``"C"``, so a second import succeeds.
+
+Imported on first use (:func:`unit`): most reads compare units as text only
+(the same text: no conversion), and cf-units and UDUNITS-2 cost a fresh
+process's first result about 14 ms (issue #31).
 """
 
 from __future__ import annotations
 
 import functools
 import locale
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
-    import cf_units
-except locale.Error:
-    import cf_units
+if TYPE_CHECKING:
+    from cf_units import Unit
 
-Unit = cf_units.Unit
+__all__ = ["unit", "same_units", "checked_unit"]
 
-__all__ = ["Unit", "same_units", "checked_unit"]
+
+@functools.cache
+def _cf_units() -> Any:
+    try:
+        import cf_units
+    except locale.Error:
+        import cf_units
+    return cf_units
+
+
+def unit(units: Any, calendar: Any = None) -> Unit:
+    """``cf_units.Unit(units, calendar=calendar)``, cf-units imported now."""
+    return _cf_units().Unit(units, calendar=calendar)
 
 
 def same_units(a: Any, b: Any) -> bool:
     """Whether two ``units`` strings mean the same to UDUNITS: xarray writes times in ``days since
     2000-01-01 00:00:00`` and, given those units, encodes the next piece in ``days since 2000-01-01``."""
     try:
-        return bool(Unit(str(a)) == Unit(str(b)))
+        return bool(unit(str(a)) == unit(str(b)))
     except ValueError:  # (units UDUNITS cannot parse: only the same text is the same)
         return False
 
@@ -38,7 +52,7 @@ def checked_unit(units: str, calendar: Any) -> Unit:
     """``Unit(units, calendar=calendar)``, refused (ValueError) when it is a time reference whose
     date no calendar holds: UDUNITS takes ``days since 2000-13-45`` and converts from a date that
     cftime (and so netCDF4-python and xarray) refuses. Remembered: every fragment is checked."""
-    unit = Unit(units, calendar=calendar)
-    if unit.is_time_reference():
-        unit.num2date(0)
-    return unit
+    checked = unit(units, calendar)
+    if checked.is_time_reference():
+        checked.num2date(0)
+    return checked

@@ -209,3 +209,19 @@ def test_sizes_in_decimal_units_up_to_yottabytes(text, expected):
 def test_sizes_that_are_not(text):
     with pytest.raises(daskcfa.errors.ConfigError):
         config.parse_size(text)
+
+
+def test_the_fast_yaml_loader_reads_the_files_as_pyyamls_own():
+    """The defaults and schema read by libyaml's loader (where PyYAML has it) are what PyYAML's pure-Python
+    safe loader reads."""
+    import yaml
+
+    from daskcfa import config
+
+    for name, loaded in (("daskcfa.yaml", config.DEFAULTS), ("daskcfa-schema.yaml", {"properties": {
+            "daskcfa": config.SCHEMA}})):
+        with open(Path(config.__file__).parent / name) as fh:
+            reference = yaml.safe_load(fh)
+        if name == "daskcfa-schema.yaml":
+            reference = {"properties": {"daskcfa": reference["properties"]["daskcfa"]}}
+        assert loaded == reference

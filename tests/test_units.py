@@ -9,7 +9,7 @@ SCRIPT = """
 import locale
 locale.setlocale(locale.LC_ALL, "")  # (as Sphinx, IPython and GUI programs do)
 import daskcfa.units
-print(daskcfa.units.Unit("K").convert(0.0, daskcfa.units.Unit("degC")))
+print(daskcfa.units.unit("K").convert(0.0, daskcfa.units.unit("degC")))
 """
 
 

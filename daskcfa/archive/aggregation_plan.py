@@ -29,7 +29,7 @@ from ..decode import STORAGE_ATTRS, Encoding, default_fill_value, same_value
 from ..errors import AggregationError, CFAWarning, redact
 from ..model import (BOUNDS_ATTRS, AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, Fragments,
                      PlainVariable, is_coordinate_variable)
-from ..units import Unit
+from ..units import unit
 
 __all__ = ["VariableInfo", "FileInfo", "PlainReads", "Planner", "digest", "FILES_NAMED"]
 
@@ -244,7 +244,7 @@ class Planner:
             if calendar is not None:
                 dates = cftime.num2date(values, str(own), calendar, only_use_cftime_datetimes=True)
                 return np.asarray(cftime.date2num(dates, target_units, calendar), dtype=np.float64)
-            return Unit(str(own)).convert(values.astype(np.float64), Unit(target_units))
+            return unit(str(own)).convert(values.astype(np.float64), unit(target_units))
         except (ValueError, TypeError) as exc:
             raise AggregationError(f"coordinate {name!r} in units {own!r} cannot be converted to {target_units!r} "
                                    f"({exc})", variable=name, file=info.uri) from None
@@ -605,8 +605,7 @@ def _convertible(units: Any, ref_units: Any, calendar: Any) -> bool:
     if units is None or ref_units is None:
         return units is None and ref_units is None
     try:
-        return Unit(str(units), calendar=calendar).is_convertible(Unit(str(ref_units),
-                                                                                         calendar=calendar))
+        return unit(str(units), calendar).is_convertible(unit(str(ref_units), calendar))
     except ValueError:
         return False
 

@@ -14,10 +14,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-import h5py
 import netCDF4
 import numpy as np
 
+from ..lazy import h5py
 from ..decode import Encoding, chars_to_strings
 from ..errors import CFAFormatError, CFAWarning, redact
 from ..model import FragmentGrid

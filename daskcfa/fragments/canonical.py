@@ -15,7 +15,7 @@ import math
 import warnings
 import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -28,11 +28,14 @@ from ..model import FragmentRef
 from .. import storage
 from ..storage.lease import generation_of
 from ..storage.policy import LocationPolicy
-from ..units import Unit, checked_unit
+from ..units import checked_unit
 from .chunk_index import IndexedFragmentChanged, VariableIndex
 from . import worker
 from .files import open_fragment, open_indexed
 from .zarr import is_reference_set
+
+if TYPE_CHECKING:
+    from cf_units import Unit
 
 log = logger(__name__)
 

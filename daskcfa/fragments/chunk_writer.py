@@ -30,11 +30,11 @@ import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Iterator
 
-import h5py
 import netCDF4
 import numpy as np
 
 from ..errors import FragmentError
+from ..lazy import h5py
 from .hdf5_filters import DEFLATE, ENCODED_FILTERS, filter_chunk
 
 __all__ = ["ChunkWriter", "variable_path", "writes_chunks"]

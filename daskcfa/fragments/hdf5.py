@@ -28,14 +28,14 @@ import math
 import os
 from typing import Any, BinaryIO, Callable, Sequence
 
-import h5py
 import numpy as np
 
+from ..lazy import h5py
 from ..storage.blocks import Blocks, Buffer
 from ..storage.local import pread
 from .hdf5_filters import DEFLATE, INFLATE_ERRORS, SUPPORTED_FILTERS, inflate_head, pipeline_of, unfilter
 from .layout import StoredLayout
-from .hdf5_meta import PARSE_ERRORS, DatasetMeta, HDF5Meta
+from .hdf5_meta import PARSE_ERRORS, ChunkEntry, DatasetMeta, HDF5Meta
 from .hdf5_netcdf import (
     NON_COORD_PREFIX,
     DirectReadUnsupported,
@@ -57,8 +57,9 @@ __all__ = ["DirectReadUnsupported", "HDF5File", "HDF5Variable", "ReadRanges", "S
 #: backends can fetch them concurrently.
 ReadRanges = Callable[[list[tuple[int, int]]], Sequence[Buffer]]
 
-#: Where a chunk is stored (``chunk_offset``, ``filter_mask``, ``byte_offset``, ``size``).
-StoreInfo = h5py.h5d.StoreInfo
+#: Where a chunk is stored (``chunk_offset``, ``filter_mask``, ``byte_offset``, ``size``): h5py's
+#: ``StoreInfo`` has the same fields in the same order (named here without importing h5py).
+StoreInfo = ChunkEntry
 #: A stored chunk to read, the part of it selected and where that goes in the result.
 _ChunkRead = tuple[StoreInfo, tuple[slice, ...], tuple[slice, ...]]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import h5py
 import numpy as np
 
 from ..storage.blocks import Buffer
@@ -19,9 +18,11 @@ from .codecs import DECODERS, INFLATE_ERRORS, deflate, inflate_head
 __all__ = ["DEFLATE", "SHUFFLE", "FLETCHER32", "SUPPORTED_FILTERS", "ENCODED_FILTERS", "INFLATE_ERRORS", "inflate_head",
            "pipeline_of", "unfilter", "filter_chunk"]
 
-DEFLATE = h5py.h5z.FILTER_DEFLATE
-SHUFFLE = h5py.h5z.FILTER_SHUFFLE
-FLETCHER32 = h5py.h5z.FILTER_FLETCHER32
+# HDF5's identifiers of its own filters (H5Zpublic.h: H5Z_FILTER_DEFLATE, _SHUFFLE, _FLETCHER32), fixed by
+# the file format: named here without importing h5py (tests/fragments check them against h5py.h5z's)
+DEFLATE = 1
+SHUFFLE = 2
+FLETCHER32 = 3
 
 #: Every filter a chunk may have passed through that this module (or :mod:`.codecs`) undoes.
 SUPPORTED_FILTERS = frozenset({DEFLATE, SHUFFLE, FLETCHER32, *DECODERS})

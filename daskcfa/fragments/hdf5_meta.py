@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-import h5py
+import netCDF4
 import numpy as np
 
 from ..errors import FragmentReadError
@@ -77,8 +77,9 @@ PARSE_ERRORS = (NotMine, struct.error, IndexError, ValueError, OverflowError)
 
 def checksum(data: bytes, length: int) -> int:
     """HDF5's checksum of version 2 metadata (Jenkins' lookup3) of ``data[:length]``, computed by the
-    HDF5 library h5py loaded (:class:`NotMine` when it does not export it: then h5py reads the file; a
-    checksum computed in Python costs more than opening the file with h5py)."""
+    HDF5 library netCDF4-python loaded, which every read has loaded already (h5py's, the same function,
+    would cost a first read h5py's import); :class:`NotMine` when it does not export it: then h5py reads
+    the file (a checksum computed in Python costs more than opening the file with h5py)."""
     if _CHECKSUM is None:
         raise NotMine("HDF5's checksum function is not available")
     return _CHECKSUM(data, length, 0)
@@ -86,7 +87,7 @@ def checksum(data: bytes, length: int) -> int:
 
 def _checksum_function() -> Any:
     try:
-        function = ctypes.CDLL(h5py.h5.__file__).H5_checksum_metadata
+        function = ctypes.CDLL(netCDF4._netCDF4.__file__).H5_checksum_metadata
     except (OSError, AttributeError):
         return None
     function.restype = ctypes.c_uint32

@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator, Mapping
 
-import h5py
 import numpy as np
 
+from ..lazy import h5py
 from .hdf5_meta import FLOAT_SIZES, INTEGER_SIZES, AttributeMeta, DatasetMeta, HDF5Meta, NotMine
 
 __all__ = ["DirectReadUnsupported", "NetCDFAttributes", "NON_COORD_PREFIX", "ParsedAttributes", "open_dataset",
@@ -185,8 +185,11 @@ def _dimension_name(link: str) -> str:
     return link.removeprefix(NON_COORD_PREFIX)
 
 
-#: numpy's type of a ``DIMENSION_LIST``: a variable-length list of object references per axis
-_REFERENCE_LISTS = h5py.vlen_dtype(h5py.ref_dtype)
+@functools.cache
+def _reference_lists() -> np.dtype:
+    """numpy's type of a ``DIMENSION_LIST``: a variable-length list of object references per axis
+    (h5py's types: made when h5py reads a file, not when this module is imported)."""
+    return h5py.vlen_dtype(h5py.ref_dtype)
 
 
 def _dimension_list(dsid: h5py.h5d.DatasetID, where: str) -> np.ndarray:
@@ -198,8 +201,8 @@ def _dimension_list(dsid: h5py.h5d.DatasetID, where: str) -> np.ndarray:
     if (tid.get_class() != h5py.h5t.VLEN or not tid.get_super().equal(h5py.h5t.STD_REF_OBJ)
             or space.get_simple_extent_type() != h5py.h5s.SIMPLE or len(space.shape) != 1):
         raise ValueError(f"its DIMENSION_LIST attribute is not a list of dimension scale references ({where})")
-    lists = np.empty(space.shape, _REFERENCE_LISTS)
-    aid.read(lists, mtype=h5py.h5t.py_create(_REFERENCE_LISTS))
+    lists = np.empty(space.shape, _reference_lists())
+    aid.read(lists, mtype=h5py.h5t.py_create(_reference_lists()))
     return lists
 
 

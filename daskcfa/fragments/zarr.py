@@ -34,11 +34,9 @@ import struct
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
-from fsspec.implementations.local import LocalFileSystem
 
 from .. import storage
-from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError, StorageError
+from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .hdf5 import normalize_key
@@ -90,7 +88,7 @@ class ZarrFile:
         try:
             import zarr
 
-            from .zarr_chunks import BoundedStore, ReferenceStore  # (zarr-python's store classes: optional)
+            from .zarr_chunks import BoundedStore, ReferenceStore, RegularFiles, as_async  # (zarr-python's store classes: optional)
         except ImportError:
             raise FragmentReadError("a Zarr fragment needs zarr-python (pip install 'daskcfa[zarr]')",
                                     file=uri) from None
@@ -101,11 +99,11 @@ class ZarrFile:
             if is_reference_set(location):
                 store: Any = ReferenceStore(open_reference_set(location, profile, policy=policy), profile)
             elif storage.is_local(location):
-                store = zarr.storage.FsspecStore(_async(_RegularFiles()), path=storage.local_path(location),
+                store = zarr.storage.FsspecStore(as_async(RegularFiles()), path=storage.local_path(location),
                                                  read_only=True)
             else:
                 fs, path = storage.filesystem(location, profile, policy=policy)
-                store = zarr.storage.FsspecStore(_async(fs), path=path, read_only=True)
+                store = zarr.storage.FsspecStore(as_async(fs), path=path, read_only=True)
             # (daskcfa checks the metadata and decodes the chunks, and the policy every key's URL:
             # see zarr_chunks; a reference set's keys name no file, its targets are checked)
             confined = None if is_reference_set(location) else (location, policy)
@@ -152,28 +150,6 @@ class ZarrFile:
 
     def close(self) -> None:
         """Nothing to release: the store holds no open file between reads."""
-
-
-class _RegularFiles(LocalFileSystem):
-    """A local store's files, opened only when they are regular files (a FIFO would block the
-    read, a device such as ``/dev/zero`` never ends), as every local fragment file is."""
-
-    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if "r" in mode:
-            try:
-                storage.local_stat(self._strip_protocol(path))
-            except NotFoundError:
-                raise  # (a chunk never written: the array's fill value, as Zarr defines)
-            except StorageError as exc:  # (a fact about the fragment, as for a fragment file)
-                raise FragmentReadError(exc.reason, file=exc.file) from None
-        return super()._open(path, mode, **kwargs)
-
-
-def _async(fs: Any) -> Any:
-    """``fs`` as zarr-python's store wants it (asynchronous), its requests still made on fsspec's
-    own event loop, with the rest of daskcfa's I/O (zarr runs a loop of its own: an s3fs or
-    HTTP session bound to one loop cannot serve the other)."""
-    return AsyncFileSystemWrapper(fs, asynchronous=True)
 
 
 def _absent(exc: BaseException) -> bool:

@@ -28,19 +28,21 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable
 
 import numpy as np
+from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from .. import storage
-from ..errors import CFAError, FragmentReadError, redact
+from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError, redact
 from .. import limits
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
 from .codecs import COMPRESSORS
 from .reference_sets import METADATA_NAMES, ReferenceSet, Target
 
-__all__ = ["BoundedStore", "ReferenceStore", "FILTERS", "V3_TYPES"]
+__all__ = ["BoundedStore", "ReferenceStore", "RegularFiles", "as_async", "FILTERS", "V3_TYPES"]
 
 #: numcodecs filters (Zarr v2) undone by zarr-python after the bounded decoder: element-wise,
 #: their output no larger than the array's chunk -> the parameter naming the type they store.
@@ -406,3 +408,25 @@ class ReferenceStore(Store):
                 if child not in seen:
                     seen.add(child)
                     yield child
+
+
+class RegularFiles(LocalFileSystem):
+    """A local store's files, opened only when they are regular files (a FIFO would block the
+    read, a device such as ``/dev/zero`` never ends), as every local fragment file is."""
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" in mode:
+            try:
+                storage.local_stat(self._strip_protocol(path))
+            except NotFoundError:
+                raise  # (a chunk never written: the array's fill value, as Zarr defines)
+            except StorageError as exc:  # (a fact about the fragment, as for a fragment file)
+                raise FragmentReadError(exc.reason, file=exc.file) from None
+        return super()._open(path, mode, **kwargs)
+
+
+def as_async(fs: Any) -> Any:
+    """``fs`` as zarr-python's store wants it (asynchronous), its requests still made on fsspec's
+    own event loop, with the rest of daskcfa's I/O (zarr runs a loop of its own: an s3fs or
+    HTTP session bound to one loop cannot serve the other)."""
+    return AsyncFileSystemWrapper(fs, asynchronous=True)

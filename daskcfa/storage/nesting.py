@@ -14,8 +14,7 @@ import itertools
 import os
 from typing import Any
 
-import h5py
-
+from ..lazy import h5py
 from ..limits import check_group_depth
 
 __all__ = ["HDF5_SIGNATURE", "check_nesting"]

@@ -21,15 +21,13 @@ import shutil
 import stat as stat_module
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import dask.config
-import fsspec
-import fsspec.asyn
-import yarl
 from dask.utils import parse_bytes
 
 from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, StorageError, UnsafeURIError, redact
+from ..lazy import fsspec, fsspec_asyn, yarl
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .deadline import async_body_deadline
@@ -44,6 +42,9 @@ from .profiles import ProfileRef, resolve_options
 from .s3nc import s3nc_config
 from .retry import Refused, precondition_failed, refusals, translated, with_retries
 from .uri import is_local, normalise, scheme_of
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 __all__ = [
     "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size", "read_json",
@@ -132,7 +133,7 @@ class _CheckedHops:
 
 
 def filesystem(uri: str, profile: ProfileRef = NO_PROFILE, *,
-               policy: LocationPolicy | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+               policy: LocationPolicy | None = None) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem for ``uri`` (credentials resolved here) and the path within it.
 
     With a ``policy`` (reads on behalf of an aggregation file), HTTP redirects
@@ -142,7 +143,7 @@ def filesystem(uri: str, profile: ProfileRef = NO_PROFILE, *,
     return _filesystem(uri, profile, None if policy is None else _CheckedHops(policy))
 
 
-def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tuple[fsspec.AbstractFileSystem, str]:
+def _filesystem(uri: str, profile: ProfileRef, hops: _CheckedHops | None) -> tuple[AbstractFileSystem, str]:
     if is_local(uri):
         return fsspec.filesystem("file"), local_path(uri)
     target, options = resolve_options(uri, profile)
@@ -338,13 +339,13 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     fs, path = filesystem(uri, profile, policy=policy)
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if is_http(fs):
-            return Blocks([with_retries(uri, fsspec.asyn.sync, fs.loop, http_get, fs, path, uri, known_size, max_bytes)])
+            return Blocks([with_retries(uri, fsspec_asyn.sync, fs.loop, http_get, fs, path, uri, known_size, max_bytes)])
         if not _streams(fs):
             return Blocks([with_retries(uri, fs.cat_file, path, **_one_get(fs))])
         blocking = _blocking_get(fs, known_size or size_hint or 0)
         if blocking is not None:
             return Blocks([with_retries(uri, blocking, fs, path, uri, max_bytes)])
-        return with_retries(uri, fsspec.asyn.sync, fs.loop, _get_whole, fs, path, uri, max_bytes)
+        return with_retries(uri, fsspec_asyn.sync, fs.loop, _get_whole, fs, path, uri, max_bytes)
     part = part_size()
     starts = list(range(0, known_size, part))
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))

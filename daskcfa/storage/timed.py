@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-import fsspec.asyn
-
 from ..errors import BudgetError
+from ..lazy import fsspec_asyn
 from .deadline import async_body_deadline
 
 __all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline", "bounded", "http_get", "bound_blocks"]
@@ -61,7 +60,7 @@ async def within_deadline(fs: Any, uri: str, length: int | None, receive: Callab
 
 def bounded(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]]) -> Any:
     """:func:`within_deadline`, waited for in this thread."""
-    return fsspec.asyn.sync(fs.loop, within_deadline, fs, uri, length, receive)
+    return fsspec_asyn.sync(fs.loop, within_deadline, fs, uri, length, receive)
 
 
 async def http_get(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int | None) -> bytes:

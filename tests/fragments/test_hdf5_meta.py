@@ -330,3 +330,22 @@ def test_fuzz(tmp_path):
         for name in names:
             parsed += compare(source, name)
     assert parsed > 500  # (most damage is caught; much is in bytes that do not matter)
+
+
+def test_what_is_named_without_h5py_is_h5pys():
+    """The checksum (from netCDF4-python's HDF5 library), the filter identifiers and the chunk entry type,
+    named without importing h5py (a first read does not need it), are h5py's own."""
+    import ctypes
+
+    import h5py
+
+    from daskcfa.fragments import hdf5_filters
+    from daskcfa.fragments.hdf5 import StoreInfo
+
+    h5 = ctypes.CDLL(h5py.h5.__file__).H5_checksum_metadata
+    h5.restype, h5.argtypes = ctypes.c_uint32, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32]
+    data = random.Random(31).randbytes(4099)
+    assert [checksum(data, n) for n in (0, 1, 44, 4099)] == [h5(data, n, 0) for n in (0, 1, 44, 4099)]
+    assert (hdf5_filters.DEFLATE, hdf5_filters.SHUFFLE, hdf5_filters.FLETCHER32) == (
+        h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32)
+    assert StoreInfo._fields == h5py.h5d.StoreInfo._fields
