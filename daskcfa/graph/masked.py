@@ -148,13 +148,18 @@ def _by_buffer(flat: np.ndarray, mask: np.ndarray, dtype: np.dtype, size: int) -
     """The sum of ``flat``'s values not masked, as numpy sums it with a cast (:func:`_cast_sum`)."""
     step = size * _BUFFERS_AT_ONCE
     cast = np.empty(min(step, flat.size), dtype)
-    lanes = np.empty_like(cast)
+    # (zeroed in the narrower type, before or after the cast: a zero casts to a zero, a value as it is)
+    lanes = np.empty(cast.size, min(flat.dtype, dtype, key=lambda t: t.itemsize))
     total = dtype.type(0)
     with np.errstate(all="ignore"):  # (a total not finite is not used)
         for start in range(0, flat.size, step):
-            block = cast[:min(step, flat.size - start)]
-            np.copyto(block, flat[start:start + block.size], casting="unsafe")
-            block = _kept_bits(block, mask[start:start + block.size], out=lanes[:block.size])
+            stop = min(start + step, flat.size)
+            block, kept = cast[:stop - start], mask[start:stop]
+            if lanes.dtype == flat.dtype:
+                np.copyto(block, _kept_bits(flat[start:stop], kept, out=lanes[:block.size]), casting="unsafe")
+            else:
+                np.copyto(block, flat[start:stop], casting="unsafe")
+                block = _kept_bits(block, kept, out=lanes[:block.size])
             whole = block.size - block.size % size
             for part in np.add.reduce(block[:whole].reshape(-1, size), axis=1):
                 total = total + part
