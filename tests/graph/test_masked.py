@@ -439,8 +439,8 @@ def test_a_lone_chunk_masking_nothing_is_joined_without_numpy_mas_join(monkeypat
 
 def _cast_sum_cases() -> list:
     rng = np.random.default_rng(11)
-    data = rng.standard_normal((4, 150, 61)) * 300  # (36,600 values: four of numpy's buffers and a part)
-    data[0, 0, :4] = [-0.0, 1e30, -1e-30, 7.0]
+    data = rng.standard_normal((4, 150, 61)) * 10 ** rng.uniform(-3, 5, (4, 150, 61))  # (36,600 values: four of numpy's buffers and a part; every regrouping of the sum shows in its last bits)
+    data[0, 0, :4] = [-0.0, 3e4, -1e-30, 7.0]
     blob = np.zeros(data.shape, bool)
     blob[:, 40:110, 10:50] = True  # (a land mask)
     return [(data, blob), (data, rng.random(data.shape) < 0.3), (data, np.zeros(data.shape, bool)),
@@ -512,6 +512,7 @@ def test_moments_and_means_of_masked_files_are_numpy_mas_bits(tmp_path, missing)
     import dask.array as da
 
     truth = make_truth((6, 64, 70), "f4", seed=13, lo=-40, hi=40)
+    truth *= (10 ** np.random.default_rng(3).uniform(-3, 4, truth.shape)).astype("f4")  # (sums' order shows)
     truth[5, 3, 3] = np.nan  # (one fragment's total not finite: summed as numpy.ma sums it)
     if missing == "land":
         truth[:, 10:40, 20:60] = np.ma.masked
