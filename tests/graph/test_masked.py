@@ -439,7 +439,8 @@ def test_a_lone_chunk_masking_nothing_is_joined_without_numpy_mas_join(monkeypat
 
 def _cast_sum_cases() -> list:
     rng = np.random.default_rng(11)
-    data = rng.standard_normal((4, 150, 61)) * 10 ** rng.uniform(-3, 5, (4, 150, 61))  # (36,600 values: four of numpy's buffers and a part; every regrouping of the sum shows in its last bits)
+    # (36,600 values: four of numpy's buffers and a part; magnitudes so varied every regrouping of the sum shows)
+    data = rng.standard_normal((4, 150, 61)) * 10 ** rng.uniform(-3, 5, (4, 150, 61))
     data[0, 0, :4] = [-0.0, 3e4, -1e-30, 7.0]
     blob = np.zeros(data.shape, bool)
     blob[:, 40:110, 10:50] = True  # (a land mask)
@@ -527,7 +528,8 @@ def test_moments_and_means_of_masked_files_are_numpy_mas_bits(tmp_path, missing)
     x = daskcfa.from_cfa(str(built.path), "tas")
     plain = da.from_array(built.expected, chunks=x.chunks, asarray=False)
     ops = {"std": lambda a: a.std(), "var-ddof": lambda a: a.var(ddof=1), "std-no-nan": lambda a: a[:3].std(),
-           "mean-f8": lambda a: a[:3].mean(dtype="f8"), "max": lambda a: a[:3].max(), "sum-f8": lambda a: a.sum(dtype="f8")}
+           "mean-f8": lambda a: a[:3].mean(dtype="f8"), "max": lambda a: a[:3].max(),
+           "sum-f8": lambda a: a.sum(dtype="f8")}
     with dask.config.set(scheduler="sync"):
         for name, op in ops.items():
             got, expected = op(x).compute(), op(plain).compute()
