@@ -60,8 +60,8 @@ class MaskedChunk(np.ma.MaskedArray):
         return np.where(mask, fill, data)
 
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None, **kwargs: Any) -> Any:
-        """numpy.ma's ``sum``; over every axis of a chunk whose sum casts (dask's ``var`` and ``std`` sum
-        float64 squares as float32), without numpy.ma's filled copy of the chunk (:func:`_cast_sum`)."""
+        """numpy.ma's ``sum``; over every axis of a chunk summed in a wider float type (``mean(dtype="f8")``
+        of float32 values), without numpy.ma's filled copy of the chunk (:func:`_cast_sum`)."""
         total = _cast_sum(self, dtype) if out is None and set(kwargs) <= {"keepdims"} and _every_axis(
             axis, self.ndim) else None
         if total is None:
@@ -120,10 +120,10 @@ _BUFFERS_AT_ONCE = 16
 
 
 def _cast_sum(chunk: MaskedChunk, dtype: Any) -> Any:
-    """numpy.ma's sum over every axis of ``chunk`` as ``dtype``, a float type other than its own
-    (``mean(dtype="f8")`` of float32 values, ``std``'s float64 squares as float32), to the bit, without
-    the chunk-sized filled copy (a fresh array whose pages the kernel zeroes: 12 ms of a 10 MB chunk's
-    mean, measured), or None when it does not apply.
+    """numpy.ma's sum over every axis of ``chunk`` as ``dtype``, a float type wider than its own
+    (``mean(dtype="f8")`` of float32 values), to the bit, without the chunk-sized filled copy (a fresh
+    array whose pages the kernel zeroes: 12 ms of a 10 MB chunk's mean, measured), or None when it does
+    not apply. (A narrower one, ``std``'s float64 squares summed as float32, gained nothing measurable.)
 
     numpy sums with a cast through buffers of ``np.getbufsize()`` values: each buffer cast, its pairwise
     sum added to the total in turn, from zero. :func:`_by_buffer` does the same, a few buffers at a time;
@@ -138,7 +138,7 @@ def _cast_sum(chunk: MaskedChunk, dtype: Any) -> Any:
     except TypeError:
         return None
     size = np.getbufsize()
-    if dtype.kind != "f" or dtype == data.dtype or not dtype.isnative or data.size < size:
+    if dtype.kind != "f" or dtype.itemsize <= data.dtype.itemsize or not dtype.isnative or data.size < size:
         return None
     if not _sums_by_buffer(data.dtype, dtype, size):
         return None
@@ -150,18 +150,13 @@ def _by_buffer(flat: np.ndarray, mask: np.ndarray, dtype: np.dtype, size: int) -
     """The sum of ``flat``'s values not masked, as numpy sums it with a cast (:func:`_cast_sum`)."""
     step = size * _BUFFERS_AT_ONCE
     cast = np.empty(min(step, flat.size), dtype)
-    # (zeroed in the narrower type, before or after the cast: a zero casts to a zero, a value as it is)
-    lanes = np.empty(cast.size, min(flat.dtype, dtype, key=lambda t: t.itemsize))
+    lanes = np.empty(cast.size, flat.dtype)  # (zeroed before the cast, in the narrower type: a zero casts to a zero)
     total = dtype.type(0)
     with np.errstate(all="ignore"):  # (a total not finite is not used)
         for start in range(0, flat.size, step):
             stop = min(start + step, flat.size)
-            block, kept = cast[:stop - start], mask[start:stop]
-            if lanes.dtype == flat.dtype:
-                np.copyto(block, _kept_bits(flat[start:stop], kept, out=lanes[:block.size]), casting="unsafe")
-            else:
-                np.copyto(block, flat[start:stop], casting="unsafe")
-                block = _kept_bits(block, kept, out=lanes[:block.size])
+            block = cast[:stop - start]
+            np.copyto(block, _kept_bits(flat[start:stop], mask[start:stop], out=lanes[:block.size]), casting="unsafe")
             whole = block.size - block.size % size
             for part in np.add.reduce(block[:whole].reshape(-1, size), axis=1):
                 total = total + part

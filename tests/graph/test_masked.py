@@ -453,9 +453,10 @@ def _cast_sum_cases() -> list:
 @pytest.mark.parametrize("kwargs", [{}, {"axis": (0, 1, 2), "keepdims": True}, {"axis": None, "keepdims": False},
                                     {"axis": (-1, 0, 1)}])
 def test_sums_that_cast_are_numpy_mas_bits(case, stored, summed, kwargs):
-    """A masked chunk summed over every axis in another float type is summed without numpy.ma's
+    """A masked chunk summed over every axis in a wider float type is summed without numpy.ma's
     filled copy (buffer by buffer, as numpy sums with a cast): the same bits, mask and type as
-    numpy.ma's sum, whatever the mask (a land, scattered, none, all) and size."""
+    numpy.ma's sum, whatever the mask (a land, scattered, none, all) and size (a narrower type: numpy.ma's
+    own sum)."""
     data, mask = _cast_sum_cases()[case]
     truth = np.ma.MaskedArray(data.astype(stored), mask=mask)
     expected = np.ma.MaskedArray.sum(truth, dtype=summed, **kwargs)
@@ -470,13 +471,13 @@ def test_sums_that_cast_are_numpy_mas_bits(case, stored, summed, kwargs):
 
 
 def test_a_sum_that_casts_makes_no_filled_copy_of_the_chunk():
-    """``std``'s sum of float64 squares as float32 (and ``mean(dtype="f8")``'s of float32 values) makes
-    no array as large as the chunk: numpy.ma's makes the filled copy, a fresh array each chunk."""
+    """``mean(dtype="f8")``'s sum of float32 values makes no array as large as the chunk: numpy.ma's
+    makes the filled copy, a fresh array each chunk."""
     import tracemalloc
 
     rng = np.random.default_rng(4)
     data, mask = rng.standard_normal((10, 300, 300)), rng.random((10, 300, 300)) < 0.3
-    for stored, summed in (("f8", "f4"), ("f4", "f8")):
+    for stored, summed in (("f4", "f8"),):
         chunk = np.ma.MaskedArray(data.astype(stored), mask=mask).view(MaskedChunk)
         np.sum(chunk, dtype=summed)  # (once first: what a first call caches is not the chunk's cost)
         tracemalloc.start()
@@ -487,21 +488,20 @@ def test_a_sum_that_casts_makes_no_filled_copy_of_the_chunk():
 
 
 def test_sums_that_cast_values_not_finite_are_numpy_mas():
-    """A total that is not finite (NaN or infinite values kept, a float32 sum overflowing) is numpy.ma's
-    own, warnings included."""
+    """A total that is not finite (NaN or infinities kept) is numpy.ma's own, warnings included."""
     import warnings
 
-    data = np.full((2, 100, 100), 1e37)
-    data[1, 5, 5] = np.nan
-    for values in (data[:1], data):
+    for special in ([np.nan], [np.inf], [np.inf, -np.inf]):
+        values = np.full((2, 100, 100), 3e38, "f4")
+        values[1, 5, 5:5 + len(special)] = special
         truth = np.ma.MaskedArray(values, mask=np.arange(values.size).reshape(values.shape) % 3 == 0)
         with warnings.catch_warnings(record=True) as expected_warnings:
             warnings.simplefilter("always")
-            expected = np.ma.MaskedArray.sum(truth, dtype="f4")
+            expected = np.ma.MaskedArray.sum(truth, dtype="f8")
         with warnings.catch_warnings(record=True) as got_warnings:
             warnings.simplefilter("always")
-            got = np.sum(truth.view(MaskedChunk), dtype="f4")
-        assert got.tobytes() == expected.tobytes()
+            got = np.sum(truth.view(MaskedChunk), dtype="f8")
+        assert got.tobytes() == expected.tobytes(), special
         assert [str(w.message) for w in got_warnings] == [str(w.message) for w in expected_warnings]
 
 
