@@ -106,13 +106,15 @@ def _kept_bits(data: np.ndarray, mask: np.ndarray, out: np.ndarray | None = None
 
 
 def _every_axis(axis: Any, ndim: int) -> bool:
-    """Whether ``axis`` (None, an int or a tuple of them) names every axis of an array of ``ndim``."""
+    """Whether ``axis`` (None, an int or a tuple of them) names every axis of an array of ``ndim``, each
+    once (False for an axis out of range or named twice: numpy refuses those, with its own error)."""
     if axis is None:
         return True
     try:
-        return {int(a) % max(ndim, 1) for a in np.atleast_1d(axis)} == set(range(ndim))
+        named = [int(a) for a in np.atleast_1d(axis)]
     except (TypeError, ValueError):
         return False
+    return all(-ndim <= a < ndim for a in named) and sorted(a % ndim for a in named) == list(range(ndim))
 
 
 #: Buffers of numpy's size that :func:`_by_buffer` casts, zeroes and sums at once (in a core's cache)

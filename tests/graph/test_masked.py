@@ -470,6 +470,17 @@ def test_sums_that_cast_are_numpy_mas_bits(case, stored, summed, kwargs):
     np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
 
 
+@pytest.mark.parametrize("axis", [(0, 1, 5), (0, 0, 1, 2), (0, 1, 2, -3), 3])
+def test_sums_over_axes_out_of_range_or_named_twice_fail_as_numpy_mas(axis):
+    """Axes that only look like every axis (one out of range, one named twice) are numpy.ma's error."""
+    data, mask = _cast_sum_cases()[0]
+    truth = np.ma.MaskedArray(data.astype("f4"), mask=mask)
+    with pytest.raises(Exception) as expected:
+        np.ma.MaskedArray.sum(truth, axis=axis, dtype="f8")
+    with pytest.raises(type(expected.value)):
+        np.sum(truth.view(MaskedChunk), axis=axis, dtype="f8")
+
+
 def test_a_sum_that_casts_makes_no_filled_copy_of_the_chunk():
     """``mean(dtype="f8")``'s sum of float32 values makes no array as large as the chunk: numpy.ma's
     makes the filled copy, a fresh array each chunk."""
