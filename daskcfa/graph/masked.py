@@ -60,8 +60,8 @@ class MaskedChunk(np.ma.MaskedArray):
         return np.where(mask, fill, data)
 
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None, **kwargs: Any) -> Any:
-        """numpy.ma's ``sum``; over every axis of a chunk summed in a wider float type (``mean(dtype="f8")``
-        of float32 values), without numpy.ma's filled copy of the chunk (:func:`_cast_sum`)."""
+        """numpy.ma's ``sum``; over every axis of a float32 chunk summed as float64 (``mean(dtype="f8")``),
+        without numpy.ma's filled copy of the chunk (:func:`_cast_sum`)."""
         total = _cast_sum(self, dtype) if out is None and set(kwargs) <= {"keepdims"} and _every_axis(
             axis, self.ndim) else None
         if total is None:
@@ -122,27 +122,25 @@ _BUFFERS_AT_ONCE = 16
 
 
 def _cast_sum(chunk: MaskedChunk, dtype: Any) -> Any:
-    """numpy.ma's sum over every axis of ``chunk`` as ``dtype``, a float type wider than its own
-    (``mean(dtype="f8")`` of float32 values), to the bit, without the chunk-sized filled copy (a fresh
-    array whose pages the kernel zeroes: 12 ms of a 10 MB chunk's mean, measured), or None when it does
-    not apply. (A narrower one, ``std``'s float64 squares summed as float32, gained nothing measurable.)
+    """numpy.ma's sum over every axis of a float32 ``chunk`` as float64 (``mean(dtype="f8")``), to the
+    bit, without the chunk-sized filled copy (a fresh array whose pages the kernel zeroes: 12 ms of a
+    10 MB chunk's mean, measured), or None when it does not apply. (Other types keep numpy.ma's sum:
+    ``std``'s float64 squares summed as float32 gained nothing measurable so.)
 
     numpy sums with a cast through buffers of ``np.getbufsize()`` values: each buffer cast, its pairwise
     sum added to the total in turn, from zero. :func:`_by_buffer` does the same, a few buffers at a time;
     it is used only where numpy is seen to sum so (:func:`_sums_by_buffer`) and the total is finite
     (otherwise numpy.ma sums, with its own warnings)."""
     data, mask = chunk._data, chunk._mask
-    if (mask is np.ma.nomask or dtype is None or data.dtype.kind != "f" or mask.shape != data.shape
-            or not (data.flags.c_contiguous and mask.flags.c_contiguous and data.dtype.isnative)):
+    if (mask is np.ma.nomask or dtype is None or data.dtype != np.float32 or mask.shape != data.shape
+            or not (data.flags.c_contiguous and mask.flags.c_contiguous)):
         return None
     try:
         dtype = np.dtype(dtype)
     except TypeError:
         return None
     size = np.getbufsize()
-    if dtype.kind != "f" or dtype.itemsize <= data.dtype.itemsize or not dtype.isnative or data.size < size:
-        return None
-    if not _sums_by_buffer(data.dtype, dtype, size):
+    if dtype != np.float64 or data.size < size or not _sums_by_buffer(size):
         return None
     total = _by_buffer(data.reshape(-1), mask.reshape(-1), dtype, size)
     return total if np.isfinite(total) else None
@@ -167,18 +165,22 @@ def _by_buffer(flat: np.ndarray, mask: np.ndarray, dtype: np.dtype, size: int) -
     return total
 
 
-@functools.lru_cache(maxsize=16)
-def _sums_by_buffer(given: np.dtype, dtype: np.dtype, size: int) -> bool:
-    """Whether this numpy sums ``given`` values as ``dtype`` buffer by buffer as :func:`_by_buffer` does,
-    seen on values whose every regrouping changes the total's last bits (checked once a process)."""
+@functools.lru_cache(maxsize=4)
+def _sums_by_buffer(size: int) -> bool:
+    """Whether this numpy sums float32 values as float64 buffer by buffer as :func:`_by_buffer` does, seen
+    on four sets of values of magnitudes from 1e-6 to 1e6 (checked once a process): in float64 a sum of
+    float32 values rounds only across such magnitudes, and there buffers of another size (1024 to 16384
+    values tried) or one pairwise sum of the whole change the total's last bits in at least one set."""
     shape = (3, 5, (3 * size + 189) // 15)
-    count = int(np.prod(shape))
-    order = (np.arange(count) * 7919) % count  # (magnitudes from 1e-3 to 1e3, shuffled)
-    values = np.geomspace(1e-3, 1e3, count)[order].astype(given).reshape(shape)
-    mask = (np.arange(count) % 5 == 0).reshape(shape)
-    expected = np.ma.MaskedArray(values, mask=mask).filled(0).sum(dtype=dtype)
-    got = _by_buffer(values.reshape(-1), mask.reshape(-1), dtype, size)
-    return bool(got.tobytes() == expected.tobytes())
+    mask = (np.arange(int(np.prod(shape))) % 5 == 0).reshape(shape)
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        values = (rng.standard_normal(shape) * 10 ** rng.uniform(-6, 6, shape)).astype(np.float32)
+        expected = np.ma.MaskedArray(values, mask=mask).filled(0).sum(dtype=np.float64)
+        got = _by_buffer(values.reshape(-1), mask.reshape(-1), np.dtype(np.float64), size)
+        if got.tobytes() != expected.tobytes():
+            return False
+    return True
 
 
 #: numpy.ma's own operation for each ufunc :func:`_arithmetic` computes
