@@ -433,3 +433,118 @@ def test_a_lone_chunk_masking_nothing_is_joined_without_numpy_mas_join(monkeypat
     several._fill_value = np.array([1.0, 2.0, 3.0])  # (an array of fill values: dask refuses to join it)
     with pytest.raises(ValueError, match="non-scalar"):
         join([several], axis=0)
+
+
+# -- sums that cast (``mean(dtype="f8")`` of float32, the float64 squares of ``var``/``std`` as float32) --
+
+def _cast_sum_cases() -> list:
+    rng = np.random.default_rng(11)
+    # (36,600 values: four of numpy's buffers and a part; magnitudes so varied every regrouping of the sum shows)
+    data = rng.standard_normal((4, 150, 61)) * 10 ** rng.uniform(-3, 5, (4, 150, 61))
+    data[0, 0, :4] = [-0.0, 3e4, -1e-30, 7.0]
+    blob = np.zeros(data.shape, bool)
+    blob[:, 40:110, 10:50] = True  # (a land mask)
+    return [(data, blob), (data, rng.random(data.shape) < 0.3), (data, np.zeros(data.shape, bool)),
+            (data, np.ones(data.shape, bool)), (data[:1, :100, :61], blob[:1, :100, :61])]  # (under one buffer)
+
+
+@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("stored,summed", [("f4", "f8"), ("f8", "f4")])
+@pytest.mark.parametrize("kwargs", [{}, {"axis": (0, 1, 2), "keepdims": True}, {"axis": None, "keepdims": False},
+                                    {"axis": (-1, 0, 1)}])
+def test_sums_that_cast_are_numpy_mas_bits(case, stored, summed, kwargs):
+    """A masked chunk summed over every axis in a wider float type is summed without numpy.ma's
+    filled copy (buffer by buffer, as numpy sums with a cast): the same bits, mask and type as
+    numpy.ma's sum, whatever the mask (a land, scattered, none, all) and size (a narrower type: numpy.ma's
+    own sum)."""
+    data, mask = _cast_sum_cases()[case]
+    truth = np.ma.MaskedArray(data.astype(stored), mask=mask)
+    expected = np.ma.MaskedArray.sum(truth, dtype=summed, **kwargs)
+    got = np.sum(truth.view(MaskedChunk), dtype=summed, **kwargs)
+    if expected is np.ma.masked:
+        assert got is np.ma.masked
+        return
+    assert type(np.ma.getdata(got)) is type(np.ma.getdata(expected)) and np.shape(got) == np.shape(expected)
+    assert np.ma.getdata(got).dtype == np.ma.getdata(expected).dtype == np.dtype(summed)
+    assert np.ma.getdata(got).tobytes() == np.ma.getdata(expected).tobytes(), (got, expected)
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(expected))
+
+
+@pytest.mark.parametrize("axis", [(0, 1, 5), (0, 0, 1, 2), (0, 1, 2, -3), 3])
+def test_sums_over_axes_out_of_range_or_named_twice_fail_as_numpy_mas(axis):
+    """Axes that only look like every axis (one out of range, one named twice) are numpy.ma's error."""
+    data, mask = _cast_sum_cases()[0]
+    truth = np.ma.MaskedArray(data.astype("f4"), mask=mask)
+    with pytest.raises(Exception) as expected:
+        np.ma.MaskedArray.sum(truth, axis=axis, dtype="f8")
+    with pytest.raises(type(expected.value)):
+        np.sum(truth.view(MaskedChunk), axis=axis, dtype="f8")
+
+
+def test_a_sum_that_casts_makes_no_filled_copy_of_the_chunk():
+    """``mean(dtype="f8")``'s sum of float32 values makes no array as large as the chunk: numpy.ma's
+    makes the filled copy, a fresh array each chunk."""
+    import tracemalloc
+
+    rng = np.random.default_rng(4)
+    data, mask = rng.standard_normal((10, 300, 300)), rng.random((10, 300, 300)) < 0.3
+    for stored, summed in (("f4", "f8"),):
+        chunk = np.ma.MaskedArray(data.astype(stored), mask=mask).view(MaskedChunk)
+        np.sum(chunk, dtype=summed)  # (once first: what a first call caches is not the chunk's cost)
+        tracemalloc.start()
+        np.sum(chunk, dtype=summed, axis=(0, 1, 2), keepdims=True)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < chunk.nbytes / 2, (stored, peak, chunk.nbytes)
+
+
+def test_sums_that_cast_values_not_finite_are_numpy_mas():
+    """A total that is not finite (NaN or infinities kept) is numpy.ma's own, warnings included."""
+    import warnings
+
+    for special in ([np.nan], [np.inf], [np.inf, -np.inf]):
+        values = np.full((2, 100, 100), 3e38, "f4")
+        values[1, 5, 5:5 + len(special)] = special
+        truth = np.ma.MaskedArray(values, mask=np.arange(values.size).reshape(values.shape) % 3 == 0)
+        with warnings.catch_warnings(record=True) as expected_warnings:
+            warnings.simplefilter("always")
+            expected = np.ma.MaskedArray.sum(truth, dtype="f8")
+        with warnings.catch_warnings(record=True) as got_warnings:
+            warnings.simplefilter("always")
+            got = np.sum(truth.view(MaskedChunk), dtype="f8")
+        assert got.tobytes() == expected.tobytes(), special
+        assert [str(w.message) for w in got_warnings] == [str(w.message) for w in expected_warnings]
+
+
+@pytest.mark.parametrize("missing", ["land", "scattered", "none", "all-in-one", "all"])
+def test_moments_and_means_of_masked_files_are_numpy_mas_bits(tmp_path, missing):
+    """``std``, ``var`` (``ddof``), ``mean(dtype="f8")`` and ``max`` over real files are, to the bit, what
+    dask computes over numpy's own masked chunks of the same data: partly masked fragments, a wholly
+    masked one, all of them; NaN kept in a fragment."""
+    import dask.array as da
+
+    truth = make_truth((6, 64, 70), "f4", seed=13, lo=-40, hi=40)
+    truth *= (10 ** np.random.default_rng(3).uniform(-3, 4, truth.shape)).astype("f4")  # (sums' order shows)
+    truth[5, 3, 3] = np.nan  # (one fragment's total not finite: summed as numpy.ma sums it)
+    if missing == "land":
+        truth[:, 10:40, 20:60] = np.ma.masked
+    elif missing == "scattered":
+        truth[np.random.default_rng(2).random(truth.shape) < 0.3] = np.ma.masked
+    elif missing == "all-in-one":
+        truth[3:6] = np.ma.masked
+        truth[:3, :5] = np.ma.masked
+    elif missing == "all":
+        truth[...] = np.ma.masked
+    built = build_cf113(tmp_path, truth, DIMS, ((3, 3), (64,), (70,)))
+    x = daskcfa.from_cfa(str(built.path), "tas")
+    plain = da.from_array(built.expected, chunks=x.chunks, asarray=False)
+    ops = {"std": lambda a: a.std(), "var-ddof": lambda a: a.var(ddof=1), "std-no-nan": lambda a: a[:3].std(),
+           "mean-f8": lambda a: a[:3].mean(dtype="f8"), "max": lambda a: a[:3].max(),
+           "sum-f8": lambda a: a.sum(dtype="f8")}
+    with dask.config.set(scheduler="sync"):
+        for name, op in ops.items():
+            got, expected = op(x).compute(), op(plain).compute()
+            assert (got is np.ma.masked) == (expected is np.ma.masked), name
+            if expected is not np.ma.masked:
+                assert np.asarray(got).dtype == np.asarray(expected).dtype, name
+                assert np.asarray(got).tobytes() == np.asarray(expected).tobytes(), (name, got, expected)
