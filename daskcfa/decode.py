@@ -473,24 +473,28 @@ class Encoding:
 #: Encodings worked out (:meth:`Encoding.from_attrs`), by :func:`_encoding_key`; at most this many kept.
 _ENCODINGS: dict[tuple, Encoding] = {}
 _ENCODINGS_KEPT = 256
+#: Longest storage attribute (in bytes) an encoding is kept for: a file's own can be of any length.
+_KEY_MOST = 256
 
 
 def _encoding_key(attrs: Mapping[str, Any], dtype: np.dtype, no_fill: bool) -> tuple | None:
     """What :meth:`Encoding.from_attrs` depends on, exactly: each storage attribute by its type, and
     numbers by their dtype, shape and bits (``-0.0`` is not ``0.0``, ``int8(1)`` not ``1.0``); None
-    (worked out afresh) for an attribute that is not text or numbers."""
+    (worked out afresh) for an attribute that is not text or numbers, or longer than :data:`_KEY_MOST`."""
     parts: list = [dtype, no_fill]
     for name in STORAGE_ATTRS:
         if name not in attrs:
             continue
         value = attrs[name]
         if isinstance(value, str):
+            if len(value) > _KEY_MOST:
+                return None
             parts.append((name, str, value))
             continue
         if name == "_Unsigned":  # (read as text: ``str(value)``)
             return None
         arr = np.asarray(value)
-        if arr.dtype.kind not in "biuf":
+        if arr.dtype.kind not in "biuf" or arr.nbytes > _KEY_MOST:
             return None
         parts.append((name, type(value), arr.dtype.str, arr.shape, arr.tobytes()))
     return tuple(parts)

@@ -300,3 +300,17 @@ def test_an_encoding_worked_out_before_is_taken_only_for_the_same_types_and_bits
             decode._ENCODINGS.clear()
         for given, want in zip(order, fresh):
             assert fields(Encoding.from_attrs(given, np.dtype(dtype))) == want, given
+
+
+def test_an_encoding_of_long_storage_attributes_is_not_kept():
+    """A file's ``missing_value`` may hold any number of values: its encoding is worked out afresh,
+    never kept (hundreds of such files would otherwise hold their attributes in memory)."""
+    import daskcfa.decode as decode
+
+    decode._ENCODINGS.clear()
+    many = {"missing_value": np.arange(10_000, dtype="f4")}
+    encoding = Encoding.from_attrs(many, np.dtype("f4"))
+    assert len(encoding.missing_values) == 10_000 and not decode._ENCODINGS
+    assert Encoding.from_attrs({"_Unsigned": "true" * 100}, np.dtype("i2")).unsigned is False and not decode._ENCODINGS
+    assert Encoding.from_attrs({"missing_value": np.arange(4, dtype="f4")}, np.dtype("f4")) is not None
+    assert len(decode._ENCODINGS) == 1

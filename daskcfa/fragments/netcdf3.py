@@ -205,14 +205,17 @@ class _VariableLists:
             self._entries = (entry,) + self._entries[:self.ENTRIES - 1]
 
     def attributes(self, header: _Header, var: _Var) -> dict[str, Any]:
-        """The attributes of ``var`` of ``header``, decoded once per variable (one of a list found
-        again is the same object, its attributes the same bytes); each caller gets its own dict and
-        arrays."""
+        """The attributes of ``var`` of ``header``, decoded once per variable of a list remembered (one
+        found again is the same object, its attributes the same bytes, at most :attr:`LONGEST`); each
+        caller gets its own dict and arrays."""
         known = self._attributes.get(id(var))
         if known is None or known[0] is not var:
-            if len(self._attributes) >= self.ENTRIES * 32:
+            known = (var, header.attributes(var.attributes, decode=True)[0])
+            if not any(variables.get(var.name) is var for *_, variables in self._entries):
+                return known[1]  # (a list too long to remember, or forgotten: its variables are not met again)
+            if len(self._attributes) >= self.ENTRIES * 4:
                 self._attributes.clear()
-            known = self._attributes[id(var)] = (var, header.attributes(var.attributes, decode=True)[0])
+            self._attributes[id(var)] = known
         return {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in known[1].items()}
 
 
