@@ -304,8 +304,22 @@ class Encoding:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype, *, no_fill: bool = False) -> "Encoding":
         """``no_fill``: the variable is stored without netCDF's fill (netCDF-4 "NOFILL"), which
-        netCDF4-python takes to mean that a byte variable has no default fill value."""
+        netCDF4-python takes to mean that a byte variable has no default fill value.
+        Worked out once per stored type and storage attributes (every fragment read asks, and
+        the fragments of an archive mostly share them): encodings are immutable."""
         dtype = np.dtype(dtype)
+        key = _encoding_key(attrs, dtype, no_fill)
+        if key is None:
+            return cls._from_attrs(attrs, dtype, no_fill)
+        known = _ENCODINGS.get(key)
+        if known is None or type(known) is not cls:
+            if len(_ENCODINGS) >= _ENCODINGS_KEPT:
+                _ENCODINGS.clear()
+            known = _ENCODINGS[key] = cls._from_attrs(attrs, dtype, no_fill)
+        return known
+
+    @classmethod
+    def _from_attrs(cls, attrs: Mapping[str, Any], dtype: np.dtype, no_fill: bool) -> "Encoding":
         unsigned = dtype.kind == "i" and str(attrs.get("_Unsigned", "false")).lower() == "true"
         view = np.dtype(f"u{dtype.itemsize}") if unsigned else dtype
 
@@ -343,6 +357,8 @@ class Encoding:
         )
 
     def __eq__(self, other: object) -> bool:
+        if other is self:  # (a fragment's encoding and the aggregation's, when their attributes match)
+            return True
         if not isinstance(other, Encoding):
             return NotImplemented
         return self.dtype == other.dtype and all(
@@ -452,6 +468,36 @@ class Encoding:
         if self.dtype.kind == "O":
             return ""
         return np.zeros((), self.stored_dtype)[()]
+
+
+#: Encodings worked out (:meth:`Encoding.from_attrs`), by :func:`_encoding_key`; at most this many kept.
+_ENCODINGS: dict[tuple, Encoding] = {}
+_ENCODINGS_KEPT = 256
+#: Longest storage attribute (in bytes) an encoding is kept for: a file's own can be of any length.
+_KEY_MOST = 256
+
+
+def _encoding_key(attrs: Mapping[str, Any], dtype: np.dtype, no_fill: bool) -> tuple | None:
+    """What :meth:`Encoding.from_attrs` depends on, exactly: each storage attribute by its type, and
+    numbers by their dtype, shape and bits (``-0.0`` is not ``0.0``, ``int8(1)`` not ``1.0``); None
+    (worked out afresh) for an attribute that is not text or numbers, or longer than :data:`_KEY_MOST`."""
+    parts: list = [dtype, no_fill]
+    for name in STORAGE_ATTRS:
+        if name not in attrs:
+            continue
+        value = attrs[name]
+        if isinstance(value, str):
+            if len(value) > _KEY_MOST:
+                return None
+            parts.append((name, str, value))
+            continue
+        if name == "_Unsigned":  # (read as text: ``str(value)``)
+            return None
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf" or arr.nbytes > _KEY_MOST:
+            return None
+        parts.append((name, type(value), arr.dtype.str, arr.shape, arr.tobytes()))
+    return tuple(parts)
 
 
 #: The fields of :class:`Encoding` that hold values (compared with :func:`same_value`).

@@ -258,3 +258,59 @@ def test_a_negative_zero_fill_value_keeps_its_sign_whatever_was_read_before(tmp_
         got = daskcfa.from_cfa(url, "v").compute()
         assert np.asarray(got.fill_value).tobytes() == np.asarray(expected.fill_value).tobytes(), url
         assert got.filled().tobytes() == expected.filled().tobytes(), url
+
+
+def test_an_encoding_is_worked_out_once_per_stored_type_and_storage_attributes():
+    """Every fragment read works out its variable's encoding, and an archive's fragments mostly share
+    one (issue #31): attributes that say nothing of storage do not make another, a type or a storage
+    attribute does."""
+    attrs = {"_FillValue": np.float32(-1), "units": "K"}
+    first = Encoding.from_attrs(attrs, np.dtype("f4"))
+    assert Encoding.from_attrs({"_FillValue": np.float32(-1), "long_name": "x"}, np.dtype("f4")) is first
+    assert Encoding.from_attrs(attrs, np.dtype(">f4")) is not first
+    assert Encoding.from_attrs({**attrs, "missing_value": np.float32(-2)}, np.dtype("f4")) is not first
+
+
+@pytest.mark.parametrize("dtype, attrs", [
+    ("f4", [{"_FillValue": np.float32(0.0)}, {"_FillValue": np.float32(-0.0)}, {"_FillValue": 0.0}]),
+    ("f8", [{"missing_value": np.float32(0.1)}, {"missing_value": 0.1}, {"missing_value": [0.1]}]),
+    ("i2", [{"_Unsigned": "true"}, {"_Unsigned": "false"}, {"_Unsigned": "TRUE"}, {"_Unsigned": True}]),
+    ("i2", [{"valid_min": np.int16(1)}, {"valid_min": np.float32(1.5)}, {"valid_min": True}, {"valid_min": 1}]),
+    ("u1", [{"scale_factor": np.float32(2)}, {"scale_factor": np.float64(2)}, {"scale_factor": 2}]),
+    ("f4", [{"valid_range": np.array([0, 1], "f4")}, {"valid_range": np.array([-0.0, 1], "f4")},
+            {"valid_range": np.array([0, 1], "f8")}, {"valid_range": [0, 1]}]),
+])
+def test_an_encoding_worked_out_before_is_taken_only_for_the_same_types_and_bits(dtype, attrs):
+    """Storage attributes that compare equal but are not the same (-0.0 and 0.0, a float32 and a
+    float64, ``True`` and 1) each get the encoding they decode to, whatever was worked out before:
+    the same fields, of the same types and bits, as worked out afresh."""
+    import daskcfa.decode as decode
+
+    def fields(encoding: Encoding) -> list:
+        return [(type(v).__name__, np.asarray(v).dtype.str, np.asarray(v).tobytes()) if v is not None else None
+                for v in (getattr(encoding, f) for f in ("dtype", "fill_value", "explicit_fill", "valid_min",
+                                                         "valid_max", "scale_factor", "add_offset", "unsigned"))
+                ] + [[(type(v).__name__, np.asarray(v).tobytes()) for v in encoding.missing_values]]
+
+    for order in (attrs, attrs[::-1]):
+        decode._ENCODINGS.clear()
+        fresh = []
+        for given in order:
+            fresh.append(fields(Encoding.from_attrs(given, np.dtype(dtype))))
+            decode._ENCODINGS.clear()
+        for given, want in zip(order, fresh):
+            assert fields(Encoding.from_attrs(given, np.dtype(dtype))) == want, given
+
+
+def test_an_encoding_of_long_storage_attributes_is_not_kept():
+    """A file's ``missing_value`` may hold any number of values: its encoding is worked out afresh,
+    never kept (hundreds of such files would otherwise hold their attributes in memory)."""
+    import daskcfa.decode as decode
+
+    decode._ENCODINGS.clear()
+    many = {"missing_value": np.arange(10_000, dtype="f4")}
+    encoding = Encoding.from_attrs(many, np.dtype("f4"))
+    assert len(encoding.missing_values) == 10_000 and not decode._ENCODINGS
+    assert Encoding.from_attrs({"_Unsigned": "true" * 100}, np.dtype("i2")).unsigned is False and not decode._ENCODINGS
+    assert Encoding.from_attrs({"missing_value": np.arange(4, dtype="f4")}, np.dtype("f4")) is not None
+    assert len(decode._ENCODINGS) == 1

@@ -29,6 +29,7 @@ import dask.config
 
 from .. import config
 from ..errors import BudgetError
+from ..storage.s3nc import s3nc_config
 
 __all__ = ["FileManager", "manager", "Budget"]
 
@@ -48,8 +49,6 @@ class Budget:
 
     @classmethod
     def from_config(cls) -> "Budget":
-        from ..storage.s3nc import s3nc_config
-
         resources = s3nc_config().resources
         handles = dask.config.get(_FILEHANDLES, None)
         memory = dask.config.get(_MEMORY, None)

@@ -186,6 +186,7 @@ class _VariableLists:
     def __init__(self) -> None:
         self._entries: tuple[tuple[int, int, int, bytes, Mapping[str, _Var]], ...] = ()
         self._lock = threading.Lock()
+        self._attributes: dict[int, tuple[_Var, dict[str, Any]]] = {}  # (by the variable's identity)
 
     def find(self, header: _Header, pos: int, ndims: int) -> Mapping[str, _Var] | None:
         """The variables of the list at ``pos`` of ``header``, if its bytes were parsed before."""
@@ -202,6 +203,20 @@ class _VariableLists:
         entry = (header.version, start, ndims, bytes(header.buf[start:end]), MappingProxyType(variables))
         with self._lock:
             self._entries = (entry,) + self._entries[:self.ENTRIES - 1]
+
+    def attributes(self, header: _Header, var: _Var) -> dict[str, Any]:
+        """The attributes of ``var`` of ``header``, decoded once per variable of a list remembered (one
+        found again is the same object, its attributes the same bytes, at most :attr:`LONGEST`); each
+        caller gets its own dict and arrays."""
+        known = self._attributes.get(id(var))
+        if known is None or known[0] is not var:
+            known = (var, header.attributes(var.attributes, decode=True)[0])
+            if not any(variables.get(var.name) is var for *_, variables in self._entries):
+                return known[1]  # (a list too long to remember, or forgotten: its variables are not met again)
+            if len(self._attributes) >= self.ENTRIES * 4:
+                self._attributes.clear()
+            self._attributes[id(var)] = known
+        return {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in known[1].items()}
 
 
 _VARIABLE_LISTS = _VariableLists()
@@ -393,7 +408,7 @@ class NetCDF3Variable:
         self.dims = tuple(layout.dims[d][0] for d in var.dimids)
         self.shape = layout.shape(var)
         self.dtype = self._stored.newbyteorder("=")
-        self.attrs = layout.header.attributes(var.attributes, decode=True)[0]
+        self.attrs = _VARIABLE_LISTS.attributes(layout.header, var)
         itemsize = self._stored.itemsize
         #: bytes from one index to the next along each dimension (records for the first of a record variable)
         self._strides = tuple(itemsize * math.prod(self.shape[k + 1:]) for k in range(len(self.shape)))

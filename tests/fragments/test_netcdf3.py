@@ -214,3 +214,37 @@ def test_a_variable_list_read_before_is_reused_only_in_a_header_where_it_means_t
         assert got.attrs == {"units": "K"}
         with pytest.raises(FragmentReadError, match="malformed"):
             NetCDF3File(data=wrong)
+
+
+def test_a_variable_found_again_has_its_attributes_decoded_once_and_each_reader_its_own(tmp_path):
+    """Fragments holding the same variable list (the same bytes at the same place) share its variables,
+    whose attributes are decoded once (issue #31): each file's are still netCDF4-python's, and each
+    reader gets its own dict and arrays, so what one caller changes no other sees."""
+    paths = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.nc"
+        with netCDF4.Dataset(path, "w", format="NETCDF3_CLASSIC") as nc:
+            nc.history = f"file {name}"  # (as long in both: the variable lists are at the same place)
+            nc.createDimension("x", 3)
+            var = nc.createVariable("v", "i2", ("x",))
+            var.long_name = "a variable"
+            var.valid_range = np.array([0, 10], "i2")
+            var[:] = [1, 2, 3]
+        paths.append(str(path))
+    truth = []
+    for path in paths:
+        with netCDF4.Dataset(path) as nc:
+            truth.append(nc["v"].__dict__)
+    first, second = (open_netcdf3(p).variable("v") for p in paths)
+    for got, want in zip((first, second), truth):
+        assert got.attrs.keys() == want.keys()
+        for key, value in want.items():
+            np.testing.assert_array_equal(got.attrs[key], value)
+            assert type(got.attrs[key]) is type(value) and np.asarray(got.attrs[key]).dtype == np.asarray(value).dtype
+    assert first.attrs["long_name"] is second.attrs["long_name"]  # (decoded once)
+    assert first.attrs is not second.attrs and first.attrs["valid_range"] is not second.attrs["valid_range"]
+    first.attrs["valid_range"][0] = 99
+    first.attrs["units"] = "K"
+    for other in (second, open_netcdf3(paths[0]).variable("v")):
+        np.testing.assert_array_equal(other.attrs["valid_range"], [0, 10])
+        assert "units" not in other.attrs
