@@ -10,7 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import netCDF4
 import numpy as np
@@ -331,12 +331,14 @@ def event_loop_held(seconds: float = 30.0):
         release.set()
 
 
-def trickling_server(way: str = "trickle", length: int = 100_000) -> tuple[str, threading.Event, socket.socket]:
+def trickling_server(way: str = "trickle", length: int = 100_000, prompt: Mapping[str, bytes | None] | None = None
+                     ) -> tuple[str, threading.Event, socket.socket]:
     """A server answering every request one byte every 0.05 s: its headers (``way`` "headers"), else
     the body after prompt headers (a HEAD is answered at once): "trickle" declares ``length`` bytes (a 206
     of the range asked for), "chunked" sends one-byte chunks without end ("chunked 60": 60 chunks, then the
     end of the body). Each wait far below any read
-    timeout: only a deadline on the whole request ends it. Returns its URL, the event that stops it
+    timeout: only a deadline on the whole request ends it. ``prompt``: paths answered at once, with their
+    bytes (the range asked for) or a 404 (None). Returns its URL, the event that stops it
     sending, and its listening socket (close it)."""
     stop = threading.Event()
     listener = socket.create_server(("127.0.0.1", 0))
@@ -350,6 +352,10 @@ def trickling_server(way: str = "trickle", length: int = 100_000) -> tuple[str, 
         with connection:
             try:
                 request = connection.recv(65536).decode("latin-1")
+                path = request.split(" ", 2)[1].split("?")[0] if request.count(" ") >= 2 else ""
+                if prompt is not None and path in prompt:
+                    connection.sendall(_answer_at_once(request, prompt[path]))
+                    return
                 if way == "headers":
                     connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
                     drip(connection, b"x")  # (a header that never ends)
@@ -382,6 +388,20 @@ def trickling_server(way: str = "trickle", length: int = 100_000) -> tuple[str, 
 
     threading.Thread(target=serve, daemon=True).start()
     return f"http://127.0.0.1:{listener.getsockname()[1]}", stop, listener
+
+
+def _answer_at_once(request: str, data: bytes | None) -> bytes:
+    """A whole HTTP response to ``request``: ``data``, or the range of it asked for; None: a 404."""
+    if data is None:
+        return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    asked = re.search(r"(?i)^range: bytes=(\d+)-(\d+)", request, re.M)
+    if request.startswith("HEAD"):
+        return f"HTTP/1.1 200 OK\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+    if not asked:
+        return f"HTTP/1.1 200 OK\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
+    first, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
+    return (f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(data)}\r\n"
+            f"Content-Length: {last - first + 1}\r\nConnection: close\r\n\r\n").encode() + data[first:last + 1]
 
 
 def failure_within(read: Callable[[], object], stop: threading.Event, listener: socket.socket,

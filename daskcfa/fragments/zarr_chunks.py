@@ -25,7 +25,7 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 import numpy as np
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
@@ -38,6 +38,7 @@ from .. import storage
 from ..errors import CFAError, FragmentReadError, NotFoundError, StorageError, redact
 from .. import limits
 from ..storage.policy import LocationPolicy
+from ..storage import timed
 from ..storage.profiles import ProfileRef
 from .codecs import COMPRESSORS
 from .reference_sets import METADATA_NAMES, ReferenceSet, Target
@@ -425,8 +426,34 @@ class RegularFiles(LocalFileSystem):
         return super()._open(path, mode, **kwargs)
 
 
+class _Timed(AsyncFileSystemWrapper):
+    """An S3 or HTTP(S) filesystem whose reads of an object for zarr-python's store -- its bytes
+    (the ranges :class:`BoundedStore` asks for), a HEAD -- are each made within the body deadline
+    of every other remote read (:mod:`..storage.timed`): fsspec's own calls set none."""
+
+    def _wrap_all_sync_methods(self) -> None:
+        super()._wrap_all_sync_methods()
+        fs = self.sync_fs
+
+        def within(path: str, length: int, receive: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
+            return asyncio.to_thread(timed.bounded, fs, fs.unstrip_protocol(path), length, receive)
+
+        async def cat_file(path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+            length = 0 if end is None else max(0, end - (start or 0))  # (0: a grace, no body to wait for)
+            return await within(path, length, lambda: fs._cat_file(path, start=start, end=end, **kwargs))
+
+        async def info(path: str, **kwargs: Any) -> dict[str, Any]:
+            return await within(path, 0, lambda: fs._info(path, **kwargs))
+
+        async def exists(path: str, **kwargs: Any) -> bool:
+            return await within(path, 0, lambda: fs._exists(path, **kwargs))
+
+        self._cat_file, self._info, self._exists = cat_file, info, exists
+
+
 def as_async(fs: Any) -> Any:
     """``fs`` as zarr-python's store wants it (asynchronous), its requests still made on fsspec's
     own event loop, with the rest of daskcfa's I/O (zarr runs a loop of its own: an s3fs or
-    HTTP session bound to one loop cannot serve the other)."""
-    return AsyncFileSystemWrapper(fs, asynchronous=True)
+    HTTP session bound to one loop cannot serve the other); S3's and HTTP's reads within their
+    deadlines (:class:`_Timed`)."""
+    return (_Timed if timed.on_loop(fs) else AsyncFileSystemWrapper)(fs, asynchronous=True)
