@@ -150,3 +150,20 @@ def test_a_reference_set_or_its_target_trickled_ends_within_its_deadline(tmp_pat
             ZarrFile(uri, profile).variable("x").read((slice(0, 2 * _CHUNK, 1),))
 
     _expect_too_slow(failure_within(attempt, stop, listener, _BOUND), endpoint)
+
+
+def test_an_s3_zarr_fragment_trickled_through_from_cfa_names_fragment_and_variable_not_the_login(tmp_path):
+    """The same on S3 through ``from_cfa`` (main: still reading at the test's bound): the error names the
+    object, the variable and the fragment; neither the key nor the secret."""
+    endpoint, stop, listener = trickling_server("trickle", 100_000)
+    uri = "s3://bucket/f0.zarr"
+    aggregation = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[2 * _CHUNK]], [[uri]])
+
+    def read() -> None:
+        with dask.config.set(_CONFIG):
+            daskcfa.from_cfa(str(aggregation), "x", storage_options={"s3": _s3(endpoint)}).compute(scheduler="sync")
+
+    failure = failure_within(read, stop, listener, _BOUND)
+    _expect_too_slow(failure, uri)
+    assert "variable '/x'" in str(failure) and "fragment (0,)" in str(failure)
+    assert KEY not in repr(failure) and SECRET not in repr(failure)
