@@ -102,7 +102,7 @@ def test_a_zarr_fragment_whose_chunk_is_trickled_is_a_storage_error_naming_fragm
 
     failure = failure_within(read, stop, listener, _BOUND)
     assert isinstance(failure, daskcfa.errors.CFAError), f"after {_BOUND} s: {failure!r} (None: still reading)"
-    assert "too slowly" in str(failure) and f"{uri}/x/0" in str(failure)
+    assert "too slowly" in str(failure) and f"{uri}/x/" in str(failure)  # (zarr reads both chunks at once)
     assert "variable '/x'" in str(failure) and "fragment (0,)" in str(failure)
     assert password not in str(failure) and password not in repr(failure)
 
