@@ -63,12 +63,11 @@ def test_cast_sum_keepdims_as_numpy_takes_it():
     assert np.shape(chunk.sum(dtype="f8", keepdims=no_value)) == ()
 
 
-@pytest.mark.parametrize("masked", [True, False])
-def test_zero_dimensional_chunk_filled_and_summed(masked):
+def test_zero_dimensional_masked_chunk_filled_and_summed():
     """A 0-d chunk's ``filled(0)`` (every sum and mean goes through it): before, a bare TypeError
     ("return arrays must be of ArrayType") from the bitwise fill when its point was masked."""
-    chunk = np.ma.MaskedArray(np.array(-1.5, "f4"), masked).view(MaskedChunk)
-    truth = np.ma.MaskedArray(np.array(-1.5, "f4"), masked)
+    chunk = np.ma.MaskedArray(np.array(-1.5, "f4"), True).view(MaskedChunk)
+    truth = np.ma.MaskedArray(np.array(-1.5, "f4"), True)
     for method in ("filled", "sum", "mean"):
         args = (0,) if method == "filled" else ()
         assert _outcome(lambda: getattr(chunk, method)(*args)) == _outcome(lambda: getattr(truth, method)(*args))
@@ -92,8 +91,7 @@ RAW = np.array([1, 2, 3, 5, 7, 9], "i2")
     ("valid_range", [[1, 5]], [1, 5]),
     ("missing_value", [[1, 2]], [1, 2]),
     ("missing_value", [[[7]]], [7]),
-    ("valid_min", [[2, 9]], [2, 9]),
-], ids=["valid_range", "missing_value", "missing_value-deep", "valid_min"])
+], ids=["valid_range", "missing_value", "missing_value-deep"])
 def test_nested_storage_attribute_is_its_numbers(name, nested, flat):
     """Zarr's JSON attributes may nest the numbers netCDF stores flat: the same masking as the flat
     attribute (netCDF4-python's, on the numbers). Before: a bare ValueError (unpacking or broadcasting)."""
@@ -111,8 +109,8 @@ def test_empty_storage_attribute_holds_no_value(name, empty):
 
 
 def test_zarr_fragment_with_a_nested_valid_range(tmp_path):
-    """The same through a Zarr v2 fragment read by an aggregation: before, a bare ValueError out of
-    ``compute()`` (not a daskcfa error, no fragment named)."""
+    """The same through a Zarr v2 fragment read by an aggregation: before, the fragment was refused
+    (a FragmentReadError wrapping the unpacking's ValueError) though its numbers are plain."""
     zarr = pytest.importorskip("zarr")
     store = tmp_path / "frag.zarr"
     group = zarr.open_group(zarr.storage.LocalStore(store), mode="w", zarr_format=2)
