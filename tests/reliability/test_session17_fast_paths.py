@@ -123,3 +123,18 @@ def test_zarr_fragment_with_a_nested_valid_range(tmp_path):
     got = daskcfa.from_cfa(str(path), "x").compute()
     np.testing.assert_array_equal(np.ma.getmaskarray(got), [False, False, False, False, True, True])
     np.testing.assert_array_equal(got.compressed(), [1, 2, 3, 5])
+
+
+@pytest.mark.parametrize("name", ["_FillValue", "valid_min"])
+def test_aggregation_variable_with_an_empty_attribute(tmp_path, name):
+    """An HDF5 attribute may hold no number at all: on the aggregation variable, before, ``from_cfa``
+    raised a bare IndexError; now it is read as absent, as an empty ``missing_value`` already was."""
+    h5py = pytest.importorskip("h5py")
+    truth = np.ma.MaskedArray(np.arange(6.0, dtype="f4"))
+    built = build_cf113(tmp_path, truth, ("n",), ((3, 3),))
+    with h5py.File(built.path, "a") as f:
+        if name in f[built.variable].attrs:
+            del f[built.variable].attrs[name]
+        f[built.variable].attrs.create(name, np.zeros((0,), "f4"))
+    got = daskcfa.from_cfa(str(built.path), built.variable).compute()
+    np.testing.assert_array_equal(np.ma.filled(got, -1), truth.data)
