@@ -484,6 +484,7 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
+        _check_lengths(uri, ranges, parts)
         return parts
 
     return with_retries(uri, fetch)
@@ -518,13 +519,26 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
 
     def fetch() -> list[bytes] | None:
         try:
-            return bounded(fs, uri, sum(int(n) for _, n in ranges), every)
+            parts = bounded(fs, uri, sum(int(n) for _, n in ranges), every)
         except Exception as exc:
             if precondition_failed(exc):
                 return None
             raise
+        _check_lengths(uri, ranges, parts)
+        return parts
 
     return with_retries(uri, fetch) if ranges else []
+
+
+def _check_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: Sequence[bytes]) -> None:
+    """Refuse parts not of their range's length: fsspec hands on whatever body answers a ranged GET (a
+    server that ignores ``Range`` answers 200 with the whole object; a body without ``Content-Length``
+    ends where its connection does), which would be taken for the range's bytes."""
+    for (offset, length), part in zip(ranges, parts):
+        if len(part) != int(length):
+            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,} bytes (a server that ignores "
+                               "byte ranges answers with the whole object)", file=uri)
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:
@@ -625,9 +639,13 @@ def read_stream(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationP
         known = {"size": size(uri, profile, policy=policy)} if is_http(fs) else {}  # (as open_file)
         f = bound_blocks(fs, uri, with_retries(uri, lambda: fs.open(path, "rb", block_size=block, cache_type="none",
                                                                      **known)))
+    expected, got = getattr(f, "size", None), 0  # (a remote file object's, from its HEAD)
     with f, translated(uri):
         while chunk := f.read(block):
+            got += len(chunk)
             yield chunk
+    if expected is not None and got != expected:  # (a block answered short ends the stream early)
+        raise StorageError(f"the server sent {got:,} bytes of the object's {int(expected):,}", file=uri)
 
 
 def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:

@@ -67,22 +67,31 @@ def bounded(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]
 async def http_get(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int | None) -> bytes:
     """One GET of a whole HTTP object within its deadline, its body read no further than ``max_bytes``
     and one byte (then a :class:`BudgetError`; fsspec's ``cat_file`` reads a body whole, whatever its
-    length: the server's HEAD may have said less)."""
+    length: the server's HEAD may have said less), nor than ``known_size`` (its HEAD's) and one byte: a
+    body of another length is cut short or not that object (a body without ``Content-Length`` ends
+    where the connection does, and aiohttp inflates a compressed one), so an error, never the object."""
     parts: list[bytes] = []
     got = 0
+    bounds = [n for n in (max_bytes, known_size) if n is not None]
+    limit = min(bounds) if bounds else None
 
     async def receive() -> None:
         nonlocal got
         session = await fs.set_session()
         async with session.get(fs.encode_url(path), **fs.kwargs) as response:
             fs._raise_not_found_for_status(response, path)
-            while max_bytes is None or got <= max_bytes:
-                want = READ_BLOCK if max_bytes is None else min(READ_BLOCK, max_bytes + 1 - got)
+            while limit is None or got <= limit:
+                want = READ_BLOCK if limit is None else min(READ_BLOCK, limit + 1 - got)
                 part = await response.content.read(want)
                 if not part:
                     break
                 parts.append(part)
                 got += len(part)
+        if known_size is not None and got != known_size and (max_bytes is None or got <= max_bytes):
+            import aiohttp  # (here: local reads never need it)
+
+            more = " or more" if got > known_size else ""  # (aiohttp's error for a body cut short: retried)
+            raise aiohttp.ClientPayloadError(f"the server sent {got:,} bytes{more} of the object's {known_size:,}")
 
     await within_deadline(fs, uri, known_size, receive, lambda: got)
     if max_bytes is not None and got > max_bytes:
