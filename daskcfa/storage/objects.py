@@ -33,7 +33,7 @@ from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, Stora
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .deadline import async_body_deadline
-from .timed import READ_BLOCK, bound_blocks, bounded, http_get, is_http, on_loop, protocols_of, within_deadline
+from .timed import READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, on_loop, protocols_of, within_deadline
 from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
@@ -478,9 +478,13 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
-            [path] * len(ranges), starts, ends, on_error="raise")) if on_loop(fs) else \
-            list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        if is_http(fs):
+            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: http_ranges(fs, path, ranges))
+        elif on_loop(fs):
+            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
+                [path] * len(ranges), starts, ends, on_error="raise"))
+        else:
+            parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
@@ -536,9 +540,10 @@ def _check_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: Sequence[
     ends where its connection does), which would be taken for the range's bytes."""
     for (offset, length), part in zip(ranges, parts):
         if len(part) != int(length):
+            more = " or more" if len(part) > int(length) else ""  # (:func:`.timed.http_ranges` reads no further)
             raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
-                               f"{int(offset) + int(length) - 1:,} with {len(part):,} bytes (a server that ignores "
-                               "byte ranges answers with the whole object)", file=uri)
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
+                               "ignores byte ranges answers with the whole object)", file=uri)
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:
