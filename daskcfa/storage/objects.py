@@ -478,18 +478,15 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        if is_http(fs):
-            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: http_ranges(fs, path, ranges))
-        elif on_loop(fs):
-            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
-                [path] * len(ranges), starts, ends, on_error="raise"))
+        if on_loop(fs):  # (HTTP's by :func:`.timed.http_ranges`: fsspec's reads each body whole)
+            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: http_ranges(fs, path, ranges) if is_http(fs)
+                            else fs._cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         else:
             parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
-        _check_lengths(uri, ranges, parts)
-        return parts
+        return _of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch)
 
@@ -528,22 +525,21 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
             if precondition_failed(exc):
                 return None
             raise
-        _check_lengths(uri, ranges, parts)
-        return parts
+        return _of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch) if ranges else []
 
 
-def _check_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: Sequence[bytes]) -> None:
-    """Refuse parts not of their range's length: fsspec hands on whatever body answers a ranged GET (a
-    server that ignores ``Range`` answers 200 with the whole object; a body without ``Content-Length``
-    ends where its connection does), which would be taken for the range's bytes."""
+def _of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
+    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
+    with the whole object; a body without ``Content-Length`` ends with its connection)."""
     for (offset, length), part in zip(ranges, parts):
         if len(part) != int(length):
             more = " or more" if len(part) > int(length) else ""  # (:func:`.timed.http_ranges` reads no further)
             raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
                                f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
                                "ignores byte ranges answers with the whole object)", file=uri)
+    return parts
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:
