@@ -103,21 +103,18 @@ def _check_s3_names(protocol: str, options: Mapping[str, Any]) -> None:
 
 @functools.cache
 def _s3_option_names() -> tuple[list[str], dict[str, list[str] | None]]:
-    """The names s3fs takes (with fsspec's async and listing-cache options and aiobotocore's session ones
-    it hands on), and those of its nested mappings (``None``: any name), read from the installed libraries'
-    signatures."""
+    """The names s3fs takes (with fsspec's listing-cache options and aiobotocore's session ones it hands
+    on), and those of its nested mappings (``None``: any name), read from the installed libraries' signatures."""
     import aiobotocore.config
     import aiobotocore.session
     import botocore.session
-    import fsspec.asyn
     import s3fs
 
     def named(function: Any) -> list[str]:
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         return [p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds and p.name != "self"]
 
-    top = named(s3fs.S3FileSystem.__init__) + named(fsspec.asyn.AsyncFileSystem.__init__) + \
-        named(aiobotocore.session.AioSession.__init__) + [
+    top = named(s3fs.S3FileSystem.__init__) + named(aiobotocore.session.AioSession.__init__) + [
         "use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"]
     config = named(aiobotocore.config.AioConfig.__init__) + sorted(aiobotocore.config.AioConfig.OPTION_DEFAULTS)
     client = [n for n in named(botocore.session.Session.create_client) if n != "service_name"]
