@@ -69,13 +69,12 @@ def bounded(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]
 async def http_get(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int | None) -> bytes:
     """One GET of a whole HTTP object within its deadline, its body read no further than ``max_bytes``
     and one byte (then a :class:`BudgetError`; fsspec's ``cat_file`` reads a body whole, whatever its
-    length: the server's HEAD may have said less), nor than ``known_size`` (its HEAD's) and one byte: a
-    body of another length is cut short or not that object (a body without ``Content-Length`` ends
-    where the connection does, and aiohttp inflates a compressed one), so an error, never the object."""
+    length: the server's HEAD may have said less), else than ``known_size`` (its HEAD's) and one byte.
+    A body of another length than ``known_size`` is cut short or not that object (a body without
+    ``Content-Length`` ends where the connection does, and aiohttp inflates a compressed one): an error."""
     parts: list[bytes] = []
-    bounds = [n for n in (max_bytes, known_size) if n is not None]
-    await within_deadline(fs, uri, known_size, lambda: _get(fs, path, min(bounds) if bounds else None, parts),
-                          lambda: sum(map(len, parts)))
+    limit = known_size if max_bytes is None else max_bytes
+    await within_deadline(fs, uri, known_size, lambda: _get(fs, path, limit, parts), lambda: sum(map(len, parts)))
     got = sum(map(len, parts))
     if max_bytes is not None and got > max_bytes:
         raise BudgetError(f"the object is longer than the {max_bytes:,} bytes read of it", file=uri)
