@@ -157,3 +157,17 @@ def test_a_checksum_stream_ending_short_is_an_error_not_a_size():
     finally:
         listener.close()
 
+
+
+@pytest.mark.parametrize("missing", [np.uint8(255), 255, 300])
+def test_masked_points_of_an_unsigned_variable_whose_missing_value_its_type_cannot_hold_are_refused_saying_so(
+        tmp_path, missing):
+    """An _Unsigned byte variable, masked points, a ``missing_value`` of 255 (or 300) and no _FillValue:
+    netCDF4-python writes it and reads the points back as values (255, 44: checked with a plain file),
+    daskcfa refuses. The refusal said the variable had no missing_value; now it says which one it has
+    and why it does not count (a value the stored type int8 does not hold is never read as missing).
+    Not a wrong value before: a misleading error."""
+    data = np.ma.array(np.array([1, 2, 200, 4], "u1").view("i1"), mask=[0, 1, 0, 0])
+    with pytest.raises(daskcfa.errors.FragmentError, match=f"a missing_value of {int(missing)} is none"):
+        daskcfa.to_cfa(data, str(tmp_path / "a.nc"), variable="v", dims=["x"], fragment_shape=[2],
+                       attrs={"_Unsigned": "true", "missing_value": missing})
