@@ -31,7 +31,7 @@ from ..lazy import fsspec, fsspec_asyn, yarl
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .deadline import async_body_deadline
-from .timed import READ_BLOCK, bound_blocks, bounded, http_get, is_http, on_loop, protocols_of, within_deadline
+from .timed import READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, on_loop, protocols_of, within_deadline
 from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
@@ -479,13 +479,15 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
-            [path] * len(ranges), starts, ends, on_error="raise")) if on_loop(fs) else \
-            list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        if on_loop(fs):  # (HTTP's by :func:`.timed.http_ranges`: fsspec's reads each body whole)
+            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: http_ranges(fs, path, ranges) if is_http(fs)
+                            else fs._cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        else:
+            parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
-        return parts
+        return _of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch)
 
@@ -519,13 +521,26 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
 
     def fetch() -> list[bytes] | None:
         try:
-            return bounded(fs, uri, sum(int(n) for _, n in ranges), every)
+            parts = bounded(fs, uri, sum(int(n) for _, n in ranges), every)
         except Exception as exc:
             if precondition_failed(exc):
                 return None
             raise
+        return _of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch) if ranges else []
+
+
+def _of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
+    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
+    with the whole object; a body without ``Content-Length`` ends with its connection)."""
+    for (offset, length), part in zip(ranges, parts):
+        if len(part) != int(length):
+            more = " or more" if len(part) > int(length) else ""  # (:func:`.timed.http_ranges` reads no further)
+            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
+                               "ignores byte ranges answers with the whole object)", file=uri)
+    return parts
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:
@@ -626,9 +641,13 @@ def read_stream(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationP
         known = {"size": size(uri, profile, policy=policy)} if is_http(fs) else {}  # (as open_file)
         f = bound_blocks(fs, uri, with_retries(uri, lambda: fs.open(path, "rb", block_size=block, cache_type="none",
                                                                      **known)))
+    expected, got = getattr(f, "size", None), 0  # (a remote file object's, from its HEAD)
     with f, translated(uri):
         while chunk := f.read(block):
+            got += len(chunk)
             yield chunk
+    if expected is not None and got != expected:  # (a block answered short ends the stream early)
+        raise StorageError(f"the server sent {got:,} bytes of the object's {int(expected):,}", file=uri)
 
 
 def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:
