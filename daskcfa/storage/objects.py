@@ -41,13 +41,13 @@ from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
 from .s3nc import s3nc_config
 from .retry import Refused, precondition_failed, refusals, translated, with_retries
-from .uri import is_local, normalise, scheme_of
+from .uri import is_local, is_opendap, normalise, opendap_url, scheme_of
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 __all__ = [
-    "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size", "read_json",
+    "NO_PROFILE", "memory_label", "filesystem", "config_bytes", "exists", "size", "read_json",
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
     "read_ranges_unchanged", "fetch_range_soon",
     "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
@@ -55,23 +55,6 @@ __all__ = [
 ]
 
 NO_PROFILE = ProfileRef(None)
-_DAP_SCHEMES = {"dap2": "http", "dap4": "http", "opendap": "http", "dap2s": "https", "dap4s": "https"}
-
-
-def is_opendap(uri: str) -> bool:
-    """OPeNDAP endpoints are named explicitly: ``dap2://``/``dap4://``/``opendap://``
-    URLs, or an ``http(s)`` URL carrying netCDF-C's ``#mode=dap2``/``#dap4`` marker."""
-    return scheme_of(uri) in _DAP_SCHEMES or "#mode=dap" in uri or uri.endswith("#dap4") or uri.endswith("#dap2")
-
-
-def opendap_url(uri: str) -> str:
-    """The http(s) URL netCDF-C's DAP client understands."""
-    scheme = scheme_of(uri)
-    if scheme in _DAP_SCHEMES:
-        return _DAP_SCHEMES[scheme] + uri[len(scheme):]
-    return uri
-
-
 def memory_label(uri: str) -> str:
     """A harmless name for a netCDF dataset opened from bytes in memory.
 
