@@ -324,8 +324,12 @@ class Encoding:
         view = np.dtype(f"u{dtype.itemsize}") if unsigned else dtype
 
         def as_stored(value: Any) -> Any:
+            # flat, as netCDF holds every attribute (Zarr's JSON may nest the numbers); an empty one holds
+            # no value, as if absent (netCDF4-python fails on it with a bare broadcasting error)
             cast = _safe_cast(value, dtype)
-            return None if cast is None else (cast.view(view) if unsigned else cast)
+            if cast is None or cast.size == 0:
+                return None
+            return cast.reshape(-1).view(view) if unsigned else cast.reshape(-1)
 
         fill = as_stored(attrs["_FillValue"]) if "_FillValue" in attrs else None
         explicit = fill is not None
@@ -335,15 +339,15 @@ class Encoding:
         missing = ()
         if "missing_value" in attrs:
             cast = as_stored(attrs["missing_value"])
-            missing = tuple(np.atleast_1d(cast)) if cast is not None else ()
+            missing = tuple(cast) if cast is not None else ()
         vmin = vmax = None
         if "valid_range" in attrs and np.size(attrs["valid_range"]) == 2 and as_stored(attrs["valid_range"]) is not None:
             vmin, vmax = as_stored(attrs["valid_range"])
         else:
             if "valid_min" in attrs and as_stored(attrs["valid_min"]) is not None:
-                vmin = as_stored(attrs["valid_min"]).reshape(-1)[0]
+                vmin = as_stored(attrs["valid_min"])[0]
             if "valid_max" in attrs and as_stored(attrs["valid_max"]) is not None:
-                vmax = as_stored(attrs["valid_max"]).reshape(-1)[0]
+                vmax = as_stored(attrs["valid_max"])[0]
         return cls(
             dtype=dtype,
             fill_value=None if fill is None else np.asarray(fill).reshape(-1)[0],

@@ -219,13 +219,13 @@ def _encode(values: Any, attrs: dict[str, Any], dtype: np.dtype) -> np.ndarray:
         _check_range(data, mask, encoding.stored_dtype)
         _check_not_missing(data, mask, encoding)
     if mask is not np.ma.nomask and mask.any():
-        data = np.where(mask, _masked_as(encoding), data)
+        data = np.where(mask, _masked_as(encoding, attrs), data)
     with np.errstate(invalid="ignore"):
         out = np.asarray(data).astype(encoding.stored_dtype, copy=False)
     return out.view(dtype) if encoding.unsigned else out
 
 
-def _masked_as(encoding: Encoding) -> Any:
+def _masked_as(encoding: Encoding, attrs: dict[str, Any]) -> Any:
     """What a masked point is stored as: the _FillValue; without one, a ``missing_value`` (what
     netCDF4-python stores), else netCDF's default fill — except where netCDF4-python would read that
     as a value (an _Unsigned variable): refused, as it would unmask them."""
@@ -234,9 +234,11 @@ def _masked_as(encoding: Encoding) -> Any:
     if encoding.missing_values:
         return encoding.missing_values[0]
     if encoding.unsigned or encoding.fill_value is None:
-        raise FragmentError("masked values of a variable without _FillValue or missing_value cannot be stored: "
-                            "netCDF4-python would read netCDF's default fill as a value (an _Unsigned variable): "
-                            "set a _FillValue")
+        unheld = (f" (a missing_value of {str(attrs['missing_value'])[:40]} is none: no value of its stored type "
+                  f"{encoding.dtype}, never read as missing)") if "missing_value" in attrs else ""
+        raise FragmentError(f"masked values of a variable without _FillValue or missing_value{unheld} cannot be "
+                            "stored: netCDF4-python would read netCDF's default fill as a value (an _Unsigned "
+                            "variable): set a _FillValue")
     return encoding.fill_value
 
 

@@ -16,6 +16,7 @@ points' too), mask, fill value and type is numpy.ma's, as netCDF4-python gives.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import numpy as np
@@ -62,8 +63,9 @@ class MaskedChunk(np.ma.MaskedArray):
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None, **kwargs: Any) -> Any:
         """numpy.ma's ``sum``; over every axis of a float32 chunk summed as float64 (``mean(dtype="f8")``),
         without numpy.ma's filled copy of the chunk (:func:`_cast_sum`)."""
-        total = _cast_sum(self, dtype) if out is None and set(kwargs) <= {"keepdims"} and _every_axis(
-            axis, self.ndim) else None
+        # (keepdims a bool only: numpy's own "no value" marker, or one numpy refuses, goes to numpy.ma)
+        total = _cast_sum(self, dtype) if out is None and set(kwargs) <= {"keepdims"} and isinstance(
+            kwargs.get("keepdims", False), (bool, np.bool_)) and _every_axis(axis, self.ndim) else None
         if total is None:
             return super().sum(axis=axis, dtype=dtype, out=out, **kwargs)
         none_kept = bool(self._mask.all())  # (numpy.ma: the sum of nothing kept is masked)
@@ -100,19 +102,24 @@ def _kept_bits(data: np.ndarray, mask: np.ndarray, out: np.ndarray | None = None
     of the values kept, and-ed with all ones, else none -- no branch per point, where ``np.where`` slows
     down on scattered masks (3-8x measured). ``out``: an array of ``data``'s size to write into."""
     unsigned = np.dtype(f"u{data.dtype.itemsize}")
-    into = None if out is None else out.view(unsigned)
+    # (an array given as ``out`` always: a 0-d one's subtraction would otherwise be a scalar)
+    into = np.empty(data.shape, unsigned) if out is None else out.view(unsigned)
     kept = np.subtract(mask.view(np.uint8), np.uint8(1), dtype=unsigned, out=into)
     return np.bitwise_and(data.view(unsigned), kept, out=kept).view(data.dtype)
 
 
 def _every_axis(axis: Any, ndim: int) -> bool:
-    """Whether ``axis`` (None, an int or a tuple of them) names every axis of an array of ``ndim``, each
-    once (False for an axis out of range or named twice: numpy refuses those, with its own error)."""
+    """Whether ``axis`` (None, an integer or a tuple of them) names every axis of an array of ``ndim``,
+    each once (False for anything numpy refuses -- an axis out of range or named twice, a list, an array
+    of several, a float, a string or a bool -- which numpy then refuses with its own error)."""
     if axis is None:
         return True
+    named = axis if isinstance(axis, tuple) else (axis,)
+    if any(isinstance(a, (bool, np.bool_)) for a in named):
+        return False
     try:
-        named = [int(a) for a in np.atleast_1d(axis)]
-    except (TypeError, ValueError):
+        named = [operator.index(a) for a in named]
+    except TypeError:
         return False
     return all(-ndim <= a < ndim for a in named) and sorted(a % ndim for a in named) == list(range(ndim))
 

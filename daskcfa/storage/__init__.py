@@ -34,12 +34,10 @@ from .objects import (
     filesystem,
     glob,
     is_directory,
-    is_opendap,
     listdir,
     memory_label,
     netcdf_memory,
     open_file,
-    opendap_url,
     part_size,
     probe_opendap,
     put_bytes,
@@ -60,7 +58,7 @@ from .objects import (
 )
 from .profiles import ProfileRef, register
 from .s3nc import cache_location
-from .uri import is_local, normalise, resolve, scheme_of, split_mode, to_local_path
+from .uri import is_local, is_opendap, normalise, opendap_url, resolve, scheme_of, split_mode, to_local_path
 
 __all__ = [
     "ProfileRef",

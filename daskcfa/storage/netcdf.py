@@ -27,9 +27,9 @@ from ..errors import CFAError, StorageError, redact
 from ..locks import NETCDF_LOCK
 from .local import local_path, local_stat
 from .nesting import check_nesting
-from .objects import is_opendap, memory_label, netcdf_memory, opendap_url, read_bytes
+from .objects import memory_label, netcdf_memory, read_bytes
 from .profiles import ProfileRef, register
-from .uri import is_local, scheme_of
+from .uri import is_local, is_opendap, opendap_url, scheme_of
 
 __all__ = ["netcdf_file", "WHOLE_FILE_BYTES"]
 

@@ -31,7 +31,7 @@ from ..lazy import fsspec, fsspec_asyn, yarl
 from ..limits import JSON_EXPANSION, max_json_bytes
 from .blocks import Blocks
 from .deadline import async_body_deadline
-from .timed import READ_BLOCK, bound_blocks, bounded, http_get, is_http, on_loop, protocols_of, within_deadline
+from .timed import READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, on_loop, protocols_of, within_deadline
 from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
@@ -41,13 +41,13 @@ from .policy import LocationPolicy
 from .profiles import ProfileRef, resolve_options
 from .s3nc import s3nc_config
 from .retry import Refused, precondition_failed, refusals, translated, with_retries
-from .uri import is_local, normalise, scheme_of
+from .uri import is_local, is_opendap, normalise, opendap_url, scheme_of
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 __all__ = [
-    "NO_PROFILE", "is_opendap", "opendap_url", "memory_label", "filesystem", "config_bytes", "exists", "size", "read_json",
+    "NO_PROFILE", "memory_label", "filesystem", "config_bytes", "exists", "size", "read_json",
     "stat", "version", "part_size", "read_bytes", "read_whole", "fetch_soon", "netcdf_memory", "read_ranges",
     "read_ranges_unchanged", "fetch_range_soon",
     "BLOCKS_CACHED", "block_size", "open_file", "probe_opendap", "put_bytes", "put_file", "put_stream",
@@ -55,23 +55,6 @@ __all__ = [
 ]
 
 NO_PROFILE = ProfileRef(None)
-_DAP_SCHEMES = {"dap2": "http", "dap4": "http", "opendap": "http", "dap2s": "https", "dap4s": "https"}
-
-
-def is_opendap(uri: str) -> bool:
-    """OPeNDAP endpoints are named explicitly: ``dap2://``/``dap4://``/``opendap://``
-    URLs, or an ``http(s)`` URL carrying netCDF-C's ``#mode=dap2``/``#dap4`` marker."""
-    return scheme_of(uri) in _DAP_SCHEMES or "#mode=dap" in uri or uri.endswith("#dap4") or uri.endswith("#dap2")
-
-
-def opendap_url(uri: str) -> str:
-    """The http(s) URL netCDF-C's DAP client understands."""
-    scheme = scheme_of(uri)
-    if scheme in _DAP_SCHEMES:
-        return _DAP_SCHEMES[scheme] + uri[len(scheme):]
-    return uri
-
-
 def memory_label(uri: str) -> str:
     """A harmless name for a netCDF dataset opened from bytes in memory.
 
@@ -479,13 +462,15 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
     ends = [int(o) + int(n) for o, n in ranges]
 
     def fetch() -> list[bytes]:
-        parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: fs._cat_ranges(
-            [path] * len(ranges), starts, ends, on_error="raise")) if on_loop(fs) else \
-            list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        if on_loop(fs):  # (HTTP's by :func:`.timed.http_ranges`: fsspec's reads each body whole)
+            parts = bounded(fs, uri, sum(ends) - sum(starts), lambda: http_ranges(fs, path, ranges) if is_http(fs)
+                            else fs._cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
+        else:
+            parts = list(fs.cat_ranges([path] * len(ranges), starts, ends, on_error="raise"))
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
-        return parts
+        return _of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch)
 
@@ -519,13 +504,26 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
 
     def fetch() -> list[bytes] | None:
         try:
-            return bounded(fs, uri, sum(int(n) for _, n in ranges), every)
+            parts = bounded(fs, uri, sum(int(n) for _, n in ranges), every)
         except Exception as exc:
             if precondition_failed(exc):
                 return None
             raise
+        return _of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch) if ranges else []
+
+
+def _of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
+    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
+    with the whole object; a body without ``Content-Length`` ends with its connection)."""
+    for (offset, length), part in zip(ranges, parts):
+        if len(part) != int(length):
+            more = " or more" if len(part) > int(length) else ""  # (:func:`.timed.http_ranges` reads no further)
+            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
+                               "ignores byte ranges answers with the whole object)", file=uri)
+    return parts
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:
@@ -626,9 +624,13 @@ def read_stream(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationP
         known = {"size": size(uri, profile, policy=policy)} if is_http(fs) else {}  # (as open_file)
         f = bound_blocks(fs, uri, with_retries(uri, lambda: fs.open(path, "rb", block_size=block, cache_type="none",
                                                                      **known)))
+    expected, got = getattr(f, "size", None), 0  # (a remote file object's, from its HEAD)
     with f, translated(uri):
         while chunk := f.read(block):
+            got += len(chunk)
             yield chunk
+    if expected is not None and got != expected:  # (a block answered short ends the stream early)
+        raise StorageError(f"the server sent {got:,} bytes of the object's {int(expected):,}", file=uri)
 
 
 def probe_opendap(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy) -> None:

@@ -11,13 +11,15 @@ after one read timeout's grace (a body of no declared length: as it arrives).
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+import asyncio
+from typing import Any, Awaitable, Callable, Sequence
 
 from ..errors import BudgetError
 from ..lazy import fsspec_asyn
 from .deadline import async_body_deadline
 
-__all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline", "bounded", "http_get", "bound_blocks"]
+__all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline", "bounded", "http_get", "http_ranges",
+           "bound_blocks"]
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 READ_BLOCK = 16 << 20
@@ -66,27 +68,53 @@ def bounded(fs: Any, uri: str, length: int, receive: Callable[[], Awaitable[Any]
 async def http_get(fs: Any, path: str, uri: str, known_size: int | None, max_bytes: int | None) -> bytes:
     """One GET of a whole HTTP object within its deadline, its body read no further than ``max_bytes``
     and one byte (then a :class:`BudgetError`; fsspec's ``cat_file`` reads a body whole, whatever its
-    length: the server's HEAD may have said less)."""
+    length: the server's HEAD may have said less), else than ``known_size`` (its HEAD's) and one byte.
+    A body of another length than ``known_size`` is cut short or not that object (a body without
+    ``Content-Length`` ends where the connection does, and aiohttp inflates a compressed one): an error."""
     parts: list[bytes] = []
-    got = 0
-
-    async def receive() -> None:
-        nonlocal got
-        session = await fs.set_session()
-        async with session.get(fs.encode_url(path), **fs.kwargs) as response:
-            fs._raise_not_found_for_status(response, path)
-            while max_bytes is None or got <= max_bytes:
-                want = READ_BLOCK if max_bytes is None else min(READ_BLOCK, max_bytes + 1 - got)
-                part = await response.content.read(want)
-                if not part:
-                    break
-                parts.append(part)
-                got += len(part)
-
-    await within_deadline(fs, uri, known_size, receive, lambda: got)
+    limit = known_size if max_bytes is None else max_bytes
+    await within_deadline(fs, uri, known_size, lambda: _get(fs, path, limit, parts), lambda: sum(map(len, parts)))
+    got = sum(map(len, parts))
     if max_bytes is not None and got > max_bytes:
         raise BudgetError(f"the object is longer than the {max_bytes:,} bytes read of it", file=uri)
+    if known_size is not None and got != known_size:
+        import aiohttp  # (here: local reads never need it)
+
+        more = " or more" if got > known_size else ""  # (aiohttp's error for a body cut short: retried)
+        raise aiohttp.ClientPayloadError(f"the server sent {got:,} bytes{more} of the object's {known_size:,}")
     return b"".join(parts)
+
+
+async def http_ranges(fs: Any, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """``(offset, length)`` byte ranges of an HTTP object, each body read no further than its length
+    and one byte (fsspec's ``cat_ranges`` reads each whole: a server ignoring ``Range``, or a compressed
+    body inflating, would bring the whole object into memory for each range)."""
+    async def one(offset: int, length: int) -> bytes:
+        parts: list[bytes] = []
+        if length > 0:
+            await _get(fs, path, length, parts, {"Range": f"bytes={offset}-{offset + length - 1}"})
+        return b"".join(parts)
+
+    return list(await asyncio.gather(*(one(int(o), int(n)) for o, n in ranges)))
+
+
+async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
+               headers: dict[str, str] | None = None) -> None:
+    """A GET of ``path`` by ``fs``'s session (its options, its redirect checks), the body added to
+    ``parts`` as it arrives, no further than ``limit`` and one byte (None: all of it)."""
+    options = dict(fs.kwargs)
+    if headers:
+        options["headers"] = {**options.get("headers", {}), **headers}
+    got = 0
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), **options) as response:
+        fs._raise_not_found_for_status(response, path)
+        while limit is None or got <= limit:
+            part = await response.content.read(READ_BLOCK if limit is None else min(READ_BLOCK, limit + 1 - got))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
 
 
 def bound_blocks(fs: Any, uri: str, file: Any) -> Any:

@@ -21,7 +21,7 @@ from ..errors import ArgumentError
 from .s3nc import s3nc_config
 
 __all__ = ["scheme_of", "is_local", "to_local_path", "resolve", "normalise", "absolute", "URI_STYLES",
-           "check_uri_style", "split_mode"]
+           "check_uri_style", "split_mode", "is_opendap", "opendap_url"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: a ``file`` URI (the scheme in any case): ``file:///p``, ``file://localhost/p`` or RFC 8089's ``file:/p``
@@ -131,3 +131,21 @@ def _resolve(reference: str, base: str) -> str:
         return normalise(os.path.join(directory, unquote(reference)))
     head, _, _ = base.rpartition("/")
     return normalise(f"{head}/{reference}")
+
+
+#: OPeNDAP's URL schemes (netCDF-C's and others' spellings) -> the HTTP scheme under each
+_DAP_SCHEMES = {"dap2": "http", "dap4": "http", "opendap": "http", "dap2s": "https", "dap4s": "https"}
+
+
+def is_opendap(uri: str) -> bool:
+    """OPeNDAP endpoints are named explicitly: ``dap2://``/``dap4://``/``opendap://``
+    URLs, or an ``http(s)`` URL carrying netCDF-C's ``#mode=dap2``/``#dap4`` marker."""
+    return scheme_of(uri) in _DAP_SCHEMES or "#mode=dap" in uri or uri.endswith("#dap4") or uri.endswith("#dap2")
+
+
+def opendap_url(uri: str) -> str:
+    """The http(s) URL netCDF-C's DAP client understands."""
+    scheme = scheme_of(uri)
+    if scheme in _DAP_SCHEMES:
+        return _DAP_SCHEMES[scheme] + uri[len(scheme):]
+    return uri

@@ -40,7 +40,7 @@ import json, sys
 import dask, psutil
 import daskcfa
 from daskcfa import from_cfa, open_cfa  # (daskcfa imports its reading modules on first use: before the baseline)
-import dask.array, zarr, numcodecs.blosc, numcodecs.lz4, numcodecs.zstd  # (daskcfa imports these lazily: likewise)
+import dask.array, h5py, zarr, numcodecs.blosc, numcodecs.lz4, numcodecs.zstd  # (daskcfa imports these lazily: likewise)
 from daskcfa_testing.memory import peak_rss
 
 args = json.loads(sys.argv[1])
