@@ -428,8 +428,9 @@ class RegularFiles(LocalFileSystem):
 
 class _Timed(AsyncFileSystemWrapper):
     """An S3 or HTTP(S) filesystem whose reads of an object for zarr-python's store -- its bytes
-    (the ranges :class:`BoundedStore` asks for), a HEAD -- are each made within the body deadline
-    of every other remote read (:mod:`..storage.timed`): fsspec's own calls set none."""
+    (the ranges :class:`BoundedStore` asks for; HTTP's read no further than the range), a HEAD -- are
+    each made within the body deadline of every other remote read (:mod:`..storage.timed`): fsspec's
+    own calls set none."""
 
     def _wrap_all_sync_methods(self) -> None:
         super()._wrap_all_sync_methods()
@@ -440,6 +441,10 @@ class _Timed(AsyncFileSystemWrapper):
 
         async def cat_file(path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
             length = 0 if end is None else max(0, end - (start or 0))  # (0: a grace, no body to wait for)
+            if timed.is_http(fs) and start is not None and end is not None and start >= 0 and not kwargs:
+                async def ranged() -> bytes:  # (fsspec's HTTP ``_cat_file`` reads a body whole, whatever its range)
+                    return (await timed.http_ranges(fs, path, [(start, length)]))[0]
+                return await within(path, length, ranged)
             return await within(path, length, lambda: fs._cat_file(path, start=start, end=end, **kwargs))
 
         async def info(path: str, **kwargs: Any) -> dict[str, Any]:

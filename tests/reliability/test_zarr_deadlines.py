@@ -67,17 +67,17 @@ def test_a_zarr_store_whose_metadata_is_trickled_ends_within_its_deadline(protoc
     _expect_too_slow(failure_within(attempt, stop, listener, _BOUND), uri)
 
 
-def _zarr_store(tmp_path: Path, prefix: str) -> dict[str, bytes | None]:
-    """A Zarr v2 store of ``x`` (2 chunks of :data:`_CHUNK` floats: longer than a trickle brings in the
-    grace) as the server's paths under ``prefix``:
+def _zarr_store(tmp_path: Path, prefix: str, chunk: int = _CHUNK) -> dict[str, bytes | None]:
+    """A Zarr v2 store of ``x`` (2 chunks of ``chunk`` floats; by default longer than a trickle brings in
+    the grace) as the server's paths under ``prefix``:
     its metadata answered at once, the names zarr-python looks for first absent (404), its
     chunks left out (trickled)."""
     import zarr
 
     store = tmp_path / "f0.zarr"
-    array = zarr.create_array(str(store), name="x", shape=(2 * _CHUNK,), chunks=(_CHUNK,), dtype="f4", zarr_format=2,
+    array = zarr.create_array(str(store), name="x", shape=(2 * chunk,), chunks=(chunk,), dtype="f4", zarr_format=2,
                               compressors=None, attributes={"_ARRAY_DIMENSIONS": ["n"]})
-    array[:] = np.arange(2 * _CHUNK, dtype="f4")
+    array[:] = np.arange(2 * chunk, dtype="f4")
     files = {f"{prefix}/{p.relative_to(store).as_posix()}": p.read_bytes() for p in store.rglob("*")
              if p.is_file() and p.name.startswith(".")}
     for name in ("zarr.json", ".zmetadata", "x/zarr.json", "x/.zgroup", ".zattrs"):
@@ -105,6 +105,22 @@ def test_a_zarr_fragment_whose_chunk_is_trickled_is_a_storage_error_naming_fragm
     assert "too slowly" in str(failure) and f"{uri}/x/" in str(failure)  # (zarr reads both chunks at once)
     assert "variable '/x'" in str(failure) and "fragment (0,)" in str(failure)
     assert password not in str(failure) and password not in repr(failure)
+
+
+def test_an_http_zarr_chunk_without_end_is_read_no_further_than_its_range(tmp_path):
+    """A server answering a chunk's range with a body without end (chunked): fsspec's HTTP ``_cat_file``
+    reads a body whole (main: still reading at the test's bound). Now no further than the range asked
+    for (the chunk's bound and one byte): refused as a chunk larger than its array's chunks can be."""
+    endpoint, stop, listener = trickling_server("chunked", 100_000, prompt=_zarr_store(tmp_path, "/dir/f0.zarr", 2))
+
+    def attempt() -> None:
+        with dask.config.set(_CONFIG):
+            ZarrFile(f"{endpoint}/dir/f0.zarr", storage.profiles.register(_HTTP, protocol="http")
+                     ).variable("x").read((slice(0, 4, 1),))
+
+    failure = failure_within(attempt, stop, listener, _BOUND)
+    assert isinstance(failure, daskcfa.errors.FragmentReadError), f"after {_BOUND} s: {failure!r} (None: still reading)"
+    assert "stores more than 8 bytes" in str(failure)
 
 
 def test_a_zarr_fragment_served_at_once_reads_as_before(tmp_path):
