@@ -412,10 +412,16 @@ class Encoding:
 
     def _compared(self) -> tuple:
         """The values a stored value equal to is missing: ``missing_value``, then the fill value
-        (netCDF4-python compares ``_Unsigned`` values with the signed default fill: never equal)."""
+        (netCDF4-python compares ``_Unsigned`` values with the signed default fill: never equal);
+        less those outside the valid range, whose test masks them already (a comparison and a pass
+        fewer: the usual ``missing_value`` -999 and default fill beside a ``valid_range``)."""
+        equal = self.missing_values
         if self.fill_value is not None and (self.explicit_fill or not self.unsigned):
-            return (*self.missing_values, self.fill_value)
-        return self.missing_values
+            equal = (*equal, self.fill_value)
+        low, high = self.valid_min, self.valid_max
+        if low is None and high is None:
+            return equal
+        return tuple(v for v in equal if not ((low is not None and v < low) or (high is not None and v > high)))
 
     def unpack(self, data: np.ndarray) -> np.ndarray:
         scale, offset = self.scale_factor, self.add_offset

@@ -314,3 +314,43 @@ def test_an_encoding_of_long_storage_attributes_is_not_kept():
     assert Encoding.from_attrs({"_Unsigned": "true" * 100}, np.dtype("i2")).unsigned is False and not decode._ENCODINGS
     assert Encoding.from_attrs({"missing_value": np.arange(4, dtype="f4")}, np.dtype("f4")) is not None
     assert len(decode._ENCODINGS) == 1
+
+
+@pytest.mark.parametrize("size", [100, 50_000])  # (small arrays compared; large ones first by their extremes)
+@pytest.mark.parametrize("missing, low, high", [
+    (-999.0, 200.0, 320.0),   # the usual: missing_value and the default fill both outside the valid range
+    (200.0, 200.0, 320.0),    # a missing value at the valid minimum: only its equality masks it
+    (320.0, 200.0, 320.0),    # ... at the valid maximum
+    (250.0, 200.0, 320.0),    # inside the range
+    (np.nan, 200.0, 320.0),   # NaN: never outside by comparison
+    (-999.0, 200.0, None),    # valid_min alone
+    (999.0, None, 320.0),     # valid_max alone
+])
+def test_missing_values_outside_the_valid_range_mask_as_netcdf4_python(tmp_path, size, missing, low, high):
+    """A ``missing_value`` or fill value beyond the valid range is not compared (the range's test masks it):
+    the mask is still netCDF4-python's, point for point, at the range's edges, for NaN, and with one bound."""
+    rng = np.random.default_rng(5)
+    values = rng.uniform(150, 370, size).astype("f4")
+    picks = rng.integers(0, size, (5, size // 10))
+    values[picks[0]] = missing
+    values[picks[1]] = 200.0
+    values[picks[2]] = 320.0
+    values[picks[3]] = netCDF4.default_fillvals["f4"]
+    values[picks[4]] = np.nan
+    attrs = {"missing_value": np.float32(missing)}
+    if low is not None and high is not None:
+        attrs["valid_range"] = np.array([low, high], "f4")
+    elif low is not None:
+        attrs["valid_min"] = np.float32(low)
+    else:
+        attrs["valid_max"] = np.float32(high)
+    with netCDF4.Dataset(tmp_path / "v.nc", "w") as nc:
+        nc.createDimension("x", size)
+        v = nc.createVariable("v", "f4", ("x",))
+        v.setncatts(attrs)
+        v.set_auto_mask(False)
+        v[:] = values
+    with netCDF4.Dataset(tmp_path / "v.nc") as nc:
+        expected = np.ma.getmaskarray(nc["v"][:])
+    got = Encoding.from_attrs(attrs, np.dtype("f4")).missing_mask(values)
+    assert np.array_equal(np.zeros(size, bool) if got is None else got, expected)
