@@ -61,7 +61,7 @@ RAW_LIMIT = {"open": "raw-agg", "read": "raw-loop", "timeseries": "raw-loop",
              **dict.fromkeys(REDUCTIONS, "raw-loop")}
 RAW_LIMIT_S3 = {"read": "raw-s3-cat", "timeseries": "raw-s3-parallel",
                 **dict.fromkeys(REDUCTIONS, "raw-s3-cat")}
-CONTEXT_ONLY = {"raw-bytes", "dask-floor", "dask-floor-masked", "decode-floor"}
+CONTEXT_ONLY = {"raw-bytes", "dask-floor", "dask-floor-masked", "dask-memory", "decode-floor"}
 # Run on S3 only when named in --tools (its cluster start-up, ~4 s per process,
 # would add ~1.5 min to the S3 scenarios).
 S3_OPT_IN = {"daskcfa-distributed"}
@@ -88,6 +88,7 @@ TOOL_LABEL = {
     "raw-bytes": "raw: os.read of every fragment file (context)",
     "dask-floor": "dask alone: the same chunks, no I/O (context)",
     "dask-floor-masked": "dask alone: the same chunks as masked arrays, no I/O (context)",
+    "dask-memory": "dask alone over daskcfa's chunks read before the clock, no I/O (context)",
     "decode-floor": "pread (S3: GET, 4 threads) (+ ISA-L inflate) + sum, nothing else (context; masked data: + the fill test)",
     "raw-s3-cat": "raw: parallel s3fs cat of every fragment object",
     "raw-s3-serial": "raw: serial S3 download + netCDF4 decode loop",

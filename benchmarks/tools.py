@@ -555,6 +555,32 @@ def tool_dask_floor(kind, ds, masked=False):
     return run, lambda v, p: {"context": "no I/O"}, None
 
 
+def tool_dask_memory(kind, ds):
+    """dask alone over the very chunks daskcfa's read gives (numpy arrays, or daskcfa's masked chunks
+    where it masks), read and decoded before the clock: the same reduction over the same chunks and
+    chunk type with no I/O and no decoding. What dask's own work costs, below which no reader of one
+    chunk per fragment that returns netCDF4-python's masked arrays can go."""
+    if kind in ("open", CLIMATOLOGY) or _on_s3(ds):
+        raise CannotDo("not applicable (local reductions, reads and time series only)")
+    import dask
+    import dask.array as da
+
+    from daskcfa import from_cfa
+
+    os.chdir(NEUTRAL_CWD)
+    source = from_cfa(ds.agg, "tas")
+    keys = list(dask.core.flatten(source.__dask_keys__()))
+    # (the getter tasks' own outputs: dask's ``compute`` would hand back copies joined into one array)
+    chunks = dict(zip(keys, dask.get(dict(source.__dask_graph__()), keys)))
+
+    def run():
+        name = f"memory-{source.name}"
+        x = da.Array({(name, *key[1:]): chunk for key, chunk in chunks.items()}, name, source.chunks, meta=source)
+        return _dask_op(kind, ds, x)
+
+    return run, lambda v, p: _dask_describe(kind, ds, v, p), None
+
+
 def tool_decode_floor(kind, ds):
     """The least any reader of these fragments needs on this machine: both cores each read
     a fragment's stored bytes with ``os.pread`` (straight into the array: contiguous data), inflate
@@ -734,6 +760,7 @@ TOOLS = {
     "raw-bytes": tool_raw_bytes,
     "dask-floor": tool_dask_floor,
     "dask-floor-masked": lambda kind, ds: tool_dask_floor(kind, ds, masked=True),
+    "dask-memory": tool_dask_memory,
     "decode-floor": tool_decode_floor,
     "daskcfa": tool_daskcfa,
     "daskcfa-processes": tool_daskcfa_processes,
