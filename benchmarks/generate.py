@@ -620,6 +620,8 @@ def main(argv=None) -> int:
     p.add_argument("--datadir", default=DEFAULT_DATADIR)
     p.add_argument("--scenario", action="append",
                    help=f"generate the data of a scenario ({', '.join([*SCENARIO_DATA, *S3_SCENARIOS])}, all)")
+    p.add_argument("--warmup", action="store_true",
+                   help="the tiny dataset benchmarks.tools runs first (--warm=DATADIR/warmup)")
     p.add_argument("--quick", action="store_true", help="small sizes")
     p.add_argument("--nfrag", type=int)
     p.add_argument("--frag-shape", help="e.g. 10,512,512")
@@ -630,7 +632,7 @@ def main(argv=None) -> int:
     p.add_argument("--name", help="directory name (default derived from the parameters)")
     p.add_argument("--force", action="store_true", help="regenerate even if present")
     a = p.parse_args(argv)
-    specs = []
+    specs = [WARMUP_SPEC] if a.warmup else []
     if a.scenario:
         names = list(SCENARIO_DATA) if "all" in a.scenario else a.scenario
         for n in names:
@@ -646,7 +648,7 @@ def main(argv=None) -> int:
             chunks=tuple(int(v) for v in a.chunks.split(",")) if a.chunks else None,
             name=a.name))
     if not specs:
-        p.error("nothing to generate: give --scenario or --nfrag/--frag-shape")
+        p.error("nothing to generate: give --scenario, --warmup or --nfrag/--frag-shape")
     for s in specs:
         print(ensure(s, a.datadir, force=a.force))
     return 0

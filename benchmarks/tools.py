@@ -801,8 +801,8 @@ def _short(e: BaseException) -> str:
 def _warm_up(tool: str, kind: str, warm_dir: str | None, target=None) -> None:
     """Run the tool once on a tiny, unrelated dataset, so that lazy imports and
     other first-call costs inside the tool fall outside the clock (on S3, the
-    tiny dataset's uploaded copy)."""
-    if not warm_dir or not os.path.exists(os.path.join(warm_dir, "params.json")):
+    tiny dataset's uploaded copy). A warm-up dataset that is not there is an error (see :func:`main`)."""
+    if not warm_dir:
         return
     wds = Dataset.load(warm_dir)
     if target is not None:
@@ -882,6 +882,11 @@ def main(argv=None) -> int:
         print(__doc__, file=sys.stderr)
         print(f"tools: {', '.join(TOOLS)}; scenarios: {', '.join(SCENARIO_KIND)}",
               file=sys.stderr)
+        return 2
+    if warm_dir is not None and not os.path.exists(os.path.join(warm_dir, "params.json")):
+        # (measured without its warm-up, a tool's first run pays its lazy imports: 3x the CPU, measured)
+        print(f"no warm-up dataset at {warm_dir}: `python -m benchmarks.generate --warmup --datadir DIR` makes "
+              "DIR/warmup; or leave out --warm", file=sys.stderr)
         return 2
     res = measure(argv[0], argv[1], argv[2], probe=probe, warm_dir=warm_dir)
     sys.stdout.flush()
