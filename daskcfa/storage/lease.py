@@ -62,7 +62,9 @@ from .. import config
 from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, StorageError, WriteConflictError, redact
 from ..logs import logger
 from .atomic import put_atomic
-from .local import local_path
+from .local import local_path, real_location
+from .manifest import abandoned_uri, retired_uri
+from .nofollow import delete_below, delete_directory_below
 from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
 from .timed import bounded
@@ -83,6 +85,7 @@ __all__ = [
     "own_generations",
     "retire",
     "retired_entries",
+    "retire_abandoned",
 ]
 
 #: The name of a generation directory.
@@ -254,6 +257,7 @@ class Lease:
                     if _swap(self.uri, tag, self._record(), self.profile):
                         log.warning("took over the stale write lease %s on %s, held by %s", redact(self.uri),
                                     redact(self.target), self._describe(holder))
+                        self._note_abandoned(holder)
                         return self
                 elif time.monotonic() >= deadline:
                     raise WriteConflictError(f"another writer holds the target: {self._describe(holder)}; "
@@ -263,6 +267,19 @@ class Lease:
                                          file=self.target)
             time.sleep(delay)
             delay = min(1.0, delay * 2)
+
+    def _note_abandoned(self, holder: _Holder | None) -> None:
+        """Just taken over from ``holder``: record its generation for the dataset's next commit to delete
+        (:func:`retire_abandoned`). Its writer can commit nothing any more (its lease check refuses), so
+        what it wrote is garbage -- unless it is this very write re-run, which resumes it (the same
+        generation: nothing recorded). A malformed record names nothing. Never raises: a record that
+        cannot be written costs space, never data."""
+        if holder is None or holder.generation == self.generation or not GENERATION.fullmatch(holder.generation):
+            return
+        record = abandoned_uri(self.target)
+        listed = _abandoned(record, self.profile)
+        if holder.generation not in listed and len(listed) < _MOST_ABANDONED:
+            _store_abandoned([*listed, holder.generation], record, self.profile)
 
     def confirm(self, *, force: bool = False) -> None:
         """Check (in any task of the write) that the lease is still ours, extending it when
@@ -596,7 +613,7 @@ def _delete_fragment(root: str, relative: str, profile: ProfileRef) -> bool:
     if is_local(root):
         base = os.path.realpath(local_path(root))
         marker = _inside(marker_of(root + relative), root)
-        return _delete_local(base, relative, zarr) and _delete_local(base, marker, False)
+        return delete_below(base, relative, zarr) and delete_below(base, marker, False)
     uri = root + relative
     if zarr:
         if any(exists(f"{uri}/{m}", profile) for m in (".zgroup", ".zarray", "zarr.json")):
@@ -610,60 +627,6 @@ def _delete_fragment(root: str, relative: str, profile: ProfileRef) -> bool:
     return True
 
 
-def _delete_local(base: str, relative: str, zarr: bool) -> bool:
-    """Delete ``base/relative`` -- a regular file, or a Zarr store if ``zarr`` -- walking down from
-    ``base`` by directory descriptors that refuse symbolic links (``O_NOFOLLOW``), so that no link,
-    even one swapped in meanwhile, leads the deletion elsewhere. True if deleted or absent."""
-    *directories, name = relative.split("/")
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in directories:
-            try:
-                below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                return True
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    return False  # a link, or not a directory
-                raise
-            os.close(fd)
-            fd = below
-        try:
-            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            return True
-        if stat.S_ISREG(mode):
-            os.unlink(name, dir_fd=fd)
-            return True
-        if zarr and stat.S_ISDIR(mode) and _zarr_store(fd, name):
-            _remove_tree(fd, name)
-            return True
-        return False
-    finally:
-        os.close(fd)
-
-
-def _zarr_store(fd: int, name: str) -> bool:
-    store = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-    try:
-        return bool(set(os.listdir(store)) & {".zgroup", ".zarray", "zarr.json"})
-    finally:
-        os.close(store)
-
-
-def _remove_tree(fd: int, name: str) -> None:
-    """Remove the directory ``name`` under ``fd`` and everything in it, following no link."""
-    for _, directories, files, here in os.fwalk(name, dir_fd=fd, topdown=False):
-        for each in files:
-            os.unlink(each, dir_fd=here)
-        for each in directories:
-            if stat.S_ISLNK(os.stat(each, dir_fd=here, follow_symlinks=False).st_mode):
-                os.unlink(each, dir_fd=here)
-            else:
-                os.rmdir(each, dir_fd=here)
-    os.rmdir(name, dir_fd=fd)
-
-
 def _prune_empty(deleted: list[str]) -> None:
     """Remove local generation directories (and their marker directories) left empty."""
     for directory in sorted({posixpath.dirname(u) for u in deleted if is_local(u)}, reverse=True):
@@ -675,3 +638,81 @@ def _prune_empty(deleted: list[str]) -> None:
             except (OSError, StorageError):
                 pass
 
+
+# --------------------------------------------------------------------------
+# Generations of writers whose stale leases were taken over
+# --------------------------------------------------------------------------
+
+#: Abandoned generations a record holds at most (one planted with more is read no further: space, never data).
+_MOST_ABANDONED = 256
+
+
+def _abandoned(record: str, profile: ProfileRef) -> list[str]:
+    """The generation names the record lists (each a ``g-<16 hex>`` name, others left out)."""
+    try:
+        listed = read_json(record, profile).get("abandoned", [])
+    except (CFAError, ValueError, AttributeError):
+        return []
+    names = [g for g in listed if isinstance(g, str) and GENERATION.fullmatch(g)] if isinstance(listed, list) else []
+    return list(dict.fromkeys(names))[:_MOST_ABANDONED]
+
+
+def _store_abandoned(listed: list[str], record: str, profile: ProfileRef) -> None:
+    try:
+        if listed:
+            put_atomic(record, json.dumps({"abandoned": listed}, indent=1).encode(), profile)
+        elif exists(record, profile):
+            delete(record, profile)
+    except CFAError:
+        pass  # the generations stay: space, never data
+
+
+def retire_abandoned(references: Iterable[str] | None, target: str, profile: ProfileRef, generation: str) -> list[str]:
+    """After the switch, under the lease: delete the generation directories of the writers whose stale
+    leases were taken over (:meth:`Lease._note_abandoned`), fragments, markers and temporaries; returns
+    the directories deleted.
+
+    The record, like the lease records it comes from, is untrusted. A generation is deleted only as
+    the directory ``<stem>/g-<16 hex>/`` right under the dataset's own fragment directory, reached
+    through no symbolic link (a link there is left alone), and only if no fragment of ``references``
+    (the committed aggregation's and the kept versions'; None if one of these could not be read:
+    then nothing is deleted) lies in it -- compared by real path too, so that a reference through
+    a linked directory counts -- and no fragment the retired record still keeps for its grace period
+    does. A generation in use (referenced, or this write's own ``generation``) leaves the record;
+    one with fragments still kept waits in it for a later commit."""
+    record = abandoned_uri(target)
+    listed = _abandoned(record, profile)
+    if not listed or references is None:
+        return []
+    root, references = _root(target), set(references)
+    stem = posixpath.splitext(posixpath.basename(target))[0]
+    base = os.path.realpath(local_path(root)) if is_local(root) else ""
+    used = {_inside(u, root) for u in references} | {
+        os.path.relpath(real_location(u), base) for u in references if base and is_local(u)}
+    kept = set(_listed(retired_uri(target), profile))
+    deleted, waiting = [], []
+    for name in listed:
+        directory = f"{stem}/{name}"
+        if name == generation or any(u.startswith(directory + "/") for u in used):
+            continue  # in use: not abandoned (a hostile record naming a kept generation ends here)
+        if any(k.startswith(directory + "/") for k in kept):
+            waiting.append(name)
+            continue
+        try:
+            if base:
+                removed = delete_directory_below(base, directory)
+            else:
+                delete_all(root + directory + "/", profile)
+                removed = True
+        except (CFAError, OSError):
+            waiting.append(name)
+            continue
+        if removed:
+            deleted.append(root + directory)
+        else:
+            log.warning("left %s alone: not a directory reached through no link", redact(root + directory))
+    _store_abandoned(waiting, record, profile)
+    if deleted:
+        log.info("deleted %d generations that writers whose leases were taken over left: %s", len(deleted),
+                    ", ".join(redact(d) for d in deleted))
+    return deleted

@@ -198,8 +198,6 @@ time.sleep(600)
 """ % (SHAPE[0], SHAPE[1:])
 
 
-@pytest.mark.xfail(strict=True, reason="a killed Dataset writer's generation (a random name) is never retired: "
-                                       "neither by the successor taking over its lease nor by later commits")
 def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor(tmp_path):
     """``Dataset(url, "a")`` killed (SIGKILL) after all its fragments were written, before ``close()``: the
     dataset is intact, and the next writer, taking over the dead writer's lease, commits. Then the
