@@ -63,7 +63,7 @@ from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, Storage
 from ..logs import logger
 from .atomic import put_atomic
 from .local import local_path, real_location
-from .manifest import abandoned_uri, retired_uri
+from .manifest import abandoned_uri, check_bookkeeping, retired_uri
 from .nofollow import delete_below, delete_directory_below
 from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
@@ -277,6 +277,10 @@ class Lease:
         if holder is None or holder.generation == self.generation or not GENERATION.fullmatch(holder.generation):
             return
         record = abandoned_uri(self.target)
+        try:
+            check_bookkeeping(self.target)  # (no record written through a link planted as <stem>/.daskcfa)
+        except CFAError:
+            return
         listed = _abandoned(record, self.profile)
         if holder.generation not in listed and len(listed) < _MOST_ABANDONED:
             _store_abandoned([*listed, holder.generation], record, self.profile)
@@ -651,7 +655,7 @@ def _abandoned(record: str, profile: ProfileRef) -> list[str]:
     """The generation names the record lists (each a ``g-<16 hex>`` name, others left out)."""
     try:
         listed = read_json(record, profile).get("abandoned", [])
-    except (CFAError, ValueError, AttributeError):
+    except (CFAError, OSError, ValueError, AttributeError):
         return []
     names = [g for g in listed if isinstance(g, str) and GENERATION.fullmatch(g)] if isinstance(listed, list) else []
     return list(dict.fromkeys(names))[:_MOST_ABANDONED]
@@ -663,7 +667,7 @@ def _store_abandoned(listed: list[str], record: str, profile: ProfileRef) -> Non
             put_atomic(record, json.dumps({"abandoned": listed}, indent=1).encode(), profile)
         elif exists(record, profile):
             delete(record, profile)
-    except CFAError:
+    except (CFAError, OSError):
         pass  # the generations stay: space, never data
 
 

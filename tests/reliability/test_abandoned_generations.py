@@ -143,6 +143,8 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
     before = fragments()
     proc = _child(DATASET_WRITER, url, json.dumps(options))
     _kill_after(proc, "assigned", lambda: len(fragments() - before) == 6)
+    (dead,) = {u.split("/")[-2] for u in fragments() - before}
+    client.put_object(Bucket=bucket, Key=f"t/{dead}x/keep.bin", Body=b"beside it, not in it")
     manager().close_all()
     assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, storage_options=options).compute()), values(1))
     _update(url, 7.0, storage_options=options)
@@ -153,6 +155,7 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
     referenced = kept_fragments(url, open_aggregation(url, options)[1].profile)
     assert fragments() == referenced, sorted(fragments() - referenced)[:3]
     assert client.list_objects_v2(Bucket=bucket, Prefix="t/.daskcfa/abandoned.json").get("KeyCount") == 0
+    assert client.get_object(Bucket=bucket, Key=f"t/{dead}x/keep.bin")["Body"].read() == b"beside it, not in it"
 
 
 def test_a_paused_writer_whose_generation_was_retired_cannot_commit(tmp_path):
@@ -210,6 +213,32 @@ def test_a_lease_record_naming_a_kept_version_s_generation_deletes_nothing_of_it
     assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, version=oldest).compute()), values(2))
     assert not dead.exists()  # (before lease18: it stayed)
     assert not (Path(url).with_suffix("") / ".daskcfa" / "abandoned.json").exists()
+    assert_tidy(url)
+
+
+def test_nothing_is_deleted_while_a_kept_version_cannot_be_read(tmp_path):
+    """A kept version whose copy cannot be read now (moved away, a disk not mounted): what it references is
+    unknown, so a lease record naming its generation deletes nothing of it -- and the version reads again
+    once its copy is back. A dead writer's generation recorded then waits for a commit that can read
+    every kept version."""
+    url = str(tmp_path / "t.nc")
+    older, files = _two_versions(url)
+    oldest = daskcfa.history(url)[-1].id
+    copy = Path(url).with_suffix("") / ".daskcfa" / "versions" / f"{oldest}.aggregation"
+    away = tmp_path / "away"
+    copy.rename(away)
+    dead = _abandoned_copy(url, older)
+    _dead_lease(url, older)
+    _take_over(url)
+    _dead_lease(url, dead.name)
+    with pytest.warns(daskcfa.CFAWarning, match="cannot be read"):
+        _update(url, 7.0)
+    assert _snapshot(Path(url).with_suffix("") / older) == files and dead.exists()
+    away.rename(copy)
+    assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, version=oldest).compute()), values(2))
+    _update(url, 8.0)
+    assert _snapshot(Path(url).with_suffix("") / older) == files
+    assert not dead.exists()  # (before lease18: it stayed)
     assert_tidy(url)
 
 
