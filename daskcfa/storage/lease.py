@@ -269,21 +269,22 @@ class Lease:
             delay = min(1.0, delay * 2)
 
     def _note_abandoned(self, holder: _Holder | None) -> None:
-        """Just taken over from ``holder``: record its generation for the dataset's next commit to delete
-        (:func:`retire_abandoned`). Its writer can commit nothing any more (its lease check refuses), so
-        what it wrote is garbage -- unless it is this very write re-run, which resumes it (the same
-        generation: nothing recorded). A malformed record names nothing. Never raises: a record that
-        cannot be written costs space, never data."""
-        if holder is None or holder.generation == self.generation or not GENERATION.fullmatch(holder.generation):
+        """Just taken over from ``holder``: record its owner, never to commit (:meth:`confirm`), and its
+        generation, for the dataset's next commit to delete (:func:`retire_abandoned`): what that writer
+        stored is garbage -- unless this is the very same write re-run, which resumes it (the same
+        generation: not recorded). A malformed record names nothing. Never raises: a record that cannot
+        be written costs space (its generation stays), never data."""
+        if holder is None or len(holder.owner) > _OWNER_CHARACTERS:
             return
         record = abandoned_uri(self.target)
         try:
             check_bookkeeping(self.target)  # (no record written through a link planted as <stem>/.daskcfa)
         except CFAError:
             return
-        listed = _abandoned(record, self.profile)
-        if holder.generation not in listed and len(listed) < _MOST_ABANDONED:
-            _store_abandoned([*listed, holder.generation], record, self.profile)
+        generations, owners = _abandoned(record, self.profile)
+        if holder.generation != self.generation and GENERATION.fullmatch(holder.generation):
+            generations = list(dict.fromkeys([*generations, holder.generation]))[:_MOST_ABANDONED]
+        _store_abandoned(generations, [*(o for o in owners if o != holder.owner), holder.owner], record, self.profile)
 
     def confirm(self, *, force: bool = False) -> None:
         """Check (in any task of the write) that the lease is still ours, extending it when
@@ -292,7 +293,9 @@ class Lease:
         Fragment tasks look at most every few seconds per process (one small GET per
         fragment would cost an S3 write ~1 %): a lease is only taken over once its
         writer's process is gone or it expired, which takes minutes. ``force``: look now
-        (the commit)."""
+        (the commit), and refuse also if a successor ever took this lease over, even if this write
+        has taken it again since (its first task recomputed after a worker was lost): the successor
+        may have deleted what this write stored (:func:`retire_abandoned`)."""
         key = (self.uri, self.owner)
         if not force and time.monotonic() - _CONFIRMED.get(key, -1e9) < min(5.0, _ttl() / 10):
             return
@@ -302,6 +305,9 @@ class Lease:
             raise WriteConflictError(f"this write lost its lease on the target (now held by {holder}); nothing "
                                      "of it was committed", file=self.target)
         holder, tag = found
+        if force and self.owner in _abandoned(abandoned_uri(self.target), self.profile)[1]:
+            raise WriteConflictError("this write's lease was taken over by another writer, which may have deleted "
+                                     "its fragments; nothing of it was committed: run it again", file=self.target)
         if holder.expires - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(), self.profile):
             self.confirm(force=True)  # someone changed it meanwhile: look again
         _CONFIRMED[key] = time.monotonic()
@@ -651,22 +657,33 @@ def _prune_empty(deleted: list[str]) -> None:
 _MOST_ABANDONED = 256
 
 
-def _abandoned(record: str, profile: ProfileRef) -> list[str]:
-    """The generation names the record lists (each a ``g-<16 hex>`` name, others left out)."""
+#: Owners of leases taken over that a record remembers (the newest): a write is refused at its commit if
+#: its lease was ever taken over, long after (a lease lasts minutes, a recomputed first task comes soon).
+_MOST_OWNERS = 1024
+
+#: Characters of an owner's id (daskcfa's are 32 hex digits; a longer one is malformed, not recorded).
+_OWNER_CHARACTERS = 64
+
+
+def _abandoned(record: str, profile: ProfileRef) -> tuple[list[str], list[str]]:
+    """The generations the record lists (each a ``g-<16 hex>`` name, others left out) and the owners of
+    the leases taken over."""
     try:
-        listed = read_json(record, profile).get("abandoned", [])
+        found = read_json(record, profile)
+        generations, owners = found.get("abandoned", []), found.get("owners", [])
     except (CFAError, OSError, ValueError, AttributeError):
-        return []
-    names = [g for g in listed if isinstance(g, str) and GENERATION.fullmatch(g)] if isinstance(listed, list) else []
-    return list(dict.fromkeys(names))[:_MOST_ABANDONED]
+        return [], []
+    generations = [g for g in generations if isinstance(g, str) and GENERATION.fullmatch(g)] \
+        if isinstance(generations, list) else []
+    owners = [o for o in owners if isinstance(o, str) and 0 < len(o) <= _OWNER_CHARACTERS] \
+        if isinstance(owners, list) else []
+    return list(dict.fromkeys(generations))[:_MOST_ABANDONED], owners[-_MOST_OWNERS:]
 
 
-def _store_abandoned(listed: list[str], record: str, profile: ProfileRef) -> None:
+def _store_abandoned(generations: list[str], owners: list[str], record: str, profile: ProfileRef) -> None:
     try:
-        if listed:
-            put_atomic(record, json.dumps({"abandoned": listed}, indent=1).encode(), profile)
-        elif exists(record, profile):
-            delete(record, profile)
+        put_atomic(record, json.dumps({"abandoned": generations, "owners": owners[-_MOST_OWNERS:]},
+                                      indent=1).encode(), profile)
     except (CFAError, OSError):
         pass  # the generations stay: space, never data
 
@@ -685,7 +702,7 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
     does. A generation in use (referenced, or this write's own ``generation``) leaves the record;
     one with fragments still kept waits in it for a later commit."""
     record = abandoned_uri(target)
-    listed = _abandoned(record, profile)
+    listed, owners = _abandoned(record, profile)
     if not listed or references is None:
         return []
     root, references = _root(target), set(references)
@@ -715,7 +732,7 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
             deleted.append(root + directory)
         else:
             log.warning("left %s alone: not a directory reached through no link", redact(root + directory))
-    _store_abandoned(waiting, record, profile)
+    _store_abandoned(waiting, owners, record, profile)
     if deleted:
         log.info("deleted %d generations that writers whose leases were taken over left: %s", len(deleted),
                     ", ".join(redact(d) for d in deleted))

@@ -154,7 +154,8 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
     assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, storage_options=options).compute()), expected)
     referenced = kept_fragments(url, open_aggregation(url, options)[1].profile)
     assert fragments() == referenced, sorted(fragments() - referenced)[:3]
-    assert client.list_objects_v2(Bucket=bucket, Prefix="t/.daskcfa/abandoned.json").get("KeyCount") == 0
+    record = json.loads(client.get_object(Bucket=bucket, Key="t/.daskcfa/abandoned.json")["Body"].read())
+    assert record["abandoned"] == [] and len(record["owners"]) == 1  # (the dead writer's: never to commit)
     assert client.get_object(Bucket=bucket, Key=f"t/{dead}x/keep.bin")["Body"].read() == b"beside it, not in it"
 
 
@@ -176,6 +177,30 @@ def test_a_paused_writer_whose_generation_was_retired_cannot_commit(tmp_path):
     assert mine not in _generations(url)  # (before lease18: its 6 fragments stayed)
     with pytest.raises(WriteConflictError, match="lost its lease"):
         paused.close()
+    assert np.array_equal(read(url), expected)
+    assert_tidy(url)
+
+
+def test_a_writer_whose_lease_was_taken_over_cannot_take_it_again_and_commit(tmp_path):
+    """A write whose first task is recomputed (a distributed worker lost) takes the lease again once its
+    successor has committed and given it back: the successor deleted what the write stored, so the
+    write's check at commit refuses, though the lease is its own again."""
+    url = str(tmp_path / "t.nc")
+    write(url, values(1))
+    profile = open_aggregation(url)[1].profile
+    generation = "g-" + "a" * 16
+    first = Lease.new(url, profile, generation).acquire()
+    stored = Path(url).with_suffix("") / generation
+    stored.mkdir()
+    (stored / "t.tas.0.0.0.nc").write_bytes(b"what the first writer stored")
+    record = json.loads(Path(lease_uri(url)).read_text())
+    Path(lease_uri(url)).write_text(json.dumps({**record, "expires": time.time() - 1}))  # (its lease ran out)
+    expected = _update(url, 7.0)  # the successor: takes the lease over, deletes the generation, commits
+    assert not stored.exists()
+    first.acquire()  # (the lease was given back: the recomputed first task gets it)
+    with pytest.raises(WriteConflictError, match="taken over by another writer"):
+        first.confirm(force=True)  # the commit's check (before lease18: it passed)
+    first.release()
     assert np.array_equal(read(url), expected)
     assert_tidy(url)
 
@@ -212,7 +237,7 @@ def test_a_lease_record_naming_a_kept_version_s_generation_deletes_nothing_of_it
     oldest = daskcfa.history(url)[-1].id
     assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, version=oldest).compute()), values(2))
     assert not dead.exists()  # (before lease18: it stayed)
-    assert not (Path(url).with_suffix("") / ".daskcfa" / "abandoned.json").exists()
+    assert json.loads((Path(url).with_suffix("") / ".daskcfa" / "abandoned.json").read_text())["abandoned"] == []
     assert_tidy(url)
 
 
