@@ -36,6 +36,19 @@ where anyone who can write there can plant one: an entry is deleted only if
 it is a file or Zarr store in a generation directory under ``<stem>/`` that
 the dataset's manifest names (:func:`own_generations`), reached through no
 symbolic link; any other is dropped with a warning.
+
+**Abandoned generations.** A writer killed (or paused past its lease) before its
+commit leaves its generation unreferenced; no commit's retirement lists it.
+The successor that takes its stale lease over records the holder's owner and
+generation in ``<stem>/.daskcfa/abandoned.json`` (:meth:`Lease._note_abandoned`)
+-- unless the generation is the successor's own: the same ``to_cfa`` re-run,
+which resumes it -- and its commit deletes that generation under its lease
+(:func:`retire_abandoned`). That writer can never commit: its lease check
+fails, and a forced check (the commit's) refuses an owner the record names
+even if it has taken the lease again since. Lease records and this record
+are untrusted: only a directory ``<stem>/g-<16 hex>/`` reached through no link
+is deleted, and only if nothing the committed aggregation or a kept version
+references, nor anything retirement still keeps, lies in it.
 """
 
 from __future__ import annotations
