@@ -287,17 +287,34 @@ class Lease:
         stored is garbage -- unless this is the very same write re-run, which resumes it (the same
         generation: not recorded). A malformed record names nothing. Never raises: a record that cannot
         be written costs space (its generation stays), never data."""
-        if holder is None or len(holder.owner) > _OWNER_CHARACTERS:
-            return
+        if holder is not None and len(holder.owner) <= _OWNER_CHARACTERS:
+            self._record_abandoned(holder.generation if holder.generation != self.generation else "", holder.owner)
+
+    def _record_abandoned(self, generation: str, owner: str) -> None:
+        """Add ``generation`` (if one) and ``owner`` (if one) to the record, holding this lease."""
         record = abandoned_uri(self.target)
         try:
             check_bookkeeping(self.target)  # (no record written through a link planted as <stem>/.daskcfa)
         except CFAError:
             return
         generations, owners = _abandoned(record, self.profile)
-        if holder.generation != self.generation and GENERATION.fullmatch(holder.generation):
-            generations = list(dict.fromkeys([*generations, holder.generation]))[:_MOST_ABANDONED]
-        _store_abandoned(generations, [*(o for o in owners if o != holder.owner), holder.owner], record, self.profile)
+        if GENERATION.fullmatch(generation):
+            generations = list(dict.fromkeys([*generations, generation]))[:_MOST_ABANDONED]
+        owners = [*(o for o in owners if o != owner), owner] if owner else owners
+        _store_abandoned(generations, owners, record, self.profile)
+
+    def abandon(self) -> None:
+        """Give the lease up after a write that never resumes (a ``daskcfa.Dataset`` writer) failed or was
+        dropped before its commit: its generation is recorded, while the lease is still ours, for the
+        next commit to delete (:func:`retire_abandoned`). After a commit the lease is no longer held:
+        nothing is recorded. Never raises (:meth:`release`)."""
+        try:
+            found = _read(self.uri, self.profile)
+            if found is not None and found[0] is not None and found[0].owner == self.owner:
+                self._record_abandoned(self.generation, "")
+        except (CFAError, OSError):
+            pass
+        self.release()
 
     def confirm(self, *, force: bool = False) -> None:
         """Check (in any task of the write) that the lease is still ours, extending it when

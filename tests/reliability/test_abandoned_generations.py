@@ -181,6 +181,27 @@ def test_a_paused_writer_whose_generation_was_retired_cannot_commit(tmp_path):
     assert_tidy(url)
 
 
+def test_a_dataset_writer_abandoned_by_an_exception_leaves_its_generation_to_the_next_commit(tmp_path):
+    """``Dataset(url, "a")`` whose ``with`` block raises after its fragments were written: the write is
+    abandoned (the dataset unchanged), and, as a Dataset write never resumes, its generation is recorded
+    for the next commit, which deletes it."""
+    url = str(tmp_path / "t.nc")
+    write(url, values(1))
+    before = _generations(url)
+    with pytest.raises(KeyboardInterrupt):
+        with Dataset(url, "a", buffer_size=1) as ds:
+            for t in range(SHAPE[0]):
+                ds["tas"][t] = np.full(SHAPE[1:], 5.0, "f4")
+            wait_for(lambda: _new_generation(url, before, 6), what="the writer's 6 fragments")
+            raise KeyboardInterrupt
+    (mine,) = _generations(url) - before
+    assert np.array_equal(read(url), values(1))
+    expected = _update(url, 7.0)
+    assert mine not in _generations(url)  # (before lease18: its 6 fragments stayed)
+    assert np.array_equal(read(url), expected)
+    assert_tidy(url)
+
+
 def test_a_writer_whose_lease_was_taken_over_cannot_take_it_again_and_commit(tmp_path):
     """A write whose first task is recomputed (a distributed worker lost) takes the lease again once its
     successor has committed and given it back: the successor deleted what the write stored, so the
