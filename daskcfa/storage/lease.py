@@ -45,10 +45,13 @@ generation in ``<stem>/.daskcfa/abandoned.json`` (:meth:`Lease._note_abandoned`)
 which resumes it -- and its commit deletes that generation under its lease
 (:func:`retire_abandoned`). That writer can never commit: its lease check
 fails, and a forced check (the commit's) refuses an owner the record names
-even if it has taken the lease again since. Lease records and this record
-are untrusted: only a directory ``<stem>/g-<16 hex>/`` reached through no link
-is deleted, and only if nothing the committed aggregation or a kept version
-references, nor anything retirement still keeps, lies in it.
+even if it has taken the lease again since. A ``daskcfa.Dataset`` writer that
+ends without committing (an exception, dropped unclosed) records its own
+generation the same way (:meth:`Lease.abandon`): it never resumes. Lease
+records and this record are untrusted: only a directory ``<stem>/g-<16 hex>/``
+reached through no link is deleted, and only if nothing the committed
+aggregation or a kept version references, nor anything retirement still
+keeps, lies in it.
 """
 
 from __future__ import annotations
@@ -686,7 +689,6 @@ def _prune_empty(deleted: list[str]) -> None:
 #: Abandoned generations a record holds at most (one planted with more is read no further: space, never data).
 _MOST_ABANDONED = 256
 
-
 #: Owners of leases taken over that a record remembers (the newest): a write is refused at its commit if
 #: its lease was ever taken over, long after (a lease lasts minutes, a recomputed first task comes soon).
 _MOST_OWNERS = 1024
@@ -765,5 +767,5 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
     _store_abandoned(waiting, owners, record, profile)
     if deleted:
         log.info("deleted %d generations that writers whose leases were taken over left: %s", len(deleted),
-                    ", ".join(redact(d) for d in deleted))
+                 ", ".join(redact(d) for d in deleted))
     return deleted

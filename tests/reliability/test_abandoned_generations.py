@@ -138,7 +138,8 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
 
     def fragments() -> set[str]:
         listed = client.list_objects_v2(Bucket=bucket, Prefix="t/").get("Contents", [])
-        return {f"s3://{bucket}/{o['Key']}" for o in listed if o["Key"].endswith(".nc") and "/.daskcfa/" not in o["Key"]}
+        keys = [o["Key"] for o in listed]
+        return {f"s3://{bucket}/{k}" for k in keys if k.endswith(".nc") and "/.daskcfa/" not in k}
 
     before = fragments()
     proc = _child(DATASET_WRITER, url, json.dumps(options))
