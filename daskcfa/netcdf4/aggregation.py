@@ -58,9 +58,10 @@ _SPARSE_DIALECTS = dialects_that("missing_fragments")
 
 
 def _end_writing(lease: Lease, pool: ThreadPoolExecutor) -> None:
-    """Stop a writer's threads and give its lease back (at close, or when it is dropped unclosed)."""
+    """Stop a writer's threads and give its lease back (at close, or when it is dropped unclosed); a
+    write that did not commit leaves its generation to the next commit to delete (it never resumes)."""
     pool.shutdown(wait=True, cancel_futures=True)
-    lease.release()
+    lease.abandon()
 
 
 class AggregationWriter(Definitions, dataset.Group):

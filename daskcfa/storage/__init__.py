@@ -18,7 +18,7 @@ from .atomic import commit, put_atomic, remove_stale_temporaries, temporary_name
 from .blocks import Blocks
 from .identity import local_token
 from .local import free_space, irregular, local_path, local_stat, open_local, real_location
-from .manifest import checked_manifest, listed_fragments, manifest_uri, retired_uri, missing_directory, other_owner, read_manifest, replacing_generation
+from .manifest import abandoned_uri, checked_manifest, listed_fragments, manifest_uri, retired_uri, missing_directory, other_owner, read_manifest, replacing_generation
 from .netcdf import netcdf_file
 from .objects import (
     BLOCKS_CACHED,
@@ -66,6 +66,7 @@ __all__ = [
     "manifest_uri",
     "other_owner",
     "retired_uri",
+    "abandoned_uri",
     "read_manifest",
     "checked_manifest",
     "listed_fragments",

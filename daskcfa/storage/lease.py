@@ -36,6 +36,22 @@ where anyone who can write there can plant one: an entry is deleted only if
 it is a file or Zarr store in a generation directory under ``<stem>/`` that
 the dataset's manifest names (:func:`own_generations`), reached through no
 symbolic link; any other is dropped with a warning.
+
+**Abandoned generations.** A writer killed (or paused past its lease) before its
+commit leaves its generation unreferenced; no commit's retirement lists it.
+The successor that takes its stale lease over records the holder's owner and
+generation in ``<stem>/.daskcfa/abandoned.json`` (:meth:`Lease._note_abandoned`)
+-- unless the generation is the successor's own: the same ``to_cfa`` re-run,
+which resumes it -- and its commit deletes that generation under its lease
+(:func:`retire_abandoned`). That writer can never commit: its lease check
+fails, and a forced check (the commit's) refuses an owner the record names
+even if it has taken the lease again since. A ``daskcfa.Dataset`` writer that
+ends without committing (an exception, dropped unclosed) records its own
+generation the same way (:meth:`Lease.abandon`): it never resumes. Lease
+records and this record are untrusted: only a directory ``<stem>/g-<16 hex>/``
+reached through no link is deleted, and only if nothing the committed
+aggregation or a kept version references, nor anything retirement still
+keeps, lies in it.
 """
 
 from __future__ import annotations
@@ -62,7 +78,9 @@ from .. import config
 from ..errors import ArgumentError, CFAError, CFAWarning, NotFoundError, StorageError, WriteConflictError, redact
 from ..logs import logger
 from .atomic import put_atomic
-from .local import local_path
+from .local import local_path, real_location
+from .manifest import abandoned_uri, check_bookkeeping, retired_uri
+from .nofollow import delete_below, delete_directory_below
 from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
 from .timed import bounded
@@ -83,6 +101,7 @@ __all__ = [
     "own_generations",
     "retire",
     "retired_entries",
+    "retire_abandoned",
 ]
 
 #: The name of a generation directory.
@@ -254,6 +273,7 @@ class Lease:
                     if _swap(self.uri, tag, self._record(), self.profile):
                         log.warning("took over the stale write lease %s on %s, held by %s", redact(self.uri),
                                     redact(self.target), self._describe(holder))
+                        self._note_abandoned(holder)
                         return self
                 elif time.monotonic() >= deadline:
                     raise WriteConflictError(f"another writer holds the target: {self._describe(holder)}; "
@@ -264,6 +284,41 @@ class Lease:
             time.sleep(delay)
             delay = min(1.0, delay * 2)
 
+    def _note_abandoned(self, holder: _Holder | None) -> None:
+        """Just taken over from ``holder``: record its owner, never to commit (:meth:`confirm`), and its
+        generation, for the dataset's next commit to delete (:func:`retire_abandoned`): what that writer
+        stored is garbage -- unless this is the very same write re-run, which resumes it (the same
+        generation: not recorded). A malformed record names nothing. Never raises: a record that cannot
+        be written costs space (its generation stays), never data."""
+        if holder is not None and len(holder.owner) <= _OWNER_CHARACTERS:
+            self._record_abandoned(holder.generation if holder.generation != self.generation else "", holder.owner)
+
+    def _record_abandoned(self, generation: str, owner: str) -> None:
+        """Add ``generation`` (if one) and ``owner`` (if one) to the record, holding this lease."""
+        record = abandoned_uri(self.target)
+        try:
+            check_bookkeeping(self.target)  # (no record written through a link planted as <stem>/.daskcfa)
+        except CFAError:
+            return
+        generations, owners = _abandoned(record, self.profile)
+        if GENERATION.fullmatch(generation):
+            generations = list(dict.fromkeys([*generations, generation]))[:_MOST_ABANDONED]
+        owners = [*(o for o in owners if o != owner), owner] if owner else owners
+        _store_abandoned(generations, owners, record, self.profile)
+
+    def abandon(self) -> None:
+        """Give the lease up after a write that never resumes (a ``daskcfa.Dataset`` writer) failed or was
+        dropped before its commit: its generation is recorded, while the lease is still ours, for the
+        next commit to delete (:func:`retire_abandoned`). After a commit the lease is no longer held:
+        nothing is recorded. Never raises (:meth:`release`)."""
+        try:
+            found = _read(self.uri, self.profile)
+            if found is not None and found[0] is not None and found[0].owner == self.owner:
+                self._record_abandoned(self.generation, "")
+        except (CFAError, OSError):
+            pass
+        self.release()
+
     def confirm(self, *, force: bool = False) -> None:
         """Check (in any task of the write) that the lease is still ours, extending it when
         half its time has passed; a writer that lost it stops before writing anything more.
@@ -271,7 +326,9 @@ class Lease:
         Fragment tasks look at most every few seconds per process (one small GET per
         fragment would cost an S3 write ~1 %): a lease is only taken over once its
         writer's process is gone or it expired, which takes minutes. ``force``: look now
-        (the commit)."""
+        (the commit), and refuse also if a successor ever took this lease over, even if this write
+        has taken it again since (its first task recomputed after a worker was lost): the successor
+        may have deleted what this write stored (:func:`retire_abandoned`)."""
         key = (self.uri, self.owner)
         if not force and time.monotonic() - _CONFIRMED.get(key, -1e9) < min(5.0, _ttl() / 10):
             return
@@ -281,6 +338,9 @@ class Lease:
             raise WriteConflictError(f"this write lost its lease on the target (now held by {holder}); nothing "
                                      "of it was committed", file=self.target)
         holder, tag = found
+        if force and self.owner in _abandoned(abandoned_uri(self.target), self.profile)[1]:
+            raise WriteConflictError("this write's lease was taken over by another writer, which may have deleted "
+                                     "its fragments; nothing of it was committed: run it again", file=self.target)
         if holder.expires - time.time() < _ttl() / 2 and not _swap(self.uri, tag, self._record(), self.profile):
             self.confirm(force=True)  # someone changed it meanwhile: look again
         _CONFIRMED[key] = time.monotonic()
@@ -596,7 +656,7 @@ def _delete_fragment(root: str, relative: str, profile: ProfileRef) -> bool:
     if is_local(root):
         base = os.path.realpath(local_path(root))
         marker = _inside(marker_of(root + relative), root)
-        return _delete_local(base, relative, zarr) and _delete_local(base, marker, False)
+        return delete_below(base, relative, zarr) and delete_below(base, marker, False)
     uri = root + relative
     if zarr:
         if any(exists(f"{uri}/{m}", profile) for m in (".zgroup", ".zarray", "zarr.json")):
@@ -610,60 +670,6 @@ def _delete_fragment(root: str, relative: str, profile: ProfileRef) -> bool:
     return True
 
 
-def _delete_local(base: str, relative: str, zarr: bool) -> bool:
-    """Delete ``base/relative`` -- a regular file, or a Zarr store if ``zarr`` -- walking down from
-    ``base`` by directory descriptors that refuse symbolic links (``O_NOFOLLOW``), so that no link,
-    even one swapped in meanwhile, leads the deletion elsewhere. True if deleted or absent."""
-    *directories, name = relative.split("/")
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in directories:
-            try:
-                below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                return True
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    return False  # a link, or not a directory
-                raise
-            os.close(fd)
-            fd = below
-        try:
-            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            return True
-        if stat.S_ISREG(mode):
-            os.unlink(name, dir_fd=fd)
-            return True
-        if zarr and stat.S_ISDIR(mode) and _zarr_store(fd, name):
-            _remove_tree(fd, name)
-            return True
-        return False
-    finally:
-        os.close(fd)
-
-
-def _zarr_store(fd: int, name: str) -> bool:
-    store = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-    try:
-        return bool(set(os.listdir(store)) & {".zgroup", ".zarray", "zarr.json"})
-    finally:
-        os.close(store)
-
-
-def _remove_tree(fd: int, name: str) -> None:
-    """Remove the directory ``name`` under ``fd`` and everything in it, following no link."""
-    for _, directories, files, here in os.fwalk(name, dir_fd=fd, topdown=False):
-        for each in files:
-            os.unlink(each, dir_fd=here)
-        for each in directories:
-            if stat.S_ISLNK(os.stat(each, dir_fd=here, follow_symlinks=False).st_mode):
-                os.unlink(each, dir_fd=here)
-            else:
-                os.rmdir(each, dir_fd=here)
-    os.rmdir(name, dir_fd=fd)
-
-
 def _prune_empty(deleted: list[str]) -> None:
     """Remove local generation directories (and their marker directories) left empty."""
     for directory in sorted({posixpath.dirname(u) for u in deleted if is_local(u)}, reverse=True):
@@ -675,3 +681,91 @@ def _prune_empty(deleted: list[str]) -> None:
             except (OSError, StorageError):
                 pass
 
+
+# --------------------------------------------------------------------------
+# Generations of writers whose stale leases were taken over
+# --------------------------------------------------------------------------
+
+#: Abandoned generations a record holds at most (one planted with more is read no further: space, never data).
+_MOST_ABANDONED = 256
+
+#: Owners of leases taken over that a record remembers (the newest): a write is refused at its commit if
+#: its lease was ever taken over, long after (a lease lasts minutes, a recomputed first task comes soon).
+_MOST_OWNERS = 1024
+
+#: Characters of an owner's id (daskcfa's are 32 hex digits; a longer one is malformed, not recorded).
+_OWNER_CHARACTERS = 64
+
+
+def _abandoned(record: str, profile: ProfileRef) -> tuple[list[str], list[str]]:
+    """The generations the record lists (each a ``g-<16 hex>`` name, others left out) and the owners of
+    the leases taken over."""
+    try:
+        found = read_json(record, profile)
+        generations, owners = found.get("abandoned", []), found.get("owners", [])
+    except (CFAError, OSError, ValueError, AttributeError):
+        return [], []
+    generations = [g for g in generations if isinstance(g, str) and GENERATION.fullmatch(g)] \
+        if isinstance(generations, list) else []
+    owners = [o for o in owners if isinstance(o, str) and 0 < len(o) <= _OWNER_CHARACTERS] \
+        if isinstance(owners, list) else []
+    return list(dict.fromkeys(generations))[:_MOST_ABANDONED], owners[-_MOST_OWNERS:]
+
+
+def _store_abandoned(generations: list[str], owners: list[str], record: str, profile: ProfileRef) -> None:
+    try:
+        put_atomic(record, json.dumps({"abandoned": generations, "owners": owners[-_MOST_OWNERS:]},
+                                      indent=1).encode(), profile)
+    except (CFAError, OSError):
+        pass  # the generations stay: space, never data
+
+
+def retire_abandoned(references: Iterable[str] | None, target: str, profile: ProfileRef, generation: str) -> list[str]:
+    """After the switch, under the lease: delete the generation directories of the writers whose stale
+    leases were taken over (:meth:`Lease._note_abandoned`), fragments, markers and temporaries; returns
+    the directories deleted.
+
+    The record, like the lease records it comes from, is untrusted. A generation is deleted only as
+    the directory ``<stem>/g-<16 hex>/`` right under the dataset's own fragment directory, reached
+    through no symbolic link (a link there is left alone), and only if no fragment of ``references``
+    (the committed aggregation's and the kept versions'; None if one of these could not be read:
+    then nothing is deleted) lies in it -- compared by real path too, so that a reference through
+    a linked directory counts -- and no fragment the retired record still keeps for its grace period
+    does. A generation in use (referenced, or this write's own ``generation``) leaves the record;
+    one with fragments still kept waits in it for a later commit."""
+    record = abandoned_uri(target)
+    listed, owners = _abandoned(record, profile)
+    if not listed or references is None:
+        return []
+    root, references = _root(target), set(references)
+    stem = posixpath.splitext(posixpath.basename(target))[0]
+    base = os.path.realpath(local_path(root)) if is_local(root) else ""
+    used = {_inside(u, root) for u in references} | {
+        os.path.relpath(real_location(u), base) for u in references if base and is_local(u)}
+    kept = set(_listed(retired_uri(target), profile))
+    deleted, waiting = [], []
+    for name in listed:
+        directory = f"{stem}/{name}"
+        if name == generation or any(u.startswith(directory + "/") for u in used):
+            continue  # in use: not abandoned (a hostile record naming a kept generation ends here)
+        if any(k.startswith(directory + "/") for k in kept):
+            waiting.append(name)
+            continue
+        try:
+            if base:
+                removed = delete_directory_below(base, directory)
+            else:
+                delete_all(root + directory + "/", profile)
+                removed = True
+        except (CFAError, OSError):
+            waiting.append(name)
+            continue
+        if removed:
+            deleted.append(root + directory)
+        else:
+            log.warning("left %s alone: not a directory reached through no link", redact(root + directory))
+    _store_abandoned(waiting, owners, record, profile)
+    if deleted:
+        log.info("deleted %d generations that writers whose leases were taken over left: %s", len(deleted),
+                 ", ".join(redact(d) for d in deleted))
+    return deleted

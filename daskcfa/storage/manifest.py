@@ -17,7 +17,7 @@ from .objects import exists, read_json
 from .profiles import ProfileRef
 from .uri import is_local, resolve, scheme_of
 
-__all__ = ["check_bookkeeping", "manifest_uri", "retired_uri", "read_manifest", "manifest_json", "checked_manifest", "listed_fragments",
+__all__ = ["check_bookkeeping", "manifest_uri", "retired_uri", "abandoned_uri", "read_manifest", "manifest_json", "checked_manifest", "listed_fragments",
            "replacing_generation", "missing_directory", "other_owner"]
 
 #: Schemes whose missing "directory" means that nothing is stored under it (HTTP servers need not list).
@@ -33,6 +33,12 @@ def manifest_uri(url: str) -> str:
 def retired_uri(url: str) -> str:
     """Where the record of the fragments a commit of ``url`` retired (kept for a grace period) lives."""
     return posixpath.join(posixpath.dirname(manifest_uri(url)), "retired.json")
+
+
+def abandoned_uri(url: str) -> str:
+    """Where the record of the generations of writers whose stale leases were taken over lives (their
+    fragments deleted by the next commit of ``url``: :func:`daskcfa.storage.lease.retire_abandoned`)."""
+    return posixpath.join(posixpath.dirname(manifest_uri(url)), "abandoned.json")
 
 
 def read_manifest(url: str, profile: ProfileRef) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from ..model import AggregationDataset
 from ..storage import history
 from ..storage.fixity import entry
 from ..storage.history import Change
-from ..storage.lease import Lease, generation_of, own_generations, retire, schedule
+from ..storage.lease import Lease, generation_of, own_generations, retire, retire_abandoned, schedule
 from ..storage.publish import UPDATE_MODES, put_aggregation, refuse_existing
 
 __all__ = ["Commit", "Indexer", "plan_commit", "commit_aggregation", "switch", "publish", "prune_versions",
@@ -124,12 +124,12 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     url, profile = commit.url, commit.profile
     earlier = storage.read_manifest(url, profile)
     previous = _previous_fragments(commit, earlier)
-    past = _past(url, profile) if commit.mode != "w-" else []
+    past, whole = _past(url, profile) if commit.mode != "w-" else ([], True)
     kept = past[:max(1, commit.keep_versions) - 1]
-    references, generations, kept = _retain(url, profile, earlier, past, kept, set(commit.references), previous,
-                                            commit.keep_previous, commit.header["generation"])
-    storage.remove_stale_temporaries([url, commit.manifest, commit.retired, *new, *history.unfinished(url, profile)],
-                                     profile)
+    references, generations, kept, complete = _retain(url, profile, earlier, past, kept, set(commit.references),
+                                                      previous, commit.keep_previous, commit.header["generation"])
+    storage.remove_stale_temporaries([url, commit.manifest, commit.retired, storage.abandoned_uri(url), *new,
+                                      *history.unfinished(url, profile)], profile)
     manifest = {**commit.header, "generations": generations, "fragments": fragments}
     version = history.record(url, commit.payload, commit.change, commit.header["generation"],
                              past[0].id if past else None, profile, manifest)
@@ -138,6 +138,7 @@ def switch(commit: Commit, fragments: dict[str, Any], lease: Lease, new: Iterabl
     history.drop_except(url, [version.id, *(v.id for v in kept)], [v.id for v in past[len(kept):]],
                         past[0] if past else None, profile)
     retire(references, url, commit.retired, profile, generations)
+    retire_abandoned(references if complete and whole else None, url, profile, commit.header["generation"])
     return version
 
 
@@ -147,13 +148,14 @@ def prune_versions(url: str, profile: storage.ProfileRef, lease: Lease, keep: in
     fragments only they referenced, at once (the rules of :func:`switch`). Returns the ids dropped."""
     lease.confirm(force=True)
     earlier = storage.read_manifest(url, profile)
-    past = _past(url, profile)
+    past, whole = _past(url, profile)
     kept = past[:_keep(keep)]
-    references, generations, kept = _retain(url, profile, earlier, past, kept, set(), set(), 0.0,
-                                            str(earlier.get("generation", "")))
+    references, generations, kept, complete = _retain(url, profile, earlier, past, kept, set(), set(), 0.0,
+                                                      str(earlier.get("generation", "")))
     history.drop_except(url, [v.id for v in kept], [v.id for v in past[len(kept):]], past[0] if past else None,
                         profile)
     retire(references, url, storage.retired_uri(url), profile, generations)
+    retire_abandoned(references if complete and whole else None, url, profile, "")
     return [v.id for v in past[len(kept):]]
 
 
@@ -164,13 +166,14 @@ def _keep(keep: int | None) -> int:
 
 def _retain(url: str, profile: storage.ProfileRef, earlier: dict[str, Any], past: list[history.Version],
             kept: list[history.Version], references: set[str], leaving: set[str], keep_for: float,
-            generation: str) -> tuple[set[str], list[str], list[history.Version]]:
+            generation: str) -> tuple[set[str], list[str], list[history.Version], bool]:
     """What a commit keeps when the ``kept`` newest of ``past`` stay: every fragment URI referenced
     (``references``, the new file's, and those of the kept versions), the dataset's own
-    generations (:func:`own_generations`) and the versions kept; the fragments ``leaving`` and
-    those that only the versions beyond reference are listed for retirement (in ``keep_for``
-    seconds) first. If a kept version cannot be read, what it references is unknown: nothing
-    leaves and every version stays (space, never a kept version's fragment)."""
+    generations (:func:`own_generations`), the versions kept, and whether each of them could be
+    read; the fragments ``leaving`` and those that only the versions beyond reference are listed
+    for retirement (in ``keep_for`` seconds) first. If a kept version cannot be read, what it
+    references is unknown: nothing leaves, every version stays and no abandoned generation is
+    deleted (space, never a kept version's fragment)."""
     found = [_referenced(url, v, profile) for v in kept]
     if any(uris is None for uris in found):
         warnings.warn("a kept version cannot be read: this commit retires no fragment and drops no version",
@@ -180,19 +183,21 @@ def _retain(url: str, profile: storage.ProfileRef, earlier: dict[str, Any], past
     leaving = leaving.union(*(_made(url, v, profile) for v in past[len(kept):]))
     retired = storage.retired_uri(url)
     listed = schedule(leaving, references, url, retired, profile, keep_for)
-    return references, own_generations(earlier, leaving, references, listed, url, generation), kept
+    complete = all(uris is not None for uris in found)
+    return references, own_generations(earlier, leaving, references, listed, url, generation), kept, complete
 
 
-def _past(url: str, profile: storage.ProfileRef) -> list[history.Version]:
-    """The committed versions of ``url``, newest first; an aggregation file no version describes is
-    recorded first (:func:`history.adopt`). A malformed record ends the chain, with a warning: what
-    lies beyond it is neither read nor deleted."""
+def _past(url: str, profile: storage.ProfileRef) -> tuple[list[history.Version], bool]:
+    """The committed versions of ``url``, newest first, and whether that is all of them; an aggregation
+    file no version describes is recorded first (:func:`history.adopt`). A malformed record ends the
+    chain, with a warning: what lies beyond it is neither read nor deleted (nor, what it might
+    reference, any abandoned generation: :func:`retire_abandoned`)."""
     history.adopt(url, profile)
     try:
-        return history.chain(url, profile)
+        return history.chain(url, profile), True
     except CFAFormatError as exc:
         warnings.warn(f"the history stops at a malformed version record: {exc}", CFAWarning, stacklevel=3)
-        return history.chain(url, profile, strict=False)
+        return history.chain(url, profile, strict=False), False
 
 
 def kept_fragments(url: str, profile: storage.ProfileRef) -> set[str]:
@@ -257,7 +262,7 @@ def publish(url: str, payload: bytes, mode: str, profile: storage.ProfileRef, ch
     lease = Lease.new(url, profile).acquire()
     try:
         refuse_existing(url, mode, profile)
-        parent = _past(url, profile)[:1] if mode != "w-" else []
+        parent = _past(url, profile)[0][:1] if mode != "w-" else []
         version = history.record(url, payload, change, None, parent[0].id if parent else None, profile)
         put_aggregation(url, payload, mode, profile, lease, detail=detail)
     finally:

@@ -187,7 +187,10 @@ def test_write_interrupted_by_a_crash_commits_nothing_then_resumes(tmp_path, s3_
     objects = [o for o in objects if "/tas/.daskcfa/versions/" not in o]
     fragments = sorted(o for o in objects if o.endswith(".nc") and "/.daskcfa/" not in o)
     assert len(fragments) == FRAGMENTS
-    assert len([o for o in objects if "/.daskcfa/" in o and not o.endswith("manifest.json")]) == FRAGMENTS
+    # (the re-run took the dead run's lease over: its owner is recorded, never to commit; lease18)
+    assert f"{bucket}/out/tas/.daskcfa/abandoned.json" in objects
+    assert len([o for o in objects if "/.daskcfa/" in o and not o.endswith(("manifest.json", "abandoned.json"))]) \
+        == FRAGMENTS
     assert sorted(set(objects) - set(fragments)) == sorted(
         [f"{bucket}/out/tas.nca", f"{bucket}/out/tas/.daskcfa/manifest.json"]
         + [o for o in objects if "/.daskcfa/" in o and not o.endswith("manifest.json")])

@@ -123,23 +123,18 @@ def _files(url: str) -> list[Path]:
     return sorted(p for p in Path(url).parent.rglob("*") if p.is_file())
 
 
-def assert_tidy(url: str, stale_lease: bool = False, abandoned: bool = False) -> None:
+def assert_tidy(url: str, stale_lease: bool = False) -> None:
     """Exactly the fragments the kept versions reference, no temporary, and no lease (but ``stale_lease``:
     a writer killed after its commit, never re-run, leaves its lease and may leave temporaries of its
-    bookkeeping, which the next commit removes). ``abandoned``: whole generation
-    directories that no kept version references may stay (a killed ``Dataset`` writer's: see
-    :func:`test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor`)."""
+    bookkeeping, which the next commit removes). A killed ``Dataset`` writer's generation is gone once
+    its successor has committed (:func:`test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor`)."""
     referenced = kept_fragments(url, open_aggregation(url)[1].profile)
     fragments = {str(p) for p in _files(url) if p.suffix == ".nc" and str(p) != url}
     unreferenced = fragments - referenced
-    kept = {os.path.dirname(u) for u in referenced}
-    if abandoned:
-        unreferenced = {u for u in unreferenced if os.path.dirname(u) in kept}
     assert not unreferenced and referenced <= fragments, \
         f"unreferenced {sorted(unreferenced)[:3]}, missing {sorted(referenced - fragments)[:3]}"
     bookkeeping = Path(url).with_suffix("") / ".daskcfa"
-    leftovers = [p for p in _files(url) if (p.name.endswith(".part") and not (abandoned and str(p.parent) not in kept)
-                                            and not (stale_lease and bookkeeping in p.parents))
+    leftovers = [p for p in _files(url) if (p.name.endswith(".part") and not (stale_lease and bookkeeping in p.parents))
                  or (p.name.endswith(".lease") and not stale_lease)]
     assert not leftovers, leftovers
 
@@ -179,8 +174,7 @@ def test_a_writer_killed_at_random_moments_leaves_old_or_new_and_reruns_to_new(t
         if outcome == "old":
             OPERATIONS[op](url)  # the same call again
         assert np.array_equal(read(url), _new_values(op))
-        assert_tidy(url, stale_lease=outcome == "new" and proc.exitcode == -signal.SIGKILL,
-                    abandoned=op == "dataset-a")
+        assert_tidy(url, stale_lease=outcome == "new" and proc.exitcode == -signal.SIGKILL)
     print(f"\nkilled {op}: {dict(outcomes)} (run {duration:.2f} s)")
 
 
@@ -198,13 +192,12 @@ time.sleep(600)
 """ % (SHAPE[0], SHAPE[1:])
 
 
-@pytest.mark.xfail(strict=True, reason="a killed Dataset writer's generation (a random name) is never retired: "
-                                       "neither by the successor taking over its lease nor by later commits")
 def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor(tmp_path):
     """``Dataset(url, "a")`` killed (SIGKILL) after all its fragments were written, before ``close()``: the
     dataset is intact, and the next writer, taking over the dead writer's lease, commits. Then the
-    dataset's directory must hold only the fragments its kept versions reference. (On main: the dead
-    writer's 6 fragments, a whole copy of the data, stay for ever, and ``verify_fixity`` reports OK.)"""
+    dataset's directory must hold only the fragments its kept versions reference. (Before lease18: the
+    dead writer's 6 fragments, a whole copy of the data, stayed for ever, and ``verify_fixity`` reported
+    OK. Now the successor records the dead writer's generation and deletes it at its commit.)"""
     url = str(tmp_path / "t.nc")
     write(url, values(1))
     manager().close_all()
