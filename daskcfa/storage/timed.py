@@ -12,9 +12,10 @@ after one read timeout's grace (a body of no declared length: as it arrives).
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, Awaitable, Callable, Sequence
 
-from ..errors import BudgetError
+from ..errors import BudgetError, StorageError
 from ..lazy import fsspec_asyn
 from .deadline import async_body_deadline
 
@@ -23,6 +24,8 @@ __all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline"
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 READ_BLOCK = 16 << 20
+#: A 206's ``Content-Range`` (RFC 9110 14.4): ``bytes FIRST-LAST/COMPLETE``, the complete length or ``*``.
+_CONTENT_RANGE = re.compile(r"\s*bytes\s+(\d{1,20})-(\d{1,20})/(\d{1,20}|\*)\s*", re.IGNORECASE)
 
 
 def protocols_of(fs: Any) -> tuple[str, ...]:
@@ -92,16 +95,17 @@ async def http_ranges(fs: Any, path: str, ranges: Sequence[tuple[int, int]]) -> 
     async def one(offset: int, length: int) -> bytes:
         parts: list[bytes] = []
         if length > 0:
-            await _get(fs, path, length, parts, {"Range": f"bytes={offset}-{offset + length - 1}"})
+            await _get(fs, path, length, parts, {"Range": f"bytes={offset}-{offset + length - 1}"}, offset)
         return b"".join(parts)
 
     return list(await asyncio.gather(*(one(int(o), int(n)) for o, n in ranges)))
 
 
 async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
-               headers: dict[str, str] | None = None) -> None:
+               headers: dict[str, str] | None = None, offset: int | None = None) -> None:
     """A GET of ``path`` by ``fs``'s session (its options, its redirect checks), the body added to
-    ``parts`` as it arrives, no further than ``limit`` and one byte (None: all of it)."""
+    ``parts`` as it arrives, no further than ``limit`` and one byte (None: all of it). ``offset``: the
+    first of the ``limit`` bytes asked for by a ``Range`` (a 206 must say it holds those)."""
     options = dict(fs.kwargs)
     if headers:
         options["headers"] = {**options.get("headers", {}), **headers}
@@ -109,12 +113,28 @@ async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
     session = await fs.set_session()
     async with session.get(fs.encode_url(path), **options) as response:
         fs._raise_not_found_for_status(response, path)
+        if offset is not None and limit is not None and response.status == 206:
+            _check_range(response.headers.get("Content-Range"), offset, limit, path)
         while limit is None or got <= limit:
             part = await response.content.read(READ_BLOCK if limit is None else min(READ_BLOCK, limit + 1 - got))
             if not part:
                 break
             parts.append(part)
             got += len(part)
+
+
+def _check_range(said: str | None, offset: int, length: int, path: str) -> None:
+    """A 206 answering bytes ``offset`` to ``offset + length - 1`` must say it holds them: one naming
+    other bytes of the right length is indistinguishable from them by their length alone (a 200, the
+    whole object, is refused by its length: :func:`.objects.read_ranges`). A range cut short at the
+    object's end names fewer bytes: its length is the error."""
+    found = _CONTENT_RANGE.fullmatch(said or "")
+    last = offset + length - 1
+    if found is None or int(found[1]) != offset or not offset <= int(found[2]) <= last \
+            or (found[3] != "*" and int(found[3]) <= int(found[2])):
+        what = "no Content-Range" if said is None else f"Content-Range {said[:100]!r}"
+        raise StorageError(f"the server answered a request for bytes {offset:,} to {last:,} with a 206 holding "
+                           f"{what}: not the bytes asked for", file=path)
 
 
 def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
