@@ -148,3 +148,142 @@ def test_an_object_read_whole_without_a_size_is_bounded(way, profile):
             assert len(got) <= 4 << 20  # (main: 64 MiB)
     finally:
         listener.close()
+
+
+# --- storage attributes of Zarr fragments: no null, no string among numbers ------------------------------------
+
+import json  # noqa: E402
+import warnings  # noqa: E402
+
+import netCDF4  # noqa: E402
+
+from remote_helpers import write_cf113  # noqa: E402
+
+VALUES = [1, 2, 3, 5, 7, 9]
+
+
+def _zarr_fragment(tmp_path, attributes: dict, zarr_format: int = 2, fill_value=None):
+    """An aggregation of one Zarr fragment ``frag.zarr`` (array ``x`` of :data:`VALUES`), its
+    attributes then rewritten as JSON (``attributes``: as a hostile writer could)."""
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "frag.zarr"
+    group = zarr.open_group(zarr.storage.LocalStore(store), mode="w", zarr_format=zarr_format)
+    array = group.create_array("x", shape=(6,), dtype="f4", compressors=None, fill_value=fill_value,
+                               attributes={"units": "K"} if zarr_format == 3 else {"_ARRAY_DIMENSIONS": ["n"],
+                                                                                    "units": "K"},
+                               **({"dimension_names": ["n"]} if zarr_format == 3 else {}))
+    array[...] = VALUES
+    if zarr_format == 2:
+        meta = store / "x" / ".zattrs"
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), **attributes}))
+    else:
+        meta = store / "x" / "zarr.json"
+        doc = json.loads(meta.read_text())
+        doc["attributes"] = {**doc.get("attributes", {}), **attributes}
+        meta.write_text(json.dumps(doc))
+    return str(write_cf113(tmp_path / "agg.nc", "x", ("n",), [[6]], [["frag.zarr"]]))
+
+
+HOSTILE = [("valid_range", [None, 5]), ("missing_value", [1, "2"]), ("missing_value", ["2"]), ("valid_min", None),
+           ("_FillValue", [None]), ("scale_factor", [[2], [None]]), ("valid_max", [[1, "9"]])]
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("name, value", HOSTILE)
+def test_a_null_or_string_among_a_zarr_fragments_numbers_is_refused(tmp_path, zarr_format, name, value):
+    """On main numpy read ``[null, 5]`` as NaN and 5 (``valid_range`` masked above 5 only) and
+    ``[1, "2"]`` as 1 and 2: a value netCDF cannot hold taken silently. Now a ``FragmentReadError``
+    naming the fragment, the variable and the attribute."""
+    path = _zarr_fragment(tmp_path, {name: value}, zarr_format)
+    with pytest.raises(daskcfa.errors.FragmentReadError, match=f"attribute {name} = ") as caught:
+        daskcfa.from_cfa(path, "x").compute()
+    assert caught.value.variable is not None and caught.value.fragment == (0,)
+    assert caught.value.file is not None and "frag.zarr" in caught.value.file
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_numbers_and_a_null_fill_value_still_read(tmp_path, zarr_format):
+    """Legitimate attributes: lists of numbers, a ``fill_value`` of null (no fill value: the Zarr spec)."""
+    path = _zarr_fragment(tmp_path, {"missing_value": [1, 2.0], "valid_range": [0, 8]}, zarr_format)
+    got = daskcfa.from_cfa(path, "x").compute()
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), [True, True, False, False, False, True])
+
+
+@pytest.mark.parametrize("fill", ["NaN", "Infinity", "-Infinity", 3.0])
+def test_a_zarr_v2_fill_value_the_spec_allows_still_reads(tmp_path, fill):
+    """``.zarray``'s ``fill_value`` ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"`` (Zarr v2's spelling of
+    IEEE values), or a number: the array's fill value, masked as xarray reads it."""
+    path = _zarr_fragment(tmp_path, {}, 2, fill_value=float(fill) if isinstance(fill, float) else None)
+    meta = tmp_path / "frag.zarr" / "x" / ".zarray"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "fill_value": fill}))
+    got = daskcfa.from_cfa(path, "x").compute()
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), [v == 3 and fill == 3.0 for v in VALUES])
+
+
+# --- a scale_factor or add_offset that is not one number ---------------------------------------------------------
+
+def _netcdf_fragment(path, fmt: str, attrs: dict) -> np.ndarray:
+    """A fragment ``x`` of int16 10, 20, ..., 60 with ``attrs`` (written raw), and what netCDF4-python reads."""
+    with netCDF4.Dataset(path, "w", format=fmt) as ds:
+        ds.createDimension("n", 6)
+        v = ds.createVariable("x", "i2", ("n",))
+        v.set_auto_scale(False)
+        v[:] = np.arange(10, 70, 10)
+        v.units = "K"
+        for key, value in attrs.items():
+            v.setncattr(key, value)
+    with netCDF4.Dataset(path) as ds, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ds["x"][:]
+
+
+PACKINGS = [{"scale_factor": np.array([2.0, 3.0]), "add_offset": 1.0},
+            {"scale_factor": 2.0, "add_offset": np.array([1.0, 5.0])},
+            {"scale_factor": np.array([2.0, 3.0])}]
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF4", "NETCDF3_CLASSIC"])
+@pytest.mark.parametrize("attrs", PACKINGS, ids=["two-scale", "two-offset", "two-scale-only"])
+def test_a_fragments_packing_of_two_numbers_reads_as_netcdf4_python(tmp_path, fmt, attrs):
+    """netCDF4-python unpacks nothing when ``scale_factor`` or ``add_offset`` is not one number (it
+    warns). On main daskcfa applied the other one alone (``add_offset`` 1 added to the raw values).
+    Now the same values as netCDF4-python, with a warning naming the attribute (once per process for
+    each set of attributes: encodings are cached; hence other numbers for each format here)."""
+    attrs = {k: v + (fmt == "NETCDF4") * 0.25 for k, v in attrs.items()}
+    truth = _netcdf_fragment(tmp_path / "frag.nc", fmt, attrs)
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[6]], [["frag.nc"]], dtype="i2")
+    with pytest.warns(daskcfa.errors.CFAWarning, match="not one number"):
+        got = daskcfa.from_cfa(str(path), "x").compute()
+    np.testing.assert_array_equal(np.ma.filled(got, -1), np.ma.filled(truth, -1))
+
+
+def test_a_zarr_fragments_packing_of_two_numbers_is_not_applied(tmp_path):
+    """The same through a Zarr fragment (its JSON ``scale_factor`` of two numbers)."""
+    path = _zarr_fragment(tmp_path, {"scale_factor": [2.0, 3.0], "add_offset": 1.0}, 2)
+    with pytest.warns(daskcfa.errors.CFAWarning, match="not one number"):
+        got = daskcfa.from_cfa(path, "x").compute()
+    np.testing.assert_array_equal(np.ma.filled(got, -1), VALUES)
+
+
+def test_the_aggregation_variables_packing_of_two_numbers_is_not_applied(tmp_path):
+    """On the aggregation variable itself: on main its ``add_offset`` applied alone."""
+    truth = _netcdf_fragment(tmp_path / "frag.nc", "NETCDF4", {})
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[6]], [["frag.nc"]], dtype="i2")
+    with netCDF4.Dataset(path, "a") as ds:
+        ds["x"].scale_factor = np.array([4.0, 3.0])
+        ds["x"].add_offset = 1.5
+    with pytest.warns(daskcfa.errors.CFAWarning, match="not one number"):
+        got = daskcfa.from_cfa(str(path), "x").compute()
+    np.testing.assert_array_equal(np.ma.filled(got, -1), np.ma.filled(truth, -1))
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF4", "NETCDF3_CLASSIC"])
+def test_a_one_element_packing_still_unpacks(tmp_path, fmt):
+    """A ``scale_factor`` and ``add_offset`` of one element each (netCDF4-python writes arrays so): unpacked."""
+    truth = _netcdf_fragment(tmp_path / "frag.nc", fmt, {"scale_factor": np.array([0.5], "f4"),
+                                                          "add_offset": np.array([1.0], "f4")})
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[6]], [["frag.nc"]], dtype="i2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", daskcfa.errors.CFAWarning)
+        got = daskcfa.from_cfa(str(path), "x").compute()
+    np.testing.assert_allclose(np.ma.filled(got, -1), np.ma.filled(truth, -1))
