@@ -287,3 +287,19 @@ def test_a_one_element_packing_still_unpacks(tmp_path, fmt):
         warnings.simplefilter("error", daskcfa.errors.CFAWarning)
         got = daskcfa.from_cfa(str(path), "x").compute()
     np.testing.assert_allclose(np.ma.filled(got, -1), np.ma.filled(truth, -1))
+
+
+# --- to_cfa of an xarray object xarray's encoder refuses ---------------------------------------------------------
+
+def test_to_cfa_of_a_fill_value_and_another_missing_value_is_a_daskcfa_error(tmp_path):
+    """xarray's encoder refuses a ``_FillValue`` and a different ``missing_value`` with a bare
+    ``ValueError``: now an ``ArgumentError`` (a ``ValueError`` still) naming the variable, and nothing
+    written."""
+    xr = pytest.importorskip("xarray")
+    data = xr.DataArray(np.arange(6.0, dtype="f4"), dims=("n",), name="tas")
+    data.encoding = {"_FillValue": -1.0, "missing_value": -2.0}
+    target = tmp_path / "out"
+    with pytest.raises(daskcfa.errors.ArgumentError, match=r"conflicting _FillValue \(-1.0\) and missing_value") as caught:
+        daskcfa.to_cfa(data.to_dataset(), str(target / "agg.nc"))
+    assert isinstance(caught.value, ValueError) and caught.value.variable == "/tas"
+    assert not target.exists() or not any(target.rglob("*"))
