@@ -31,7 +31,8 @@ from ..lazy import fsspec, fsspec_asyn, yarl
 from ..limits import JSON_EXPANSION, max_json_bytes, max_memory
 from .blocks import Blocks
 from .deadline import async_body_deadline
-from .timed import READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, on_loop, protocols_of, within_deadline
+from .timed import (READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, of_their_lengths, on_loop,
+                    protocols_of, within_deadline)
 from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
@@ -487,7 +488,7 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
-        return _of_their_lengths(uri, ranges, parts)
+        return of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch)
 
@@ -526,21 +527,9 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
             if precondition_failed(exc):
                 return None
             raise
-        return _of_their_lengths(uri, ranges, parts)
+        return of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch) if ranges else []
-
-
-def _of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
-    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
-    with the whole object; a body without ``Content-Length`` ends with its connection)."""
-    for (offset, length), part in zip(ranges, parts):
-        if len(part) != int(length):
-            more = " or more" if len(part) > int(length) else ""  # (:func:`.timed.http_ranges` reads no further)
-            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
-                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
-                               "ignores byte ranges answers with the whole object)", file=uri)
-    return parts
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:

@@ -20,7 +20,7 @@ from ..lazy import fsspec_asyn
 from .deadline import async_body_deadline
 
 __all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline", "bounded", "http_get", "http_ranges",
-           "bound_blocks"]
+           "of_their_lengths", "bound_blocks"]
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 READ_BLOCK = 16 << 20
@@ -102,10 +102,10 @@ async def http_ranges(fs: Any, path: str, ranges: Sequence[tuple[int, int]]) -> 
 
 
 async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
-               headers: dict[str, str] | None = None, offset: int | None = None) -> None:
+               headers: dict[str, str] | None = None, offset: int | None = None) -> int:
     """A GET of ``path`` by ``fs``'s session (its options, its redirect checks), the body added to
     ``parts`` as it arrives, no further than ``limit`` and one byte (None: all of it). ``offset``: the
-    first of the ``limit`` bytes asked for by a ``Range`` (a 206 must say it holds those)."""
+    first of the ``limit`` bytes asked for by a ``Range`` (a 206 must say it holds those). Returns the status."""
     options = dict(fs.kwargs)
     if headers:
         options["headers"] = {**options.get("headers", {}), **headers}
@@ -121,6 +121,7 @@ async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
                 break
             parts.append(part)
             got += len(part)
+    return response.status
 
 
 def _check_range(said: str | None, offset: int, length: int, path: str) -> None:
@@ -137,12 +138,34 @@ def _check_range(said: str | None, offset: int, length: int, path: str) -> None:
                            f"{what}: not the bytes asked for", file=path)
 
 
+async def _http_block(fs: Any, url: str, uri: str, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of an HTTP file object (h5py's blocks) as :func:`http_ranges` reads a
+    range: fsspec's ``async_fetch_range`` took a 206 whatever its ``Content-Range`` named and read its
+    body whole. A 200 (a server ignoring ``Range``) at the file's start: its first bytes, as fsspec took them."""
+    parts: list[bytes] = []
+    status = await _get(fs, url, end - start, parts, {"Range": f"bytes={start}-{end - 1}"}, start)
+    data = b"".join(parts)
+    return of_their_lengths(uri, [(start, end - start)], [data[:end - start] if status == 200 and start == 0 else data])[0]
+
+
+def of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
+    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
+    with the whole object; a body without ``Content-Length`` ends with its connection)."""
+    for (offset, length), part in zip(ranges, parts):
+        if len(part) != int(length):
+            more = " or more" if len(part) > int(length) else ""  # (:func:`http_ranges` reads no further)
+            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
+                               "ignores byte ranges answers with the whole object)", file=uri)
+    return parts
+
+
 def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
     """``file`` (fsspec's HTTP or s3fs's file object, just opened) fetching each block within its deadline
     (its cache calls ``fetcher``: else fsspec's blocking fetch, which no deadline reaches)."""
     if is_http(fs) and hasattr(file, "async_fetch_range"):
         def block(start: int, end: int) -> Awaitable[bytes]:
-            return file.async_fetch_range(start, end)
+            return _http_block(fs, file.url, uri, start, end)
     elif "s3" in protocols_of(fs) and hasattr(file, "version_id") and not getattr(fs, "local_expiry_check", True):
         # (as s3fs's own fetch: one ranged GET; not where s3fs checks each block's ETag itself)
         def block(start: int, end: int) -> Awaitable[bytes]:

@@ -305,3 +305,66 @@ def test_to_cfa_of_a_fill_value_and_another_missing_value_is_a_daskcfa_error(tmp
         daskcfa.to_cfa(data.to_dataset(), str(target / "agg.nc"))
     assert isinstance(caught.value, ValueError) and caught.value.variable == "/tas"
     assert not target.exists() or not any(target.rglob("*"))
+
+
+# --- a netCDF-4 fragment over HTTP whose server shifts small ranges ------------------------------------------------
+
+import functools  # noqa: E402
+import http.server  # noqa: E402
+
+
+class _Shifting(http.server.SimpleHTTPRequestHandler):
+    """The standard library's file server answering ranged GETs of fewer than ``small`` bytes 206 with the
+    bytes one further on (and a ``Content-Range`` naming them: a broken server, not a corrupting link),
+    or ignoring ``Range`` for them altogether (200, the whole file)."""
+
+    how = "shift"
+    small = 100_000
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        if not asked or self.how == "ignore":
+            return super().do_GET()
+        with open(self.translate_path(self.path), "rb") as f:
+            data = f.read()
+        first, last = int(asked[1]), min(int(asked[2]), len(data) - 1)
+        if first > 0 and last - first < self.small:
+            first, last = first + 1, last + 1
+        body = data[first:last + 1]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{first + len(body) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize("how", ["shift", "ignore"])
+def test_h5py_blocks_of_an_http_fragment_are_the_bytes_asked_for(tmp_path, how):
+    """h5py's metadata blocks of a netCDF-4 fragment over HTTP (here 512 bytes each) went through
+    fsspec's ``async_fetch_range``, which takes a 206 whatever its ``Content-Range`` names (and a 200's
+    start): on main the fragment's metadata was read from the wrong bytes ("variable 'x' not found in
+    the fragment file"). Now each block is checked as every range is; the fragment reads right (the
+    refused blocks' fragment is then read whole) or fails naming the range."""
+    truth = np.random.default_rng(3).random((400, 3000))
+    with netCDF4.Dataset(tmp_path / "frag.nc", "w") as ds:
+        ds.createDimension("a", 400)
+        ds.createDimension("b", 3000)
+        v = ds.createVariable("x", "f8", ("a", "b"), chunksizes=(50, 3000))
+        v.units = "K"
+        v[:] = truth
+    write_cf113(tmp_path / "agg.nc", "x", ("a", "b"), [[400], [3000]], [["frag.nc"]], dtype="f8")
+    handler = type("Handler", (_Shifting,), {"how": how})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with dask.config.set({"daskcfa.storage.retries": 0, "daskcfa.storage.block-size": 512}):
+            got = daskcfa.from_cfa(f"http://127.0.0.1:{server.server_address[1]}/agg.nc", "x")[:60, :5].compute()
+        np.testing.assert_array_equal(np.ma.filled(got, np.nan), truth[:60, :5])
+    except daskcfa.errors.StorageError as exc:
+        assert "not the bytes asked for" in str(exc) or "ignores byte ranges" in str(exc), exc
+    finally:
+        server.shutdown()
+        server.server_close()
