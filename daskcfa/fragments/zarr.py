@@ -262,6 +262,8 @@ def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, ty
     """The CF attributes of a Zarr array (or group: ``array`` None), as xarray reads them, in
     netCDF's types: JSON has one number type, and a float32 fill value compared in float64
     would not match."""
+    if dtype is not None and dtype.kind in "biuf":
+        attrs.update({key: _ieee(attrs[key]) for key in _NUMERIC if key in attrs})
     fill = attrs.get("_FillValue")
     if isinstance(fill, str) and dtype is not None and dtype.kind == "f":  # xarray's encoding of a float fill in Zarr v3
         try:
@@ -285,6 +287,20 @@ def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, ty
         if attrs[key].ndim == 0:
             attrs[key] = attrs[key][()]
     return attrs
+
+
+#: Zarr's spellings of the IEEE values JSON has no number for (NCZarr writes attributes so: ``["NaN", "Infinity"]``)
+_IEEE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _ieee(value: Any) -> Any:
+    """``value`` (a storage attribute of a numeric variable) with Zarr's spellings of NaN and the
+    infinities, alone or in a flat list, as those numbers (any other string stays one)."""
+    if isinstance(value, str):
+        return _IEEE.get(value, value)
+    if isinstance(value, list) and not any(isinstance(item, list) for item in value):
+        return [_IEEE.get(item, item) if isinstance(item, str) else item for item in value]
+    return value
 
 
 def _numbers(value: Any) -> bool:

@@ -368,3 +368,28 @@ def test_h5py_blocks_of_an_http_fragment_are_the_bytes_asked_for(tmp_path, how):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_nczarr_fragments_nan_and_infinities_read_as_netcdf4_python(tmp_path):
+    """NCZarr (netCDF-C) writes NaN and the infinities in attributes as Zarr spells them: ``"_FillValue":
+    "NaN"``, ``"missing_value": ["NaN", "Infinity"]``, ``"valid_max": "Infinity"``. On main the fragment
+    was refused ("unreadable _FillValue 'NaN'"); now read as netCDF4-python reads the store (not taken
+    for strings among numbers, which are refused)."""
+    store = tmp_path / "frag.zarr"
+    try:
+        with netCDF4.Dataset(f"file://{store}#mode=nczarr,file", "w") as ds:
+            ds.createDimension("n", 4)
+            v = ds.createVariable("x", "f4", ("n",), fill_value=np.float32(np.nan))
+            v.missing_value = np.array([np.nan, np.inf], "f4")
+            v.valid_max = np.float32(np.inf)
+            v.units = "K"
+            v[:] = [1, np.inf, np.nan, 4]
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"this netCDF-C writes no NCZarr: {exc}")
+    assert '"NaN"' in (store / "x" / ".zattrs").read_text()
+    with netCDF4.Dataset(f"file://{store}#mode=nczarr,file") as ds:
+        truth = ds["x"][:]
+    path = write_cf113(tmp_path / "agg.nc", "x", ("n",), [[4]], [["frag.zarr"]])
+    got = daskcfa.from_cfa(str(path), "x").compute()
+    np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(truth))
+    np.testing.assert_array_equal(got.compressed(), truth.compressed())
