@@ -153,10 +153,10 @@ def of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[by
     with the whole object; a body without ``Content-Length`` ends with its connection)."""
     for (offset, length), part in zip(ranges, parts):
         if len(part) != int(length):
-            more = " or more" if len(part) > int(length) else ""  # (:func:`http_ranges` reads no further)
-            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
-                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
-                               "ignores byte ranges answers with the whole object)", file=uri)
+            why = (" or more bytes (a server that ignores byte ranges answers with the whole object)"
+                   if len(part) > int(length) else " bytes (the body ended early)")  # (:func:`http_ranges`
+            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "  # reads no further)
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{why}", file=uri)
     return parts
 
 
