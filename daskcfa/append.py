@@ -24,7 +24,8 @@ from .decode import STORAGE_ATTRS, Encoding, same_value
 from .errors import ArgumentError
 from .units import same_units
 from .fragments.write import encode_values
-from .write.request import WriteRequest, WriteSource, as_array, dataset_model, is_xarray, values_and_attrs
+from .write.request import (WriteRequest, WriteSource, as_array, dataset_model, is_xarray, values_and_attrs,
+                            xarray_encoded)
 from .dataset import OpenedDataset
 from .model import AggregatedVariable, AggregationDataset, Dimension, PlainVariable, ancestry
 
@@ -191,8 +192,7 @@ def _xarray_pieces(obj: Any, variable: str | None, existing: Any, url: str) -> d
         if var.dtype.kind in "mMO":  # times: encoded in the file's units
             encoding.update({k: stored.attrs[k] for k in ("units", "calendar") if k in stored.attrs})
         var.encoding = encoding
-    variables, _ = xr.conventions.encode_dataset_coordinates(obj)
-    variables, _ = xr.conventions.cf_encoder(variables, {})
+    variables, _ = xarray_encoded(obj)
     return {f"/{name}": _Piece(var.data, tuple(var.dims), dict(var.attrs), encoded=True)
             for name, var in variables.items()}
 

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 import netCDF4
 import numpy as np
 
+from .errors import CFAWarning
+
 __all__ = ["Encoding", "PACKING_ATTRS", "STORAGE_ATTRS", "chars_to_strings", "default_fill_value", "join_chars",
            "joined_dtype", "same_value", "strings_to_chars", "text_encoding"]
 
@@ -161,6 +163,19 @@ def _scalar(value: Any) -> Any:
     if arr.size != 1 or arr.dtype.kind not in "biuf":
         return None
     return arr.reshape(-1)[0]
+
+
+def _packing(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``scale_factor`` and ``add_offset``, each one number, or neither: netCDF4-python unpacks nothing
+    when either is not one number (an array of two, a string), with a warning, and so does daskcfa
+    (which applied the other one alone: values netCDF4-python never gives)."""
+    found = {name: _scalar(attrs[name]) for name in PACKING_ATTRS if attrs.get(name) is not None}
+    bad = [name for name, value in found.items() if value is None]
+    if bad:
+        warnings.warn(f"{' and '.join(bad)} not one number ({', '.join(repr(attrs[n])[:100] for n in bad)}): the "
+                      "values are not unpacked, as netCDF4-python does not unpack them", CFAWarning, stacklevel=3)
+        return {}
+    return found
 
 
 def _safe_cast(value: Any, dtype: np.dtype) -> np.ndarray | None:
@@ -355,8 +370,7 @@ class Encoding:
             missing_values=missing,
             valid_min=vmin,
             valid_max=vmax,
-            scale_factor=_scalar(attrs.get("scale_factor")),
-            add_offset=_scalar(attrs.get("add_offset")),
+            **_packing(attrs),
             unsigned=unsigned,
         )
 

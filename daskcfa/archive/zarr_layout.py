@@ -87,7 +87,8 @@ def _json(location: str, name: str, sizes: dict[str, int], profile: storage.Prof
     if sizes[name] > MAX_METADATA:
         raise ReferencesError(f"Zarr metadata {name!r} of {sizes[name]:,} bytes (at most {MAX_METADATA:,} are read)")
     try:
-        value = json.loads(storage.read_bytes(f"{location}/{name}", profile, policy=policy))
+        value = json.loads(storage.read_bytes(f"{location}/{name}", profile, known_size=sizes[name], policy=policy,
+                                              max_bytes=MAX_METADATA))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReferencesError(f"Zarr metadata {name!r} is not JSON ({exc})") from None
     if not isinstance(value, dict):

@@ -412,7 +412,8 @@ def _open_ranged(uri: str, profile: ProfileRef, policy: LocationPolicy | None, n
     direct = _hdf5(fileobj, read_ranges=lambda ranges: storage.read_ranges(uri, ranges, profile, policy=policy),
                    label=uri)
     file = FragmentFile(uri, direct=direct, second=grower(nbytes), how=f"byte ranges of {nbytes} bytes",
-                        netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(uri, profile, policy=policy)))
+                        netcdf4=lambda: NetCDF4File(label, memory=storage.read_bytes(
+                            uri, profile, known_size=nbytes, policy=policy)))  # (its size: reserved by ``second``)
     file._stack.callback(fileobj.close)
     return file
 

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import storage
+from ..decode import STORAGE_ATTRS
 from ..errors import ArgumentError, CFAError, FragmentReadError, NotFoundError
 from ..storage.policy import LocationPolicy
 from ..storage.profiles import ProfileRef
@@ -261,6 +262,8 @@ def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, ty
     """The CF attributes of a Zarr array (or group: ``array`` None), as xarray reads them, in
     netCDF's types: JSON has one number type, and a float32 fill value compared in float64
     would not match."""
+    if dtype is not None and dtype.kind in "biuf":
+        attrs.update({key: _ieee(attrs[key]) for key in _NUMERIC if key in attrs})
     fill = attrs.get("_FillValue")
     if isinstance(fill, str) and dtype is not None and dtype.kind == "f":  # xarray's encoding of a float fill in Zarr v3
         try:
@@ -271,6 +274,9 @@ def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, ty
             and array.fill_value is not None:
         attrs["_FillValue"] = array.fill_value  # (v2: the array's fill value, as xarray reads it)
     for key, value in attrs.items():
+        if array is not None and key in _NUMERIC and not _numbers(value) and not (key == "_FillValue" and value is None):
+            raise FragmentReadError(f"attribute {key} = {repr(value)[:200]} is not a number or a list of numbers "
+                                    "(a null, or a string among numbers: netCDF holds neither)")
         if isinstance(value, (str, dict)) or value is None:
             continue
         typed = _NUMBER_TYPES.get(types.get(key, ""), dtype if key in _IN_DATA_TYPE else None)
@@ -283,6 +289,40 @@ def _cf_attributes(attrs: dict[str, Any], array: Any, dtype: np.dtype | None, ty
     return attrs
 
 
+#: Zarr's spellings of the IEEE values JSON has no number for (NCZarr writes attributes so: ``["NaN", "Infinity"]``)
+_IEEE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _ieee(value: Any) -> Any:
+    """``value`` (a storage attribute of a numeric variable) with Zarr's spellings of NaN and the
+    infinities, alone or in a flat list, as those numbers (any other string stays one)."""
+    if isinstance(value, str):
+        return _IEEE.get(value, value)
+    if isinstance(value, list) and not any(isinstance(item, list) for item in value):
+        return [_IEEE.get(item, item) if isinstance(item, str) else item for item in value]
+    return value
+
+
+def _numbers(value: Any) -> bool:
+    """Whether a storage attribute's JSON value may stand for netCDF numbers: no null and no string
+    among them (numpy took ``[null, 5]`` for NaN and 5, ``[1, "2"]`` for 1 and 2). A string alone
+    is left as it was: a char variable's fill value, or xarray's base64 float ``_FillValue``."""
+    if value is None:
+        return False
+    if not isinstance(value, list):
+        return True
+    pending = list(value)
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        elif item is None or isinstance(item, str):
+            return False
+    return True
+
+
+#: the storage attributes (:data:`~daskcfa.decode.STORAGE_ATTRS`) netCDF holds as numbers (``_Unsigned``: a string)
+_NUMERIC = tuple(name for name in STORAGE_ATTRS if name != "_Unsigned")
 #: attributes held in the variable's own type (netCDF's rule for _FillValue; the others are compared with values)
 _IN_DATA_TYPE = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
 #: NCZarr's attribute types that are numbers

@@ -131,10 +131,11 @@ def _object(url: str, version_id: str, suffix: str) -> str:
 def _read(url: str, version_id: str, profile: ProfileRef) -> Version:
     """The record of ``version_id``, checked (:class:`NotFoundError` if there is none)."""
     uri = _object(url, version_id, ".json")
-    if size(uri, profile) > MAX_RECORD:
+    nbytes = size(uri, profile)
+    if nbytes > MAX_RECORD:
         raise CFAFormatError(f"the version record is larger than {MAX_RECORD} bytes: not one daskcfa wrote", file=uri)
     try:
-        raw = json.loads(read_bytes(uri, profile))
+        raw = json.loads(read_bytes(uri, profile, known_size=nbytes, max_bytes=MAX_RECORD))
     except (ValueError, RecursionError) as exc:
         raise CFAFormatError(f"the version record is not JSON ({type(exc).__name__})", file=uri) from None
     return _parse(raw, version_id, uri)

@@ -28,10 +28,11 @@ from dask.utils import parse_bytes
 
 from ..errors import BudgetError, CFAError, CFAFormatError, NotFoundError, StorageError, UnsafeURIError, redact
 from ..lazy import fsspec, fsspec_asyn, yarl
-from ..limits import JSON_EXPANSION, max_json_bytes
+from ..limits import JSON_EXPANSION, max_json_bytes, max_memory
 from .blocks import Blocks
 from .deadline import async_body_deadline
-from .timed import READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, on_loop, protocols_of, within_deadline
+from .timed import (READ_BLOCK, bound_blocks, bounded, http_get, http_ranges, is_http, of_their_lengths, on_loop,
+                    protocols_of, within_deadline)
 from .per_process import PerProcess
 from .direct import FETCH_THREADS, client_for, declared_length, get_whole
 from .lean import get_signed, lean_for
@@ -272,9 +273,9 @@ def part_size() -> int:
 
 
 def read_bytes(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
-               policy: LocationPolicy | None = None) -> bytes:
+               policy: LocationPolicy | None = None, max_bytes: int | None = None) -> bytes:
     """A whole object's bytes, in one buffer (see :func:`read_whole`)."""
-    return read_whole(uri, profile, known_size=known_size, policy=policy).tobytes()
+    return read_whole(uri, profile, known_size=known_size, policy=policy, max_bytes=max_bytes).tobytes()
 
 
 def read_json(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | None = None,
@@ -314,11 +315,15 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     is about how large the object is expected to be: an S3 object is received
     in this thread (:func:`_blocking_get`), a large one into one buffer. An S3 object
     longer than ``max_bytes`` is refused before its body is read; an HTTP one, once
-    that many bytes of it are read (:class:`BudgetError`).
+    that many bytes of it are read (:class:`BudgetError`). A remote object of neither a ``known_size``
+    nor a ``max_bytes`` is held to ``daskcfa.limits.max-memory`` (:func:`_unsized`).
     ``policy``: see :func:`filesystem`."""
     if is_local(uri):
         with open_local(uri) as f, translated(uri):
             return Blocks([f.read()])
+    if known_size is None and max_bytes is None:
+        return _unsized(uri, lambda bound: read_whole(uri, profile, size_hint=size_hint, policy=policy,
+                                                      max_bytes=bound))
     fs, path = filesystem(uri, profile, policy=policy)
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if is_http(fs):
@@ -332,6 +337,19 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     part = part_size()
     starts = list(range(0, known_size, part))
     return Blocks(read_ranges(uri, [(s, min(part, known_size - s)) for s in starts], profile, policy=policy))
+
+
+def _unsized(uri: str, read: Callable[[int], Blocks]) -> Blocks:
+    """``read(max_bytes)`` of a remote object whose caller knows no size for it and sets no bound of its
+    own (an aggregation file, a file to append to, a block staged by refragment: each held in memory
+    whole): at most ``daskcfa.limits.max-memory``, the most one aggregation file's instructions may take.
+    Else an HTTP body of no declared length, or one aiohttp inflates (a deflate bomb), grew without bound."""
+    bound = max_memory()
+    try:
+        return read(bound)
+    except BudgetError:
+        raise BudgetError(f"an object larger than daskcfa reads whole ({bound:,} bytes: dask config "
+                          "'daskcfa.limits.max-memory')", file=uri) from None
 
 
 def fetch_soon(uri: str, profile: ProfileRef = NO_PROFILE, *, policy: LocationPolicy | None = None,
@@ -470,7 +488,7 @@ def read_ranges(uri: str, ranges: Sequence[tuple[int, int]], profile: ProfileRef
         for part in parts:  # some filesystems hand failures back in the list
             if isinstance(part, BaseException):
                 raise part
-        return _of_their_lengths(uri, ranges, parts)
+        return of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch)
 
@@ -509,21 +527,9 @@ def read_ranges_unchanged(uri: str, ranges: Sequence[tuple[int, int]], expected:
             if precondition_failed(exc):
                 return None
             raise
-        return _of_their_lengths(uri, ranges, parts)
+        return of_their_lengths(uri, ranges, parts)
 
     return with_retries(uri, fetch) if ranges else []
-
-
-def _of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
-    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
-    with the whole object; a body without ``Content-Length`` ends with its connection)."""
-    for (offset, length), part in zip(ranges, parts):
-        if len(part) != int(length):
-            more = " or more" if len(part) > int(length) else ""  # (:func:`.timed.http_ranges` reads no further)
-            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "
-                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{more} bytes (a server that "
-                               "ignores byte ranges answers with the whole object)", file=uri)
-    return parts
 
 
 async def _get_range_if_match(fs: Any, path: str, token: str, offset: int, length: int) -> bytes:

@@ -12,17 +12,20 @@ after one read timeout's grace (a body of no declared length: as it arrives).
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, Awaitable, Callable, Sequence
 
-from ..errors import BudgetError
+from ..errors import BudgetError, StorageError
 from ..lazy import fsspec_asyn
 from .deadline import async_body_deadline
 
 __all__ = ["READ_BLOCK", "protocols_of", "is_http", "on_loop", "within_deadline", "bounded", "http_get", "http_ranges",
-           "bound_blocks"]
+           "of_their_lengths", "bound_blocks"]
 
 #: Most bytes taken from a response body on the event loop at a time (a read returns what has arrived).
 READ_BLOCK = 16 << 20
+#: A 206's ``Content-Range`` (RFC 9110 14.4): ``bytes FIRST-LAST/COMPLETE``, the complete length or ``*``.
+_CONTENT_RANGE = re.compile(r"\s*bytes\s+(\d{1,20})-(\d{1,20})/(\d{1,20}|\*)\s*", re.IGNORECASE)
 
 
 def protocols_of(fs: Any) -> tuple[str, ...]:
@@ -92,16 +95,17 @@ async def http_ranges(fs: Any, path: str, ranges: Sequence[tuple[int, int]]) -> 
     async def one(offset: int, length: int) -> bytes:
         parts: list[bytes] = []
         if length > 0:
-            await _get(fs, path, length, parts, {"Range": f"bytes={offset}-{offset + length - 1}"})
+            await _get(fs, path, length, parts, {"Range": f"bytes={offset}-{offset + length - 1}"}, offset)
         return b"".join(parts)
 
     return list(await asyncio.gather(*(one(int(o), int(n)) for o, n in ranges)))
 
 
 async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
-               headers: dict[str, str] | None = None) -> None:
+               headers: dict[str, str] | None = None, offset: int | None = None) -> int:
     """A GET of ``path`` by ``fs``'s session (its options, its redirect checks), the body added to
-    ``parts`` as it arrives, no further than ``limit`` and one byte (None: all of it)."""
+    ``parts`` as it arrives, no further than ``limit`` and one byte (None: all of it). ``offset``: the
+    first of the ``limit`` bytes asked for by a ``Range`` (a 206 must say it holds those). Returns the status."""
     options = dict(fs.kwargs)
     if headers:
         options["headers"] = {**options.get("headers", {}), **headers}
@@ -109,12 +113,51 @@ async def _get(fs: Any, path: str, limit: int | None, parts: list[bytes],
     session = await fs.set_session()
     async with session.get(fs.encode_url(path), **options) as response:
         fs._raise_not_found_for_status(response, path)
+        if offset is not None and limit is not None and response.status == 206:
+            _check_range(response.headers.get("Content-Range"), offset, limit, path)
         while limit is None or got <= limit:
             part = await response.content.read(READ_BLOCK if limit is None else min(READ_BLOCK, limit + 1 - got))
             if not part:
                 break
             parts.append(part)
             got += len(part)
+    return response.status
+
+
+def _check_range(said: str | None, offset: int, length: int, path: str) -> None:
+    """A 206 answering bytes ``offset`` to ``offset + length - 1`` must say it holds them: one naming
+    other bytes of the right length is indistinguishable from them by their length alone (a 200, the
+    whole object, is refused by its length: :func:`.objects.read_ranges`). A range cut short at the
+    object's end names fewer bytes: its length is the error. The complete length is not compared
+    (servers echo the range asked for beside it: the bytes are still those asked for)."""
+    found = _CONTENT_RANGE.fullmatch(said or "")
+    last = offset + length - 1
+    if found is None or int(found[1]) != offset or not offset <= int(found[2]) <= last:
+        what = "no Content-Range" if said is None else f"Content-Range {said[:100]!r}"
+        raise StorageError(f"the server answered a request for bytes {offset:,} to {last:,} with a 206 holding "
+                           f"{what}: not the bytes asked for", file=path)
+
+
+async def _http_block(fs: Any, url: str, uri: str, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of an HTTP file object (h5py's blocks) as :func:`http_ranges` reads a
+    range: fsspec's ``async_fetch_range`` took a 206 whatever its ``Content-Range`` named and read its
+    body whole. A 200 (a server ignoring ``Range``) at the file's start: its first bytes, as fsspec took them."""
+    parts: list[bytes] = []
+    status = await _get(fs, url, end - start, parts, {"Range": f"bytes={start}-{end - 1}"}, start)
+    data = b"".join(parts)
+    return of_their_lengths(uri, [(start, end - start)], [data[:end - start] if status == 200 and start == 0 else data])[0]
+
+
+def of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
+    """``parts``, each of its range's length, else a StorageError (a server ignoring ``Range`` answers 200
+    with the whole object; a body without ``Content-Length`` ends with its connection)."""
+    for (offset, length), part in zip(ranges, parts):
+        if len(part) != int(length):
+            why = (" or more bytes (a server that ignores byte ranges answers with the whole object)"
+                   if len(part) > int(length) else " bytes (the body ended early)")  # (:func:`http_ranges`
+            raise StorageError(f"the server answered a request for bytes {int(offset):,} to "  # reads no further)
+                               f"{int(offset) + int(length) - 1:,} with {len(part):,}{why}", file=uri)
+    return parts
 
 
 def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
@@ -122,7 +165,7 @@ def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
     (its cache calls ``fetcher``: else fsspec's blocking fetch, which no deadline reaches)."""
     if is_http(fs) and hasattr(file, "async_fetch_range"):
         def block(start: int, end: int) -> Awaitable[bytes]:
-            return file.async_fetch_range(start, end)
+            return _http_block(fs, file.url, uri, start, end)
     elif "s3" in protocols_of(fs) and hasattr(file, "version_id") and not getattr(fs, "local_expiry_check", True):
         # (as s3fs's own fetch: one ranged GET; not where s3fs checks each block's ETag itself)
         def block(start: int, end: int) -> Awaitable[bytes]:

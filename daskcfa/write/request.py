@@ -29,7 +29,8 @@ from ..lazy import dask_array as da
 from ..model import AggregatedVariable, AggregationDataset, Dimension, FragmentGrid, PlainVariable
 
 __all__ = ["FragmentSource", "WriteSource", "WriteRequest", "request_from_array", "request_from_dataset",
-           "request_from_xarray", "dataset_model", "as_array", "values_and_attrs", "is_xarray", "write_region"]
+           "request_from_xarray", "xarray_encoded", "dataset_model", "as_array", "values_and_attrs", "is_xarray",
+           "write_region"]
 
 
 class FragmentSource:
@@ -155,8 +156,7 @@ def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
         if name is None:
             raise ArgumentError("the DataArray has no name: pass variable=")
         obj = obj.to_dataset(name=name)
-    variables, attrs = xr.conventions.encode_dataset_coordinates(obj)
-    variables, attrs = xr.conventions.cf_encoder(variables, attrs)
+    variables, attrs = xarray_encoded(obj)
     unlimited = set(obj.encoding.get("unlimited_dims", ()) or ())
     model = AggregationDataset(attrs=dict(attrs))
     model.dimensions = [Dimension(f"/{d}", int(n), d in unlimited) for d, n in obj.sizes.items()]
@@ -170,6 +170,26 @@ def request_from_xarray(obj: Any, variable: str | None) -> WriteRequest:
             model.variables.append(PlainVariable(f"/{name}", tuple(var.dims), dtype, dict(var.attrs),
                                                  np.asarray(var.values)))
     return WriteRequest(model, sources)
+
+
+def xarray_encoded(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An xarray ``Dataset``'s variables and attributes as xarray's CF encoder stores them (the one
+    place daskcfa calls it). What it cannot encode (a ``_FillValue`` and another ``missing_value``:
+    netCDF4-python writes both, xarray refuses) is an :class:`ArgumentError` naming the variable,
+    before anything is written: xarray's own is a bare ``ValueError`` naming it in its text only."""
+    import xarray as xr
+
+    variables, attrs = xr.conventions.encode_dataset_coordinates(obj)
+    try:
+        return xr.conventions.cf_encoder(variables, attrs)
+    except ValueError as exc:
+        reason = str(exc)
+    for name, var in variables.items():  # (only once it failed: which variable, by xarray's own rule)
+        try:
+            xr.conventions.encode_cf_variable(var, name=name)
+        except ValueError:
+            raise ArgumentError(f"xarray cannot encode the variable: {reason}", variable=f"/{name}") from None
+    raise ArgumentError(f"xarray cannot encode the dataset: {reason}")
 
 
 def dataset_model(ds: Any) -> tuple[AggregationDataset, list[Any]]:
