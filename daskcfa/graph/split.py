@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import posixpath
 from dataclasses import dataclass
 from functools import partial
@@ -37,7 +38,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from .. import storage
-from ..errors import ArgumentError, BudgetError, CFAError, FragmentError, NotFoundError
+from ..errors import ArgumentError, BudgetError, CFAError, CFAFormatError, FragmentError, NotFoundError
 from ..fragments.write import Slabs, encode_values
 from ..model import FragmentGrid
 from .read import AggregatedArray
@@ -89,7 +90,7 @@ class PieceSlabs(Slabs):
             out = np.empty(tuple(b - a for a, b in cell), self.dtype)
             corner = tuple(a for a, _ in cell)
             for uri, piece in pieces:
-                out[_local(piece, corner)] = _load(uri, self.profile)
+                out[_local(piece, corner)] = _load(uri, self.profile, tuple(b - a for a, b in piece), self.dtype)
             yield _local(cell, self.origin), out
 
     def recorded(self) -> None:
@@ -108,8 +109,18 @@ def _save(uri: str, values: np.ndarray, profile: storage.ProfileRef) -> None:
     storage.put_stream(uri, lambda f: np.save(f, values, allow_pickle=False), profile)
 
 
-def _load(uri: str, profile: storage.ProfileRef) -> np.ndarray:
-    return np.load(io.BytesIO(storage.read_bytes(uri, profile)), allow_pickle=False)
+#: Bytes a staged piece's ``.npy`` header may take beyond its values (``np.save`` writes 128 or so)
+_NPY_HEADER = 65536
+
+
+def _load(uri: str, profile: storage.ProfileRef, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A staged piece of ``shape``, read no further than such a piece needs (a remote store's object is
+    read whole: without a bound, ``daskcfa.limits.max-memory`` would cap pieces a larger ``max_mem`` plans)."""
+    need = math.prod(shape) * max(np.dtype(dtype).itemsize, 8) + _NPY_HEADER
+    values = np.load(io.BytesIO(storage.read_bytes(uri, profile, max_bytes=need)), allow_pickle=False)
+    if values.shape != shape:
+        raise CFAFormatError(f"a staged piece holds {values.shape} values where {shape} were stored", file=uri)
+    return values
 
 
 def read_block(array: AggregatedArray, cell: tuple[tuple[int, int], ...],

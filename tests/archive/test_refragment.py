@@ -221,6 +221,20 @@ def test_s3_target(tmp_path, s3_server, s3_bucket, strategy):
     assert not any("staging" in p for p in listed)
 
 
+def test_staged_pieces_on_s3_larger_than_max_memory_are_read(tmp_path, s3_server, s3_bucket):
+    """A staged plan's pieces on S3 are read back under their own size, not ``daskcfa.limits.max-memory``
+    (the bound of an object read whole that names no size of its own): ``max_mem`` may plan pieces
+    larger than that. (Capped at it, each piece was a BudgetError.)"""
+    truth = np.random.default_rng(9).random((8, 64, 64)).astype("f4")
+    src = cfa_source(tmp_path / "src.nca", truth, (4, 64, 64))
+    url = f"s3://{s3_bucket}/staged/tiles.nca"
+    with dask.config.set({"daskcfa.refragment.strategy": "staged", "daskcfa.limits.max-memory": "48KiB"}):
+        daskcfa.refragment(src, url, fragment_shape=(8, 32, 32), max_mem="17MiB",
+                           storage_options=s3_server.storage_options)  # (pieces of (4, 32, 32): 64 KiB)
+    got = daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute()
+    np.testing.assert_array_equal(got, truth)
+
+
 def test_memory_budget_holds_on_a_local_cluster(tmp_path):
     """Every worker's peak RSS growth stays under max_mem (measured on the workers) with slab writes."""
     distributed = pytest.importorskip("distributed")
