@@ -228,9 +228,9 @@ def test_staged_pieces_on_s3_larger_than_max_memory_are_read(tmp_path, s3_server
     truth = np.random.default_rng(9).random((8, 64, 64)).astype("f4")
     src = cfa_source(tmp_path / "src.nca", truth, (4, 64, 64))
     url = f"s3://{s3_bucket}/staged/tiles.nca"
-    with dask.config.set({"daskcfa.refragment.strategy": "staged", "daskcfa.limits.max-memory": "48KiB"}):
+    with dask.config.set({"daskcfa.refragment.strategy": "staged", "daskcfa.limits.max-memory": "16KiB"}):
         daskcfa.refragment(src, url, fragment_shape=(8, 32, 32), max_mem="17MiB",
-                           storage_options=s3_server.storage_options)  # (pieces of (4, 32, 32): 64 KiB)
+                           storage_options=s3_server.storage_options)  # (pieces of 32 KiB)
     got = daskcfa.from_cfa(url, storage_options=s3_server.storage_options).compute()
     np.testing.assert_array_equal(got, truth)
 
