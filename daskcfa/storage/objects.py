@@ -315,16 +315,16 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
     is about how large the object is expected to be: an S3 object is received
     in this thread (:func:`_blocking_get`), a large one into one buffer. An S3 object
     longer than ``max_bytes`` is refused before its body is read; an HTTP one, once
-    that many bytes of it are read (:class:`BudgetError`). A remote object of neither a ``known_size``
+    that many bytes of it are read (:class:`BudgetError`). An HTTP(S) object of neither a ``known_size``
     nor a ``max_bytes`` is held to ``daskcfa.limits.max-memory`` (:func:`_unsized`).
     ``policy``: see :func:`filesystem`."""
     if is_local(uri):
         with open_local(uri) as f, translated(uri):
             return Blocks([f.read()])
-    if known_size is None and max_bytes is None:
+    fs, path = filesystem(uri, profile, policy=policy)
+    if known_size is None and max_bytes is None and is_http(fs):
         return _unsized(uri, lambda bound: read_whole(uri, profile, size_hint=size_hint, policy=policy,
                                                       max_bytes=bound))
-    fs, path = filesystem(uri, profile, policy=policy)
     if known_size is None or known_size <= 2 * part_size() or s3nc_config().transfer(uri).multipart_download is False:
         if is_http(fs):
             return Blocks([with_retries(uri, fsspec_asyn.sync, fs.loop, http_get, fs, path, uri, known_size, max_bytes)])
@@ -340,9 +340,11 @@ def read_whole(uri: str, profile: ProfileRef = NO_PROFILE, *, known_size: int | 
 
 
 def _unsized(uri: str, read: Callable[[int], Blocks]) -> Blocks:
-    """``read(max_bytes)`` of a remote object whose caller knows no size for it and sets no bound of its
-    own (an aggregation file, a file to append to, a block staged by refragment: each held in memory
-    whole): at most ``daskcfa.limits.max-memory``, the most one aggregation file's instructions may take.
+    """``read(max_bytes)`` of an HTTP(S) object whose caller knows no size for it and sets no bound of its
+    own (an aggregation file, a file to append to: each held in memory whole): at most
+    ``daskcfa.limits.max-memory``, the most one aggregation file's instructions may take. (An S3 body is
+    received against the length S3 declares for the object, which nothing inflates; it keeps no bound, as
+    a user's own large file on S3 read whole did before.)
     Else an HTTP body of no declared length, or one aiohttp inflates (a deflate bomb), grew without bound."""
     bound = max_memory()
     try:

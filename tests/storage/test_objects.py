@@ -33,3 +33,14 @@ def test_botocore_retries_the_user_asked_for_win():
         assert server.connections == 3
     fs, _ = storage.filesystem("s3://bucket/x.nc", storage.register(options, protocol="s3"))
     assert fs.config_kwargs == {"retries": retries, "read_timeout": 30, "http_session_cls": UnredirectedSession}
+
+
+def test_an_s3_object_read_whole_without_a_size_keeps_its_declared_length_as_bound(s3_server, s3_bucket):
+    """``daskcfa.limits.max-memory`` bounds an HTTP(S) body read whole with neither a size nor a bound (its
+    length may be undeclared, or inflated); an S3 object's body comes against the length S3 declares, so a
+    user's own object larger than the setting still reads whole (trust18 had refused it before its body)."""
+    payload = bytes(range(256)) * 256  # 64 KiB
+    s3_server.filesystem().pipe(f"{s3_bucket}/whole/object.bin", payload)
+    profile = storage.register(s3_server.storage_options, protocol="s3")
+    with dask.config.set({"daskcfa.limits.max-memory": "16KiB"}):
+        assert storage.read_whole(f"s3://{s3_bucket}/whole/object.bin", profile).tobytes() == payload
