@@ -56,6 +56,8 @@ def put_aggregation(url: str, payload: bytes, mode: str, profile: ProfileRef, le
     own = lease is None
     held = Lease.new(url, profile).acquire() if lease is None else lease
     try:
+        if not own:  # (the last look, right before the put: a successor waits a lease's time before it deletes
+            held.confirm(force=True)  # a paused writer's generation, lease.retire_abandoned)
         refuse_existing(url, mode, profile)
         put_atomic(url, payload, profile)
         log.info("committed aggregation file %s (%s%d bytes, mode %r)", redact(url),
