@@ -43,7 +43,9 @@ The successor that takes its stale lease over records the holder's owner and
 generation in ``<stem>/.daskcfa/abandoned.json`` (:meth:`Lease._note_abandoned`)
 -- unless the generation is the successor's own: the same ``to_cfa`` re-run,
 which resumes it -- and its commit deletes that generation under its lease
-(:func:`retire_abandoned`). That writer can never commit: its lease check
+(:func:`retire_abandoned`): at once if the holder's process is known to be gone,
+else from a lease's time after the takeover (a paused holder may be past its
+commit's last lease check, about to put an aggregation referencing it). That writer can never commit: its lease check
 fails, and a forced check (the commit's) refuses an owner the record names
 even if it has taken the lease again since. A ``daskcfa.Dataset`` writer that
 ends without committing (an exception, dropped unclosed) records its own
