@@ -43,7 +43,9 @@ The successor that takes its stale lease over records the holder's owner and
 generation in ``<stem>/.daskcfa/abandoned.json`` (:meth:`Lease._note_abandoned`)
 -- unless the generation is the successor's own: the same ``to_cfa`` re-run,
 which resumes it -- and its commit deletes that generation under its lease
-(:func:`retire_abandoned`). That writer can never commit: its lease check
+(:func:`retire_abandoned`): at once if the holder's process is known to be gone,
+else from a lease's time after the takeover (a paused holder may be past its
+commit's last lease check, about to put an aggregation referencing it). That writer can never commit: its lease check
 fails, and a forced check (the commit's) refuses an owner the record names
 even if it has taken the lease again since. A ``daskcfa.Dataset`` writer that
 ends without committing (an exception, dropped unclosed) records its own
@@ -238,7 +240,7 @@ class Lease:
         one (a failed ``compute()`` re-run: it resumes the same generation)."""
         if holder is None:
             return True
-        longest = max(_ttl(), min(holder.seconds, float(config.maximum("daskcfa.write.lease-seconds"))))
+        longest = self._longest(holder)
         if not time.time() <= holder.expires <= time.time() + longest + CLOCK_SKEW:
             return True
         if holder.host != socket.gethostname():
@@ -291,18 +293,30 @@ class Lease:
         generation: not recorded). A malformed record names nothing. Never raises: a record that cannot
         be written costs space (its generation stays), never data."""
         if holder is not None and len(holder.owner) <= _OWNER_CHARACTERS:
-            self._record_abandoned(holder.generation if holder.generation != self.generation else "", holder.owner)
+            self._record_abandoned(holder.generation if holder.generation != self.generation else "", holder.owner,
+                                   0.0 if self._gone(holder) else time.time() + self._longest(holder))
 
-    def _record_abandoned(self, generation: str, owner: str) -> None:
-        """Add ``generation`` (if one) and ``owner`` (if one) to the record, holding this lease."""
+    def _gone(self, holder: _Holder) -> bool:
+        """Whether ``holder``'s process is known to have ended (on this host): it can publish nothing more.
+        Otherwise (another host, or alive but past its lease: paused) it may be between its commit's last
+        lease check and its put, for as long as a lease lasts."""
+        return holder.host == self.host and not _pid_alive(holder.pid)
+
+    @staticmethod
+    def _longest(holder: _Holder) -> float:
+        return max(_ttl(), min(holder.seconds, float(config.maximum("daskcfa.write.lease-seconds"))))
+
+    def _record_abandoned(self, generation: str, owner: str, due: float) -> None:
+        """Add ``generation`` (if one; deleted from ``due``, a time.time()) and ``owner`` (if one) to the
+        record, holding this lease."""
         record = abandoned_uri(self.target)
         try:
             check_bookkeeping(self.target)  # (no record written through a link planted as <stem>/.daskcfa)
         except CFAError:
             return
         generations, owners = _abandoned(record, self.profile)
-        if GENERATION.fullmatch(generation):
-            generations = list(dict.fromkeys([*generations, generation]))[:_MOST_ABANDONED]
+        if GENERATION.fullmatch(generation) and (generation in generations or len(generations) < _MOST_ABANDONED):
+            generations[generation] = max(due, generations.get(generation, 0.0))
         owners = [*(o for o in owners if o != owner), owner] if owner else owners
         _store_abandoned(generations, owners, record, self.profile)
 
@@ -314,7 +328,7 @@ class Lease:
         try:
             found = _read(self.uri, self.profile)
             if found is not None and found[0] is not None and found[0].owner == self.owner:
-                self._record_abandoned(self.generation, "")
+                self._record_abandoned(self.generation, "", 0.0)  # (this process publishes nothing of it)
         except (CFAError, OSError):
             pass
         self.release()
@@ -697,25 +711,27 @@ _MOST_OWNERS = 1024
 _OWNER_CHARACTERS = 64
 
 
-def _abandoned(record: str, profile: ProfileRef) -> tuple[list[str], list[str]]:
-    """The generations the record lists (each a ``g-<16 hex>`` name, others left out) and the owners of
-    the leases taken over."""
+def _abandoned(record: str, profile: ProfileRef) -> tuple[dict[str, float], list[str]]:
+    """The generations the record lists (each a ``g-<16 hex>`` name, others left out) with the time
+    each may be deleted from (0 if none is recorded), and the owners of the leases taken over."""
     try:
         found = read_json(record, profile)
-        generations, owners = found.get("abandoned", []), found.get("owners", [])
+        generations, owners, due = found.get("abandoned", []), found.get("owners", []), found.get("due", {})
     except (CFAError, OSError, ValueError, AttributeError):
-        return [], []
+        return {}, []
     generations = [g for g in generations if isinstance(g, str) and GENERATION.fullmatch(g)] \
         if isinstance(generations, list) else []
+    due = due if isinstance(due, dict) else {}
     owners = [o for o in owners if isinstance(o, str) and 0 < len(o) <= _OWNER_CHARACTERS] \
         if isinstance(owners, list) else []
-    return list(dict.fromkeys(generations))[:_MOST_ABANDONED], owners[-_MOST_OWNERS:]
+    return ({g: float(due[g]) if _finite(due.get(g)) else 0.0 for g in list(dict.fromkeys(generations))[:_MOST_ABANDONED]},
+            owners[-_MOST_OWNERS:])
 
 
-def _store_abandoned(generations: list[str], owners: list[str], record: str, profile: ProfileRef) -> None:
+def _store_abandoned(generations: dict[str, float], owners: list[str], record: str, profile: ProfileRef) -> None:
     try:
-        put_atomic(record, json.dumps({"abandoned": generations, "owners": owners[-_MOST_OWNERS:]},
-                                      indent=1).encode(), profile)
+        put_atomic(record, json.dumps({"abandoned": list(generations), "due": generations,
+                                       "owners": owners[-_MOST_OWNERS:]}, indent=1).encode(), profile)
     except (CFAError, OSError):
         pass  # the generations stay: space, never data
 
@@ -732,7 +748,9 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
     then nothing is deleted) lies in it -- compared by real path too, so that a reference through
     a linked directory counts -- and no fragment the retired record still keeps for its grace period
     does. A generation in use (referenced, or this write's own ``generation``) leaves the record;
-    one with fragments still kept waits in it for a later commit."""
+    one with fragments still kept waits in it for a later commit, as does one not yet due: a writer
+    paused (not known dead) when its lease was taken over may be past its commit's last lease check,
+    about to put an aggregation referencing it, for as long as a lease lasts."""
     record = abandoned_uri(target)
     listed, owners = _abandoned(record, profile)
     if not listed or references is None:
@@ -743,13 +761,14 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
     used = {_inside(u, root) for u in references} | {
         os.path.relpath(real_location(u), base) for u in references if base and is_local(u)}
     kept = set(_listed(retired_uri(target), profile))
-    deleted, waiting = [], []
-    for name in listed:
+    deleted: list[str] = []
+    waiting: dict[str, float] = {}
+    for name, due in listed.items():
         directory = f"{stem}/{name}"
         if name == generation or any(u.startswith(directory + "/") for u in used):
             continue  # in use: not abandoned (a hostile record naming a kept generation ends here)
-        if any(k.startswith(directory + "/") for k in kept):
-            waiting.append(name)
+        if due > time.time() or any(k.startswith(directory + "/") for k in kept):
+            waiting[name] = due
             continue
         try:
             if base:
@@ -758,7 +777,7 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
                 delete_all(root + directory + "/", profile)
                 removed = True
         except (CFAError, OSError):
-            waiting.append(name)
+            waiting[name] = due
             continue
         if removed:
             deleted.append(root + directory)

@@ -50,12 +50,17 @@ def put_aggregation(url: str, payload: bytes, mode: str, profile: ProfileRef, le
 
     ``mode="w-"`` refuses a file that exists by now (it may have appeared
     since the caller last looked). Without ``lease`` (held by the caller), a
-    lease on ``url`` is taken for the while. The commit is logged at INFO,
+    lease on ``url`` is taken for the while; with it, the lease is looked at
+    right before the put (the last look: a successor that took it over from a
+    live writer keeps that writer's generation a lease's time for this put's
+    sake, :func:`~daskcfa.storage.lease.retire_abandoned`). The commit is logged at INFO,
     with ``detail`` (what the caller wrote or referenced).
     """
     own = lease is None
     held = Lease.new(url, profile).acquire() if lease is None else lease
     try:
+        if not own:
+            held.confirm(force=True)
         refuse_existing(url, mode, profile)
         put_atomic(url, payload, profile)
         log.info("committed aggregation file %s (%s%d bytes, mode %r)", redact(url),

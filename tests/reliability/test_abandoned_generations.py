@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 
@@ -124,6 +125,13 @@ def _update(url: str, value: float, **options) -> np.ndarray:
     return expected
 
 
+@pytest.fixture
+def short_lease():
+    """Leases of 2 s: a writer taken over alive has its generation deleted a lease's time later."""
+    with dask.config.set({"daskcfa.write.lease-seconds": 2}):
+        yield
+
+
 def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
 
@@ -160,10 +168,12 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
     assert client.get_object(Bucket=bucket, Key=f"t/{dead}x/keep.bin")["Body"].read() == b"beside it, not in it"
 
 
+@pytest.mark.usefixtures("short_lease")
 def test_a_paused_writer_whose_generation_was_retired_cannot_commit(tmp_path):
-    """A writer paused (alive) until its lease expired: the successor takes the lease over, commits and
-    deletes the paused writer's generation; the paused writer, resumed, is refused at its commit (its
-    lease check), so no aggregation ever references a deleted fragment."""
+    """A writer paused (alive) until its lease expired: the successor takes the lease over and commits;
+    the paused writer, resumed, is refused at its commit (its lease check), so no aggregation ever
+    references a deleted fragment; the first commit a lease's time after the takeover deletes its
+    generation (attack18: not the successor's, as the writer might be past its last check)."""
     url = str(tmp_path / "t.nc")
     write(url, values(1))
     before = _generations(url)
@@ -175,9 +185,12 @@ def test_a_paused_writer_whose_generation_was_retired_cannot_commit(tmp_path):
     record = json.loads(Path(lease_uri(url)).read_text())
     Path(lease_uri(url)).write_text(json.dumps({**record, "expires": time.time() - 1}))  # (its lease ran out)
     expected = _update(url, 7.0)
-    assert mine not in _generations(url)  # (before lease18: its 6 fragments stayed)
     with pytest.raises(WriteConflictError, match="lost its lease"):
         paused.close()
+    assert np.array_equal(read(url), expected)
+    time.sleep(2.5)  # (a lease's time since the takeover)
+    expected = _update(url, 8.0)
+    assert mine not in _generations(url)  # (before lease18: its 6 fragments stayed)
     assert np.array_equal(read(url), expected)
     assert_tidy(url)
 
@@ -203,6 +216,7 @@ def test_a_dataset_writer_abandoned_by_an_exception_leaves_its_generation_to_the
     assert_tidy(url)
 
 
+@pytest.mark.usefixtures("short_lease")
 def test_a_writer_whose_lease_was_taken_over_cannot_take_it_again_and_commit(tmp_path):
     """A write whose first task is recomputed (a distributed worker lost) takes the lease again once its
     successor has committed and given it back: the successor deleted what the write stored, so the
@@ -217,7 +231,9 @@ def test_a_writer_whose_lease_was_taken_over_cannot_take_it_again_and_commit(tmp
     (stored / "t.tas.0.0.0.nc").write_bytes(b"what the first writer stored")
     record = json.loads(Path(lease_uri(url)).read_text())
     Path(lease_uri(url)).write_text(json.dumps({**record, "expires": time.time() - 1}))  # (its lease ran out)
-    expected = _update(url, 7.0)  # the successor: takes the lease over, deletes the generation, commits
+    _update(url, 7.0)  # the successor: takes the lease over, commits
+    time.sleep(2.5)  # (a lease's time since the takeover: attack18)
+    expected = _update(url, 8.0)  # the next commit deletes the generation
     assert not stored.exists()
     first.acquire()  # (the lease was given back: the recomputed first task gets it)
     with pytest.raises(WriteConflictError, match="taken over by another writer"):
