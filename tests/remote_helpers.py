@@ -419,3 +419,24 @@ def failure_within(read: Callable[[], object], stop: threading.Event, listener: 
         pool.shutdown(wait=True)
         listener.close()
     return failure
+
+
+def scripted_server(answer: Callable[[str], bytes]):
+    """A server on 127.0.0.1 answering each request (its text) with ``answer``'s bytes, then closing the
+    connection (hostile answers written byte for byte); returns a URL on it and the listener to close."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                try:
+                    connection.sendall(answer(connection.recv(65536).decode("latin-1")))
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/d/f.nc", listener

@@ -324,10 +324,13 @@ class Lease:
         """Give the lease up after a write that never resumes (a ``daskcfa.Dataset`` writer) failed or was
         dropped before its commit: its generation is recorded, while the lease is still ours, for the
         next commit to delete (:func:`retire_abandoned`). After a commit the lease is no longer held:
-        nothing is recorded. Never raises (:meth:`release`)."""
+        nothing is recorded; nor when the write stored nothing (no record left beside a dataset never
+        made). Never raises (:meth:`release`)."""
         try:
             found = _read(self.uri, self.profile)
-            if found is not None and found[0] is not None and found[0].owner == self.owner:
+            if found is not None and found[0] is not None and found[0].owner == self.owner and exists(
+                    f"{_root(self.target)}{posixpath.splitext(posixpath.basename(self.target))[0]}/{self.generation}",
+                    self.profile):
                 self._record_abandoned(self.generation, "", 0.0)  # (this process publishes nothing of it)
         except (CFAError, OSError):
             pass

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import http.server
 import re
-import socket
 import threading
 import zlib
 from typing import Callable
@@ -23,6 +22,8 @@ import pytest
 import daskcfa
 from daskcfa import storage
 from daskcfa.storage.fixity import file_fixity
+
+from remote_helpers import scripted_server
 
 BODY = np.random.default_rng(17).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
 N = len(BODY)
@@ -48,26 +49,6 @@ def ignoring_ranges(tmp_path):
     yield f"http://127.0.0.1:{server.server_address[1]}/f.nc"
     server.shutdown()
     server.server_close()
-
-
-def _scripted(answer: Callable[[str], bytes]):
-    """A server answering each request (its text) with ``answer``'s bytes, then closing the connection."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return
-            with connection:
-                try:
-                    connection.sendall(answer(connection.recv(65536).decode("latin-1")))
-                except OSError:
-                    pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}/d/f.nc", listener
 
 
 def _head(request: str) -> bytes | None:
@@ -113,7 +94,7 @@ def test_a_range_answered_by_a_deflate_bomb_is_read_no_further_than_its_length()
         return _head(request) or (f"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: {len(bomb)}\r\n"
                                   "Connection: close\r\n\r\n").encode() + bomb
 
-    uri, listener = _scripted(answer)
+    uri, listener = scripted_server(answer)
     profile = storage.profiles.register({}, protocol="http")
     try:
         with pytest.raises(daskcfa.errors.StorageError, match="with 101 or more bytes"):
@@ -132,7 +113,7 @@ def test_a_whole_get_of_another_length_than_its_head_is_an_error(way):
         body = BODY[:N // 2] if way == "cut short" else BODY + b"x" * 500
         return _head(request) or b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
 
-    uri, listener = _scripted(answer)
+    uri, listener = scripted_server(answer)
     profile = storage.profiles.register({}, protocol="http")
     try:
         with pytest.raises(daskcfa.errors.StorageError, match="bytes (or more )?of the object's 200,000") as caught:
@@ -148,7 +129,7 @@ def test_a_checksum_stream_ending_short_is_an_error_not_a_size():
     on main ``file_fixity`` gave the bytes that came as the object's size and CRC-32 (a fragment
     reported changed at rest for a fault in transfer). Now a ``StorageError`` naming the object
     (since trust18 at the first block, each checked as every range is: else at the stream's end)."""
-    uri, listener = _scripted(_half_without_length)
+    uri, listener = scripted_server(_half_without_length)
     profile = storage.profiles.register({}, protocol="http")
     try:
         with pytest.raises(daskcfa.errors.StorageError,

@@ -9,7 +9,6 @@ or a bare Python error.
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import zlib
 from typing import Callable
@@ -21,28 +20,10 @@ import pytest
 import daskcfa
 from daskcfa import storage
 
+from remote_helpers import scripted_server
+
 BODY = np.random.default_rng(18).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
 N = len(BODY)
-
-
-def _scripted(answer: Callable[[str], bytes]):
-    """A server answering each request (its text) with ``answer``'s bytes, then closing the connection."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return
-            with connection:
-                try:
-                    connection.sendall(answer(connection.recv(65536).decode("latin-1")))
-                except OSError:
-                    pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}/d/f.nc", listener
 
 
 def _head(request: str) -> bytes | None:
@@ -75,7 +56,7 @@ def profile():
 def test_a_206_holding_other_bytes_than_asked_is_refused(profile):
     """A 206 naming (and holding) the bytes one past those asked for, of the right length: on main
     taken as the range asked for (the wrong bytes returned). Now a ``StorageError`` naming the object."""
-    uri, listener = _scripted(_ranges(lambda first, last: f"bytes {first}-{last}/{N}", shift=1))
+    uri, listener = scripted_server(_ranges(lambda first, last: f"bytes {first}-{last}/{N}", shift=1))
     try:
         with pytest.raises(daskcfa.errors.StorageError, match="not the bytes asked for") as caught:
             parts = _read(lambda: storage.read_ranges(uri, [(0, 100), (5000, 100)], profile))
@@ -89,7 +70,7 @@ def test_a_206_holding_other_bytes_than_asked_is_refused(profile):
 def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(profile, said):
     """The right bytes, but a ``Content-Range`` that does not name them (more bytes, another start, no
     complete length, a malformed one, an empty one): refused, as the bytes cannot be told to be those asked for."""
-    uri, listener = _scripted(_ranges(lambda first, last: said))
+    uri, listener = scripted_server(_ranges(lambda first, last: said))
     try:
         with pytest.raises(daskcfa.errors.StorageError, match="not the bytes asked for"):
             _read(lambda: storage.read_ranges(uri, [(0, 100)], profile))
@@ -103,7 +84,7 @@ def test_a_206_whose_content_range_is_not_the_range_asked_is_refused(profile, sa
 def test_a_206_naming_the_range_asked_is_read(profile, said, header):
     """Legitimate spellings (an unknown complete length ``*``, the unit in capitals, the header in any case,
     a sloppy complete length: the suite's trickling server echoes the range asked for beside it)."""
-    uri, listener = _scripted(_ranges(lambda first, last: said.format(first=first, last=last), header=header))
+    uri, listener = scripted_server(_ranges(lambda first, last: said.format(first=first, last=last), header=header))
     try:
         assert _read(lambda: storage.read_ranges(uri, [(0, 100), (199_900, 100)], profile)) == [BODY[:100],
                                                                                               BODY[199_900:]]
@@ -128,7 +109,7 @@ def test_an_aggregation_file_read_whole_is_bounded(way):
     """An aggregation file over HTTP is read whole, with neither a size nor a bound: on main the 64 MiB
     body was read into memory (then not netCDF: a ``CFAFormatError``). Now read no further than
     ``daskcfa.limits.max-memory`` (here 4 MiB) and one byte: a ``BudgetError`` naming the setting."""
-    uri, listener = _scripted(_endless(way))
+    uri, listener = scripted_server(_endless(way))
     try:
         with dask.config.set({"daskcfa.limits.max-memory": "4MiB"}), \
                 pytest.raises(daskcfa.errors.BudgetError, match="daskcfa.limits.max-memory") as caught:
@@ -142,7 +123,7 @@ def test_an_aggregation_file_read_whole_is_bounded(way):
 def test_an_object_read_whole_without_a_size_is_bounded(way, profile):
     """``storage.read_whole`` of neither a size nor a bound (every caller of it that passes neither:
     a file to append to, a block refragment staged, an aggregation file's versions)."""
-    uri, listener = _scripted(_endless(way))
+    uri, listener = scripted_server(_endless(way))
     try:
         with dask.config.set({"daskcfa.limits.max-memory": "4MiB"}), \
                 pytest.raises(daskcfa.errors.BudgetError, match="daskcfa.limits.max-memory"):
