@@ -86,6 +86,7 @@ from .nofollow import delete_below, delete_directory_below
 from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
 from .timed import bounded
+from .uploads import abort_uploads
 from .uri import is_local, scheme_of
 from .profiles import ProfileRef
 
@@ -778,6 +779,7 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
                 removed = delete_directory_below(base, directory)
             else:
                 delete_all(root + directory + "/", profile)
+                abort_uploads(root + directory + "/", profile)  # (a part-sent fragment's parts)
                 removed = True
         except (CFAError, OSError):
             waiting[name] = due

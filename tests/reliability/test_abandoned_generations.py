@@ -138,7 +138,8 @@ def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
 
 def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(s3_server):
     """The session 16 case on the real S3 server: the dead writer's six objects (a whole copy) are deleted by
-    the successor's commit; the bucket holds only what the kept versions reference (and bookkeeping)."""
+    the successor's commit, and the parts of an upload it left incomplete aborted; the bucket holds only what
+    the kept versions reference (and bookkeeping)."""
     bucket, client = s3_server.new_bucket(), s3_server.client()
     options = s3_server.storage_options
     url = f"s3://{bucket}/t.nc"
@@ -154,6 +155,14 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
     _kill_after(proc, "assigned", lambda: len(fragments() - before) == 6)
     (dead,) = {u.split("/")[-2] for u in fragments() - before}
     client.put_object(Bucket=bucket, Key=f"t/{dead}x/keep.bin", Body=b"beside it, not in it")
+    for key in (f"t/{dead}/t.tas.9.nc", f"t/{dead}x/other.nc"):  # (a large fragment's upload cut short)
+        upload = client.create_multipart_upload(Bucket=bucket, Key=key)
+        client.upload_part(Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"p" * (5 << 20))
+
+    def uploads(prefix: str) -> list[str]:
+        return [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])]
+
+    assert uploads(f"t/{dead}/") == [f"t/{dead}/t.tas.9.nc"]
     manager().close_all()
     assert np.array_equal(np.ma.getdata(daskcfa.from_cfa(url, storage_options=options).compute()), values(1))
     _update(url, 7.0, storage_options=options)
@@ -166,6 +175,8 @@ def test_a_killed_dataset_writer_s_fragments_are_removed_by_its_successor_on_s3(
     record = json.loads(client.get_object(Bucket=bucket, Key="t/.daskcfa/abandoned.json")["Body"].read())
     assert record["abandoned"] == [] and len(record["owners"]) == 1  # (the dead writer's: never to commit)
     assert client.get_object(Bucket=bucket, Key=f"t/{dead}x/keep.bin")["Body"].read() == b"beside it, not in it"
+    # the parts of its cut-short upload, which no listing of objects shows, aborted with it; the one beside kept
+    assert uploads(f"t/{dead}/") == [] and uploads(f"t/{dead}x/") == [f"t/{dead}x/other.nc"]
 
 
 @pytest.mark.usefixtures("short_lease")
