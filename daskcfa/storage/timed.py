@@ -138,14 +138,18 @@ def _check_range(said: str | None, offset: int, length: int, path: str) -> None:
                            f"{what}: not the bytes asked for", file=path)
 
 
-async def _http_block(fs: Any, url: str, uri: str, start: int, end: int) -> bytes:
+async def _http_block(fs: Any, url: str, uri: str, start: int, end: int, size: int | None) -> bytes:
     """Bytes ``start`` to ``end`` of an HTTP file object (h5py's blocks) as :func:`http_ranges` reads a
     range: fsspec's ``async_fetch_range`` took a 206 whatever its ``Content-Range`` named and read its
-    body whole. A 200 (a server ignoring ``Range``) at the file's start: its first bytes, as fsspec took them."""
+    body whole. A block past the file's ``size`` (its HEAD's; fsspec's block cache asks whole blocks)
+    ends there. A 200 (a server ignoring ``Range``) at the file's start: its first bytes, as fsspec took them."""
+    stop = end if size is None else min(end, size)
+    if stop <= start:
+        return b""
     parts: list[bytes] = []
-    status = await _get(fs, url, end - start, parts, {"Range": f"bytes={start}-{end - 1}"}, start)
+    status = await _get(fs, url, stop - start, parts, {"Range": f"bytes={start}-{stop - 1}"}, start)
     data = b"".join(parts)
-    return of_their_lengths(uri, [(start, end - start)], [data[:end - start] if status == 200 and start == 0 else data])[0]
+    return of_their_lengths(uri, [(start, stop - start)], [data[:stop - start] if status == 200 and start == 0 else data])[0]
 
 
 def of_their_lengths(uri: str, ranges: Sequence[tuple[int, int]], parts: list[bytes]) -> list[bytes]:
@@ -165,7 +169,7 @@ def bound_blocks(fs: Any, uri: str, file: Any) -> Any:
     (its cache calls ``fetcher``: else fsspec's blocking fetch, which no deadline reaches)."""
     if is_http(fs) and hasattr(file, "async_fetch_range"):
         def block(start: int, end: int) -> Awaitable[bytes]:
-            return _http_block(fs, file.url, uri, start, end)
+            return _http_block(fs, file.url, uri, start, end, getattr(file, "size", None))
     elif "s3" in protocols_of(fs) and hasattr(file, "version_id") and not getattr(fs, "local_expiry_check", True):
         # (as s3fs's own fetch: one ranged GET; not where s3fs checks each block's ETag itself)
         def block(start: int, end: int) -> Awaitable[bytes]:
