@@ -117,9 +117,13 @@ def _load(uri: str, profile: storage.ProfileRef, shape: tuple[int, ...], dtype: 
     """A staged piece of ``shape``, read no further than such a piece needs (a remote store's object is
     read whole: without a bound, ``daskcfa.limits.max-memory`` would cap pieces a larger ``max_mem`` plans)."""
     need = math.prod(shape) * max(np.dtype(dtype).itemsize, 8) + _NPY_HEADER
-    values = np.load(io.BytesIO(storage.read_bytes(uri, profile, max_bytes=need)), allow_pickle=False)
-    if values.shape != shape:
-        raise CFAFormatError(f"a staged piece holds {values.shape} values where {shape} were stored", file=uri)
+    try:
+        values = np.load(io.BytesIO(storage.read_bytes(uri, profile, max_bytes=need)), allow_pickle=False)
+    except (ValueError, EOFError) as e:  # (numpy's word for a header, a length or an object array it refuses)
+        raise CFAFormatError(f"a staged piece is not the .npy stored: {e}", file=uri) from None
+    if values.shape != shape or values.dtype != np.dtype(dtype):  # (another dtype: cast in silence)
+        raise CFAFormatError(f"a staged piece holds {values.shape} values of {values.dtype} where {shape} "
+                             f"of {np.dtype(dtype)} were stored", file=uri)
     return values
 
 
