@@ -86,7 +86,7 @@ from .nofollow import delete_below, delete_directory_below
 from .objects import delete, delete_all, exists, filesystem, read_json
 from .retry import precondition_failed, translated, with_retries
 from .timed import bounded
-from .uploads import abort_uploads
+from .uploads import abort_uploads, has_uploads
 from .uri import is_local, scheme_of
 from .profiles import ProfileRef
 
@@ -329,9 +329,9 @@ class Lease:
         made). Never raises (:meth:`release`)."""
         try:
             found = _read(self.uri, self.profile)
-            if found is not None and found[0] is not None and found[0].owner == self.owner and exists(
-                    f"{_root(self.target)}{posixpath.splitext(posixpath.basename(self.target))[0]}/{self.generation}",
-                    self.profile):
+            mine = f"{_root(self.target)}{posixpath.splitext(posixpath.basename(self.target))[0]}/{self.generation}"
+            if found is not None and found[0] is not None and found[0].owner == self.owner and (
+                    exists(mine, self.profile) or has_uploads(mine + "/", self.profile)):  # (parts: no object)
                 self._record_abandoned(self.generation, "", 0.0)  # (this process publishes nothing of it)
         except (CFAError, OSError):
             pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -80,3 +81,59 @@ def test_a_tampered_staged_piece_is_refused_with_a_daskcfa_error(tmp_path, tampe
         return
     with pytest.raises(CFAError, match="piece"):
         _load(str(path), None, shape, dtype)
+
+
+
+def test_more_uploads_than_a_listing_page_are_all_aborted(s3_server):
+    """SeaweedFS pages 10,000 uploads and names no ``NextKeyMarker`` on a truncated page (only the upload
+    id's): abort_uploads stopped after the first page, leaving the rest."""
+    bucket, client = s3_server.new_bucket(), s3_server.client()
+    page = client.list_multipart_uploads(Bucket=bucket, Prefix="t/")
+    many = page.get("MaxUploads", 1000) + 3
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: client.create_multipart_upload(Bucket=bucket, Key=f"t/{GEN}/{i:05}.nc"), range(many)))
+    profile = register(s3_server.storage_options, protocol="s3")
+    assert abort_uploads(f"s3://{bucket}/t/{GEN}/", profile) == many
+    assert _uploads(client, bucket) == []
+
+
+def _lying_server(body: bytes, declared: int):
+    """An HTTP server whose HEAD declares ``declared`` bytes and whose ranged GETs answer from ``body``."""
+    from remote_helpers import scripted_server
+
+    def answer(request: str) -> bytes:
+        if request.startswith("HEAD"):
+            return f"HTTP/1.1 200 OK\r\nContent-Length: {declared}\r\nAccept-Ranges: bytes\r\n\r\n".encode()
+        ranged = [line for line in request.split("\r\n") if line.lower().startswith("range: bytes=")]
+        a, _, b = ranged[0].split("=", 1)[1].partition("-") if ranged else ("0", "", "")
+        start, stop = int(a), min(len(body), int(b) + 1 if b else len(body))
+        part = body[start:stop]
+        return (f"HTTP/1.1 206 Partial Content\r\nContent-Length: {len(part)}\r\n"
+                f"Content-Range: bytes {start}-{stop - 1}/{len(body)}\r\n\r\n").encode() + part
+    return scripted_server(answer)
+
+
+@pytest.mark.parametrize("blocks, extra", [(1, 0), (1, 1), (2, -1)])
+@pytest.mark.parametrize("lie", [0, 7])
+def test_an_http_file_read_in_blocks_at_and_past_a_block_s_end(blocks, extra, lie):
+    """A file of exactly a block, a block and one byte, two blocks less one: read whole, as the server has
+    it; a HEAD declaring more than the body (``lie``): refused as a body ended early, never short bytes."""
+    from daskcfa import storage
+
+    body = bytes(range(256)) * ((blocks * storage.block_size() + extra) // 256 + 1)
+    body = body[:blocks * storage.block_size() + extra]
+    url, listener = _lying_server(body, len(body) + lie)
+    try:
+        f = storage.open_file(url, storage.register({}, protocol="http"))
+        with f:
+            if lie:
+                with pytest.raises(CFAError):
+                    f.seek(len(body) - 1)
+                    f.read()
+            else:
+                f.seek(len(body) - 1)
+                assert f.read() == body[-1:]
+                f.seek(0)
+                assert f.read() == body
+    finally:
+        listener.close()
