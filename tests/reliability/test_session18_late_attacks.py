@@ -72,7 +72,8 @@ def test_a_tampered_staged_piece_is_refused_with_a_daskcfa_error(tmp_path, tampe
     shape, dtype = (3, 4), np.dtype("i2")
     good = np.arange(12, dtype=dtype).reshape(shape)
     data = {"dtype": _npy(good.astype("f8") + 0.5), "truncated": _npy(good)[:-5], "garbage": b"\x93NUMPY" + b"x" * 50,
-            "object": _npy(good)[:10] + b"{'descr': '|O', 'fortran_order': False, 'shape': (3, 4), }".ljust(118) + b"\n",
+            "object": _npy(good)[:10] + b"{'descr': '|O', 'fortran_order': False, 'shape': (3, 4), }".ljust(118)
+            + b"\n",
             "fortran": _npy(np.asfortranarray(good))}[tamper]
     path = tmp_path / "piece.npy"
     path.write_bytes(data)
