@@ -4,6 +4,8 @@ A writer killed in the middle of a multipart upload (a large fragment) leaves th
 stored: no listing of objects shows them, and the store keeps (and bills) them until the upload
 is aborted. Where daskcfa deletes a generation directory no writer can add to any more (a dead
 writer's, :func:`~daskcfa.storage.lease.retire_abandoned`), it aborts the uploads under it too.
+A writer abandoned with nothing but such parts stored still has its generation recorded
+(:func:`has_uploads`, :meth:`~daskcfa.storage.lease.Lease.abandon`).
 """
 
 from __future__ import annotations
