@@ -19,7 +19,9 @@ from .uri import is_local
 
 __all__ = ["abort_uploads", "has_uploads"]
 
-#: Pages of listed uploads read at most (1,000 uploads a page): a server listing for ever is cut short.
+#: Uploads asked for a page of the listing (S3's own default; SeaweedFS's is 10,000).
+PAGE = 1000
+#: Pages of listed uploads read at most: a server listing for ever is cut short.
 MAX_PAGES = 1000
 
 
@@ -38,7 +40,8 @@ def _listed(prefix: str, profile: ProfileRef) -> Iterator[tuple[Any, str, list[t
     after: dict[str, str] = {}
     shown: list[tuple[str, str]] = []
     for _ in range(MAX_PAGES):
-        listed = with_retries(prefix, fs.call_s3, "list_multipart_uploads", Bucket=bucket, Prefix=key, **after)
+        listed = with_retries(prefix, fs.call_s3, "list_multipart_uploads", Bucket=bucket, Prefix=key,
+                              MaxUploads=PAGE, **after)
         listed = listed if isinstance(listed, dict) else {}
         page = [(name, upload_id) for upload in listed.get("Uploads", []) if isinstance(upload, dict)
                 for name, upload_id in [(upload.get("Key"), upload.get("UploadId"))]
