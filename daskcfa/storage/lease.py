@@ -329,7 +329,7 @@ class Lease:
         made). Never raises (:meth:`release`)."""
         try:
             found = _read(self.uri, self.profile)
-            mine = f"{_root(self.target)}{posixpath.splitext(posixpath.basename(self.target))[0]}/{self.generation}"
+            mine = f"{_root(self.target)}{_stem(self.target)}/{self.generation}"
             if found is not None and found[0] is not None and found[0].owner == self.owner and (
                     exists(mine, self.profile) or has_uploads(mine + "/", self.profile)):  # (parts: no object)
                 self._record_abandoned(self.generation, "", 0.0)  # (this process publishes nothing of it)
@@ -569,6 +569,11 @@ def _root(target: str) -> str:
     return target.rpartition("/")[0] + "/"
 
 
+def _stem(target: str) -> str:
+    """The dataset's own fragment directory's name (``<stem>/``), beside its aggregation file."""
+    return posixpath.splitext(posixpath.basename(target))[0]
+
+
 def _inside(uri: str, root: str) -> str:
     """``uri`` relative to ``root`` ("" if it is not below it)."""
     return uri[len(root):] if uri.startswith(root) else ""
@@ -609,7 +614,7 @@ def own_generations(manifest: Any, previous: Iterable[str], references: Iterable
     write's own ``generation`` among the ``references``; only directories under the dataset's
     own fragment directory, ``<stem>/``, count."""
     root = _root(target)
-    stem = posixpath.splitext(posixpath.basename(target))[0]
+    stem = _stem(target)
     earlier = manifest if isinstance(manifest, dict) else {}
     known = earlier.get("generations")
     known = {g for g in known if isinstance(g, str)} if isinstance(known, list) else set()
@@ -760,7 +765,7 @@ def retire_abandoned(references: Iterable[str] | None, target: str, profile: Pro
     if not listed or references is None:
         return []
     root, references = _root(target), set(references)
-    stem = posixpath.splitext(posixpath.basename(target))[0]
+    stem = _stem(target)
     base = os.path.realpath(local_path(root)) if is_local(root) else ""
     used = {_inside(u, root) for u in references} | {
         os.path.relpath(real_location(u), base) for u in references if base and is_local(u)}

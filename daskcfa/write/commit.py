@@ -175,7 +175,8 @@ def _retain(url: str, profile: storage.ProfileRef, earlier: dict[str, Any], past
     references is unknown: nothing leaves, every version stays and no abandoned generation is
     deleted (space, never a kept version's fragment)."""
     found = [_referenced(url, v, profile) for v in kept]
-    if any(uris is None for uris in found):
+    complete = all(uris is not None for uris in found)
+    if not complete:
         warnings.warn("a kept version cannot be read: this commit retires no fragment and drops no version",
                       CFAWarning, stacklevel=3)
         kept, leaving = past, set()
@@ -183,7 +184,6 @@ def _retain(url: str, profile: storage.ProfileRef, earlier: dict[str, Any], past
     leaving = leaving.union(*(_made(url, v, profile) for v in past[len(kept):]))
     retired = storage.retired_uri(url)
     listed = schedule(leaving, references, url, retired, profile, keep_for)
-    complete = all(uris is not None for uris in found)
     return references, own_generations(earlier, leaving, references, listed, url, generation), kept, complete
 
 

@@ -56,11 +56,7 @@ def _pause_inside_the_commit(url: str, monkeypatch, s3_server=None) -> None:
     options = {} if s3_server is None else {"storage_options": s3_server.storage_options}
     write(url, values(1), **options)
     where = _Where(url, s3_server)
-    before = where.generations()
-    paused = Dataset(url, "a", buffer_size=1, **options)
-    for t in range(SHAPE[0]):
-        paused["tas"][t] = np.full(SHAPE[1:], 5.0, "f4")
-    (mine,) = _wait(lambda: where.new_generation(before, 6))
+    paused, mine = _writer_with_its_fragments_written(url, where, **options)
     record = history.record
     state = {"paused": False}
 
@@ -131,6 +127,17 @@ class _Where:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=json.dumps({**record, "expires": time.time() - 1}))
 
 
+def _writer_with_its_fragments_written(url: str, where: _Where, **options):
+    """A ``Dataset(url, "a")`` that assigned every step (each fragment written at once) and is not closed,
+    with the generation it wrote into."""
+    before = where.generations()
+    writer = Dataset(url, "a", buffer_size=1, **options)
+    for t in range(SHAPE[0]):
+        writer["tas"][t] = np.full(SHAPE[1:], 5.0, "f4")
+    (generation,) = _wait(lambda: where.new_generation(before, 6))
+    return writer, generation
+
+
 def _wait(found, seconds: float = 60.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -154,11 +161,7 @@ def test_a_writer_paused_at_its_put_keeps_its_generation_for_a_lease_s_time(tmp_
     with dask.config.set({"daskcfa.write.lease-seconds": 2}):
         write(url, values(1))
         where = _Where(url, None)
-        before = where.generations()
-        paused = Dataset(url, "a", buffer_size=1)
-        for t in range(SHAPE[0]):
-            paused["tas"][t] = np.full(SHAPE[1:], 5.0, "f4")
-        (mine,) = _wait(lambda: where.new_generation(before, 6))
+        paused, mine = _writer_with_its_fragments_written(url, where)
         refuse_existing = publish.refuse_existing
         state = {"paused": False}
 
